@@ -1,0 +1,119 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include <torch/arg.h>
+
+namespace tensortap {
+
+/// The file format of a run.
+enum class Format {
+  /// One `.npy` file per record under `npy/<kind>/<name>/<step>.npy`.
+  Npy,
+  /// One `tensors.h5` per run (not part of this build yet).
+  Hdf5,
+};
+
+/// What happens when both staging buffers are full.
+enum class Overflow {
+  /// The capturing thread waits for the writer: nothing is lost.
+  Block,
+  /// The new record is dropped and counted in `Stats::dropped` and run.json.
+  DropNewest,
+};
+
+/// What a record is.
+enum class Kind : std::uint8_t {
+  /// What flows through a `Tap`.
+  Activation = 0,
+  /// The gradient of what flows through a `Tap`.
+  ActivationGrad = 1,
+  /// A parameter's values when a step begins.
+  Param = 2,
+  /// A parameter's gradient, accumulated over the step's backward passes.
+  Grad = 3,
+  /// Any tensor given to `Recorder::capture()`.
+  Tensor = 4,
+};
+
+/// The name of a kind as it appears on disk: "activation", "activation_grad",
+/// "param", "grad", "tensor".
+const char* kind_name(Kind kind);
+
+/// A set of kinds.
+///
+/// Example:
+/// ```
+/// tensortap::KindSet only_grads{tensortap::Kind::Grad};
+/// ```
+class KindSet {
+ public:
+  /// Every kind but `Param`: weights are large and wanted rarely.
+  KindSet() : KindSet{Kind::Activation, Kind::ActivationGrad, Kind::Grad, Kind::Tensor} {}
+  KindSet(std::initializer_list<Kind> kinds) {
+    for (Kind k : kinds) bits_ |= bit(k);
+  }
+  /// Every kind, `Param` included.
+  static KindSet all() {
+    return {Kind::Activation, Kind::ActivationGrad, Kind::Param, Kind::Grad, Kind::Tensor};
+  }
+  bool contains(Kind k) const { return (bits_ & bit(k)) != 0; }
+  std::uint32_t bits() const { return bits_; }
+  static std::uint32_t bit(Kind k) { return 1u << static_cast<unsigned>(k); }
+
+ private:
+  std::uint32_t bits_ = 0;
+};
+
+/// Settings of a `Recorder`: where it writes, what it captures and when.
+///
+/// A step `s` is sampled when `start <= s`, `s < stop` (if `stop >= 0`) and
+/// `(s - start) % every == 0`. A name is selected when it matches `include`
+/// (ECMAScript regex, searched anywhere in the name; empty matches all) and
+/// does not match `exclude` (empty matches none).
+///
+/// Example:
+/// ```
+/// auto opts = tensortap::Options("runs/exp1")
+///                 .every(100)
+///                 .include("^fc")
+///                 .kinds({tensortap::Kind::Grad, tensortap::Kind::Activation})
+///                 .buffer_bytes(32 << 20);
+/// ```
+struct Options {
+  /// `dir` is the run directory; it is created if missing.
+  /* implicit */ Options(std::string dir) : dir_(std::move(dir)) {}
+
+  /// The run directory.
+  TORCH_ARG(std::string, dir);
+  /// The file format.
+  TORCH_ARG(Format, format) = Format::Npy;
+  /// Capture every `every`-th step, counted from `start`.
+  TORCH_ARG(std::int64_t, every) = 1;
+  /// The first step that may be sampled.
+  TORCH_ARG(std::int64_t, start) = 0;
+  /// The first step that is no longer sampled; negative means never stop.
+  TORCH_ARG(std::int64_t, stop) = -1;
+  /// Names to capture: an ECMAScript regex searched in the name; empty = all.
+  TORCH_ARG(std::string, include) = "";
+  /// Names to skip: an ECMAScript regex searched in the name; empty = none.
+  TORCH_ARG(std::string, exclude) = "";
+  /// Which kinds to capture. `Param` is off by default.
+  TORCH_ARG(KindSet, kinds) = KindSet();
+  /// Size of each of the two host staging buffers, in bytes. The training
+  /// thread fills one while the writer thread drains the other, so staging
+  /// never holds more than twice this. A larger tensor is streamed through in
+  /// chunks of this size.
+  TORCH_ARG(std::size_t, buffer_bytes) = std::size_t{64} << 20;
+  /// What happens when both buffers are full.
+  TORCH_ARG(Overflow, overflow) = Overflow::Block;
+  /// Whether a run directory that already holds a run may be replaced. Only
+  /// what tensortap writes (run.json, index.jsonl, npy/) is removed.
+  TORCH_ARG(bool, overwrite) = false;
+};
+
+}  // namespace tensortap

@@ -1,0 +1,104 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include <tensortap/error.h>
+#include <tensortap/options.h>
+
+namespace tensortap {
+
+namespace detail {
+class Core;
+}  // namespace detail
+
+/// Counters of a recorder, as of the call.
+struct Stats {
+  /// Records handed to the pipeline (sampled and selected, not dropped).
+  std::int64_t captured = 0;
+  /// Records written to disk.
+  std::int64_t records = 0;
+  /// Bytes of tensor data written to disk (headers not counted).
+  std::int64_t bytes = 0;
+  /// Records dropped because staging was full (`Overflow::DropNewest`).
+  std::int64_t dropped = 0;
+  /// Records that failed on the writer thread.
+  std::int64_t errors = 0;
+};
+
+/// Owns the hooks, the staging memory and the writer thread of one run.
+///
+/// A recorder snapshots tensors on the calling thread (a copy into a staging
+/// buffer) and writes them on its own writer thread, so training never waits
+/// for the disk unless staging is full and the policy is `Overflow::Block`.
+/// All methods may be called from any thread.
+///
+/// Example:
+/// ```
+/// auto rec = std::make_shared<tensortap::Recorder>(
+///     tensortap::Options("runs/exp1").every(10));
+/// for (int64_t step = 0; step < 100; ++step) {
+///   rec->step(step);
+///   rec->capture("input", x);   // written on steps 0, 10, 20, ...
+/// }
+/// rec->close();
+/// ```
+/// `tensortap::watch()` builds one and hooks it into a module.
+class Recorder {
+ public:
+  /// Creates the run directory and writes `run.json`. Throws `Error` naming
+  /// the path and the OS error if it cannot, and if the directory already
+  /// holds a run and `overwrite` is off.
+  explicit Recorder(Options options);
+  /// Closes the run without throwing; an error is reported on stderr.
+  ~Recorder();
+
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  /// Starts iteration `step` and decides whether it is sampled. Ends the
+  /// previous step, which commits its accumulated parameter gradients. Steps
+  /// must increase; throws `Error` otherwise.
+  void step(std::int64_t step);
+
+  /// Captures `tensor` under `name` (kind `tensor`) if the current step is
+  /// sampled and the name selected. The values are copied before this
+  /// returns. A second capture of the same name within a step is recorded as
+  /// `name#1`, the next `name#2`, and so on. Throws `Error` for tensors that
+  /// cannot be stored (undefined, sparse, quantized, meta, no NumPy dtype),
+  /// before the first `step()`, and after `close()`.
+  void capture(const std::string& name, const at::Tensor& tensor);
+
+  /// Whether the current step is sampled for `kind`. Lets a caller skip work
+  /// that only feeds a capture.
+  bool sampled(Kind kind = Kind::Tensor) const;
+
+  /// The step given to the last `step()` call, or -1 before the first.
+  std::int64_t current_step() const;
+
+  /// Returns when every record of the steps that have ended, and every
+  /// `capture()` so far, is on disk. Rethrows the first writer error.
+  void flush();
+
+  /// Ends the last step, writes everything, removes the hooks, and rewrites
+  /// run.json with `"closed": true` and the final counts. Rethrows the first
+  /// writer error. Calling it again does nothing.
+  void close();
+
+  /// The counters so far.
+  Stats stats() const;
+
+  /// The options the recorder was made with.
+  const Options& options() const;
+
+  /// Internal: the shared state hooks hold on to.
+  const std::shared_ptr<detail::Core>& core() const { return core_; }
+
+ private:
+  std::shared_ptr<detail::Core> core_;
+};
+
+}  // namespace tensortap

@@ -1,0 +1,271 @@
+#include "sdk/src/core.h"
+
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "writers/src/dtypes.h"
+
+namespace tensortap::detail {
+namespace {
+
+// Smaller buffers would turn every capture into a chunked stream.
+constexpr std::size_t kMinBufferBytes = 4096;
+
+std::regex compile(const std::string& pattern, const char* option) {
+  try {
+    return std::regex(pattern, std::regex::ECMAScript | std::regex::optimize);
+  } catch (const std::regex_error& e) {
+    throw Error(fmt::format("tensortap: Options::{}(\"{}\") is not a valid regex: {}", option,
+                            pattern, e.what()));
+  }
+}
+
+bool is_sampled(const Options& o, std::int64_t step) {
+  if (step < o.start()) return false;
+  if (o.stop() >= 0 && step >= o.stop()) return false;
+  return (step - o.start()) % o.every() == 0;
+}
+
+void validate(const Options& o) {
+  if (o.every() < 1)
+    throw Error(fmt::format("tensortap: Options::every({}) must be at least 1", o.every()));
+  if (o.start() < 0)
+    throw Error(fmt::format("tensortap: Options::start({}) must not be negative", o.start()));
+  if (o.buffer_bytes() < kMinBufferBytes)
+    throw Error(fmt::format("tensortap: Options::buffer_bytes({}) must be at least {}",
+                            o.buffer_bytes(), kMinBufferBytes));
+}
+
+// Copies `src` (a CPU tensor) into `dst` as C-order bytes of dtype `stored`.
+void copy_into(char* dst, const at::Tensor& src, c10::ScalarType stored, std::size_t nbytes) {
+  if (nbytes == 0) return;
+  // A conjugate or negative view is "contiguous" but its bytes are not its
+  // values: let copy_ resolve it.
+  if (src.scalar_type() == stored && src.is_contiguous() && !src.is_conj() && !src.is_neg()) {
+    std::memcpy(dst, src.data_ptr(), nbytes);
+    return;
+  }
+  at::from_blob(dst, src.sizes(), at::TensorOptions().dtype(stored)).copy_(src);
+}
+
+}  // namespace
+
+Core::Core(Options options)
+    : options_((validate(options), std::move(options))),
+      include_(compile(options_.include(), "include")),
+      exclude_(compile(options_.exclude(), "exclude")),
+      has_include_(!options_.include().empty()),
+      has_exclude_(!options_.exclude().empty()),
+      staging_(options_.buffer_bytes(), options_.overflow()) {
+  prepare_run_dir(options_);
+  auto writer = make_writer(options_.format(), options_.dir());
+  info_.start_time = utc_now();
+  write_run_json(options_, info_);
+  auto index = std::make_unique<IndexFile>(options_.dir());
+  backend_ = std::make_unique<Backend>(staging_, std::move(writer), std::move(index));
+}
+
+Core::~Core() {
+  try {
+    close();
+  } catch (...) {
+    // The writer thread already reported it on stderr.
+  }
+}
+
+bool Core::selected(const std::string& name) const {
+  if (has_include_ && !std::regex_search(name, include_)) return false;
+  if (has_exclude_ && std::regex_search(name, exclude_)) return false;
+  return true;
+}
+
+bool Core::selected_cached(const std::string& name) {
+  std::lock_guard<std::mutex> lock(names_mu_);
+  auto it = selection_cache_.find(name);
+  if (it == selection_cache_.end()) it = selection_cache_.emplace(name, selected(name)).first;
+  return it->second;
+}
+
+std::string Core::repeat_name(Kind kind, const std::string& name, std::int64_t step) {
+  std::string key = name;
+  key.push_back('\0');
+  key.push_back(static_cast<char>(kind));
+  std::lock_guard<std::mutex> lock(names_mu_);
+  const int k = repeats_[step][key]++;
+  return k == 0 ? name : fmt::format("{}#{}", name, k);
+}
+
+void Core::check_capturable(Kind kind, const std::string& name, const at::Tensor& t,
+                            std::int64_t step) const {
+  const char* why = nullptr;
+  if (!t.defined()) why = "the tensor is undefined";
+  else if (t.layout() != at::kStrided) why = "only dense (strided) tensors can be stored; call .to_dense() first";
+  else if (t.is_quantized()) why = "quantized tensors cannot be stored; call .dequantize() first";
+  else if (t.is_meta()) why = "meta tensors have no data";
+  else if (dtype_info(t.scalar_type()) == nullptr) why = "NumPy has no dtype for it";
+  if (why != nullptr)
+    throw Error(fmt::format("tensortap: cannot capture '{}' (kind {}, step {}): {} ({})", name,
+                            kind_name(kind), step, why, describe_tensor(t)));
+}
+
+void Core::record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
+  if (closed()) return;
+  check_capturable(kind, name, tensor, step);
+  at::NoGradGuard no_grad;
+  const DtypeInfo& info = *dtype_info(tensor.scalar_type());
+  at::Tensor src = tensor;
+  // Until the CUDA transfer engine exists, other devices come to the host
+  // synchronously.
+  if (!src.device().is_cpu()) src = src.to(at::kCPU);
+
+  auto meta = std::make_shared<RecordMeta>();
+  meta->kind = kind;
+  meta->name = repeat_name(kind, name, step);
+  meta->step = step;
+  meta->dtype = tensor.scalar_type();
+  meta->stored = info.stored;
+  meta->shape = tensor.sizes().vec();
+  meta->nbytes = static_cast<std::uint64_t>(tensor.numel()) * c10::elementSize(info.stored);
+  const std::uint64_t id = next_record_.fetch_add(1, std::memory_order_relaxed);
+  const bool may_drop = options_.overflow() == Overflow::DropNewest;
+
+  if (meta->nbytes <= staging_.capacity()) {
+    Slot slot;
+    slot.meta = meta;
+    slot.record = id;
+    slot.nbytes = meta->nbytes;
+    auto ticket = staging_.reserve(std::move(slot), may_drop);
+    if (!ticket) {
+      if (!closed()) dropped_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    try {
+      copy_into(ticket->dst, src, info.stored, meta->nbytes);
+    } catch (...) {
+      staging_.commit(*ticket, false);
+      throw;
+    }
+    staging_.commit(*ticket, true);
+    captured_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+
+  // Larger than a buffer: stream it through in buffer-sized chunks. It may
+  // be dropped only before its first chunk; once started, it waits for room
+  // so that no half record is ever written.
+  const at::Tensor flat = src.to(info.stored).contiguous().resolve_conj().resolve_neg();
+  const char* bytes = static_cast<const char*>(flat.data_ptr());
+  for (std::uint64_t off = 0; off < meta->nbytes;) {
+    Slot slot;
+    slot.meta = meta;
+    slot.record = id;
+    slot.nbytes = static_cast<std::size_t>(std::min<std::uint64_t>(staging_.capacity(), meta->nbytes - off));
+    slot.first = off == 0;
+    slot.last = off + slot.nbytes == meta->nbytes;
+    const std::size_t n = slot.nbytes;
+    auto ticket = staging_.reserve(std::move(slot), may_drop && off == 0);
+    if (!ticket) {
+      // Either dropped before its first chunk, or cut off by close(): the
+      // writer discards the chunks it already has.
+      if (!closed()) dropped_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    std::memcpy(ticket->dst, bytes + off, n);
+    staging_.commit(*ticket, true);
+    off += n;
+  }
+  captured_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Core::capture(const std::string& name, const at::Tensor& tensor) {
+  if (!active(Kind::Tensor)) {
+    if (closed())
+      throw Error(fmt::format("tensortap: capture('{}') after close() of run '{}'", name, options_.dir()));
+    if (current_step() < 0)
+      throw Error(fmt::format("tensortap: capture('{}') before the first step(): call "
+                              "Recorder::step(s) at the start of each iteration",
+                              name));
+    return;
+  }
+  if (!selected_cached(name)) return;
+  record(Kind::Tensor, name, tensor, current_step());
+}
+
+void Core::step(std::int64_t step) {
+  std::lock_guard<std::mutex> lock(control_mu_);
+  if (closed())
+    throw Error(fmt::format("tensortap: step({}) after close() of run '{}'", step, options_.dir()));
+  const std::int64_t previous = current_step();
+  if (step < 0) throw Error(fmt::format("tensortap: step({}): steps must not be negative", step));
+  if (step <= previous)
+    throw Error(fmt::format("tensortap: step({}) after step({}): steps must increase", step, previous));
+  step_.store(step, std::memory_order_relaxed);
+  mask_.store(is_sampled(options_, step) ? options_.kinds().bits() : 0u, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> names(names_mu_);
+    repeats_.erase(repeats_.begin(), repeats_.lower_bound(previous));
+  }
+  if (previous >= 0)
+    for (auto& w : watchers_) w->on_step_end();
+  for (auto& w : watchers_) w->on_step_begin(step);
+}
+
+void Core::rethrow_background_error() const {
+  const std::string err = backend_->first_error();
+  if (!err.empty())
+    throw Error(fmt::format("tensortap: run '{}': {} record(s) failed; first: {}", options_.dir(),
+                            backend_->errors(), err));
+}
+
+void Core::flush() {
+  staging_.wait_drained();
+  rethrow_background_error();
+}
+
+void Core::close() {
+  {
+    std::lock_guard<std::mutex> lock(control_mu_);
+    if (closed()) return;
+    // Commit the last step's gradients while captures are still accepted.
+    if (current_step() >= 0)
+      for (auto& w : watchers_) w->on_step_end();
+    mask_.store(0, std::memory_order_relaxed);
+    closed_.store(true, std::memory_order_release);
+    for (auto& w : watchers_) w->detach();
+    watchers_.clear();
+  }
+  backend_->stop();
+  info_.closed = true;
+  info_.end_time = utc_now();
+  info_.stats = stats();
+  info_.first_error = backend_->first_error();
+  try {
+    write_run_json(options_, info_);
+  } catch (const std::exception& e) {
+    if (info_.first_error.empty()) throw;
+  }
+  rethrow_background_error();
+}
+
+Stats Core::stats() const {
+  Stats s;
+  s.captured = captured_.load(std::memory_order_relaxed);
+  s.records = backend_->records();
+  s.bytes = backend_->bytes();
+  s.dropped = dropped_.load(std::memory_order_relaxed);
+  s.errors = backend_->errors();
+  return s;
+}
+
+void Core::add_watcher(std::shared_ptr<Watcher> watcher) {
+  std::lock_guard<std::mutex> lock(control_mu_);
+  if (closed()) {
+    watcher->detach();
+    return;
+  }
+  watchers_.push_back(std::move(watcher));
+}
+
+}  // namespace tensortap::detail

@@ -1,0 +1,110 @@
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <regex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <tensortap/options.h>
+#include <tensortap/recorder.h>
+
+#include "sdk/src/backend.h"
+#include "sdk/src/staging.h"
+#include "writers/src/run_files.h"
+
+namespace tensortap::detail {
+
+/// Something hooked into a model on the recorder's behalf (parameter hooks,
+/// Tap bindings). The recorder tells it when steps begin and end, and
+/// detaches it on close.
+class Watcher {
+ public:
+  virtual ~Watcher() = default;
+  /// After `step` became current.
+  virtual void on_step_begin(std::int64_t step) { (void)step; }
+  /// After the step that was current ended (at the next `step()` or at
+  /// `close()`), before the recorder stops writing.
+  virtual void on_step_end() {}
+  /// Removes every hook; no hook calls the recorder afterwards.
+  virtual void detach() noexcept = 0;
+};
+
+/// The state behind a Recorder. Hooks hold it by shared_ptr, so it outlives
+/// a Recorder that is destroyed while a model still has a hook: such a hook
+/// finds the core closed and does nothing.
+class Core {
+ public:
+  explicit Core(Options options);
+  ~Core();
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+
+  /// The hot-path test: one relaxed atomic load. False before the first
+  /// step, on steps that are not sampled, for kinds not captured, and after
+  /// close.
+  bool active(Kind kind) const noexcept {
+    return (mask_.load(std::memory_order_relaxed) & KindSet::bit(kind)) != 0;
+  }
+  /// Whether `name` passes the include and exclude patterns.
+  bool selected(const std::string& name) const;
+  std::int64_t current_step() const noexcept { return step_.load(std::memory_order_relaxed); }
+  bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
+
+  /// Snapshots `tensor` and queues it as record `name` (or `name#k` for the
+  /// k-th repeat in `step`). Throws `Error` for tensors that cannot be
+  /// stored. Does nothing once the core is closed: a late hook must not fail.
+  void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step);
+
+  // The Recorder's methods.
+  void step(std::int64_t step);
+  void capture(const std::string& name, const at::Tensor& tensor);
+  void flush();
+  void close();
+  Stats stats() const;
+  const Options& options() const { return options_; }
+
+  /// Adds a watcher; it is detached on close.
+  void add_watcher(std::shared_ptr<Watcher> watcher);
+
+ private:
+  void check_capturable(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const;
+  std::string repeat_name(Kind kind, const std::string& name, std::int64_t step);
+  bool selected_cached(const std::string& name);
+  void rethrow_background_error() const;
+
+  const Options options_;
+  std::regex include_;
+  std::regex exclude_;
+  const bool has_include_;
+  const bool has_exclude_;
+
+  std::atomic<std::uint32_t> mask_{0};
+  std::atomic<std::int64_t> step_{-1};
+  std::atomic<bool> closed_{false};
+  std::atomic<std::uint64_t> next_record_{0};
+  std::atomic<std::int64_t> captured_{0};
+  std::atomic<std::int64_t> dropped_{0};
+
+  // step(), close() and the watcher list.
+  std::mutex control_mu_;
+  std::vector<std::shared_ptr<Watcher>> watchers_;
+
+  // Repeat counters of the current and previous steps: a late gradient
+  // hook of the previous step still gets a fresh suffix.
+  std::mutex names_mu_;
+  std::map<std::int64_t, std::unordered_map<std::string, int>> repeats_;
+  std::unordered_map<std::string, bool> selection_cache_;
+
+  RunInfo info_;
+  Staging staging_;
+  std::unique_ptr<Backend> backend_;
+};
+
+}  // namespace tensortap::detail

@@ -1,0 +1,48 @@
+#include <tensortap/recorder.h>
+
+#include <cstdio>
+
+#include "sdk/src/core.h"
+
+namespace tensortap {
+
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::Activation: return "activation";
+    case Kind::ActivationGrad: return "activation_grad";
+    case Kind::Param: return "param";
+    case Kind::Grad: return "grad";
+    case Kind::Tensor: return "tensor";
+  }
+  return "unknown";
+}
+
+Recorder::Recorder(Options options) : core_(std::make_shared<detail::Core>(std::move(options))) {}
+
+Recorder::~Recorder() {
+  try {
+    core_->close();
+  } catch (const std::exception& e) {
+    // A destructor must not throw; the writer thread already printed the
+    // first error, this says the run ended with it.
+    std::fprintf(stderr, "tensortap: run closed with errors: %s\n", e.what());
+  }
+}
+
+void Recorder::step(std::int64_t step) { core_->step(step); }
+
+void Recorder::capture(const std::string& name, const at::Tensor& tensor) { core_->capture(name, tensor); }
+
+bool Recorder::sampled(Kind kind) const { return core_->active(kind); }
+
+std::int64_t Recorder::current_step() const { return core_->current_step(); }
+
+void Recorder::flush() { core_->flush(); }
+
+void Recorder::close() { core_->close(); }
+
+Stats Recorder::stats() const { return core_->stats(); }
+
+const Options& Recorder::options() const { return core_->options(); }
+
+}  // namespace tensortap

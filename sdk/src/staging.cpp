@@ -1,0 +1,106 @@
+#include "sdk/src/staging.h"
+
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include <tensortap/error.h>
+
+namespace tensortap::detail {
+namespace {
+
+// Records start on 64-byte boundaries: whole cache lines for memcpy, and
+// the alignment a pinned-memory DMA engine likes.
+constexpr std::size_t kRecordAlign = 64;
+constexpr std::size_t kPage = 4096;
+
+std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+}  // namespace
+
+Staging::Staging(std::size_t capacity, Overflow overflow) : capacity_(capacity), overflow_(overflow) {}
+
+Staging::~Staging() {
+  for (Buffer& b : buffers_) std::free(b.data);
+}
+
+std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    // A hook that raced with close() must not queue what no writer drains.
+    if (stopping_) return std::nullopt;
+    Buffer& b = buffers_[fill_];
+    const std::size_t offset = align_up(b.used, kRecordAlign);
+    if (offset + slot.nbytes <= capacity_) {
+      if (b.data == nullptr) {
+        b.data = static_cast<char*>(std::aligned_alloc(kPage, align_up(capacity_, kPage)));
+        if (b.data == nullptr)
+          throw Error(fmt::format("tensortap: cannot allocate a staging buffer of {} bytes "
+                                  "(Options::buffer_bytes)",
+                                  capacity_));
+      }
+      slot.offset = offset;
+      b.used = offset + slot.nbytes;
+      ++b.pending;
+      ++reserved_;
+      b.slots.push_back(std::move(slot));
+      return Ticket{&b, b.slots.size() - 1, b.data + offset};
+    }
+    if (may_drop && overflow_ == Overflow::DropNewest) return std::nullopt;
+    // The buffer holds data (an empty one fits any slot), so the writer
+    // will take it once the pending copies are committed.
+    space_cv_.wait(lock);
+  }
+}
+
+void Staging::commit(const Ticket& ticket, bool ok) {
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ok) ticket.buffer->slots[ticket.slot].ok = false;
+    wake = --ticket.buffer->pending == 0;
+  }
+  if (wake) writer_cv_.notify_one();
+}
+
+void Staging::wait_drained() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const std::uint64_t target = reserved_;
+  drained_cv_.wait(lock, [&] { return released_ >= target; });
+}
+
+Staging::Buffer* Staging::take() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    Buffer& b = buffers_[fill_];
+    if (!b.slots.empty() && b.pending == 0) {
+      fill_ ^= 1;
+      lock.unlock();
+      space_cv_.notify_all();
+      return &b;
+    }
+    if (stopping_ && b.slots.empty()) return nullptr;
+    writer_cv_.wait(lock);
+  }
+}
+
+void Staging::release(Buffer* buffer) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ += buffer->slots.size();
+    buffer->slots.clear();
+    buffer->used = 0;
+  }
+  drained_cv_.notify_all();
+}
+
+void Staging::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  writer_cv_.notify_one();
+  space_cv_.notify_all();
+}
+
+}  // namespace tensortap::detail

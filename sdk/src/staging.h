@@ -1,0 +1,94 @@
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include <tensortap/options.h>
+
+#include "writers/src/writer.h"
+
+namespace tensortap::detail {
+
+/// One piece of a record in a staging buffer. A record larger than a buffer
+/// is split into chunks that share `meta` and `record`.
+struct Slot {
+  std::shared_ptr<const RecordMeta> meta;
+  /// Identifies the record across its chunks.
+  std::uint64_t record = 0;
+  /// Where the bytes are in the buffer.
+  std::size_t offset = 0;
+  std::size_t nbytes = 0;
+  bool first = true;
+  bool last = true;
+  /// False when the copy into staging failed: the writer drops the record.
+  bool ok = true;
+};
+
+/// The two host staging buffers between capturing threads and the writer
+/// thread. Capturing threads reserve space in the filling buffer, copy into
+/// it without holding the lock, and commit. The writer takes the filling
+/// buffer whenever it holds committed data and nothing is being copied into
+/// it, swapping in the other (empty) one, so captures never wait for a
+/// buffer to fill up before it reaches the disk. When the filling buffer has
+/// no room, the policy decides: wait for the swap, or drop.
+class Staging {
+ public:
+  struct Buffer {
+    char* data = nullptr;
+    std::size_t used = 0;
+    std::vector<Slot> slots;
+    /// Reservations not yet committed: the writer may not take the buffer.
+    int pending = 0;
+  };
+  /// A reservation: copy `nbytes` into `dst`, then `commit()`.
+  struct Ticket {
+    Buffer* buffer;
+    std::size_t slot;
+    char* dst;
+  };
+
+  /// `capacity` is each buffer's size; memory is taken on first use.
+  Staging(std::size_t capacity, Overflow overflow);
+  ~Staging();
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  std::size_t capacity() const { return capacity_; }
+
+  /// Reserves `slot.nbytes` (at most `capacity()`) for `slot`. When there is
+  /// no room it waits, or returns nullopt if `may_drop` and the policy is
+  /// `DropNewest`. Returns nullopt once `stop()` was called.
+  std::optional<Ticket> reserve(Slot slot, bool may_drop);
+  /// Publishes a reservation; `ok = false` tells the writer to drop it.
+  void commit(const Ticket& ticket, bool ok);
+  /// Returns when every slot reserved before the call has been released.
+  void wait_drained();
+
+  /// Writer side: waits for a buffer with committed slots and takes it.
+  /// Returns nullptr once `stop()` was called and everything is taken.
+  Buffer* take();
+  /// Writer side: hands a taken buffer back, empty.
+  void release(Buffer* buffer);
+  /// Makes `take()` return nullptr once the staging is empty.
+  void stop();
+
+ private:
+  std::size_t capacity_;
+  Overflow overflow_;
+  std::mutex mu_;
+  std::condition_variable writer_cv_;   // the writer waits for data
+  std::condition_variable space_cv_;    // capturers wait for room
+  std::condition_variable drained_cv_;  // flush() waits for the writer
+  Buffer buffers_[2];
+  int fill_ = 0;
+  bool stopping_ = false;
+  std::uint64_t reserved_ = 0;
+  std::uint64_t released_ = 0;
+};
+
+}  // namespace tensortap::detail

@@ -1,0 +1,18 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tensortap::detail {
+
+/// Appends `s` to `out` as a quoted JSON string. Valid UTF-8 passes through;
+/// control characters are escaped, and each byte that is not valid UTF-8
+/// becomes \u00XX so the line stays valid JSON whatever a name holds.
+void append_json_string(std::string& out, std::string_view s);
+
+/// Appends `[a,b,c]`.
+void append_json_ints(std::string& out, const std::vector<std::int64_t>& values);
+
+}  // namespace tensortap::detail

@@ -1,0 +1,52 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+
+namespace tensortap::detail {
+
+/// The bytes before the data of a `.npy` file for a C-order array of this
+/// NumPy type string (with byte-order character, e.g. "<f4") and shape:
+/// magic, version, header length, the header dict and its padding. Format
+/// 1.0, or 2.0 when the header does not fit 1.0's 16-bit length. Its size is
+/// a multiple of 64, so the data that follows is 64-byte aligned.
+std::string npy_header(std::string_view descr, const std::vector<std::int64_t>& shape);
+
+/// The NumPy type string of `stored` in this machine's byte order ("<f4").
+std::string npy_descr(c10::ScalarType stored);
+
+/// What a `.npy` header says.
+struct NpyHeader {
+  int major_version = 1;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  /// Whether the data's byte order differs from this machine's.
+  bool swap_bytes = false;
+  bool fortran_order = false;
+  std::vector<std::int64_t> shape;
+  /// Where the data begins.
+  std::size_t data_offset = 0;
+  /// Bytes of data the shape and dtype call for.
+  std::uint64_t data_bytes = 0;
+};
+
+/// Checks the magic, version and header length in the first bytes of a
+/// `.npy` file of `file_size` bytes, and returns where the header ends.
+/// At least 12 bytes (or the whole file, if shorter) must be given.
+std::uint64_t npy_header_end(std::string_view first_bytes, std::uint64_t file_size,
+                             const std::string& what);
+
+/// Parses the header at the start of `prefix`, the first `npy_header_end()`
+/// bytes of a file of `file_size` bytes. Throws `Error` starting with `what` (e.g.
+/// "load_npy: /path/x.npy") and naming the problem: a bad magic, a version it
+/// does not know, a header length past the end, a header that is not a dict,
+/// an unsupported dtype, a negative shape, or a shape whose byte count
+/// overflows or exceeds the file. Never reads past `prefix`.
+NpyHeader parse_npy_header(std::string_view prefix, std::uint64_t file_size,
+                           const std::string& what);
+
+}  // namespace tensortap::detail

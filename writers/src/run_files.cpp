@@ -1,0 +1,143 @@
+#include "writers/src/run_files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <torch/version.h>
+
+#include "writers/src/dtypes.h"
+#include "writers/src/file.h"
+#include "writers/src/json.h"
+
+#ifndef TENSORTAP_VERSION
+#define TENSORTAP_VERSION "unknown"
+#endif
+
+namespace tensortap::detail {
+namespace {
+
+// Bumped when the layout of the run directory changes incompatibly.
+constexpr int kFormatVersion = 1;
+
+const char* format_name(Format f) { return f == Format::Npy ? "npy" : "hdf5"; }
+const char* overflow_name(Overflow o) { return o == Overflow::Block ? "block" : "drop_newest"; }
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+std::string utc_now() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm {};
+  ::gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:03d}Z", buf, ms);
+}
+
+void prepare_run_dir(const Options& options) {
+  const std::string& dir = options.dir();
+  if (dir.empty()) throw Error("tensortap: Options: the run directory is empty");
+  make_dirs(dir);
+  if (exists(dir + "/run.json") || exists(dir + "/index.jsonl")) {
+    if (!options.overwrite())
+      throw Error(fmt::format("tensortap: '{}' already holds a run (run.json); choose another "
+                              "directory or set Options::overwrite(true)",
+                              dir));
+    // Only what tensortap writes goes: a user's other files stay.
+    for (const char* name : {"run.json", "index.jsonl", "npy", "tensors.h5"}) {
+      std::error_code ec;
+      std::filesystem::remove_all(std::filesystem::path(dir) / name, ec);
+      if (ec)
+        throw Error(fmt::format("tensortap: cannot remove '{}/{}' to overwrite the run: {}", dir,
+                                name, ec.message()));
+    }
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) throw_errno("write into", dir, errno);
+}
+
+void write_run_json(const Options& o, const RunInfo& info) {
+  std::string j = "{\n";
+  j += fmt::format("  \"format_version\": {},\n", kFormatVersion);
+  j += fmt::format("  \"tensortap_version\": \"{}\",\n", TENSORTAP_VERSION);
+  j += fmt::format("  \"torch_version\": \"{}\",\n", TORCH_VERSION);
+  j += "  \"options\": {\n    \"dir\": ";
+  append_json_string(j, o.dir());
+  j += fmt::format(",\n    \"format\": \"{}\",\n    \"every\": {},\n    \"start\": {},\n    \"stop\": {},\n",
+                   format_name(o.format()), o.every(), o.start(), o.stop());
+  j += "    \"include\": ";
+  append_json_string(j, o.include());
+  j += ",\n    \"exclude\": ";
+  append_json_string(j, o.exclude());
+  j += ",\n    \"kinds\": [";
+  bool first = true;
+  for (Kind k : {Kind::Activation, Kind::ActivationGrad, Kind::Param, Kind::Grad, Kind::Tensor}) {
+    if (!o.kinds().contains(k)) continue;
+    j += fmt::format("{}\"{}\"", first ? "" : ", ", kind_name(k));
+    first = false;
+  }
+  j += fmt::format("],\n    \"buffer_bytes\": {},\n    \"overflow\": \"{}\",\n    \"overwrite\": {}\n  }},\n",
+                   o.buffer_bytes(), overflow_name(o.overflow()), o.overwrite() ? "true" : "false");
+  j += "  \"rank\": 0,\n  \"world_size\": 1,\n";
+  j += fmt::format("  \"start_time\": \"{}\",\n", info.start_time);
+  if (info.closed) {
+    j += fmt::format("  \"end_time\": \"{}\",\n", info.end_time);
+    j += fmt::format("  \"records\": {},\n  \"bytes\": {},\n  \"dropped\": {},\n  \"errors\": {},\n",
+                     info.stats.records, info.stats.bytes, info.stats.dropped, info.stats.errors);
+    if (!info.first_error.empty()) {
+      j += "  \"first_error\": ";
+      append_json_string(j, info.first_error);
+      j += ",\n";
+    }
+  }
+  j += fmt::format("  \"closed\": {}\n}}\n", info.closed ? "true" : "false");
+  AtomicFile file(o.dir() + "/run.json");
+  file.write(j.data(), j.size());
+  file.commit();
+}
+
+void append_index_line(std::string& out, const RecordMeta& meta, const std::string& location) {
+  out += fmt::format("{{\"step\":{},\"kind\":\"{}\",\"name\":", meta.step, kind_name(meta.kind));
+  append_json_string(out, meta.name);
+  out += fmt::format(",\"dtype\":\"{}\",\"shape\":", dtype_name(meta.dtype));
+  append_json_ints(out, meta.shape);
+  out += ',';
+  out += location;
+  out += "}\n";
+}
+
+IndexFile::IndexFile(const std::string& dir) : path_(dir + "/index.jsonl") {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw_errno("create", path_, errno);
+}
+
+IndexFile::~IndexFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void IndexFile::append(const std::string& lines) {
+  size_t done = 0;
+  while (done < lines.size()) {
+    const ssize_t n = ::write(fd_, lines.data() + done, lines.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("append to", path_, errno);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace tensortap::detail

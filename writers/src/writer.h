@@ -1,0 +1,55 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+
+#include <tensortap/options.h>
+
+namespace tensortap::detail {
+
+/// What the writer needs to know of a record besides its bytes.
+struct RecordMeta {
+  Kind kind = Kind::Tensor;
+  /// The record's name, with its `#k` repeat suffix.
+  std::string name;
+  std::int64_t step = 0;
+  /// The dtype as captured (bfloat16 stays bfloat16 here).
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  /// The dtype of the bytes (bfloat16 arrives as float32).
+  c10::ScalarType stored = c10::ScalarType::Float;
+  std::vector<std::int64_t> shape;
+  /// Bytes of data, C order.
+  std::uint64_t nbytes = 0;
+};
+
+/// One record being written. Its bytes arrive in order, in one or more
+/// `append()` calls (a tensor larger than a staging buffer comes in chunks).
+/// Destroying a sink before `finish()` discards the record and leaves no
+/// file under a final name.
+class RecordSink {
+ public:
+  virtual ~RecordSink() = default;
+  virtual void append(const void* data, std::size_t n) = 0;
+  /// Makes the record durable under its final name and returns the JSON
+  /// members that locate it in index.jsonl, e.g. `"file":"npy/..."`.
+  virtual std::string finish() = 0;
+};
+
+/// A run's storage. Used from the writer thread only.
+class Writer {
+ public:
+  virtual ~Writer() = default;
+  virtual std::unique_ptr<RecordSink> begin(const RecordMeta& meta) = 0;
+  /// Finalizes what the format needs at the end of a run.
+  virtual void close() = 0;
+};
+
+/// The writer for `format` writing under the run directory `dir`.
+std::unique_ptr<Writer> make_writer(Format format, const std::string& dir);
+
+}  // namespace tensortap::detail
