@@ -19,9 +19,8 @@ at::Tensor tap_capture(const TapBinding& b, at::Tensor x) {
   // The hook goes on a view, not on x: x may be a leaf or be used elsewhere,
   // and what we want is the gradient of what flows on from the Tap.
   at::Tensor y = x.view_as(x);
-  y.register_hook([core = b.core, name = b.name, step](const at::Tensor& grad) {
-    core->record(Kind::ActivationGrad, name, grad, step);
-  });
+  y.register_hook([core = b.core, name = core.repeat_name(Kind::ActivationGrad, b.name, step),
+                   step](const at::Tensor& grad) { core->record_as(Kind::ActivationGrad, name, grad, step); });
   return y;
 }
 

@@ -110,7 +110,7 @@ void Core::check_capturable(Kind kind, const std::string& name, const at::Tensor
                             kind_name(kind), step, why, describe_tensor(t)));
 }
 
-void Core::record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
+void Core::record_as(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step) {
   if (closed()) return;
   check_capturable(kind, name, tensor, step);
   at::NoGradGuard no_grad;
@@ -122,7 +122,7 @@ void Core::record(Kind kind, const std::string& name, const at::Tensor& tensor, 
 
   auto meta = std::make_shared<RecordMeta>();
   meta->kind = kind;
-  meta->name = repeat_name(kind, name, step);
+  meta->name = std::move(name);
   meta->step = step;
   meta->dtype = tensor.scalar_type();
   meta->stored = info.stored;

@@ -60,7 +60,15 @@ class Core {
   /// Snapshots `tensor` and queues it as record `name` (or `name#k` for the
   /// k-th repeat in `step`). Throws `Error` for tensors that cannot be
   /// stored. Does nothing once the core is closed: a late hook must not fail.
-  void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step);
+  void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
+    record_as(kind, repeat_name(kind, name, step), tensor, step);
+  }
+  /// As `record()`, under a name already given its repeat suffix.
+  void record_as(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step);
+  /// The name the next record of `name` in `step` gets: `name`, then
+  /// `name#1`, `name#2`... Lets a gradient hook keep its forward's suffix
+  /// whatever order backward runs in.
+  std::string repeat_name(Kind kind, const std::string& name, std::int64_t step);
 
   // The Recorder's methods.
   void step(std::int64_t step);
@@ -75,7 +83,6 @@ class Core {
 
  private:
   void check_capturable(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const;
-  std::string repeat_name(Kind kind, const std::string& name, std::int64_t step);
   bool selected_cached(const std::string& name);
   void rethrow_background_error() const;
 

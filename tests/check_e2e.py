@@ -1,0 +1,106 @@
+"""Checks the runs e2e_writer made, with NumPy alone, against values computed
+here independently of LibTorch.
+
+    check_e2e.py OUT_DIR
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+import tensortap
+
+NUMPY_DTYPE = {
+    "bool": np.bool_, "uint8": np.uint8, "int8": np.int8, "int16": np.int16,
+    "int32": np.int32, "int64": np.int64, "float16": np.float16, "float32": np.float32,
+    "float64": np.float64, "complex64": np.complex64, "complex128": np.complex128,
+    "bfloat16": np.float32,  # stored as float32, exactly
+}
+
+
+def check_files(run):
+    """Every index line names a complete .npy of the indexed shape and dtype,
+    whose data starts on a 64-byte boundary; nothing else is there."""
+    listed = set()
+    for r in run.records:
+        path = os.path.join(run.path, r["file"])
+        a = np.load(path)
+        assert list(a.shape) == r["shape"], (r, a.shape)
+        assert a.dtype == NUMPY_DTYPE[r["dtype"]], (r, a.dtype)
+        with open(path, "rb") as f:
+            head = f.read(12)
+        assert head[:6] == b"\x93NUMPY"
+        offset = (10 + int.from_bytes(head[8:10], "little")) if head[6] == 1 else \
+                 (12 + int.from_bytes(head[8:12], "little"))
+        assert offset % 64 == 0, (path, offset)
+        assert os.path.getsize(path) == offset + a.nbytes
+        listed.add(os.path.normpath(path))
+    on_disk = {os.path.normpath(os.path.join(d, f))
+               for d, _, fs in os.walk(os.path.join(run.path, "npy")) for f in fs}
+    assert on_disk == listed, on_disk ^ listed
+
+
+def check_train(path):
+    run = tensortap.open(path)
+    assert run.closed and run.info["dropped"] == 0 and run.info["errors"] == 0
+    check_files(run)
+    steps = run.steps("fc.weight", "grad")
+    assert steps == [0, 2, 4, 6, 8], steps
+    for s in steps:
+        w = run.load("fc.weight", s, "param").astype(np.float64)
+        b = run.load("fc.bias", s, "param").astype(np.float64)
+        x = run.load("x", s, "tensor").astype(np.float64)
+        y = run.load("y", s, "tensor").astype(np.float64)
+        pred = x @ w.T + b
+        dpred = 2.0 * (pred - y) / pred.size  # d mean((pred - y)^2) / d pred
+        close = dict(rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(run.load("out", s, "activation"), pred, **close)
+        np.testing.assert_allclose(run.load("out", s, "activation_grad"), dpred, **close)
+        np.testing.assert_allclose(run.load("fc.weight", s, "grad"), dpred.T @ x, **close)
+        np.testing.assert_allclose(run.load("fc.bias", s, "grad"), dpred.sum(axis=0), **close)
+        np.testing.assert_allclose(run.load("loss", s, "tensor"), np.mean((pred - y) ** 2), **close)
+        # Changed in place right after capture: the file holds the old values.
+        np.testing.assert_array_equal(run.load("probe", s, "tensor"), np.full(16, float(s), np.float32))
+    g = run.series("fc.weight", "grad")
+    assert g.shape == (5, 3, 5), g.shape
+    print(f"train: {len(run.records)} records match the closed-form values")
+
+
+def check_dtypes(path):
+    run = tensortap.open(path)
+    check_files(run)
+    base = np.arange(12, dtype=np.float64).reshape(3, 4) - 5
+    for name, dt in NUMPY_DTYPE.items():
+        if name == "bool":
+            want = base % 2 == 0
+        elif name == "uint8":
+            want = (base + 5).astype(dt)
+        elif name.startswith("complex"):
+            want = (base - 0.5j * base).astype(dt)
+        else:
+            want = (base * 0.5).astype(dt)
+        for prefix, w in (("dtype_", want), ("transposed_", want.T)):
+            got = run.load(prefix + name, 0, "tensor")
+            assert got.dtype == np.dtype(dt), (name, got.dtype)
+            np.testing.assert_array_equal(got, w)
+        rec = [r for r in run.records if r["name"] == "dtype_" + name][0]
+        assert rec["dtype"] == name, rec
+    scalar = run.load("scalar", 0, "tensor")
+    assert scalar.shape == () and scalar == 3.5
+    assert run.load("empty", 0, "tensor").shape == (0, 3)
+    print(f"dtypes: {len(run.records)} records read back exactly")
+
+
+def main(out):
+    check_train(os.path.join(out, "train"))
+    check_dtypes(os.path.join(out, "dtypes"))
+    leftovers = [f for d, _, fs in os.walk(out) for f in fs if f.endswith(".tmp")]
+    assert not leftovers, leftovers
+    with open(os.path.join(out, "train", "run.json")) as f:
+        assert json.load(f)["closed"] is True
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

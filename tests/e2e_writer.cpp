@@ -1,0 +1,80 @@
+// Writes the runs that check_e2e.py verifies with NumPy:
+//   <out>/train   a linear layer trained with MSE; parameters, gradients,
+//                 inputs and targets captured so NumPy can recompute the
+//                 gradients in closed form; plus a snapshot probe
+//   <out>/dtypes  every dtype, and views, 0-d and empty tensors
+#include <cstdio>
+#include <string>
+
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <tensortap/tensortap.h>
+
+struct LinImpl : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  tensortap::Tap out;
+  LinImpl() {
+    fc = register_module("fc", torch::nn::Linear(5, 3));
+    out = register_module("out", tensortap::Tap());
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return out(fc(x)); }
+};
+TORCH_MODULE(Lin);
+
+static void train(const std::string& dir) {
+  torch::manual_seed(42);
+  Lin model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  auto rec = tensortap::watch(*model, tensortap::Options(dir).every(2).kinds(tensortap::KindSet::all()).overwrite(true));
+  for (int64_t step = 0; step < 9; ++step) {
+    rec->step(step);
+    const torch::Tensor x = torch::randn({8, 5}), y = torch::randn({8, 3});
+    rec->capture("x", x);
+    rec->capture("y", y);
+    const torch::Tensor loss = (model->forward(x) - y).pow(2).mean();
+    rec->capture("loss", loss);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    // The snapshot probe: changed in place right after its capture.
+    torch::Tensor probe = torch::full({16}, static_cast<double>(step));
+    rec->capture("probe", probe);
+    probe.add_(1000);
+  }
+  rec->close();
+}
+
+static void dtypes(const std::string& dir) {
+  tensortap::Recorder rec(tensortap::Options(dir).overwrite(true));
+  rec.step(0);
+  const torch::Tensor base = torch::arange(12, torch::kDouble).reshape({3, 4}) - 5;
+  const std::pair<const char*, torch::Dtype> all[] = {
+      {"bool", torch::kBool},       {"uint8", torch::kUInt8},          {"int8", torch::kInt8},
+      {"int16", torch::kInt16},     {"int32", torch::kInt32},          {"int64", torch::kInt64},
+      {"float16", torch::kFloat16}, {"float32", torch::kFloat32},      {"float64", torch::kFloat64},
+      {"complex64", torch::kComplexFloat}, {"complex128", torch::kComplexDouble}, {"bfloat16", torch::kBFloat16}};
+  for (const auto& [name, dtype] : all) {
+    torch::Tensor t;
+    if (dtype == torch::kBool) t = (base.remainder(2) == 0);
+    else if (dtype == torch::kUInt8) t = (base + 5).to(dtype);
+    else if (torch::isComplexType(dtype)) t = torch::complex(base, -0.5 * base).to(dtype);
+    else t = (base * 0.5).to(dtype);
+    rec.capture(std::string("dtype_") + name, t);
+    rec.capture(std::string("transposed_") + name, t.t());
+  }
+  rec.capture("scalar", torch::scalar_tensor(3.5, torch::kDouble));
+  rec.capture("empty", torch::empty({0, 3}));
+  rec.close();
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: e2e_writer OUT_DIR\n");
+    return 2;
+  }
+  const std::string out = argv[1];
+  train(out + "/train");
+  dtypes(out + "/dtypes");
+  return 0;
+}

@@ -1,0 +1,56 @@
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+namespace tt_test {
+
+/// A fresh directory under the system temp dir, removed at scope exit.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "tensortap-test-XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& rel) const { return path + "/" + rel; }
+};
+
+inline std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// Index lines that mention `needle`.
+inline std::vector<std::string> index_lines_with(const std::string& run, const std::string& needle) {
+  std::vector<std::string> out;
+  for (const auto& l : read_lines(run + "/index.jsonl"))
+    if (l.find(needle) != std::string::npos) out.push_back(l);
+  return out;
+}
+
+/// Regular files under `dir`, recursively.
+inline std::vector<std::filesystem::path> files_under(const std::string& dir) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out.push_back(e.path());
+  return out;
+}
+
+}  // namespace tt_test

@@ -1,0 +1,244 @@
+#include <cstdlib>
+#include <new>
+
+#include <fmt/format.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <tensortap/tensortap.h>
+
+#include "helpers.h"
+
+using tensortap::Kind;
+using tensortap::Options;
+using tt_test::TempDir;
+
+// Counts heap allocations on this thread while `g_counting` is set, to show
+// that a step that is not sampled costs no allocation.
+namespace {
+thread_local bool g_counting = false;
+thread_local std::size_t g_allocations = 0;
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (g_counting) ++g_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+// out = fc(x), watched as "fc.weight", "fc.bias" and the Tap "out".
+struct NetImpl : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  tensortap::Tap out;
+  NetImpl() {
+    fc = register_module("fc", torch::nn::Linear(3, 2));
+    out = register_module("out", tensortap::Tap());
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return out(fc(x)); }
+};
+TORCH_MODULE(Net);
+
+std::string npy(const std::string& run, const std::string& kind, const std::string& name, std::int64_t step) {
+  return fmt::format("{}/npy/{}/{}/{:08d}.npy", run, kind, name, step);
+}
+
+at::Tensor load(const std::string& run, const std::string& kind, const std::string& name, std::int64_t step) {
+  return tensortap::load_npy(npy(run, kind, name, step));
+}
+
+// loss = sum(out * c): d loss / d out = c, d loss / d W = c^T x, d loss / d b = sum_rows(c).
+torch::Tensor loss_of(Net& net, const torch::Tensor& x, const torch::Tensor& c) {
+  return (net->forward(x) * c).sum();
+}
+
+}  // namespace
+
+TEST_CASE("watch() records each parameter's gradient, exact for a linear layer", "[hooks]") {
+  TempDir dir;
+  torch::manual_seed(1);
+  Net net;
+  auto rec = tensortap::watch(*net, Options(dir.path).kinds({Kind::Grad}));
+  const torch::Tensor x = torch::randn({4, 3}), c = torch::randn({4, 2});
+  rec->step(0);
+  loss_of(net, x, c).backward();
+  rec->close();
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight", 0), c.t().mm(x), 1e-6, 1e-6));
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.bias", 0), c.sum(0), 1e-6, 1e-6));
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 2);
+}
+
+TEST_CASE("a step's gradient record sums its backward passes, whatever zero_grad does", "[hooks]") {
+  for (const char* order : {"zero_grad first", "zero_grad last", "never zero_grad"}) {
+    CAPTURE(order);
+    TempDir dir;
+    torch::manual_seed(2);
+    Net net;
+    torch::optim::SGD opt(net->parameters(), 0.1);
+    auto rec = tensortap::watch(*net, Options(dir.path).kinds({Kind::Grad}));
+    std::vector<torch::Tensor> expected_w, expected_b;
+    for (std::int64_t s = 0; s < 3; ++s) {
+      rec->step(s);
+      if (std::string(order) == "zero_grad first") opt.zero_grad();
+      torch::Tensor ew = torch::zeros({2, 3}), eb = torch::zeros({2});
+      for (int micro = 0; micro < 3; ++micro) {  // gradient accumulation
+        const torch::Tensor x = torch::randn({5, 3}), c = torch::randn({5, 2});
+        loss_of(net, x, c).backward();
+        ew += c.t().mm(x);
+        eb += c.sum(0);
+      }
+      opt.step();
+      if (std::string(order) == "zero_grad last") opt.zero_grad();
+      expected_w.push_back(ew);
+      expected_b.push_back(eb);
+    }
+    rec->close();
+    for (std::int64_t s = 0; s < 3; ++s) {
+      REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight", s), expected_w[s], 1e-5, 1e-5));
+      REQUIRE(torch::allclose(load(dir.path, "grad", "fc.bias", s), expected_b[s], 1e-5, 1e-5));
+    }
+  }
+}
+
+TEST_CASE("a Tap captures its activation and the gradient flowing back through it", "[hooks]") {
+  TempDir dir;
+  torch::manual_seed(3);
+  Net net;
+  auto rec = tensortap::watch(*net, Options(dir.path));
+  const torch::Tensor x = torch::randn({4, 3}), c = torch::randn({4, 2});
+  rec->step(0);
+  loss_of(net, x, c).backward();
+  rec->close();
+  const torch::Tensor expected = x.mm(net->fc->weight.detach().t()) + net->fc->bias.detach();
+  REQUIRE(torch::allclose(load(dir.path, "activation", "out", 0), expected, 1e-6, 1e-6));
+  REQUIRE(torch::equal(load(dir.path, "activation_grad", "out", 0), c));
+}
+
+TEST_CASE("a Tap run twice in a step gives name and name#1, each with its own gradient", "[hooks]") {
+  TempDir dir;
+  torch::manual_seed(4);
+  Net net;
+  auto rec = tensortap::watch(*net, Options(dir.path));
+  const torch::Tensor x1 = torch::randn({2, 3}), x2 = torch::randn({2, 3});
+  const torch::Tensor c1 = torch::randn({2, 2}), c2 = torch::randn({2, 2});
+  rec->step(0);
+  // Backward visits the second use first; the suffixes still follow the forward order.
+  const torch::Tensor first = loss_of(net, x1, c1);
+  const torch::Tensor second = loss_of(net, x2, c2);
+  (first + 10 * second).backward();
+  rec->close();
+  const torch::Tensor w = net->fc->weight.detach(), b = net->fc->bias.detach();
+  REQUIRE(torch::allclose(load(dir.path, "activation", "out", 0), x1.mm(w.t()) + b, 1e-6, 1e-6));
+  REQUIRE(torch::allclose(load(dir.path, "activation", "out#1", 0), x2.mm(w.t()) + b, 1e-6, 1e-6));
+  REQUIRE(torch::equal(load(dir.path, "activation_grad", "out", 0), c1));
+  REQUIRE(torch::allclose(load(dir.path, "activation_grad", "out#1", 0), 10 * c2));
+}
+
+TEST_CASE("kind param holds the values a sampled step begins with", "[hooks]") {
+  TempDir dir;
+  torch::manual_seed(5);
+  Net net;
+  torch::optim::SGD opt(net->parameters(), 0.5);
+  auto rec = tensortap::watch(*net, Options(dir.path).kinds(tensortap::KindSet::all()));
+  std::vector<torch::Tensor> weights;
+  for (std::int64_t s = 0; s < 3; ++s) {
+    rec->step(s);
+    weights.push_back(net->fc->weight.detach().clone());
+    opt.zero_grad();
+    loss_of(net, torch::randn({4, 3}), torch::randn({4, 2})).backward();
+    opt.step();
+  }
+  rec->close();
+  for (std::int64_t s = 0; s < 3; ++s) REQUIRE(torch::equal(load(dir.path, "param", "fc.weight", s), weights[s]));
+  // The update between two records is the recorded gradient times the rate.
+  const torch::Tensor update = weights[0] - 0.5 * load(dir.path, "grad", "fc.weight", 0);
+  REQUIRE(torch::allclose(load(dir.path, "param", "fc.weight", 1), update, 1e-6, 1e-6));
+}
+
+TEST_CASE("closing removes the hooks, and the model can be watched again", "[hooks]") {
+  TempDir a, b;
+  Net net;
+  const torch::Tensor x = torch::randn({4, 3}), c = torch::randn({4, 2});
+  {
+    auto rec = tensortap::watch(*net, Options(a.path));
+    rec->step(0);
+    loss_of(net, x, c).backward();
+    rec->close();
+  }
+  const size_t lines_a = tt_test::read_lines(a / "index.jsonl").size();
+  REQUIRE(lines_a == 4);  // two grads, one activation, one activation gradient
+  loss_of(net, x, c).backward();  // no recorder: nothing recorded, nothing breaks
+  auto rec2 = tensortap::watch(*net, Options(b.path));
+  rec2->step(7);
+  loss_of(net, x, c).backward();
+  rec2.reset();  // the destructor closes it
+  REQUIRE(tt_test::read_lines(a / "index.jsonl").size() == lines_a);
+  REQUIRE(tt_test::read_lines(b / "index.jsonl").size() == 4);
+  REQUIRE(torch::equal(load(b.path, "activation_grad", "out", 7), c));
+}
+
+TEST_CASE("two recorders watching two models do not mix", "[hooks]") {
+  TempDir a, b;
+  Net n1, n2;
+  auto r1 = tensortap::watch(*n1, Options(a.path));
+  auto r2 = tensortap::watch(*n2, Options(b.path).every(2));
+  for (std::int64_t s = 0; s < 4; ++s) {
+    r1->step(s);
+    r2->step(s);
+    loss_of(n1, torch::randn({2, 3}), torch::ones({2, 2})).backward();
+    loss_of(n2, torch::randn({2, 3}), torch::full({2, 2}, 2.0)).backward();
+  }
+  r1->close();
+  r2->close();
+  REQUIRE(tt_test::read_lines(a / "index.jsonl").size() == 4 * 4);
+  REQUIRE(tt_test::read_lines(b / "index.jsonl").size() == 2 * 4);
+  REQUIRE(torch::equal(load(a.path, "activation_grad", "out", 3), torch::ones({2, 2})));
+  REQUIRE(torch::equal(load(b.path, "activation_grad", "out", 2), torch::full({2, 2}, 2.0)));
+}
+
+TEST_CASE("Taps inside a Sequential are named by their path, and selection applies", "[hooks]") {
+  TempDir dir;
+  torch::nn::Sequential seq(torch::nn::Linear(3, 4), tensortap::Tap(), torch::nn::ReLU(), torch::nn::Linear(4, 1),
+                            tensortap::Tap());
+  auto rec = tensortap::watch(*seq, Options(dir.path).exclude("^4$|^3\\."));
+  rec->step(0);
+  seq->forward(torch::randn({2, 3})).sum().backward();
+  rec->close();
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"kind\":\"activation\",\"name\":\"1\"").size() == 1);
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"4\"").empty());
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"0.weight\"").size() == 1);
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"3.weight\"").empty());
+}
+
+TEST_CASE("on a step that is not sampled, Tap and capture() allocate nothing", "[hooks]") {
+  TempDir dir;
+  Net net;
+  auto rec = tensortap::watch(*net, Options(dir.path).every(100));
+  const torch::Tensor x = torch::randn({4, 2});
+  rec->step(1);
+  REQUIRE_FALSE(rec->sampled());
+  g_allocations = 0;
+  g_counting = true;
+  for (int i = 0; i < 100; ++i) {
+    const torch::Tensor y = net->out->forward(x);
+    rec->capture("x", x);
+  }
+  g_counting = false;
+  REQUIRE(g_allocations == 0);
+  rec->close();
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl").empty());
+}
+
+TEST_CASE("an unbound Tap is the identity", "[hooks]") {
+  tensortap::Tap tap;
+  const torch::Tensor x = torch::randn({3});
+  REQUIRE(tap->forward(x).is_same(x));
+  auto clone = std::dynamic_pointer_cast<tensortap::TapImpl>(tap->clone());
+  REQUIRE(clone != nullptr);
+  REQUIRE(clone->forward(x).is_same(x));
+}

@@ -1,0 +1,372 @@
+#include <filesystem>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <tensortap/tensortap.h>
+
+#include "helpers.h"
+
+using tensortap::Options;
+using tensortap::Recorder;
+using tt_test::TempDir;
+
+namespace {
+
+std::string npy(const std::string& run, const std::string& kind, const std::string& name, std::int64_t step) {
+  return fmt::format("{}/npy/{}/{}/{:08d}.npy", run, kind, name, step);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const tensortap::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a sampled capture is written as .npy with an index line", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path)};
+  rec.step(0);
+  const at::Tensor t = at::arange(6, at::kFloat).reshape({2, 3});
+  rec.capture("x", t);
+  rec.flush();
+  REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "x", 0)), t));
+  const auto lines = tt_test::read_lines(dir / "index.jsonl");
+  REQUIRE(lines.size() == 1);
+  REQUIRE(lines[0] ==
+          "{\"step\":0,\"kind\":\"tensor\",\"name\":\"x\",\"dtype\":\"float32\",\"shape\":[2,3],"
+          "\"file\":\"npy/tensor/x/00000000.npy\"}");
+  rec.close();
+  const std::string run_json = tt_test::read_file(dir / "run.json");
+  REQUIRE_THAT(run_json, Catch::Contains("\"closed\": true"));
+  REQUIRE_THAT(run_json, Catch::Contains("\"records\": 1"));
+  REQUIRE_THAT(run_json, Catch::Contains("\"bytes\": 24"));
+  const tensortap::Stats s = rec.stats();
+  REQUIRE(s.captured == 1);
+  REQUIRE(s.records == 1);
+  REQUIRE(s.bytes == 24);
+  REQUIRE(s.dropped == 0);
+  REQUIRE(s.errors == 0);
+}
+
+TEST_CASE("run.json says a run is open until close()", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path)};
+  const std::string j = tt_test::read_file(dir / "run.json");
+  REQUIRE_THAT(j, Catch::Contains("\"closed\": false"));
+  REQUIRE_THAT(j, Catch::Contains("\"format_version\": 1"));
+  REQUIRE_THAT(j, Catch::Contains("\"torch_version\": \""));
+  REQUIRE_THAT(j, Catch::Contains("\"world_size\": 1"));
+  REQUIRE_THAT(j, Catch::Contains("\"start_time\": \"20"));
+}
+
+TEST_CASE("every, start and stop choose the sampled steps", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path).every(3).start(2).stop(12)};
+  std::vector<std::int64_t> sampled;
+  for (std::int64_t s = 0; s < 20; ++s) {
+    rec.step(s);
+    if (rec.sampled()) sampled.push_back(s);
+    rec.capture("v", at::full({1}, static_cast<double>(s)));
+  }
+  rec.close();
+  REQUIRE(sampled == std::vector<std::int64_t>{2, 5, 8, 11});
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 4);
+  for (std::int64_t s : sampled)
+    REQUIRE(tensortap::load_npy(npy(dir.path, "tensor", "v", s)).item<float>() == static_cast<float>(s));
+}
+
+TEST_CASE("a capture is a snapshot: later in-place changes are not in the file", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path)};
+  rec.step(0);
+  at::Tensor t = at::arange(1000, at::kFloat);
+  const at::Tensor before = t.clone();
+  rec.capture("t", t);
+  t.mul_(-1).add_(5);  // right after capture, before the writer runs
+  at::Tensor big = at::ones({1 << 20});
+  rec.capture("big", big);
+  big.zero_();
+  rec.close();
+  REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "t", 0)), before));
+  REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "big", 0)), at::ones({1 << 20})));
+}
+
+TEST_CASE("a name captured again within a step is recorded as name#k", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path)};
+  for (std::int64_t s = 0; s < 2; ++s) {
+    rec.step(s);
+    for (int k = 0; k < 3; ++k) rec.capture("h", at::full({2}, 10.0 * s + k));
+  }
+  rec.close();
+  for (std::int64_t s = 0; s < 2; ++s) {
+    REQUIRE(tensortap::load_npy(npy(dir.path, "tensor", "h", s))[0].item<float>() == 10.0f * s);
+    REQUIRE(tensortap::load_npy(npy(dir.path, "tensor", "h#1", s))[0].item<float>() == 10.0f * s + 1);
+    REQUIRE(tensortap::load_npy(npy(dir.path, "tensor", "h#2", s))[0].item<float>() == 10.0f * s + 2);
+  }
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"h#2\"").size() == 2);
+}
+
+TEST_CASE("views, 0-d, empty, conjugate and bfloat16 tensors are stored in C order", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path)};
+  rec.step(0);
+  const at::Tensor m = at::arange(12, at::kFloat).reshape({3, 4});
+  rec.capture("transposed", m.t());
+  rec.capture("strided", m.slice(1, 0, 4, 2));
+  rec.capture("expanded", at::arange(3, at::kLong).expand({2, 3}));
+  rec.capture("scalar", at::scalar_tensor(2.5, at::kDouble));
+  rec.capture("empty", at::empty({0, 3}, at::kInt));
+  const at::Tensor z = at::complex(at::arange(4, at::kFloat), at::ones({4}));
+  rec.capture("conj", z.conj());
+  const at::Tensor bf = (at::arange(8, at::kFloat) * 0.5 - 2).to(at::kBFloat16);
+  rec.capture("bf16", bf);
+  rec.close();
+  const auto load = [&](const char* n) { return tensortap::load_npy(npy(dir.path, "tensor", n, 0)); };
+  REQUIRE(at::equal(load("transposed"), m.t().contiguous()));
+  REQUIRE(at::equal(load("strided"), m.slice(1, 0, 4, 2).contiguous()));
+  REQUIRE(at::equal(load("expanded"), at::arange(3, at::kLong).expand({2, 3}).contiguous()));
+  REQUIRE(load("scalar").dim() == 0);
+  REQUIRE(load("scalar").item<double>() == 2.5);
+  REQUIRE(load("empty").sizes() == at::IntArrayRef{0, 3});
+  REQUIRE(at::equal(load("conj"), z.conj().resolve_conj()));
+  const at::Tensor bf_back = load("bf16");
+  REQUIRE(bf_back.scalar_type() == at::kFloat);
+  REQUIRE(at::equal(bf_back, bf.to(at::kFloat)));
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"bf16\",\"dtype\":\"bfloat16\"").size() == 1);
+}
+
+TEST_CASE("a tensor larger than a staging buffer is streamed through in chunks", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path).buffer_bytes(4096)};
+  rec.step(0);
+  const at::Tensor big = at::randn({100, 77});                 // 30800 bytes, 8 chunks
+  const at::Tensor view = at::randn({300, 50}).t();            // non-contiguous
+  const at::Tensor bf = at::randn({5000}).to(at::kBFloat16);  // converted, then chunked
+  rec.capture("big", big);
+  rec.capture("small", at::ones({3}));
+  rec.capture("view", view);
+  rec.capture("bf", bf);
+  rec.close();
+  REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "big", 0)), big));
+  REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "view", 0)), view.contiguous()));
+  REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "bf", 0)), bf.to(at::kFloat)));
+  REQUIRE(rec.stats().records == 4);
+}
+
+TEST_CASE("Overflow::DropNewest drops when staging is full, and counts every drop", "[sdk]") {
+  TempDir dir;
+  constexpr int kCaptures = 2000;
+  Recorder rec{Options(dir.path).buffer_bytes(8192).overflow(tensortap::Overflow::DropNewest)};
+  rec.step(0);
+  const at::Tensor t = at::ones({1000});  // 4000 bytes: two fill a buffer
+  for (int i = 0; i < kCaptures; ++i) rec.capture("t", t);
+  rec.close();
+  const tensortap::Stats s = rec.stats();
+  REQUIRE(s.errors == 0);
+  REQUIRE(s.records + s.dropped == kCaptures);
+  REQUIRE(s.captured == s.records);
+  REQUIRE(static_cast<std::int64_t>(tt_test::read_lines(dir / "index.jsonl").size()) == s.records);
+  REQUIRE(static_cast<std::int64_t>(tt_test::files_under(dir / "npy").size()) == s.records);
+  REQUIRE_THAT(tt_test::read_file(dir / "run.json"), Catch::Contains(fmt::format("\"dropped\": {}", s.dropped)));
+}
+
+TEST_CASE("Overflow::Block loses nothing with several capturing threads", "[sdk]") {
+  TempDir dir;
+  constexpr int kThreads = 4, kEach = 300;
+  Recorder rec{Options(dir.path).buffer_bytes(16384)};
+  rec.step(0);
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th)
+    threads.emplace_back([&, th] {
+      for (int i = 0; i < kEach; ++i) rec.capture(fmt::format("t{}", th), at::full({500}, th * 1000.0 + i));
+    });
+  for (auto& t : threads) t.join();
+  rec.close();
+  REQUIRE(rec.stats().records == kThreads * kEach);
+  REQUIRE(rec.stats().dropped == 0);
+  // Each thread's captures keep their order: the k-th repeat holds value k.
+  for (int th = 0; th < kThreads; ++th)
+    for (int i : {0, 1, kEach / 2, kEach - 1}) {
+      const std::string name = i == 0 ? fmt::format("t{}", th) : fmt::format("t{}#{}", th, i);
+      const at::Tensor v = tensortap::load_npy(npy(dir.path, "tensor", name, 0));
+      REQUIRE(at::equal(v, at::full({500}, th * 1000.0 + i)));
+    }
+}
+
+TEST_CASE("flush() returns with every capture so far on disk", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path).buffer_bytes(1 << 16)};
+  rec.step(0);
+  for (int i = 0; i < 50; ++i) rec.capture(fmt::format("t{}", i), at::full({100}, i));
+  rec.flush();
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 50);
+  REQUIRE(tt_test::files_under(dir / "npy").size() == 50);
+  REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "t49", 0)), at::full({100}, 49)));
+}
+
+TEST_CASE("misuse of the step protocol is an error that names the call", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path)};
+  REQUIRE_THAT(error_of([&] { rec.capture("x", at::ones({1})); }), Catch::Contains("before the first step()"));
+  rec.step(5);
+  REQUIRE_THAT(error_of([&] { rec.step(5); }), Catch::Contains("step(5) after step(5)"));
+  REQUIRE_THAT(error_of([&] { rec.step(3); }), Catch::Contains("steps must increase"));
+  rec.capture("x", at::ones({1}));
+  rec.close();
+  REQUIRE_THAT(error_of([&] { rec.capture("x", at::ones({1})); }), Catch::Contains("after close()"));
+  REQUIRE_THAT(error_of([&] { rec.step(6); }), Catch::Contains("after close()"));
+  REQUIRE_NOTHROW(rec.close());
+  REQUIRE(rec.stats().records == 1);
+}
+
+TEST_CASE("tensors NumPy cannot hold get an error naming them, and lose nothing", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path)};
+  rec.step(0);
+  rec.capture("good", at::ones({2}));
+  const at::Tensor sparse = at::eye(3).to_sparse();
+  REQUIRE_THAT(error_of([&] { rec.capture("sp", sparse); }),
+               Catch::Contains("'sp'") && Catch::Contains("to_dense") && Catch::Contains("shape [3, 3]"));
+  const at::Tensor q = at::quantize_per_tensor(at::ones({4}), 0.1, 0, at::kQUInt8);
+  REQUIRE_THAT(error_of([&] { rec.capture("q", q); }), Catch::Contains("'q'") && Catch::Contains("quantized"));
+  const at::Tensor meta = at::empty({2, 2}, at::TensorOptions().device(at::kMeta));
+  REQUIRE_THAT(error_of([&] { rec.capture("m", meta); }), Catch::Contains("'m'") && Catch::Contains("meta"));
+  REQUIRE_THAT(error_of([&] { rec.capture("u", at::Tensor()); }), Catch::Contains("'u'") && Catch::Contains("undefined"));
+  const at::Tensor c32 = at::ones({2}, at::kComplexHalf);
+  REQUIRE_THAT(error_of([&] { rec.capture("c", c32); }),
+               Catch::Contains("'c'") && Catch::Contains("NumPy has no dtype") && Catch::Contains("ComplexHalf"));
+  rec.close();
+  REQUIRE(rec.stats().records == 1);
+  REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "good", 0)), at::ones({2})));
+}
+
+TEST_CASE("a run directory that cannot be created fails with the path and the OS error", "[sdk]") {
+  TempDir dir;
+  std::ofstream(dir / "file") << "x";
+  const std::string bad = dir / "file/run";
+  const std::string err = error_of([&] { Recorder rec{Options(bad)}; });
+  REQUIRE_THAT(err, Catch::Contains(bad.substr(0, bad.size() - 4)) && Catch::Contains("Not a directory"));
+  REQUIRE_THAT(error_of([&] { Recorder rec{Options("")}; }), Catch::Contains("empty"));
+}
+
+TEST_CASE("a directory that holds a run is refused unless overwrite is set", "[sdk]") {
+  TempDir dir;
+  std::ofstream(dir / "notes.txt") << "mine";
+  {
+    Recorder rec{Options(dir.path)};
+    rec.step(0);
+    rec.capture("old", at::ones({1}));
+  }
+  const std::string err = error_of([&] { Recorder rec{Options(dir.path)}; });
+  REQUIRE_THAT(err, Catch::Contains(dir.path) && Catch::Contains("already holds a run"));
+  REQUIRE(std::filesystem::exists(npy(dir.path, "tensor", "old", 0)));
+  {
+    Recorder rec{Options(dir.path).overwrite(true)};
+    rec.step(0);
+    rec.capture("new", at::ones({1}));
+  }
+  REQUIRE_FALSE(std::filesystem::exists(npy(dir.path, "tensor", "old", 0)));
+  REQUIRE(std::filesystem::exists(npy(dir.path, "tensor", "new", 0)));
+  REQUIRE(tt_test::read_file(dir / "notes.txt") == "mine");
+}
+
+TEST_CASE("invalid options are refused with the option named", "[sdk]") {
+  TempDir dir;
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).every(0)}; }), Catch::Contains("every(0)"));
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).include("(")}; }), Catch::Contains("include(\"(\")"));
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).buffer_bytes(10)}; }), Catch::Contains("buffer_bytes(10)"));
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).format(tensortap::Format::Hdf5)}; }),
+               Catch::Contains("Hdf5"));
+}
+
+TEST_CASE("include and exclude patterns and kinds select what is captured", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path).include("^enc").exclude("bias$")};
+  rec.step(0);
+  for (const char* n : {"enc.weight", "enc.bias", "dec.weight"}) rec.capture(n, at::ones({1}));
+  rec.close();
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 1);
+  REQUIRE(tt_test::index_lines_with(dir.path, "enc.weight").size() == 1);
+
+  TempDir dir2;
+  Recorder only_grads{Options(dir2.path).kinds({tensortap::Kind::Grad})};
+  only_grads.step(0);
+  REQUIRE_FALSE(only_grads.sampled(tensortap::Kind::Tensor));
+  REQUIRE(only_grads.sampled(tensortap::Kind::Grad));
+  only_grads.capture("x", at::ones({1}));
+  only_grads.close();
+  REQUIRE(only_grads.stats().records == 0);
+}
+
+TEST_CASE("names with /, .., NUL, unicode or great length stay inside the run directory", "[sdk]") {
+  TempDir outer;
+  const std::string run = outer / "run";
+  const std::vector<std::string> names = {"../../escape", "/abs/path", "..", ".", std::string("nul\0byte", 8),
+                                          "\xce\xb1\xce\xb2", std::string(1000, 'n'), "a\\b", "%2F"};
+  Recorder rec{Options(run)};
+  rec.step(0);
+  for (const auto& n : names) rec.capture(n, at::ones({1}));
+  rec.close();
+  REQUIRE(rec.stats().records == static_cast<std::int64_t>(names.size()));
+  REQUIRE(rec.stats().errors == 0);
+  // Nothing beside the run directory, and every file under npy/tensor/<one component>/.
+  REQUIRE(tt_test::files_under(outer.path).size() == names.size() + 2);
+  const auto canon_run = std::filesystem::canonical(run).string();
+  for (const auto& f : tt_test::files_under(run + "/npy")) {
+    const auto rel = std::filesystem::relative(std::filesystem::canonical(f), canon_run);
+    REQUIRE(std::distance(rel.begin(), rel.end()) == 4);
+    REQUIRE(*rel.begin() == "npy");
+  }
+  // The index keeps the real names, as JSON.
+  REQUIRE(tt_test::index_lines_with(run, "\"name\":\"../../escape\"").size() == 1);
+  REQUIRE(tt_test::index_lines_with(run, "\"name\":\"nul\\u0000byte\"").size() == 1);
+  REQUIRE(tt_test::index_lines_with(run, "\"name\":\"\xce\xb1\xce\xb2\"").size() == 1);
+}
+
+TEST_CASE("a writer error is rethrown by flush() and close() and loses nothing written before", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path)};
+  rec.step(0);
+  rec.capture("x", at::ones({4}));
+  rec.flush();
+  // A directory where step 1's file must go makes its rename fail.
+  std::filesystem::create_directories(npy(dir.path, "tensor", "x", 1) + "/blocker");
+  rec.step(1);
+  rec.capture("x", at::ones({4}));
+  rec.capture("y", at::ones({4}));
+  const std::string err = error_of([&] { rec.flush(); });
+  REQUIRE_THAT(err, Catch::Contains("00000001.npy") && Catch::Contains("errno") && Catch::Contains("record 'x'"));
+  REQUIRE_THAT(error_of([&] { rec.close(); }), Catch::Contains("1 record(s) failed"));
+  const tensortap::Stats s = rec.stats();
+  REQUIRE(s.errors == 1);
+  REQUIRE(s.records == 2);
+  REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "x", 0)), at::ones({4})));
+  REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "y", 1)), at::ones({4})));
+  const std::string j = tt_test::read_file(dir / "run.json");
+  REQUIRE_THAT(j, Catch::Contains("\"errors\": 1") && Catch::Contains("\"first_error\"") &&
+                      Catch::Contains("\"closed\": true"));
+  // No temporary file is left behind.
+  for (const auto& f : tt_test::files_under(dir.path)) REQUIRE(f.extension() != ".tmp");
+}
+
+TEST_CASE("the destructor closes the run without losing records", "[sdk]") {
+  TempDir dir;
+  {
+    Recorder rec{Options(dir.path).buffer_bytes(8192)};
+    for (std::int64_t s = 0; s < 10; ++s) {
+      rec.step(s);
+      rec.capture("t", at::full({1000}, s));
+    }
+  }
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 10);
+  REQUIRE_THAT(tt_test::read_file(dir / "run.json"), Catch::Contains("\"closed\": true"));
+  REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "t", 9)), at::full({1000}, 9)));
+}
