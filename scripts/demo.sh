@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, trains the demo MLP with tensortap
+# watching, then reads the run back with NumPy and prints a summary.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+install_missing $CORE_PACKAGES
+configure_and_build "$ROOT/build" -DTENSORTAP_BUILD_EXAMPLES=ON -DTENSORTAP_BUILD_TESTS=OFF -DTENSORTAP_BUILD_BENCH=OFF
+cd "$ROOT"
+./build/examples/train_mlp runs/demo 300 10
+PYTHONPATH="$ROOT/python" "$(numpy_python)" examples/summarize_run.py runs/demo
