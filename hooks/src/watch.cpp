@@ -74,6 +74,7 @@ class ParamWatcher final : public Watcher {
     }
     e.acc_step = step;
     e.pending = true;
+    any_pending_ = true;
   }
 
   void on_step_begin(std::int64_t step) override {
@@ -84,6 +85,9 @@ class ParamWatcher final : public Watcher {
 
   void on_step_end() override {
     std::lock_guard<std::mutex> lock(mu_);
+    // Most steps are not sampled: skip the walk over every parameter.
+    if (!any_pending_) return;
+    any_pending_ = false;
     for (Entry& e : entries_) {
       if (!e.pending) continue;
       e.pending = false;
@@ -110,6 +114,7 @@ class ParamWatcher final : public Watcher {
   std::shared_ptr<Core> core_;
   std::mutex mu_;
   std::vector<Entry> entries_;
+  bool any_pending_ = false;
 };
 
 // Unbinds the Taps of one watch() call on close.
