@@ -7,3 +7,5 @@ configure_and_build "$ROOT/build" -DTENSORTAP_BUILD_EXAMPLES=ON -DTENSORTAP_BUIL
 cd "$ROOT"
 ./build/examples/train_mlp runs/demo 300 10
 PYTHONPATH="$ROOT/python" "$(numpy_python)" examples/summarize_run.py runs/demo
+PYTHONPATH="$ROOT/python" "$(numpy_python)" examples/plot_run.py runs/demo runs/demo/plots
+PYTHONPATH="$ROOT/python" "$(numpy_python)" -m tensortap inspect runs/demo --check | tail -1

@@ -164,3 +164,49 @@ TEST_CASE("load_npy rejects malformed files with the file name and the reason", 
   }
   REQUIRE_THAT(error_of(dir / "missing.npy"), Catch::Contains("No such file"));
 }
+
+namespace {
+
+// How many mappings of `path` this process holds.
+int mappings_of(const std::string& path) {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);)
+    if (line.find(path) != std::string::npos) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("load_npy can map a file instead of reading it", "[writers][npy]") {
+  TempDir dir;
+  const std::string p = dir / "m.npy";
+  const at::Tensor t = at::arange(4096, at::kFloat).reshape({64, 64});
+  tensortap::save_npy(p, t);
+  {
+    at::Tensor m = tensortap::load_npy(p, tensortap::LoadOptions().mmap(true));
+    REQUIRE(mappings_of(p) == 1);
+    REQUIRE(at::equal(m, t));
+    at::Tensor view = m[3];  // keeps the storage, and so the mapping, alive
+    m = at::Tensor();
+    REQUIRE(mappings_of(p) == 1);
+    view.fill_(-1);  // copy-on-write: the file keeps its values
+    REQUIRE(at::equal(tensortap::load_npy(p), t));
+  }
+  REQUIRE(mappings_of(p) == 0);  // released when the last tensor died
+
+  // Fortran order maps to a transposed view; the other byte order is read.
+  std::string data;
+  for (int v : {1, 4, 2, 5, 3, 6}) data += std::string{static_cast<char>(v), 0, 0, 0};
+  write_bytes(dir / "f.npy", npy_file(1, "{'descr': '<i4', 'fortran_order': True, 'shape': (2, 3), }", data));
+  const at::Tensor f = tensortap::load_npy(dir / "f.npy", tensortap::LoadOptions().mmap(true));
+  REQUIRE(at::equal(f, at::arange(1, 7, at::kInt).reshape({2, 3})));
+  REQUIRE_FALSE(f.is_contiguous());
+  std::reverse(data.begin(), data.end());  // now big-endian, back to front
+  write_bytes(dir / "b.npy", npy_file(1, "{'descr': '>i4', 'fortran_order': False, 'shape': (6,), }", data));
+  REQUIRE(at::equal(tensortap::load_npy(dir / "b.npy", tensortap::LoadOptions().mmap(true)),
+                    at::tensor({6, 3, 5, 2, 4, 1}, at::kInt)));
+  // Empty arrays have nothing to map.
+  tensortap::save_npy(dir / "e.npy", at::empty({0, 5}));
+  REQUIRE(tensortap::load_npy(dir / "e.npy", tensortap::LoadOptions().mmap(true)).sizes() == at::IntArrayRef{0, 5});
+}

@@ -2,11 +2,13 @@
 // one .npy file. The recorder's writer thread uses NpyWriter instead.
 #include <tensortap/npy.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <memory>
 #include <numeric>
 
@@ -22,55 +24,89 @@
 namespace tensortap {
 namespace {
 
-struct FileCloser {
-  void operator()(std::FILE* f) const { std::fclose(f); }
+// Closes a file descriptor on scope exit.
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
 };
 
-void read_exact(std::FILE* f, void* dst, std::size_t n, const std::string& what) {
-  if (n != 0 && std::fread(dst, 1, n, f) != n)
-    throw Error(fmt::format("{}: file ended early (truncated?)", what));
+void read_exact(int fd, void* dst, std::uint64_t n, std::uint64_t offset, const std::string& path,
+                const std::string& what) {
+  auto* p = static_cast<char*>(dst);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, static_cast<std::size_t>(std::min<std::uint64_t>(n, 1u << 30)),
+                                static_cast<off_t>(offset));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      detail::throw_errno("read", path, errno);
+    }
+    if (got == 0) throw Error(fmt::format("{}: file ended early (truncated?)", what));
+    p += got;
+    n -= static_cast<std::uint64_t>(got);
+    offset += static_cast<std::uint64_t>(got);
+  }
 }
 
 void swap_bytes(char* data, std::uint64_t bytes, std::size_t unit) {
   for (std::uint64_t i = 0; i + unit <= bytes; i += unit) std::reverse(data + i, data + i + unit);
 }
 
+// A file-backed tensor: the mapping lives as long as the tensor's storage.
+at::Tensor map_data(int fd, std::uint64_t file_size, const detail::NpyHeader& h,
+                    const std::vector<std::int64_t>& shape, const std::string& path) {
+  const auto len = static_cast<std::size_t>(file_size);
+  void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  if (base == MAP_FAILED) detail::throw_errno("map", path, errno);
+  return at::from_blob(
+      static_cast<char*>(base) + h.data_offset, shape, [base, len](void*) { ::munmap(base, len); },
+      at::TensorOptions().dtype(h.dtype));
+}
+
 }  // namespace
 
-at::Tensor load_npy(const std::string& path) {
+at::Tensor load_npy(const std::string& path, const LoadOptions& options) {
   const std::string what = fmt::format("tensortap::load_npy: '{}'", path);
-  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
-  if (!f) detail::throw_errno("open", path, errno);
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) detail::throw_errno("open", path, errno);
   struct stat st {};
-  if (::fstat(::fileno(f.get()), &st) != 0) detail::throw_errno("stat", path, errno);
+  if (::fstat(f.fd, &st) != 0) detail::throw_errno("stat", path, errno);
   if (!S_ISREG(st.st_mode)) throw Error(fmt::format("{}: not a regular file", what));
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
 
   std::string prefix(static_cast<std::size_t>(std::min<std::uint64_t>(12, file_size)), '\0');
-  read_exact(f.get(), prefix.data(), prefix.size(), what);
+  read_exact(f.fd, prefix.data(), prefix.size(), 0, path, what);
+  // Validates the header length against the file before reading the header.
   const std::uint64_t end = detail::npy_header_end(prefix, file_size, what);
   const std::size_t have = prefix.size();
-  prefix.resize(static_cast<std::size_t>(end));
-  if (end > have) read_exact(f.get(), prefix.data() + have, end - have, what);
-  // The header ends at `end`, which may be before byte 12 only in a broken file.
-  if (std::fseek(f.get(), static_cast<long>(end), SEEK_SET) != 0)
-    detail::throw_errno("seek in", path, errno);
+  if (end > have) {
+    prefix.resize(static_cast<std::size_t>(end));
+    read_exact(f.fd, prefix.data() + have, end - have, have, path, what);
+  }
   const detail::NpyHeader h = detail::parse_npy_header(prefix, file_size, what);
 
   // Fortran order is the C-order array of the reversed shape, transposed.
   std::vector<std::int64_t> disk_shape = h.shape;
   if (h.fortran_order) std::reverse(disk_shape.begin(), disk_shape.end());
-  at::Tensor t = at::empty(disk_shape, at::TensorOptions().dtype(h.dtype));
-  read_exact(f.get(), t.data_ptr(), h.data_bytes, what);
-  if (h.swap_bytes) {
-    const bool complex = c10::isComplexType(h.dtype);
-    const std::size_t elem = c10::elementSize(h.dtype);
-    swap_bytes(static_cast<char*>(t.data_ptr()), h.data_bytes, complex ? elem / 2 : elem);
+  const std::size_t elem = c10::elementSize(h.dtype);
+  at::Tensor t;
+  const bool mapped = options.mmap() && !h.swap_bytes && h.data_bytes > 0 && h.data_offset % elem == 0;
+  if (mapped) {
+    t = map_data(f.fd, file_size, h, disk_shape, path);
+  } else {
+    t = at::empty(disk_shape, at::TensorOptions().dtype(h.dtype));
+    read_exact(f.fd, t.data_ptr(), h.data_bytes, h.data_offset, path, what);
+    if (h.swap_bytes) {
+      const bool complex = c10::isComplexType(h.dtype);
+      swap_bytes(static_cast<char*>(t.data_ptr()), h.data_bytes, complex ? elem / 2 : elem);
+    }
   }
   if (h.fortran_order && t.dim() > 1) {
     std::vector<std::int64_t> perm(t.dim());
     std::iota(perm.rbegin(), perm.rend(), 0);
-    t = t.permute(perm).contiguous();
+    t = t.permute(perm);
+    if (!mapped) t = t.contiguous();
   }
   return t;
 }

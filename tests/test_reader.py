@@ -1,0 +1,204 @@
+"""The Python reader and `python3 -m tensortap inspect`, on the runs e2e_writer made.
+
+    TT_E2E_DIR=build/tests/e2e PYTHONPATH=python python3 tests/test_reader.py
+"""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+import tensortap
+from tensortap import __main__ as cli
+
+E2E = os.environ.get("TT_E2E_DIR", "build/tests/e2e")
+TRAIN = os.path.join(E2E, "train")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def inspect(*args):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = cli.main(["inspect", *args])
+    return rc, out.getvalue()
+
+
+class TempCase(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="tensortap-reader-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class ReaderTest(TempCase):
+    def test_names_kinds_steps(self):
+        run = tensortap.open(TRAIN)
+        self.assertTrue(run.closed)
+        self.assertEqual(run.kinds(), ["activation", "activation_grad", "param", "grad", "tensor"])
+        self.assertEqual(run.names("grad"), ["fc.bias", "fc.weight"])
+        self.assertIn("probe", run.names())
+        self.assertEqual(run.steps("fc.weight", "grad"), [0, 2, 4, 6, 8])
+        with open(os.path.join(TRAIN, "index.jsonl")) as f:
+            self.assertEqual(run.records, [json.loads(line) for line in f])
+
+    def test_load_is_memory_mapped_and_series_stacks(self):
+        run = tensortap.open(TRAIN)
+        a = run.load("fc.weight", 4, "grad")
+        self.assertIsInstance(a, np.memmap)
+        b = run.load("fc.weight", 4, "grad", mmap=False)
+        self.assertNotIsInstance(b, np.memmap)
+        np.testing.assert_array_equal(a, b)
+        s = run.series("fc.weight", "grad")
+        self.assertEqual(s.shape, (5, 3, 5))
+        np.testing.assert_array_equal(s[2], b)
+
+    def test_clear_errors(self):
+        run = tensortap.open(TRAIN)
+        with self.assertRaisesRegex(KeyError, "no grad records of 'nope'.*fc.bias"):
+            run.steps("nope", "grad")
+        with self.assertRaisesRegex(KeyError, "at step 3"):
+            run.load("fc.weight", 3, "grad")
+        with self.assertRaisesRegex(tensortap.RunError, "unknown kind 'grads'"):
+            run.steps("fc.weight", "grads")
+        with self.assertRaisesRegex(tensortap.RunError, "not a tensortap run"):
+            tensortap.open(self.tmp)
+
+    def test_torn_last_index_line_is_skipped(self):
+        run_dir = os.path.join(self.tmp, "run")
+        shutil.copytree(TRAIN, run_dir)
+        with open(os.path.join(run_dir, "index.jsonl"), "a") as f:
+            f.write('{"step":10,"kind":"gr')  # a crash mid-append
+        self.assertEqual(len(tensortap.open(run_dir).records), len(tensortap.open(TRAIN).records))
+        with open(os.path.join(run_dir, "index.jsonl"), "a") as f:
+            f.write('\n{"step":11}\n')  # now the broken line is in the middle
+        with self.assertRaisesRegex(tensortap.RunError, r"index.jsonl:\d+: not a JSON line"):
+            tensortap.open(run_dir)
+
+    def test_ranks_merge(self):
+        for r in (0, 1):
+            d = os.path.join(self.tmp, f"rank{r}")
+            shutil.copytree(TRAIN, d)
+            with open(os.path.join(d, "run.json")) as f:
+                info = json.load(f)
+            info.update(rank=r, world_size=2)
+            with open(os.path.join(d, "run.json"), "w") as f:
+                json.dump(info, f)
+        # Rank 1's gradients are twice rank 0's.
+        for rec in tensortap.open(os.path.join(self.tmp, "rank1")).records:
+            if rec["kind"] == "grad":
+                p = os.path.join(self.tmp, "rank1", rec["file"])
+                np.save(p, np.load(p) * 2)
+        run = tensortap.open(self.tmp)
+        self.assertEqual(run.ranks, [0, 1])
+        self.assertEqual(len(run.records), 2 * len(tensortap.open(TRAIN).records))
+        s = run.series("fc.weight", "grad")
+        self.assertEqual(s.shape, (2, 5, 3, 5))
+        np.testing.assert_array_equal(s[1], 2 * s[0])
+        np.testing.assert_array_equal(run.series("fc.weight", "grad", rank=1), s[1])
+        np.testing.assert_array_equal(run.load("fc.weight", 2, "grad", rank=1), s[1][1])
+        self.assertEqual(run.steps("fc.weight", "grad", rank=0), [0, 2, 4, 6, 8])
+        one = tensortap.open(self.tmp, rank=1)
+        self.assertEqual(one.ranks, [1])
+        np.testing.assert_array_equal(one.series("fc.weight", "grad"), s[1][np.newaxis])
+        with self.assertRaisesRegex(tensortap.RunError, "no rank 5"):
+            tensortap.open(self.tmp, rank=5)
+
+    def test_hdf5_layout(self):
+        try:
+            import h5py
+        except ImportError:
+            self.skipTest("h5py is not installed")
+        # The layout DESIGN section 3 fixes for Format::Hdf5.
+        g = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
+        with h5py.File(os.path.join(self.tmp, "tensors.h5"), "w") as f:
+            f["/grad/fc.weight/data"] = g
+            f["/grad/fc.weight/steps"] = np.array([0, 10, 20], dtype=np.int64)
+        with open(os.path.join(self.tmp, "run.json"), "w") as f:
+            json.dump({"format_version": 1, "closed": True, "options": {"format": "hdf5"}}, f)
+        with open(os.path.join(self.tmp, "index.jsonl"), "w") as f:
+            for row, step in enumerate([0, 10, 20]):
+                f.write(json.dumps({"step": step, "kind": "grad", "name": "fc.weight", "dtype": "float32",
+                                    "shape": [2, 2], "file": "tensors.h5", "dataset": "/grad/fc.weight/data",
+                                    "row": row}) + "\n")
+        with tensortap.open(self.tmp) as run:
+            np.testing.assert_array_equal(run.load("fc.weight", 10, "grad"), g[1])
+            np.testing.assert_array_equal(run.series("fc.weight", "grad"), g)
+            self.assertEqual(run.steps("fc.weight", "grad"), [0, 10, 20])
+        rc, out = inspect(self.tmp, "--check")
+        self.assertEqual(rc, 0, out)
+
+
+class InspectTest(TempCase):
+    def test_summary_of_a_known_run(self):
+        rc, out = inspect(TRAIN)
+        self.assertEqual(rc, 0)
+        n = len(tensortap.open(TRAIN).records)
+        self.assertIn(f"closed cleanly: {n} records", out)
+        self.assertIn("0 dropped, 0 errors", out)
+        rows = {tuple(line.split()[:2]): line.split()[2:] for line in out.splitlines() if line.startswith("  ")}
+        self.assertEqual(rows[("grad", "fc.weight")], ["5", "0..8", "(3,", "5)", "float32", "300", "B"])
+        self.assertEqual(rows[("tensor", "loss")], ["5", "0..8", "()", "float32", "20", "B"])
+        self.assertEqual(rows[("activation", "out")], ["5", "0..8", "(8,", "3)", "float32", "480", "B"])
+        self.assertIn(f"total: {n} records", out)
+
+    def test_check_finds_wrong_and_missing_files(self):
+        run_dir = os.path.join(self.tmp, "run")
+        shutil.copytree(TRAIN, run_dir)
+        rc, out = inspect(run_dir, "--check")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("0 problems", out)
+        np.save(os.path.join(run_dir, "npy/grad/fc.weight/00000004.npy"), np.zeros((5, 3), np.float64))
+        os.remove(os.path.join(run_dir, "npy/grad/fc.bias/00000006.npy"))
+        with open(os.path.join(run_dir, "run.json")) as f:
+            info = json.load(f)
+        info["closed"] = False
+        with open(os.path.join(run_dir, "run.json"), "w") as f:
+            json.dump(info, f)
+        rc, out = inspect(run_dir, "--check")
+        self.assertEqual(rc, 1)
+        self.assertIn("NOT closed", out)
+        self.assertIn("BAD grad 'fc.weight' step 4", out)
+        self.assertIn("holds float64[5, 3], the index says float32[3, 5]", out)
+        self.assertIn("BAD grad 'fc.bias' step 6: cannot read", out)
+        self.assertIn("2 problems", out)
+
+    def test_command_line(self):
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        p = subprocess.run([sys.executable, "-m", "tensortap", "inspect", TRAIN, "--check"],
+                           capture_output=True, text=True, env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("check:", p.stdout)
+        p = subprocess.run([sys.executable, "-m", "tensortap", "inspect", self.tmp],
+                           capture_output=True, text=True, env=env)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("not a tensortap run", p.stderr)
+
+
+class InstallTest(TempCase):
+    def test_pip_install(self):
+        try:
+            import pip  # noqa: F401
+        except ImportError:
+            self.skipTest("pip is not installed for this interpreter")
+        target = os.path.join(self.tmp, "site")
+        # Offline: no build isolation, so the interpreter's own setuptools builds it.
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                        "--target", target, os.path.join(ROOT, "python")], check=True,
+                       env=dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1"))
+        shutil.rmtree(os.path.join(ROOT, "python", "build"), ignore_errors=True)
+        p = subprocess.run([sys.executable, "-c", "import tensortap; print(tensortap.__file__)"],
+                           capture_output=True, text=True, cwd=self.tmp, env=dict(os.environ, PYTHONPATH=target))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue(p.stdout.startswith(target), p.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
