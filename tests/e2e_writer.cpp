@@ -3,6 +3,8 @@
 //                 inputs and targets captured so NumPy can recompute the
 //                 gradients in closed form; plus a snapshot probe
 //   <out>/dtypes  every dtype, and views, 0-d and empty tensors
+// and with the argument `hdf5`, the same as <out>/train_h5 and <out>/dtypes_h5
+// in Format::Hdf5, plus <out>/shapes_h5, a tensor whose shape changes.
 #include <cstdio>
 #include <string>
 
@@ -22,11 +24,11 @@ struct LinImpl : torch::nn::Module {
 };
 TORCH_MODULE(Lin);
 
-static void train(const std::string& dir) {
+static void train(const std::string& dir, tensortap::Format format) {
   torch::manual_seed(42);
   Lin model;
   torch::optim::SGD opt(model->parameters(), 0.1);
-  auto rec = tensortap::watch(*model, tensortap::Options(dir).every(2).kinds(tensortap::KindSet::all()).overwrite(true));
+  auto rec = tensortap::watch(*model, tensortap::Options(dir).every(2).kinds(tensortap::KindSet::all()).format(format).overwrite(true));
   for (int64_t step = 0; step < 9; ++step) {
     rec->step(step);
     const torch::Tensor x = torch::randn({8, 5}), y = torch::randn({8, 3});
@@ -45,8 +47,8 @@ static void train(const std::string& dir) {
   rec->close();
 }
 
-static void dtypes(const std::string& dir) {
-  tensortap::Recorder rec(tensortap::Options(dir).overwrite(true));
+static void dtypes(const std::string& dir, tensortap::Format format) {
+  tensortap::Recorder rec(tensortap::Options(dir).format(format).overwrite(true));
   rec.step(0);
   const torch::Tensor base = torch::arange(12, torch::kDouble).reshape({3, 4}) - 5;
   const std::pair<const char*, torch::Dtype> all[] = {
@@ -68,13 +70,30 @@ static void dtypes(const std::string& dir) {
   rec.close();
 }
 
+// Steps 0..3 of "x" have batch sizes 4, 4, 2 (a smaller last batch) and 5 rows
+// of 3 columns, then step 4 has 7 columns: values are step * 100 + index.
+static void shapes(const std::string& dir) {
+  tensortap::Recorder rec(tensortap::Options(dir).format(tensortap::Format::Hdf5).overwrite(true));
+  const int64_t rows[] = {4, 4, 2, 5, 5}, cols[] = {3, 3, 3, 3, 7};
+  for (int64_t s = 0; s < 5; ++s) {
+    rec.step(s);
+    rec.capture("x", torch::arange(rows[s] * cols[s], torch::kFloat).reshape({rows[s], cols[s]}) + 100 * s);
+  }
+  rec.close();
+}
+
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: e2e_writer OUT_DIR\n");
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: e2e_writer OUT_DIR [hdf5]\n");
     return 2;
   }
   const std::string out = argv[1];
-  train(out + "/train");
-  dtypes(out + "/dtypes");
+  train(out + "/train", tensortap::Format::Npy);
+  dtypes(out + "/dtypes", tensortap::Format::Npy);
+  if (argc > 2 && std::string(argv[2]) == "hdf5") {
+    train(out + "/train_h5", tensortap::Format::Hdf5);
+    dtypes(out + "/dtypes_h5", tensortap::Format::Hdf5);
+    shapes(out + "/shapes_h5");
+  }
   return 0;
 }

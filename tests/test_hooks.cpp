@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
@@ -241,4 +242,21 @@ TEST_CASE("an unbound Tap is the identity", "[hooks]") {
   auto clone = std::dynamic_pointer_cast<tensortap::TapImpl>(tap->clone());
   REQUIRE(clone != nullptr);
   REQUIRE(clone->forward(x).is_same(x));
+}
+
+TEST_CASE("a sparse gradient is recorded dense", "[hooks]") {
+  TempDir dir;
+  torch::nn::Embedding emb(torch::nn::EmbeddingOptions(10, 3).sparse(true));
+  auto rec = tensortap::watch(*emb, Options(dir.path));
+  rec->step(0);
+  const torch::Tensor idx = torch::tensor({1, 4, 4}, torch::kLong);
+  emb->forward(idx).sum().backward();
+  rec->step(1);
+  emb->forward(idx).sum().backward();
+  rec->close();
+  torch::Tensor expected = torch::zeros({10, 3});
+  expected[1] = 1;
+  expected[4] = 2;
+  REQUIRE(torch::equal(load(dir.path, "grad", "weight", 0), expected));
+  REQUIRE(torch::equal(load(dir.path, "grad", "weight", 1), expected));
 }

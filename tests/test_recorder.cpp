@@ -114,6 +114,49 @@ TEST_CASE("a name captured again within a step is recorded as name#k", "[sdk]") 
   REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"h#2\"").size() == 2);
 }
 
+TEST_CASE("a repeat never takes a name the user captured, whatever the order", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path)};
+  rec.step(0);
+  rec.capture("h#1", at::full({1}, 1.0));  // the user's own name
+  rec.capture("h", at::full({1}, 2.0));
+  rec.capture("h", at::full({1}, 3.0));    // would be h#1: taken, so h#2
+  rec.capture("h#1", at::full({1}, 4.0));  // the user's name again: h#1#1
+  rec.close();
+  REQUIRE(rec.stats().records == 4);
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 4);
+  REQUIRE(tensortap::load_npy(npy(dir.path, "tensor", "h#1", 0)).item<float>() == 1.0f);
+  REQUIRE(tensortap::load_npy(npy(dir.path, "tensor", "h", 0)).item<float>() == 2.0f);
+  REQUIRE(tensortap::load_npy(npy(dir.path, "tensor", "h#2", 0)).item<float>() == 3.0f);
+  REQUIRE(tensortap::load_npy(npy(dir.path, "tensor", "h#1#1", 0)).item<float>() == 4.0f);
+}
+
+TEST_CASE("DropNewest streams a large tensor through whatever room there is", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path).buffer_bytes(1 << 20).overflow(tensortap::Overflow::DropNewest)};
+  rec.step(0);
+  const at::Tensor big = at::randn({3 << 18});  // 3 MiB: three buffers' worth
+  rec.capture("small", at::ones({4}));          // the filling buffer is no longer empty
+  rec.capture("big", big);
+  rec.close();
+  REQUIRE(rec.stats().dropped == 0);
+  REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "big", 0)), big));
+}
+
+TEST_CASE("a second close() waits for the first and rethrows its error", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path)};
+  rec.step(0);
+  std::filesystem::create_directories(npy(dir.path, "tensor", "x", 0) + "/blocker");
+  rec.capture("x", at::ones({1 << 16}));
+  std::string first, second;
+  std::thread other([&] { first = error_of([&] { rec.close(); }); });
+  second = error_of([&] { rec.close(); });
+  other.join();
+  REQUIRE_THAT(first, Catch::Contains("1 record(s) failed"));
+  REQUIRE(first == second);
+}
+
 TEST_CASE("views, 0-d, empty, conjugate and bfloat16 tensors are stored in C order", "[sdk]") {
   TempDir dir;
   Recorder rec{Options(dir.path)};
@@ -283,8 +326,10 @@ TEST_CASE("invalid options are refused with the option named", "[sdk]") {
   REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).every(0)}; }), Catch::Contains("every(0)"));
   REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).include("(")}; }), Catch::Contains("include(\"(\")"));
   REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).buffer_bytes(10)}; }), Catch::Contains("buffer_bytes(10)"));
-  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).format(tensortap::Format::Hdf5)}; }),
-               Catch::Contains("Hdf5"));
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).hdf5(tensortap::Hdf5Options().deflate(12))}; }),
+               Catch::Contains("deflate(12)"));
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).hdf5(tensortap::Hdf5Options().flush_every(0))}; }),
+               Catch::Contains("flush_every(0)"));
 }
 
 TEST_CASE("include and exclude patterns and kinds select what is captured", "[sdk]") {

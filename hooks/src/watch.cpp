@@ -56,8 +56,11 @@ class ParamWatcher final : public Watcher {
     }
   }
 
-  void accumulate(std::size_t i, const at::Tensor& grad) {
+  void accumulate(std::size_t i, const at::Tensor& sparse_or_dense) {
     at::NoGradGuard no_grad;
+    // A sparse gradient (an Embedding with sparse=true) is recorded dense:
+    // that is what .npy holds and what a user compares against.
+    const at::Tensor grad = sparse_or_dense.is_sparse() ? sparse_or_dense.to_dense() : sparse_or_dense;
     const std::int64_t step = core_->current_step();
     std::lock_guard<std::mutex> lock(mu_);
     if (i >= entries_.size()) return;  // detached meanwhile
@@ -80,7 +83,15 @@ class ParamWatcher final : public Watcher {
   void on_step_begin(std::int64_t step) override {
     if (!core_->active(Kind::Param)) return;
     std::lock_guard<std::mutex> lock(mu_);
-    for (const Entry& e : entries_) core_->record(Kind::Param, e.name, e.param, step);
+    std::exception_ptr first;
+    for (const Entry& e : entries_) {
+      try {
+        core_->record(Kind::Param, e.name, e.param, step);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
   }
 
   void on_step_end() override {
@@ -88,11 +99,18 @@ class ParamWatcher final : public Watcher {
     // Most steps are not sampled: skip the walk over every parameter.
     if (!any_pending_) return;
     any_pending_ = false;
+    // One parameter that cannot be recorded must not cost the others theirs.
+    std::exception_ptr first;
     for (Entry& e : entries_) {
       if (!e.pending) continue;
       e.pending = false;
-      core_->record(Kind::Grad, e.name, e.acc, e.acc_step);
+      try {
+        core_->record(Kind::Grad, e.name, e.acc, e.acc_step);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
     }
+    if (first) std::rethrow_exception(first);
   }
 
   void detach() noexcept override {

@@ -17,11 +17,35 @@ void Backend::stop() {
   if (!thread_.joinable()) return;
   staging_.stop();
   thread_.join();
+  std::lock_guard<std::mutex> lock(batch_mu_);
+  stopped_ = true;
   try {
     writer_->close();
   } catch (const std::exception& e) {
     fail(nullptr, e.what());
   }
+  // After close() everything written is durable.
+  write_index();
+}
+
+void Backend::sync() {
+  std::lock_guard<std::mutex> lock(batch_mu_);
+  if (stopped_) return;
+  try {
+    if (writer_->sync(/*force=*/true)) write_index();
+  } catch (const std::exception& e) {
+    fail(nullptr, e.what());
+  }
+}
+
+void Backend::write_index() noexcept {
+  if (pending_index_.empty()) return;
+  try {
+    index_->append(pending_index_);
+  } catch (const std::exception& e) {
+    fail(nullptr, e.what());
+  }
+  pending_index_.clear();
 }
 
 std::string Backend::first_error() const {
@@ -47,13 +71,11 @@ void Backend::fail(const RecordMeta* meta, const std::string& what) noexcept {
   }
 }
 
-void Backend::write_slot(const Slot& slot, const char* base, std::string& index_lines) {
+void Backend::write_slot(const Slot& slot, const char* base) {
   const RecordMeta& meta = *slot.meta;
-  const bool failed_before = failed_.count(slot.record) != 0;
-  if (!slot.ok || failed_before) {
-    // The copy into staging failed, now or for an earlier chunk: the record
-    // is lost, and counted once.
-    if (!failed_before) fail(&meta, "the copy into staging failed");
+  if (!slot.ok || failed_.count(slot.record) != 0) {
+    // The copy into staging failed (the capturing thread got that error), or
+    // an earlier chunk failed (counted then): drop the record.
     open_.erase(slot.record);
     if (slot.last) failed_.erase(slot.record);
     else failed_.insert(slot.record);
@@ -73,7 +95,7 @@ void Backend::write_slot(const Slot& slot, const char* base, std::string& index_
     if (slot.last) {
       const std::string location = (*sink)->finish();
       open_.erase(slot.record);
-      append_index_line(index_lines, meta, location);
+      append_index_line(pending_index_, meta, location);
       records_.fetch_add(1, std::memory_order_relaxed);
       bytes_.fetch_add(static_cast<std::int64_t>(meta.nbytes), std::memory_order_relaxed);
     }
@@ -85,17 +107,27 @@ void Backend::write_slot(const Slot& slot, const char* base, std::string& index_
 }
 
 void Backend::run() noexcept {
+  std::vector<const RecordMeta*> starting;
   while (Staging::Buffer* buffer = staging_.take()) {
-    std::string index_lines;
-    for (const Slot& slot : buffer->slots) write_slot(slot, buffer->data, index_lines);
-    // Index lines go out after the files they name are in place.
-    if (!index_lines.empty()) {
-      try {
-        index_->append(index_lines);
-      } catch (const std::exception& e) {
-        fail(nullptr, e.what());
-      }
+    std::lock_guard<std::mutex> lock(batch_mu_);
+    starting.clear();
+    for (const Slot& slot : buffer->slots)
+      if (slot.first && slot.ok) starting.push_back(slot.meta.get());
+    try {
+      writer_->prepare(starting);
+    } catch (const std::exception& e) {
+      fail(nullptr, e.what());
     }
+    for (const Slot& slot : buffer->slots) write_slot(slot, buffer->data);
+    // Index lines go out only once the records they name are durable: a
+    // reader that follows the index always finds complete data.
+    bool durable = false;
+    try {
+      durable = writer_->sync(/*force=*/false);
+    } catch (const std::exception& e) {
+      fail(nullptr, e.what());
+    }
+    if (durable) write_index();
     staging_.release(buffer);
   }
   open_.clear();  // a record cut off by stop() leaves only its temporary, removed here

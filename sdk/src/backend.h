@@ -28,6 +28,9 @@ class Backend {
 
   /// Drains what is staged, finalizes the writer and ends the thread.
   void stop();
+  /// Makes every record written so far durable and indexed. Call it after
+  /// the staging is drained.
+  void sync();
 
   std::int64_t records() const { return records_.load(std::memory_order_relaxed); }
   std::int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
@@ -37,7 +40,8 @@ class Backend {
 
  private:
   void run() noexcept;
-  void write_slot(const Slot& slot, const char* base, std::string& index_lines);
+  void write_slot(const Slot& slot, const char* base);
+  void write_index() noexcept;
   void fail(const RecordMeta* meta, const std::string& what) noexcept;
 
   Staging& staging_;
@@ -47,6 +51,12 @@ class Backend {
   // way (their later chunks are skipped).
   std::unordered_map<std::uint64_t, std::unique_ptr<RecordSink>> open_;
   std::unordered_set<std::uint64_t> failed_;
+  // Index lines of records not yet durable (see Writer::sync()).
+  std::string pending_index_;
+  // Held while a batch is written, so sync() from another thread never
+  // interleaves with the writer thread.
+  std::mutex batch_mu_;
+  bool stopped_ = false;
   std::atomic<std::int64_t> records_{0};
   std::atomic<std::int64_t> bytes_{0};
   std::atomic<std::int64_t> errors_{0};

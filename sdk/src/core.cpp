@@ -12,6 +12,8 @@ namespace {
 
 // Smaller buffers would turn every capture into a chunked stream.
 constexpr std::size_t kMinBufferBytes = 4096;
+// Steps share a word with the kind bits (see Core::state_).
+constexpr std::int64_t kMaxStep = std::int64_t{1} << 55;
 
 std::regex compile(const std::string& pattern, const char* option) {
   try {
@@ -36,6 +38,13 @@ void validate(const Options& o) {
   if (o.buffer_bytes() < kMinBufferBytes)
     throw Error(fmt::format("tensortap: Options::buffer_bytes({}) must be at least {}",
                             o.buffer_bytes(), kMinBufferBytes));
+  const Hdf5Options& h = o.hdf5();
+  if (h.deflate() < 0 || h.deflate() > 9)
+    throw Error(fmt::format("tensortap: Hdf5Options::deflate({}) must be 0 (off) to 9", h.deflate()));
+  if (h.chunk_bytes() < 1024)
+    throw Error(fmt::format("tensortap: Hdf5Options::chunk_bytes({}) must be at least 1024", h.chunk_bytes()));
+  if (h.flush_every() < 1)
+    throw Error(fmt::format("tensortap: Hdf5Options::flush_every({}) must be at least 1", h.flush_every()));
 }
 
 // Copies `src` (a CPU tensor) into `dst` as C-order bytes of dtype `stored`.
@@ -60,7 +69,7 @@ Core::Core(Options options)
       has_exclude_(!options_.exclude().empty()),
       staging_(options_.buffer_bytes(), options_.overflow()) {
   prepare_run_dir(options_);
-  auto writer = make_writer(options_.format(), options_.dir());
+  auto writer = make_writer(options_);
   info_.start_time = utc_now();
   write_run_json(options_, info_);
   auto index = std::make_unique<IndexFile>(options_.dir());
@@ -89,12 +98,17 @@ bool Core::selected_cached(const std::string& name) {
 }
 
 std::string Core::repeat_name(Kind kind, const std::string& name, std::int64_t step) {
-  std::string key = name;
-  key.push_back('\0');
-  key.push_back(static_cast<char>(kind));
+  // Kinds are separate namespaces: the key is the kind's byte, then the name.
+  std::string key(1, static_cast<char>(kind));
+  key += name;
   std::lock_guard<std::mutex> lock(names_mu_);
-  const int k = repeats_[step][key]++;
-  return k == 0 ? name : fmt::format("{}#{}", name, k);
+  StepNames& names = repeats_[step];
+  int& k = names.next[key];
+  std::string candidate = k == 0 ? key : fmt::format("{}#{}", key, k);
+  while (names.used.count(candidate) != 0) candidate = fmt::format("{}#{}", key, ++k);
+  ++k;
+  names.used.insert(candidate);
+  return candidate.substr(1);
 }
 
 void Core::check_capturable(Kind kind, const std::string& name, const at::Tensor& t,
@@ -152,29 +166,29 @@ void Core::record_as(Kind kind, std::string name, const at::Tensor& tensor, std:
     return;
   }
 
-  // Larger than a buffer: stream it through in buffer-sized chunks. It may
-  // be dropped only before its first chunk; once started, it waits for room
-  // so that no half record is ever written.
+  // Larger than a buffer: stream it through in chunks of whole elements, as
+  // large as the room in the filling buffer allows. It may be dropped only
+  // before its first chunk; once started, it waits for room so that no half
+  // record is ever written.
   const at::Tensor flat = src.to(info.stored).contiguous().resolve_conj().resolve_neg();
   const char* bytes = static_cast<const char*>(flat.data_ptr());
+  const std::size_t unit = c10::elementSize(info.stored);
   for (std::uint64_t off = 0; off < meta->nbytes;) {
     Slot slot;
     slot.meta = meta;
     slot.record = id;
-    slot.nbytes = static_cast<std::size_t>(std::min<std::uint64_t>(staging_.capacity(), meta->nbytes - off));
+    slot.nbytes = static_cast<std::size_t>(meta->nbytes - off);
     slot.first = off == 0;
-    slot.last = off + slot.nbytes == meta->nbytes;
-    const std::size_t n = slot.nbytes;
-    auto ticket = staging_.reserve(std::move(slot), may_drop && off == 0);
+    auto ticket = staging_.reserve(std::move(slot), may_drop && off == 0, unit);
     if (!ticket) {
       // Either dropped before its first chunk, or cut off by close(): the
       // writer discards the chunks it already has.
       if (!closed()) dropped_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    std::memcpy(ticket->dst, bytes + off, n);
+    std::memcpy(ticket->dst, bytes + off, ticket->nbytes);
     staging_.commit(*ticket, true);
-    off += n;
+    off += ticket->nbytes;
   }
   captured_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -199,17 +213,29 @@ void Core::step(std::int64_t step) {
     throw Error(fmt::format("tensortap: step({}) after close() of run '{}'", step, options_.dir()));
   const std::int64_t previous = current_step();
   if (step < 0) throw Error(fmt::format("tensortap: step({}): steps must not be negative", step));
+  if (step >= kMaxStep) throw Error(fmt::format("tensortap: step({}): steps must be below 2^55", step));
   if (step <= previous)
     throw Error(fmt::format("tensortap: step({}) after step({}): steps must increase", step, previous));
-  step_.store(step, std::memory_order_relaxed);
-  mask_.store(is_sampled(options_, step) ? options_.kinds().bits() : 0u, std::memory_order_relaxed);
+  const std::uint64_t bits = is_sampled(options_, step) ? options_.kinds().bits() : 0u;
+  state_.store((static_cast<std::uint64_t>(step) + 1) << kStepShift | bits, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> names(names_mu_);
     repeats_.erase(repeats_.begin(), repeats_.lower_bound(previous));
   }
+  // Every watcher runs even if one fails, so no step is left half begun;
+  // the first failure is rethrown at the end.
+  std::exception_ptr first;
+  const auto guarded = [&](auto&& f) {
+    try {
+      f();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  };
   if (previous >= 0)
-    for (auto& w : watchers_) w->on_step_end();
-  for (auto& w : watchers_) w->on_step_begin(step);
+    for (auto& w : watchers_) guarded([&] { w->on_step_end(); });
+  for (auto& w : watchers_) guarded([&] { w->on_step_begin(step); });
+  if (first) std::rethrow_exception(first);
 }
 
 void Core::rethrow_background_error() const {
@@ -221,22 +247,37 @@ void Core::rethrow_background_error() const {
 
 void Core::flush() {
   staging_.wait_drained();
+  if (!closed()) backend_->sync();
   rethrow_background_error();
 }
 
 void Core::close() {
+  std::lock_guard<std::mutex> closing(close_mu_);
+  if (closed()) {
+    if (!close_error_.empty()) throw Error(close_error_);
+    return;
+  }
+  std::exception_ptr step_error;
   {
     std::lock_guard<std::mutex> lock(control_mu_);
-    if (closed()) return;
     // Commit the last step's gradients while captures are still accepted.
     if (current_step() >= 0)
-      for (auto& w : watchers_) w->on_step_end();
-    mask_.store(0, std::memory_order_relaxed);
+      for (auto& w : watchers_) {
+        try {
+          w->on_step_end();
+        } catch (...) {
+          if (!step_error) step_error = std::current_exception();
+        }
+      }
+    state_.store(state_.load(std::memory_order_relaxed) & ~std::uint64_t{0xFF}, std::memory_order_relaxed);
     closed_.store(true, std::memory_order_release);
     for (auto& w : watchers_) w->detach();
     watchers_.clear();
   }
   backend_->stop();
+  // Hooks (Taps above all) may keep this object alive as long as the model:
+  // give the staging memory back now.
+  staging_.free_memory();
   info_.closed = true;
   info_.end_time = utc_now();
   info_.stats = stats();
@@ -244,9 +285,13 @@ void Core::close() {
   try {
     write_run_json(options_, info_);
   } catch (const std::exception& e) {
-    if (info_.first_error.empty()) throw;
+    close_error_ = e.what();
   }
-  rethrow_background_error();
+  if (info_.stats.errors > 0)
+    close_error_ = fmt::format("tensortap: run '{}': {} record(s) failed; first: {}", options_.dir(),
+                               info_.stats.errors, info_.first_error);
+  if (!close_error_.empty()) throw Error(close_error_);
+  if (step_error) std::rethrow_exception(step_error);
 }
 
 Stats Core::stats() const {

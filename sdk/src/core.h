@@ -8,6 +8,7 @@
 #include <regex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -50,11 +51,13 @@ class Core {
   /// step, on steps that are not sampled, for kinds not captured, and after
   /// close.
   bool active(Kind kind) const noexcept {
-    return (mask_.load(std::memory_order_relaxed) & KindSet::bit(kind)) != 0;
+    return (state_.load(std::memory_order_relaxed) & KindSet::bit(kind)) != 0;
   }
   /// Whether `name` passes the include and exclude patterns.
   bool selected(const std::string& name) const;
-  std::int64_t current_step() const noexcept { return step_.load(std::memory_order_relaxed); }
+  std::int64_t current_step() const noexcept {
+    return static_cast<std::int64_t>(state_.load(std::memory_order_relaxed) >> kStepShift) - 1;
+  }
   bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
 
   /// Snapshots `tensor` and queues it as record `name` (or `name#k` for the
@@ -92,8 +95,11 @@ class Core {
   const bool has_include_;
   const bool has_exclude_;
 
-  std::atomic<std::uint32_t> mask_{0};
-  std::atomic<std::int64_t> step_{-1};
+  // The current step and which kinds it samples, in one word so a hook on
+  // another thread never pairs one step's number with another's sampling:
+  // (step + 1) << kStepShift | kind bits. 0 = before the first step.
+  static constexpr unsigned kStepShift = 8;
+  std::atomic<std::uint64_t> state_{0};
   std::atomic<bool> closed_{false};
   std::atomic<std::uint64_t> next_record_{0};
   std::atomic<std::int64_t> captured_{0};
@@ -101,12 +107,22 @@ class Core {
 
   // step(), close() and the watcher list.
   std::mutex control_mu_;
+  // Held for the whole of close(), so a second close() returns only once
+  // the first has finished, with the same error.
+  std::mutex close_mu_;
+  std::string close_error_;
   std::vector<std::shared_ptr<Watcher>> watchers_;
 
   // Repeat counters of the current and previous steps: a late gradient
   // hook of the previous step still gets a fresh suffix.
   std::mutex names_mu_;
-  std::map<std::int64_t, std::unordered_map<std::string, int>> repeats_;
+  struct StepNames {
+    // The next suffix to try for a base name, and every name given out, so
+    // a repeat never takes a name the user captured as such ("h#1").
+    std::unordered_map<std::string, int> next;
+    std::unordered_set<std::string> used;
+  };
+  std::map<std::int64_t, StepNames> repeats_;
   std::unordered_map<std::string, bool> selection_cache_;
 
   RunInfo info_;

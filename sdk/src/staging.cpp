@@ -13,6 +13,9 @@ namespace {
 // the alignment a pinned-memory DMA engine likes.
 constexpr std::size_t kRecordAlign = 64;
 constexpr std::size_t kPage = 4096;
+// Chunks of a large record are no smaller than this (unless it is the rest),
+// so a nearly full buffer is not filled with slivers.
+constexpr std::size_t kMinChunk = std::size_t{64} << 10;
 
 std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
@@ -24,14 +27,23 @@ Staging::~Staging() {
   for (Buffer& b : buffers_) std::free(b.data);
 }
 
-std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop) {
+std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop, std::size_t unit) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     // A hook that raced with close() must not queue what no writer drains.
     if (stopping_) return std::nullopt;
     Buffer& b = buffers_[fill_];
     const std::size_t offset = align_up(b.used, kRecordAlign);
-    if (offset + slot.nbytes <= capacity_) {
+    const std::size_t room = offset < capacity_ ? capacity_ - offset : 0;
+    std::size_t n = slot.nbytes;
+    bool fits = n <= room;
+    if (unit != 0) {
+      const std::size_t least = std::min(slot.nbytes, std::max(unit, std::min(capacity_, kMinChunk) / unit * unit));
+      n = std::min(slot.nbytes, room / unit * unit);
+      fits = n >= least && n > 0;
+      slot.last = n == slot.nbytes;
+    }
+    if (fits) {
       if (b.data == nullptr) {
         b.data = static_cast<char*>(std::aligned_alloc(kPage, align_up(capacity_, kPage)));
         if (b.data == nullptr)
@@ -40,15 +52,17 @@ std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop) {
                                   capacity_));
       }
       slot.offset = offset;
-      b.used = offset + slot.nbytes;
+      slot.nbytes = n;
+      // The slot goes in first: if that throws, nothing counts it as pending.
+      b.slots.push_back(std::move(slot));
+      b.used = offset + n;
       ++b.pending;
       ++reserved_;
-      b.slots.push_back(std::move(slot));
-      return Ticket{&b, b.slots.size() - 1, b.data + offset};
+      return Ticket{&b, b.slots.size() - 1, b.data + offset, n};
     }
     if (may_drop && overflow_ == Overflow::DropNewest) return std::nullopt;
-    // The buffer holds data (an empty one fits any slot), so the writer
-    // will take it once the pending copies are committed.
+    // The buffer holds data (an empty one has room for any slot), so the
+    // writer will take it once the pending copies are committed.
     space_cv_.wait(lock);
   }
 }
@@ -101,6 +115,15 @@ void Staging::stop() {
   }
   writer_cv_.notify_one();
   space_cv_.notify_all();
+}
+
+void Staging::free_memory() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Buffer& b : buffers_) {
+    std::free(b.data);
+    b.data = nullptr;
+    b.slots.shrink_to_fit();
+  }
 }
 
 }  // namespace tensortap::detail

@@ -50,6 +50,7 @@ class Staging {
     Buffer* buffer;
     std::size_t slot;
     char* dst;
+    std::size_t nbytes;
   };
 
   /// `capacity` is each buffer's size; memory is taken on first use.
@@ -63,7 +64,12 @@ class Staging {
   /// Reserves `slot.nbytes` (at most `capacity()`) for `slot`. When there is
   /// no room it waits, or returns nullopt if `may_drop` and the policy is
   /// `DropNewest`. Returns nullopt once `stop()` was called.
-  std::optional<Ticket> reserve(Slot slot, bool may_drop);
+  ///
+  /// With a `unit` (a chunk of a record larger than a buffer), `slot.nbytes`
+  /// is what remains of the record: it reserves as much of it as fits, in
+  /// whole units, but not less than 64 KiB (or the rest), and sets
+  /// `slot.last` when that is all of it.
+  std::optional<Ticket> reserve(Slot slot, bool may_drop, std::size_t unit = 0);
   /// Publishes a reservation; `ok = false` tells the writer to drop it.
   void commit(const Ticket& ticket, bool ok);
   /// Returns when every slot reserved before the call has been released.
@@ -76,6 +82,8 @@ class Staging {
   void release(Buffer* buffer);
   /// Makes `take()` return nullptr once the staging is empty.
   void stop();
+  /// Gives the buffers' memory back; only after the writer has stopped.
+  void free_memory();
 
  private:
   std::size_t capacity_;

@@ -115,10 +115,11 @@ class DictParser {
       if (peek() == '-') fail("'shape' has a negative dimension");
       if (peek() < '0' || peek() > '9') fail("'shape' holds something that is not an integer");
       std::uint64_t v = 0;
+      constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
       while (peek() >= '0' && peek() <= '9') {
-        v = v * 10 + static_cast<std::uint64_t>(peek() - '0');
-        if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-          fail("a 'shape' dimension overflows int64");
+        const auto d = static_cast<std::uint64_t>(peek() - '0');
+        if (v > (kMax - d) / 10) fail("a 'shape' dimension overflows int64");
+        v = v * 10 + d;
         ++i_;
       }
       if (peek() == 'L') ++i_;  // Python 2 longs

@@ -119,7 +119,10 @@ void save_npy(const std::string& path, const at::Tensor& tensor) {
                             detail::describe_tensor(tensor)));
   at::NoGradGuard no_grad;
   const at::Tensor data =
-      tensor.to(at::kCPU, info->stored, /*non_blocking=*/false, /*copy=*/false).contiguous();
+      tensor.to(at::kCPU, info->stored, /*non_blocking=*/false, /*copy=*/false)
+                              .contiguous()
+                              .resolve_conj()
+                              .resolve_neg();
   const std::string header = detail::npy_header(detail::npy_descr(info->stored), data.sizes().vec());
   detail::AtomicFile file(path);
   file.write(header.data(), header.size(), data.data_ptr(), data.nbytes());

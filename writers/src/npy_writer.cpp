@@ -60,16 +60,4 @@ std::unique_ptr<RecordSink> NpyWriter::begin(const RecordMeta& meta) {
                                    npy_header(npy_descr(meta.stored), meta.shape), meta.nbytes);
 }
 
-std::unique_ptr<Writer> make_writer(Format format, const std::string& dir) {
-  switch (format) {
-    case Format::Npy:
-      return std::make_unique<NpyWriter>(dir);
-    case Format::Hdf5:
-      break;
-  }
-  throw Error(fmt::format("tensortap: run '{}': Format::Hdf5 is not available in this build; "
-                          "use Format::Npy",
-                          dir));
-}
-
 }  // namespace tensortap::detail

@@ -10,21 +10,14 @@
 #include <filesystem>
 
 #include <fmt/format.h>
-#include <torch/version.h>
 
 #include "writers/src/dtypes.h"
 #include "writers/src/file.h"
 #include "writers/src/json.h"
-
-#ifndef TENSORTAP_VERSION
-#define TENSORTAP_VERSION "unknown"
-#endif
+#include "writers/src/versions.h"
 
 namespace tensortap::detail {
 namespace {
-
-// Bumped when the layout of the run directory changes incompatibly.
-constexpr int kFormatVersion = 1;
 
 const char* format_name(Format f) { return f == Format::Npy ? "npy" : "hdf5"; }
 const char* overflow_name(Overflow o) { return o == Overflow::Block ? "block" : "drop_newest"; }
@@ -72,8 +65,8 @@ void prepare_run_dir(const Options& options) {
 void write_run_json(const Options& o, const RunInfo& info) {
   std::string j = "{\n";
   j += fmt::format("  \"format_version\": {},\n", kFormatVersion);
-  j += fmt::format("  \"tensortap_version\": \"{}\",\n", TENSORTAP_VERSION);
-  j += fmt::format("  \"torch_version\": \"{}\",\n", TORCH_VERSION);
+  j += fmt::format("  \"tensortap_version\": \"{}\",\n", kTensortapVersion);
+  j += fmt::format("  \"torch_version\": \"{}\",\n", kTorchVersion);
   j += "  \"options\": {\n    \"dir\": ";
   append_json_string(j, o.dir());
   j += fmt::format(",\n    \"format\": \"{}\",\n    \"every\": {},\n    \"start\": {},\n    \"stop\": {},\n",
@@ -89,8 +82,14 @@ void write_run_json(const Options& o, const RunInfo& info) {
     j += fmt::format("{}\"{}\"", first ? "" : ", ", kind_name(k));
     first = false;
   }
-  j += fmt::format("],\n    \"buffer_bytes\": {},\n    \"overflow\": \"{}\",\n    \"overwrite\": {}\n  }},\n",
+  j += fmt::format("],\n    \"buffer_bytes\": {},\n    \"overflow\": \"{}\",\n    \"overwrite\": {}",
                    o.buffer_bytes(), overflow_name(o.overflow()), o.overwrite() ? "true" : "false");
+  if (o.format() == Format::Hdf5) {
+    const Hdf5Options& h = o.hdf5();
+    j += fmt::format(",\n    \"hdf5\": {{\"deflate\": {}, \"shuffle\": {}, \"chunk_bytes\": {}, \"flush_every\": {}}}",
+                     h.deflate(), h.shuffle() ? "true" : "false", h.chunk_bytes(), h.flush_every());
+  }
+  j += "\n  },\n";
   j += "  \"rank\": 0,\n  \"world_size\": 1,\n";
   j += fmt::format("  \"start_time\": \"{}\",\n", info.start_time);
   if (info.closed) {

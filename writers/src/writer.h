@@ -44,12 +44,24 @@ class RecordSink {
 class Writer {
  public:
   virtual ~Writer() = default;
+  /// Announces the records of a batch before their `begin()`, so a format
+  /// can create what they need at once. Must not throw for one bad record:
+  /// its `begin()` reports it.
+  virtual void prepare(const std::vector<const RecordMeta*>& records) { (void)records; }
   virtual std::unique_ptr<RecordSink> begin(const RecordMeta& meta) = 0;
-  /// Finalizes what the format needs at the end of a run.
+  /// Called after each batch, and with `force` by `Recorder::flush()`.
+  /// Returns whether every record finished so far is durable (a crash cannot
+  /// lose it): only then may their index lines be written. With `force` it
+  /// must make them durable.
+  virtual bool sync(bool force) {
+    (void)force;
+    return true;
+  }
+  /// Finalizes what the format needs at the end of a run; all is durable after.
   virtual void close() = 0;
 };
 
-/// The writer for `format` writing under the run directory `dir`.
-std::unique_ptr<Writer> make_writer(Format format, const std::string& dir);
+/// The writer `options.format()` asks for, under the run directory.
+std::unique_ptr<Writer> make_writer(const Options& options);
 
 }  // namespace tensortap::detail

@@ -14,7 +14,8 @@ namespace tensortap {
 enum class Format {
   /// One `.npy` file per record under `npy/<kind>/<name>/<step>.npy`.
   Npy,
-  /// One `tensors.h5` per run (not part of this build yet).
+  /// One `tensors.h5` per run: `/<kind>/<name>/data` grows by a row per
+  /// record. Needs a build with HDF5 (`TENSORTAP_WITH_HDF5`).
   Hdf5,
 };
 
@@ -69,6 +70,27 @@ class KindSet {
   std::uint32_t bits_ = 0;
 };
 
+/// Settings of the HDF5 writer (`Format::Hdf5`).
+///
+/// Example:
+/// ```
+/// auto opts = tensortap::Options("runs/exp1")
+///                 .format(tensortap::Format::Hdf5)
+///                 .hdf5(tensortap::Hdf5Options().deflate(4).shuffle(true));
+/// ```
+struct Hdf5Options {
+  /// gzip (deflate) level, 1 to 9; 0 stores the data uncompressed.
+  TORCH_ARG(int, deflate) = 0;
+  /// Byte-shuffle before deflate: helps floats compress.
+  TORCH_ARG(bool, shuffle) = false;
+  /// About how many bytes one HDF5 chunk holds. Small records share a chunk
+  /// (up to 256 rows), large ones are split.
+  TORCH_ARG(std::size_t, chunk_bytes) = std::size_t{1} << 20;
+  /// Flush the file (and with it, make the rows visible to SWMR readers and
+  /// safe from a crash) every this many sampled steps.
+  TORCH_ARG(std::int64_t, flush_every) = 1;
+};
+
 /// Settings of a `Recorder`: where it writes, what it captures and when.
 ///
 /// A step `s` is sampled when `start <= s`, `s < stop` (if `stop >= 0`) and
@@ -112,8 +134,10 @@ struct Options {
   /// What happens when both buffers are full.
   TORCH_ARG(Overflow, overflow) = Overflow::Block;
   /// Whether a run directory that already holds a run may be replaced. Only
-  /// what tensortap writes (run.json, index.jsonl, npy/) is removed.
+  /// what tensortap writes (run.json, index.jsonl, npy/, tensors.h5) is removed.
   TORCH_ARG(bool, overwrite) = false;
+  /// Settings of `Format::Hdf5`.
+  TORCH_ARG(Hdf5Options, hdf5) = Hdf5Options();
 };
 
 }  // namespace tensortap

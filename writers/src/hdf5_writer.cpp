@@ -1,0 +1,372 @@
+#include "writers/src/hdf5_writer.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include <tensortap/error.h>
+
+#include "writers/src/dtypes.h"
+#include "writers/src/json.h"
+#include "writers/src/paths.h"
+#include "writers/src/versions.h"
+
+namespace tensortap::detail {
+namespace {
+
+// The HDF5 library Debian ships is not thread-safe, and two recorders have
+// two writer threads: every HDF5 call in the process goes through this lock.
+std::mutex& hdf5_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+constexpr hsize_t kMaxRowsPerChunk = 256;
+constexpr hsize_t kStepsChunk = 256;
+
+// Runs `f`, turning an HDF5 failure into an Error that names the file, the
+// object and what was being done.
+template <class F>
+auto wrap(const std::string& file, const std::string& object, const char* action, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const H5::Exception& e) {
+    throw Error(fmt::format("tensortap: HDF5: cannot {} '{}' in '{}': {} ({})", action, object, file,
+                            e.getDetailMsg(), e.getFuncName()));
+  }
+}
+
+// The file type of each stored dtype, the way h5py writes (and reads) it.
+H5::DataType file_type(c10::ScalarType t) {
+  using c10::ScalarType;
+  switch (t) {
+    case ScalarType::Bool: {
+      // h5py's bool: an int8 enum of FALSE and TRUE.
+      H5::EnumType e(H5::PredType::NATIVE_INT8);
+      std::int8_t f = 0, v = 1;
+      e.insert("FALSE", &f);
+      e.insert("TRUE", &v);
+      return e;
+    }
+    case ScalarType::Byte: return H5::PredType::STD_U8LE;
+    case ScalarType::Char: return H5::PredType::STD_I8LE;
+    case ScalarType::Short: return H5::PredType::STD_I16LE;
+    case ScalarType::Int: return H5::PredType::STD_I32LE;
+    case ScalarType::Long: return H5::PredType::STD_I64LE;
+    case ScalarType::Half: {
+      // HDF5 1.10 has no predefined half: build IEEE binary16 as h5py does.
+      H5::FloatType h(H5::PredType::IEEE_F32LE);
+      h.setFields(15, 10, 5, 0, 10);
+      h.setSize(2);
+      h.setEbias(15);
+      return h;
+    }
+    case ScalarType::Float: return H5::PredType::IEEE_F32LE;
+    case ScalarType::Double: return H5::PredType::IEEE_F64LE;
+    case ScalarType::ComplexFloat:
+    case ScalarType::ComplexDouble: {
+      // h5py's complex: a compound of `r` and `i`.
+      const bool f32 = t == ScalarType::ComplexFloat;
+      const H5::PredType& part = f32 ? H5::PredType::IEEE_F32LE : H5::PredType::IEEE_F64LE;
+      H5::CompType c(static_cast<std::size_t>(f32 ? 8 : 16));
+      c.insertMember("r", 0, part);
+      c.insertMember("i", f32 ? 4 : 8, part);
+      return c;
+    }
+    default:
+      throw Error(fmt::format("tensortap: HDF5 cannot store dtype {}", c10::toString(t)));
+  }
+}
+
+void write_string_attr(H5::H5Object& obj, const char* name, const std::string& value) {
+  H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
+  type.setCset(H5T_CSET_UTF8);
+  H5::Attribute a = obj.createAttribute(name, type, H5::DataSpace(H5S_SCALAR));
+  a.write(type, value);
+}
+
+void write_ints_attr(H5::H5Object& obj, const char* name, const std::vector<std::int64_t>& v) {
+  const hsize_t n = v.size();
+  H5::DataSpace space = n == 0 ? H5::DataSpace(H5S_NULL) : H5::DataSpace(1, &n);
+  H5::Attribute a = obj.createAttribute(name, H5::PredType::STD_I64LE, space);
+  if (n != 0) a.write(H5::PredType::NATIVE_INT64, v.data());
+}
+
+// Chunk dims for rows of `shape`: about `target` bytes, at most 256 rows,
+// halving the largest axis of a row that alone exceeds the target.
+std::vector<hsize_t> chunk_dims(const std::vector<std::int64_t>& shape, std::size_t elem, std::size_t target) {
+  std::vector<hsize_t> inner;
+  for (std::int64_t d : shape) inner.push_back(static_cast<hsize_t>(std::max<std::int64_t>(d, 1)));
+  auto bytes = [&] {
+    hsize_t b = elem;
+    for (hsize_t d : inner) b *= d;
+    return b;
+  };
+  while (bytes() > target) {
+    auto it = std::max_element(inner.begin(), inner.end());
+    if (it == inner.end() || *it == 1) break;
+    *it = (*it + 1) / 2;
+  }
+  std::vector<hsize_t> dims{std::clamp<hsize_t>(target / bytes(), 1, kMaxRowsPerChunk)};
+  dims.insert(dims.end(), inner.begin(), inner.end());
+  return dims;
+}
+
+}  // namespace
+
+// One record being written into row `row_` of its series.
+class Hdf5Sink final : public RecordSink {
+ public:
+  Hdf5Sink(Hdf5Writer& w, Hdf5Writer::Series& s, const RecordMeta& meta)
+      : w_(w), s_(s), meta_(meta), row_(s.rows), elem_(c10::elementSize(meta.stored)) {
+    if (meta.shape.size() != s.rank)
+      throw Error(fmt::format("tensortap: HDF5: record '{}' (kind {}, step {}) has shape of rank {}, but '{}/data' "
+                              "in '{}' holds rank {}; a name keeps its rank in an HDF5 run",
+                              meta.name, kind_name(meta.kind), meta.step, meta.shape.size(), s.group, w.path_, s.rank));
+    if (meta.stored != s.stored)
+      throw Error(fmt::format("tensortap: HDF5: record '{}' (kind {}, step {}) is {}, but '{}/data' in '{}' is {}",
+                              meta.name, kind_name(meta.kind), meta.step, dtype_name(meta.dtype), s.group, w.path_,
+                              dtype_name(s.stored)));
+    std::vector<hsize_t> extent = s.extent;
+    extent[0] = std::max<hsize_t>(extent[0], row_ + 1);
+    for (std::size_t i = 0; i < s.rank; ++i)
+      extent[i + 1] = std::max<hsize_t>(extent[i + 1], static_cast<hsize_t>(meta.shape[i]));
+    wrap(w.path_, s.group + "/data", "extend", [&] {
+      if (extent != s.extent) s.data.extend(extent.data());
+      hsize_t rows = extent[0];
+      s.steps.extend(&rows);
+      if (s.rank > 0) {
+        hsize_t dims[2] = {rows, s.rank};
+        s.shapes.extend(dims);
+      }
+    });
+    s.extent = extent;
+  }
+
+  void append(const void* data, std::size_t n) override {
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    wrap(w_.path_, s_.group + "/data", "write", [&] { write_range(static_cast<const char*>(data), n / elem_); });
+  }
+
+  std::string finish() override {
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    if (written_ * elem_ != meta_.nbytes)
+      throw Error(fmt::format("tensortap: HDF5: record '{}' in '{}' is {} bytes short", meta_.name, w_.path_,
+                              meta_.nbytes - written_ * elem_));
+    wrap(w_.path_, s_.group + "/steps", "write", [&] {
+      H5::DataSpace fs = s_.steps.getSpace();
+      const hsize_t one = 1;
+      fs.selectHyperslab(H5S_SELECT_SET, &one, &row_);
+      s_.steps.write(&meta_.step, H5::PredType::NATIVE_INT64, H5::DataSpace(1, &one), fs);
+      if (s_.rank > 0) {
+        H5::DataSpace ss = s_.shapes.getSpace();
+        const hsize_t start[2] = {row_, 0}, count[2] = {1, s_.rank};
+        ss.selectHyperslab(H5S_SELECT_SET, count, start);
+        s_.shapes.write(meta_.shape.data(), H5::PredType::NATIVE_INT64, H5::DataSpace(1, &count[1]), ss);
+      }
+    });
+    s_.rows = row_ + 1;
+    w_.dirty_ = true;
+    if (meta_.step != w_.last_step_) {
+      w_.last_step_ = meta_.step;
+      ++w_.steps_since_flush_;
+    }
+    std::string loc = "\"file\":\"tensors.h5\",\"dataset\":";
+    append_json_string(loc, s_.group + "/data");
+    loc += fmt::format(",\"row\":{}", row_);
+    return loc;
+  }
+
+ private:
+  // Writes `count` elements that continue the record's C-order element
+  // stream at `written_`, as the few rectangular blocks that range covers
+  // (at most two per axis), so chunks of a large tensor go straight to the
+  // file without being gathered first.
+  void write_range(const char* p, std::uint64_t count) {
+    const std::vector<std::int64_t>& shape = meta_.shape;
+    const std::size_t k = shape.size();
+    std::vector<std::uint64_t> stride(k, 1);
+    for (std::size_t i = k; i-- > 1;) stride[i - 1] = stride[i] * static_cast<std::uint64_t>(shape[i]);
+    std::uint64_t a = written_;
+    const std::uint64_t b = written_ + count;
+    H5::DataSpace fs = s_.data.getSpace();
+    while (a < b) {
+      std::vector<hsize_t> start{row_}, block{1};
+      std::uint64_t n = 1;
+      if (k > 0) {
+        std::size_t i = 0;
+        while (i + 1 < k && (a % stride[i] != 0 || b - a < stride[i])) ++i;
+        for (std::size_t j = 0; j < k; ++j) start.push_back(j <= i ? (a / stride[j]) % shape[j] : 0);
+        const std::uint64_t c = std::min<std::uint64_t>(shape[i] - start[i + 1], (b - a) / stride[i]);
+        for (std::size_t j = 0; j < k; ++j)
+          block.push_back(j < i ? 1 : (j == i ? c : static_cast<hsize_t>(shape[j])));
+        n = c * stride[i];
+      }
+      fs.selectHyperslab(H5S_SELECT_SET, block.data(), start.data());
+      const hsize_t mem = n;
+      H5::DataSpace ms(1, &mem);
+      s_.data.write(p, s_.data.getDataType(), ms, fs);
+      a += n;
+      p += n * elem_;
+    }
+    written_ = b;
+  }
+
+  Hdf5Writer& w_;
+  Hdf5Writer::Series& s_;
+  RecordMeta meta_;
+  hsize_t row_;
+  std::size_t elem_;
+  std::uint64_t written_ = 0;
+};
+
+Hdf5Writer::Hdf5Writer(const std::string& dir, const Hdf5Options& options)
+    : path_(dir + "/tensors.h5"), options_(options) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  // Failures become exceptions with the file and object named; HDF5's own
+  // stack dump on stderr would only repeat them.
+  H5::Exception::dontPrint();
+  open(/*create=*/true);
+  wrap(path_, "/", "write attributes of", [&] {
+    H5::Group root = file_->openGroup("/");
+    write_string_attr(root, "tensortap_version", kTensortapVersion);
+    write_string_attr(root, "torch_version", kTorchVersion);
+    write_ints_attr(root, "format_version", {kFormatVersion});
+  });
+  start_swmr();
+}
+
+Hdf5Writer::~Hdf5Writer() {
+  try {
+    close();
+  } catch (...) {
+    // close() already failed once and was reported by the backend.
+  }
+}
+
+void Hdf5Writer::open(bool create) {
+  wrap(path_, "/", create ? "create" : "reopen", [&] {
+    H5::FileAccPropList fapl;
+    // SWMR needs the latest file format.
+    fapl.setLibverBounds(H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
+    file_ = std::make_unique<H5::H5File>(path_, create ? H5F_ACC_TRUNC : H5F_ACC_RDWR,
+                                         H5::FileCreatPropList::DEFAULT, fapl);
+  });
+}
+
+void Hdf5Writer::start_swmr() {
+  if (H5Fstart_swmr_write(file_->getId()) < 0)
+    throw Error(fmt::format("tensortap: HDF5: cannot start SWMR writing of '{}'", path_));
+}
+
+std::string Hdf5Writer::key_of(const RecordMeta& meta) const {
+  return fmt::format("/{}/{}", kind_name(meta.kind), encode_name(meta.name));
+}
+
+void Hdf5Writer::reopen_datasets() {
+  for (auto& [key, s] : series_) {
+    s.data = file_->openDataSet(key + "/data");
+    s.steps = file_->openDataSet(key + "/steps");
+    if (s.rank > 0) s.shapes = file_->openDataSet(key + "/shapes");
+  }
+}
+
+void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
+  std::vector<const RecordMeta*> fresh;
+  for (const RecordMeta* m : records) {
+    const std::string key = key_of(*m);
+    if (series_.count(key) == 0 &&
+        std::none_of(fresh.begin(), fresh.end(), [&](const RecordMeta* f) { return key_of(*f) == key; }))
+      fresh.push_back(m);
+  }
+  if (fresh.empty()) return;
+  // Leave SWMR mode: only appends are allowed in it.
+  for (auto& [key, s] : series_) s.data = s.steps = s.shapes = H5::DataSet();
+  wrap(path_, "/", "close", [&] { file_->close(); });
+  open(/*create=*/false);
+  for (const RecordMeta* m : fresh) {
+    const std::string key = key_of(*m);
+    Series s;
+    s.group = key;
+    s.stored = m->stored;
+    s.rank = m->shape.size();
+    s.extent.assign(s.rank + 1, 0);
+    wrap(path_, key, "create", [&] {
+      const std::string kind_group = fmt::format("/{}", kind_name(m->kind));
+      if (!file_->nameExists(kind_group)) file_->createGroup(kind_group);
+      H5::Group g = file_->createGroup(key);
+      write_string_attr(g, "name", m->name);
+      write_string_attr(g, "kind", kind_name(m->kind));
+      write_string_attr(g, "dtype", dtype_name(m->dtype));
+      write_ints_attr(g, "shape", m->shape);
+
+      const std::vector<hsize_t> max(s.rank + 1, H5S_UNLIMITED);
+      H5::DSetCreatPropList dcpl;
+      const std::vector<hsize_t> chunk = chunk_dims(m->shape, c10::elementSize(m->stored), options_.chunk_bytes());
+      dcpl.setChunk(static_cast<int>(chunk.size()), chunk.data());
+      if (options_.shuffle()) dcpl.setShuffle();
+      if (options_.deflate() > 0) dcpl.setDeflate(static_cast<unsigned>(options_.deflate()));
+      s.data = g.createDataSet("data", file_type(m->stored),
+                               H5::DataSpace(static_cast<int>(s.rank + 1), s.extent.data(), max.data()), dcpl);
+
+      const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
+      H5::DSetCreatPropList steps_dcpl;
+      steps_dcpl.setChunk(1, &kStepsChunk);
+      const std::int64_t unfinished = -1;
+      steps_dcpl.setFillValue(H5::PredType::NATIVE_INT64, &unfinished);
+      s.steps = g.createDataSet("steps", H5::PredType::STD_I64LE, H5::DataSpace(1, &zero, &unlimited), steps_dcpl);
+      if (s.rank > 0) {
+        const hsize_t dims[2] = {0, s.rank}, maxd[2] = {H5S_UNLIMITED, s.rank}, ch[2] = {kStepsChunk, s.rank};
+        H5::DSetCreatPropList shapes_dcpl;
+        shapes_dcpl.setChunk(2, ch);
+        s.shapes = g.createDataSet("shapes", H5::PredType::STD_I64LE, H5::DataSpace(2, dims, maxd), shapes_dcpl);
+      }
+    });
+    series_.emplace(key, std::move(s));
+  }
+  wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); });
+  reopen_datasets();
+  start_swmr();
+}
+
+void Hdf5Writer::prepare(const std::vector<const RecordMeta*>& records) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  H5::Exception::dontPrint();
+  create_series(records);
+}
+
+Hdf5Writer::Series& Hdf5Writer::series_of(const RecordMeta& meta) {
+  auto it = series_.find(key_of(meta));
+  if (it == series_.end()) {
+    create_series({&meta});
+    it = series_.find(key_of(meta));
+  }
+  return it->second;
+}
+
+std::unique_ptr<RecordSink> Hdf5Writer::begin(const RecordMeta& meta) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  return std::make_unique<Hdf5Sink>(*this, series_of(meta), meta);
+}
+
+bool Hdf5Writer::sync(bool force) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  if (!dirty_) return true;
+  if (!force && steps_since_flush_ < options_.flush_every()) return false;
+  // In SWMR mode a flush is what makes the new rows visible to readers.
+  wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); });
+  dirty_ = false;
+  steps_since_flush_ = 0;
+  return true;
+}
+
+void Hdf5Writer::close() {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  if (!file_) return;
+  for (auto& [key, s] : series_) s.data = s.steps = s.shapes = H5::DataSet();
+  wrap(path_, "/", "close", [&] { file_->close(); });
+  file_.reset();
+}
+
+}  // namespace tensortap::detail

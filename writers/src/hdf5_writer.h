@@ -1,0 +1,72 @@
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <H5Cpp.h>
+
+#include <tensortap/options.h>
+
+#include "writers/src/writer.h"
+
+namespace tensortap::detail {
+
+/// Writes every record into one `tensors.h5` in SWMR mode.
+///
+/// Layout (DESIGN section 3): a group `/<kind>/<encoded name>` per series,
+/// holding `data` [n, *shape] (every axis unlimited, chunked), `steps` [n]
+/// int64 (-1 in a row not yet finished) and, for tensors of rank >= 1,
+/// `shapes` [n, rank] int64. A record whose shape differs from earlier ones
+/// (a smaller last batch) is written into the top-left corner of its row,
+/// the axes grow to the largest shape seen, and `shapes` (and the index
+/// line's "shape") says which part of the row is the record; the rest is 0.
+/// Group attributes: `name`, `kind`, `dtype` (LibTorch's name, e.g.
+/// "bfloat16"), `shape` (the first record's). File attributes:
+/// `tensortap_version`, `torch_version`, `format_version`.
+///
+/// SWMR allows only appends to existing datasets, so the writer leaves SWMR
+/// mode to create the groups of new names (once per batch that brings
+/// any: in practice, the first sampled step) and enters it again.
+class Hdf5Writer final : public Writer {
+ public:
+  Hdf5Writer(const std::string& dir, const Hdf5Options& options);
+  ~Hdf5Writer() override;
+
+  void prepare(const std::vector<const RecordMeta*>& records) override;
+  std::unique_ptr<RecordSink> begin(const RecordMeta& meta) override;
+  bool sync(bool force) override;
+  void close() override;
+
+  /// One `/<kind>/<name>` group.
+  struct Series {
+    std::string group;
+    c10::ScalarType stored;
+    std::size_t rank;
+    /// The extent of `data`: rows, then the largest shape seen.
+    std::vector<hsize_t> extent;
+    /// Rows finished.
+    hsize_t rows = 0;
+    H5::DataSet data, steps, shapes;
+  };
+
+ private:
+  friend class Hdf5Sink;
+  void open(bool create);
+  void start_swmr();
+  void create_series(const std::vector<const RecordMeta*>& records);
+  void reopen_datasets();
+  Series& series_of(const RecordMeta& meta);
+  std::string key_of(const RecordMeta& meta) const;
+
+  std::string path_;
+  Hdf5Options options_;
+  std::unique_ptr<H5::H5File> file_;
+  std::map<std::string, Series> series_;
+  std::int64_t last_step_ = -1;
+  std::int64_t steps_since_flush_ = 0;
+  bool dirty_ = false;
+};
+
+}  // namespace tensortap::detail

@@ -1,0 +1,30 @@
+#include "writers/src/writer.h"
+
+#include <fmt/format.h>
+
+#include <tensortap/error.h>
+
+#include "writers/src/npy_writer.h"
+#ifdef TENSORTAP_HAVE_HDF5
+#include "writers/src/hdf5_writer.h"
+#endif
+
+namespace tensortap::detail {
+
+std::unique_ptr<Writer> make_writer(const Options& options) {
+  switch (options.format()) {
+    case Format::Npy:
+      return std::make_unique<NpyWriter>(options.dir());
+    case Format::Hdf5:
+#ifdef TENSORTAP_HAVE_HDF5
+      return std::make_unique<Hdf5Writer>(options.dir(), options.hdf5());
+#else
+      break;
+#endif
+  }
+  throw Error(fmt::format("tensortap: run '{}': Format::Hdf5 is not available: this tensortap was built "
+                          "without HDF5 (TENSORTAP_WITH_HDF5=OFF or libhdf5-dev missing); use Format::Npy",
+                          options.dir()));
+}
+
+}  // namespace tensortap::detail
