@@ -42,10 +42,53 @@ def check_files(run):
     assert on_disk == listed, on_disk ^ listed
 
 
+def check_h5_layout(run, dtypes):
+    """DESIGN section 3's HDF5 layout, read by h5py alone."""
+    import h5py
+
+    with h5py.File(os.path.join(run.path, "tensors.h5"), "r") as f:
+        assert f.attrs["format_version"][0] == 1
+        assert f.attrs["tensortap_version"] and f.attrs["torch_version"]
+        for r in run.records:
+            assert r["file"] == "tensors.h5"
+            g = f[os.path.dirname(r["dataset"])]
+            data, steps = g["data"], g["steps"]
+            assert g.attrs["dtype"] == r["dtype"], (r, g.attrs["dtype"])
+            assert g.attrs["name"] == r["name"]
+            assert data.maxshape == (None,) * data.ndim
+            assert data.dtype == NUMPY_DTYPE[r["dtype"]], (r, data.dtype)
+            assert steps.dtype == np.int64 and steps[r["row"]] == r["step"]
+            if r["shape"]:
+                assert list(g["shapes"][r["row"]]) == r["shape"]
+        if dtypes:
+            # h5py's own types: bool as its enum, half as IEEE binary16, complex as r/i.
+            b = f["/tensor/dtype_bool/data"]
+            t = b.id.get_type()
+            assert b.dtype == np.bool_ and t.get_class() == h5py.h5t.ENUM
+            assert [t.get_member_name(i) for i in range(t.get_nmembers())] == [b"FALSE", b"TRUE"]
+            assert f["/tensor/dtype_float16/data"].id.get_type().get_size() == 2
+            assert f["/tensor/dtype_complex64/data"].id.get_type().get_member_name(0) == b"r"
+
+
+def check_shapes(path):
+    """A tensor whose shape changes between steps: each row padded, each record exact."""
+    run = tensortap.open(path)
+    rows, cols = [4, 4, 2, 5, 5], [3, 3, 3, 3, 7]
+    for s in range(5):
+        want = np.arange(rows[s] * cols[s], dtype=np.float32).reshape(rows[s], cols[s]) + 100 * s
+        np.testing.assert_array_equal(run.load("x", s, "tensor"), want)
+    check_h5_layout(run, dtypes=False)
+    run.close()
+    print("shapes_h5: 5 records of changing shape read back exactly")
+
+
 def check_train(path):
     run = tensortap.open(path)
     assert run.closed and run.info["dropped"] == 0 and run.info["errors"] == 0
-    check_files(run)
+    if run.info["options"]["format"] == "hdf5":
+        check_h5_layout(run, dtypes=False)
+    else:
+        check_files(run)
     steps = run.steps("fc.weight", "grad")
     assert steps == [0, 2, 4, 6, 8], steps
     for s in steps:
@@ -65,12 +108,15 @@ def check_train(path):
         np.testing.assert_array_equal(run.load("probe", s, "tensor"), np.full(16, float(s), np.float32))
     g = run.series("fc.weight", "grad")
     assert g.shape == (5, 3, 5), g.shape
-    print(f"train: {len(run.records)} records match the closed-form values")
+    print(f"{os.path.basename(path)}: {len(run.records)} records match the closed-form values")
 
 
 def check_dtypes(path):
     run = tensortap.open(path)
-    check_files(run)
+    if run.info["options"]["format"] == "hdf5":
+        check_h5_layout(run, dtypes=True)
+    else:
+        check_files(run)
     base = np.arange(12, dtype=np.float64).reshape(3, 4) - 5
     for name, dt in NUMPY_DTYPE.items():
         if name == "bool":
@@ -90,12 +136,16 @@ def check_dtypes(path):
     scalar = run.load("scalar", 0, "tensor")
     assert scalar.shape == () and scalar == 3.5
     assert run.load("empty", 0, "tensor").shape == (0, 3)
-    print(f"dtypes: {len(run.records)} records read back exactly")
+    print(f"{os.path.basename(path)}: {len(run.records)} records read back exactly")
 
 
 def main(out):
     check_train(os.path.join(out, "train"))
     check_dtypes(os.path.join(out, "dtypes"))
+    if os.path.isdir(os.path.join(out, "train_h5")):
+        check_train(os.path.join(out, "train_h5"))
+        check_dtypes(os.path.join(out, "dtypes_h5"))
+        check_shapes(os.path.join(out, "shapes_h5"))
     leftovers = [f for d, _, fs in os.walk(out) for f in fs if f.endswith(".tmp")]
     assert not leftovers, leftovers
     with open(os.path.join(out, "train", "run.json")) as f:

@@ -164,7 +164,12 @@ class Run:
             f = self._h5.get(path)
             if f is None:
                 f = self._h5[path] = _open_h5(path)
-            return f[rec["dataset"]][rec["row"]]
+            # A row is padded to the largest shape of its series: the index's
+            # shape says which corner is this record.
+            ds = f[rec["dataset"]]
+            if hasattr(ds, "refresh"):
+                ds.refresh()  # rows appended since the file was opened (SWMR)
+            return ds[(rec["row"],) + tuple(slice(0, n) for n in rec["shape"])]
         if mmap:
             try:
                 return np.load(path, mmap_mode="r")
