@@ -8,48 +8,19 @@
 #include <string>
 
 #include <torch/nn/functional/loss.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
 #include <tensortap/tensortap.h>  // tensortap
 
-struct MlpImpl : torch::nn::Module {
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-  tensortap::Tap hidden1, hidden2;  // tensortap: activations to capture
-
-  MlpImpl(int64_t in, int64_t h1, int64_t h2, int64_t out) {
-    fc1 = register_module("fc1", torch::nn::Linear(in, h1));
-    hidden1 = register_module("hidden1", tensortap::Tap());
-    fc2 = register_module("fc2", torch::nn::Linear(h1, h2));
-    hidden2 = register_module("hidden2", tensortap::Tap());
-    fc3 = register_module("fc3", torch::nn::Linear(h2, out));
-  }
-
-  torch::Tensor forward(torch::Tensor x) {
-    x = hidden1(torch::relu(fc1(x)));
-    x = hidden2(torch::relu(fc2(x)));
-    return fc3(x);
-  }
-};
-TORCH_MODULE(Mlp);
+#include "demo_model.h"
 
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : "runs/demo";
   const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 300;
   const int64_t every = argc > 3 ? std::atoll(argv[3]) : 10;
-  constexpr int64_t kIn = 32, kClasses = 10, kBatch = 128;
-
-  torch::manual_seed(0);
-  // The task: 4096 points labelled by a random two-layer teacher.
-  const torch::Tensor data = torch::randn({4096, kIn});
-  torch::Tensor labels;
-  {
-    torch::NoGradGuard no_grad;
-    const torch::Tensor w1 = torch::randn({kIn, 64}), w2 = torch::randn({64, kClasses});
-    labels = torch::relu(data.mm(w1)).mm(w2).argmax(1);
-  }
-
-  Mlp model(kIn, 128, 64, kClasses);
+  constexpr int64_t kBatch = 128;
+  const auto [data, labels] = demo::make_task();
+  demo::Mlp model(demo::kInputs, 128, 64, demo::kClasses);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
 
   // tensortap: the one line. Gradients of every parameter and the two Taps'

@@ -5,7 +5,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # Debian packages tensortap builds, tests and demos with.
 CORE_PACKAGES="cmake g++ make ninja-build libtorch-dev libfmt-dev catch2 libbenchmark-dev
-  libhdf5-dev python3 python3-numpy python3-h5py python3-matplotlib python3-pip python3-setuptools"
+  libhdf5-dev python3 python3-numpy python3-h5py python3-matplotlib python3-pip python3-setuptools libgloo-dev"
 
 # Installs the packages of $* that are missing; asks apt only if one is.
 install_missing() {

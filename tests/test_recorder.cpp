@@ -415,3 +415,65 @@ TEST_CASE("the destructor closes the run without losing records", "[sdk]") {
   REQUIRE_THAT(tt_test::read_file(dir / "run.json"), Catch::Contains("\"closed\": true"));
   REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "t", 9)), at::full({1000}, 9)));
 }
+
+namespace {
+
+// Sets environment variables for a scope.
+struct Env {
+  std::vector<std::string> names;
+  Env(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [n, v] : vars) {
+      ::setenv(n, v, 1);
+      names.emplace_back(n);
+    }
+  }
+  ~Env() {
+    for (const auto& n : names) ::unsetenv(n.c_str());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("rank and world size come from the environment, and each rank writes rank<r>/", "[sdk][distributed]") {
+  TempDir dir;
+  {
+    Env env{{"RANK", "1"}, {"WORLD_SIZE", "2"}};
+    Recorder rec{Options(dir.path)};
+    REQUIRE(rec.rank() == 1);
+    REQUIRE(rec.world_size() == 2);
+    REQUIRE(rec.run_dir() == dir / "rank1");
+    rec.step(0);
+    rec.capture("x", at::ones({2}));
+    rec.close();
+  }
+  REQUIRE(std::filesystem::exists(npy(dir / "rank1", "tensor", "x", 0)));
+  const std::string j = tt_test::read_file(dir / "rank1/run.json");
+  REQUIRE_THAT(j, Catch::Contains("\"rank\": 1") && Catch::Contains("\"world_size\": 2"));
+  {
+    // Options win over the environment; a world of one has no rank directory.
+    Env env{{"RANK", "1"}, {"WORLD_SIZE", "2"}};
+    Recorder rec{Options(dir / "solo").rank(0).world_size(1)};
+    REQUIRE(rec.run_dir() == dir / "solo");
+  }
+  {
+    Env env{{"WORLD_SIZE", "two"}};
+    REQUIRE_THAT(error_of([&] { Recorder r{Options(dir / "bad")}; }), Catch::Contains("WORLD_SIZE='two'"));
+  }
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir / "bad").rank(3).world_size(2)}; }),
+               Catch::Contains("rank 3 is outside a world of size 2"));
+}
+
+TEST_CASE("a rank left out of Options::ranks captures nothing and creates nothing", "[sdk][distributed]") {
+  TempDir dir;
+  Recorder rec{Options(dir / "run").rank(1).world_size(2).ranks({0})};
+  REQUIRE_FALSE(rec.capturing());
+  rec.step(0);
+  REQUIRE_FALSE(rec.sampled());
+  rec.capture("x", at::ones({2}));
+  rec.flush();
+  rec.close();
+  REQUIRE(rec.stats().records == 0);
+  REQUIRE_FALSE(std::filesystem::exists(dir / "run"));
+  Recorder zero{Options(dir / "run").rank(0).world_size(2).ranks({0})};
+  REQUIRE(zero.capturing());
+}

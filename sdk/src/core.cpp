@@ -1,5 +1,8 @@
 #include "sdk/src/core.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <ATen/ATen.h>
@@ -59,6 +62,31 @@ void copy_into(char* dst, const at::Tensor& src, c10::ScalarType stored, std::si
   at::from_blob(dst, src.sizes(), at::TensorOptions().dtype(stored)).copy_(src);
 }
 
+// An integer from the environment, or `fallback` if the variable is unset.
+std::int64_t env_int(const char* name, std::int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(v, &end, 10);
+  if (errno != 0 || *end != '\0' || n < 0)
+    throw Error(fmt::format("tensortap: environment variable {}='{}' is not a non-negative integer", name, v));
+  return n;
+}
+
+// Resolves the rank, the world size and the directory this process writes.
+void place(const Options& o, RunInfo& info) {
+  info.world_size = o.world_size() >= 0 ? o.world_size() : env_int("WORLD_SIZE", 1);
+  info.rank = o.rank() >= 0 ? o.rank() : env_int("RANK", env_int("LOCAL_RANK", 0));
+  if (info.world_size < 1)
+    throw Error(fmt::format("tensortap: the world size must be at least 1, not {}", info.world_size));
+  if (info.rank >= info.world_size)
+    throw Error(fmt::format("tensortap: rank {} is outside a world of size {} (set by Options or by the "
+                            "RANK, LOCAL_RANK and WORLD_SIZE environment variables)",
+                            info.rank, info.world_size));
+  info.run_dir = info.world_size > 1 ? fmt::format("{}/rank{}", o.dir(), info.rank) : o.dir();
+}
+
 }  // namespace
 
 Core::Core(Options options)
@@ -68,11 +96,16 @@ Core::Core(Options options)
       has_include_(!options_.include().empty()),
       has_exclude_(!options_.exclude().empty()),
       staging_(options_.buffer_bytes(), options_.overflow()) {
-  prepare_run_dir(options_);
-  auto writer = make_writer(options_);
+  place(options_, info_);
+  const auto& only = options_.ranks();
+  // A rank left out captures nothing and creates nothing: no directory, no
+  // thread, no memory. Its hooks see no sampled step.
+  if (!only.empty() && std::find(only.begin(), only.end(), info_.rank) == only.end()) return;
+  prepare_run_dir(info_.run_dir, options_);
+  auto writer = make_writer(options_, info_.run_dir);
   info_.start_time = utc_now();
   write_run_json(options_, info_);
-  auto index = std::make_unique<IndexFile>(options_.dir());
+  auto index = std::make_unique<IndexFile>(info_.run_dir);
   backend_ = std::make_unique<Backend>(staging_, std::move(writer), std::move(index));
 }
 
@@ -196,7 +229,7 @@ void Core::record_as(Kind kind, std::string name, const at::Tensor& tensor, std:
 void Core::capture(const std::string& name, const at::Tensor& tensor) {
   if (!active(Kind::Tensor)) {
     if (closed())
-      throw Error(fmt::format("tensortap: capture('{}') after close() of run '{}'", name, options_.dir()));
+      throw Error(fmt::format("tensortap: capture('{}') after close() of run '{}'", name, info_.run_dir));
     if (current_step() < 0)
       throw Error(fmt::format("tensortap: capture('{}') before the first step(): call "
                               "Recorder::step(s) at the start of each iteration",
@@ -210,13 +243,13 @@ void Core::capture(const std::string& name, const at::Tensor& tensor) {
 void Core::step(std::int64_t step) {
   std::lock_guard<std::mutex> lock(control_mu_);
   if (closed())
-    throw Error(fmt::format("tensortap: step({}) after close() of run '{}'", step, options_.dir()));
+    throw Error(fmt::format("tensortap: step({}) after close() of run '{}'", step, info_.run_dir));
   const std::int64_t previous = current_step();
   if (step < 0) throw Error(fmt::format("tensortap: step({}): steps must not be negative", step));
   if (step >= kMaxStep) throw Error(fmt::format("tensortap: step({}): steps must be below 2^55", step));
   if (step <= previous)
     throw Error(fmt::format("tensortap: step({}) after step({}): steps must increase", step, previous));
-  const std::uint64_t bits = is_sampled(options_, step) ? options_.kinds().bits() : 0u;
+  const std::uint64_t bits = capturing() && is_sampled(options_, step) ? options_.kinds().bits() : 0u;
   state_.store((static_cast<std::uint64_t>(step) + 1) << kStepShift | bits, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> names(names_mu_);
@@ -241,11 +274,12 @@ void Core::step(std::int64_t step) {
 void Core::rethrow_background_error() const {
   const std::string err = backend_->first_error();
   if (!err.empty())
-    throw Error(fmt::format("tensortap: run '{}': {} record(s) failed; first: {}", options_.dir(),
+    throw Error(fmt::format("tensortap: run '{}': {} record(s) failed; first: {}", info_.run_dir,
                             backend_->errors(), err));
 }
 
 void Core::flush() {
+  if (!capturing()) return;
   staging_.wait_drained();
   if (!closed()) backend_->sync();
   rethrow_background_error();
@@ -274,6 +308,10 @@ void Core::close() {
     for (auto& w : watchers_) w->detach();
     watchers_.clear();
   }
+  if (!capturing()) {
+    if (step_error) std::rethrow_exception(step_error);
+    return;
+  }
   backend_->stop();
   // Hooks (Taps above all) may keep this object alive as long as the model:
   // give the staging memory back now.
@@ -288,7 +326,7 @@ void Core::close() {
     close_error_ = e.what();
   }
   if (info_.stats.errors > 0)
-    close_error_ = fmt::format("tensortap: run '{}': {} record(s) failed; first: {}", options_.dir(),
+    close_error_ = fmt::format("tensortap: run '{}': {} record(s) failed; first: {}", info_.run_dir,
                                info_.stats.errors, info_.first_error);
   if (!close_error_.empty()) throw Error(close_error_);
   if (step_error) std::rethrow_exception(step_error);
@@ -296,6 +334,7 @@ void Core::close() {
 
 Stats Core::stats() const {
   Stats s;
+  if (!capturing()) return s;
   s.captured = captured_.load(std::memory_order_relaxed);
   s.records = backend_->records();
   s.bytes = backend_->bytes();

@@ -80,6 +80,10 @@ class Core {
   void close();
   Stats stats() const;
   const Options& options() const { return options_; }
+  /// Where and as which rank this process writes.
+  const RunInfo& info() const { return info_; }
+  /// False on a rank `Options::ranks` leaves out.
+  bool capturing() const { return backend_ != nullptr; }
 
   /// Adds a watcher; it is detached on close.
   void add_watcher(std::shared_ptr<Watcher> watcher);

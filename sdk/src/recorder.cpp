@@ -45,4 +45,12 @@ Stats Recorder::stats() const { return core_->stats(); }
 
 const Options& Recorder::options() const { return core_->options(); }
 
+const std::string& Recorder::run_dir() const { return core_->info().run_dir; }
+
+std::int64_t Recorder::rank() const { return core_->info().rank; }
+
+std::int64_t Recorder::world_size() const { return core_->info().world_size; }
+
+bool Recorder::capturing() const { return core_->capturing(); }
+
 }  // namespace tensortap

@@ -41,8 +41,7 @@ std::string utc_now() {
   return fmt::format("{}.{:03d}Z", buf, ms);
 }
 
-void prepare_run_dir(const Options& options) {
-  const std::string& dir = options.dir();
+void prepare_run_dir(const std::string& dir, const Options& options) {
   if (dir.empty()) throw Error("tensortap: Options: the run directory is empty");
   make_dirs(dir);
   if (exists(dir + "/run.json") || exists(dir + "/index.jsonl")) {
@@ -90,7 +89,7 @@ void write_run_json(const Options& o, const RunInfo& info) {
                      h.deflate(), h.shuffle() ? "true" : "false", h.chunk_bytes(), h.flush_every());
   }
   j += "\n  },\n";
-  j += "  \"rank\": 0,\n  \"world_size\": 1,\n";
+  j += fmt::format("  \"rank\": {},\n  \"world_size\": {},\n", info.rank, info.world_size);
   j += fmt::format("  \"start_time\": \"{}\",\n", info.start_time);
   if (info.closed) {
     j += fmt::format("  \"end_time\": \"{}\",\n", info.end_time);
@@ -103,7 +102,7 @@ void write_run_json(const Options& o, const RunInfo& info) {
     }
   }
   j += fmt::format("  \"closed\": {}\n}}\n", info.closed ? "true" : "false");
-  AtomicFile file(o.dir() + "/run.json");
+  AtomicFile file(info.run_dir + "/run.json");
   file.write(j.data(), j.size());
   file.commit();
 }

@@ -11,6 +11,10 @@ namespace tensortap::detail {
 
 /// What run.json says.
 struct RunInfo {
+  /// Where this rank writes (the options' dir, or its rank<r>/ below it).
+  std::string run_dir;
+  std::int64_t rank = 0;
+  std::int64_t world_size = 1;
   std::string start_time;
   std::string end_time;
   bool closed = false;
@@ -18,13 +22,13 @@ struct RunInfo {
   std::string first_error;
 };
 
-/// Makes `options.dir()` ready for a new run: creates it, refuses one that
-/// already holds a run (a run.json) unless `overwrite` is set, in which case
-/// it removes only what tensortap writes. Throws `Error` with the path and
-/// the OS error.
-void prepare_run_dir(const Options& options);
+/// Makes `dir` ready for a new run: creates it, refuses one that already
+/// holds a run (a run.json) unless `options.overwrite()` is set, in which
+/// case it removes only what tensortap writes. Throws `Error` with the path
+/// and the OS error.
+void prepare_run_dir(const std::string& dir, const Options& options);
 
-/// Rewrites `<dir>/run.json` atomically.
+/// Rewrites `<info.run_dir>/run.json` atomically.
 void write_run_json(const Options& options, const RunInfo& info);
 
 /// The current UTC time as ISO 8601 ("2026-11-21T05:45:00.123Z").

@@ -11,20 +11,20 @@
 
 namespace tensortap::detail {
 
-std::unique_ptr<Writer> make_writer(const Options& options) {
+std::unique_ptr<Writer> make_writer(const Options& options, const std::string& dir) {
   switch (options.format()) {
     case Format::Npy:
-      return std::make_unique<NpyWriter>(options.dir());
+      return std::make_unique<NpyWriter>(dir);
     case Format::Hdf5:
 #ifdef TENSORTAP_HAVE_HDF5
-      return std::make_unique<Hdf5Writer>(options.dir(), options.hdf5());
+      return std::make_unique<Hdf5Writer>(dir, options.hdf5());
 #else
       break;
 #endif
   }
   throw Error(fmt::format("tensortap: run '{}': Format::Hdf5 is not available: this tensortap was built "
                           "without HDF5 (TENSORTAP_WITH_HDF5=OFF or libhdf5-dev missing); use Format::Npy",
-                          options.dir()));
+                          dir));
 }
 
 }  // namespace tensortap::detail

@@ -61,7 +61,7 @@ class Writer {
   virtual void close() = 0;
 };
 
-/// The writer `options.format()` asks for, under the run directory.
-std::unique_ptr<Writer> make_writer(const Options& options);
+/// The writer `options.format()` asks for, writing under `dir`.
+std::unique_ptr<Writer> make_writer(const Options& options, const std::string& dir);
 
 }  // namespace tensortap::detail

@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <torch/arg.h>
 
@@ -138,6 +139,15 @@ struct Options {
   TORCH_ARG(bool, overwrite) = false;
   /// Settings of `Format::Hdf5`.
   TORCH_ARG(Hdf5Options, hdf5) = Hdf5Options();
+  /// This process's rank in a distributed run; -1 reads `RANK` (or
+  /// `LOCAL_RANK`) from the environment, or 0 if neither is set.
+  TORCH_ARG(std::int64_t, rank) = -1;
+  /// How many processes the run has; -1 reads `WORLD_SIZE`, or 1. Above 1,
+  /// rank r writes `<dir>/rank<r>/`.
+  TORCH_ARG(std::int64_t, world_size) = -1;
+  /// Capture only on these ranks (e.g. `{0}`); empty captures on all. On the
+  /// other ranks the recorder creates nothing and its hooks do nothing.
+  TORCH_ARG(std::vector<std::int64_t>, ranks) = {};
 };
 
 }  // namespace tensortap

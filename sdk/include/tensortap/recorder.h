@@ -94,6 +94,16 @@ class Recorder {
   /// The options the recorder was made with.
   const Options& options() const;
 
+  /// Where this process writes: `options().dir()`, or `<dir>/rank<r>` when
+  /// the world size is above 1.
+  const std::string& run_dir() const;
+  /// This process's rank and the world size, as resolved from the options
+  /// and the environment.
+  std::int64_t rank() const;
+  std::int64_t world_size() const;
+  /// False on a rank that `Options::ranks` leaves out: nothing is captured.
+  bool capturing() const;
+
   /// Internal: the shared state hooks hold on to.
   const std::shared_ptr<detail::Core>& core() const { return core_; }
 
