@@ -1,5 +1,6 @@
 #include <cstdlib>
 #include <new>
+#include <thread>
 
 #include <fmt/format.h>
 #include <torch/nn/modules/activation.h>
@@ -11,6 +12,7 @@
 #include <tensortap/tensortap.h>
 
 #include "helpers.h"
+#include "writers/src/paths.h"
 
 using tensortap::Kind;
 using tensortap::Options;
@@ -46,7 +48,7 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 std::string npy(const std::string& run, const std::string& kind, const std::string& name, std::int64_t step) {
-  return fmt::format("{}/npy/{}/{}/{:08d}.npy", run, kind, name, step);
+  return fmt::format("{}/npy/{}/{}/{:08d}.npy", run, kind, tensortap::detail::encode_name(name), step);
 }
 
 at::Tensor load(const std::string& run, const std::string& kind, const std::string& name, std::int64_t step) {
@@ -259,4 +261,192 @@ TEST_CASE("a sparse gradient is recorded dense", "[hooks]") {
   expected[4] = 2;
   REQUIRE(torch::equal(load(dir.path, "grad", "weight", 0), expected));
   REQUIRE(torch::equal(load(dir.path, "grad", "weight", 1), expected));
+}
+
+namespace {
+
+// fc1 is a Linear whose output is a tap point, without a Tap in forward().
+struct TappedNetImpl : torch::nn::Module {
+  tensortap::Tapped<torch::nn::Linear> fc1{nullptr};
+  TappedNetImpl() { fc1 = register_module("fc1", tensortap::Tapped<torch::nn::Linear>(3, 2)); }
+  torch::Tensor forward(const torch::Tensor& x) { return fc1(x); }
+};
+TORCH_MODULE(TappedNet);
+
+std::vector<std::int64_t> steps_of(const std::string& run, const std::string& kind, const std::string& name) {
+  std::vector<std::int64_t> out;
+  for (const auto& l : tt_test::index_lines_with(run, fmt::format("\"kind\":\"{}\",\"name\":\"{}\"", kind, name)))
+    out.push_back(std::stoll(l.substr(8, l.find(',') - 8)));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Tapped<M> captures a submodule's output and keeps its parameter names", "[hooks]") {
+  TempDir dir;
+  TappedNet net;
+  auto rec = tensortap::watch(*net, Options(dir.path));
+  const torch::Tensor x = torch::randn({4, 3}), c = torch::randn({4, 2});
+  rec->step(0);
+  (net->forward(x) * c).sum().backward();
+  rec->close();
+  const torch::Tensor w = net->fc1->weight.detach(), b = net->fc1->bias.detach();
+  REQUIRE(torch::allclose(load(dir.path, "activation", "fc1", 0), x.mm(w.t()) + b, 1e-6, 1e-6));
+  REQUIRE(torch::equal(load(dir.path, "activation_grad", "fc1", 0), c));
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc1.weight", 0), c.t().mm(x), 1e-6, 1e-6));
+}
+
+TEST_CASE("Sequential children become tap points, by option or by one call", "[hooks]") {
+  const torch::Tensor x = torch::randn({5, 3});
+  SECTION("every child, through Options::tap_sequential") {
+    TempDir dir;
+    torch::nn::Sequential seq(torch::nn::Linear(3, 4), torch::nn::ReLU(), torch::nn::Linear(4, 2));
+    auto rec = tensortap::watch(*seq, Options(dir.path).tap_sequential("."));
+    rec->step(0);
+    seq->forward(x).sum().backward();
+    rec->close();
+    // seq[0] is now the tap wrapper; the registered child is unchanged.
+    const torch::Tensor h = seq->named_children()["0"]->as<torch::nn::Linear>()->forward(x).detach();
+    REQUIRE(torch::allclose(load(dir.path, "activation", "0", 0), h));
+    REQUIRE(torch::allclose(load(dir.path, "activation", "1", 0), torch::relu(h)));
+    REQUIRE(load(dir.path, "activation_grad", "2", 0).sizes() == torch::IntArrayRef{5, 2});
+    // Parameter names are those of the plain Sequential.
+    REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"0.weight\"").size() == 1);
+    REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"2.bias\"").size() == 1);
+  }
+  SECTION("the children whose path matches a regex") {
+    TempDir dir;
+    torch::nn::Sequential seq(torch::nn::Linear(3, 4), torch::nn::ReLU(), torch::nn::Linear(4, 2));
+    auto rec = tensortap::watch(*seq, Options(dir.path).tap_sequential("^[02]$").kinds({Kind::Activation}));
+    rec->step(0);
+    seq->forward(x);
+    rec->close();
+    REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 2);
+    REQUIRE(steps_of(dir.path, "activation", "1").empty());
+  }
+  SECTION("tap_sequential(), then watch() of the model that holds it") {
+    TempDir dir;
+    struct HolderImpl : torch::nn::Module {
+      torch::nn::Sequential enc{torch::nn::Linear(3, 4), torch::nn::Tanh()};
+      HolderImpl() { register_module("enc", enc); }
+      torch::Tensor forward(const torch::Tensor& in) { return enc->forward(in); }
+    };
+    auto holder = std::make_shared<HolderImpl>();
+    tensortap::tap_sequential(*holder->enc);
+    tensortap::tap_sequential(*holder->enc);  // again: harmless
+    auto rec = tensortap::watch(*holder, Options(dir.path).kinds({Kind::Activation}));
+    rec->step(0);
+    const torch::Tensor y = holder->forward(x);
+    rec->close();
+    REQUIRE(torch::allclose(load(dir.path, "activation", "enc.1", 0), y.detach()));
+    REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 2);
+  }
+}
+
+TEST_CASE("op-level capture records each top-level op inside a tap point", "[hooks]") {
+  TempDir dir;
+  TappedNet net;
+  torch::nn::Sequential seq{torch::nn::ReLU()};
+  auto rec = tensortap::watch(*net, Options(dir.path).capture_ops(true).kinds({Kind::Activation}));
+  auto rec2 = tensortap::watch(*seq, Options(dir / "seq").capture_ops(true).tap_sequential(".").kinds({Kind::Activation}));
+  const torch::Tensor x = torch::randn({4, 3});
+  rec->step(0);
+  rec2->step(0);
+  const torch::Tensor y = net->forward(x).detach();
+  seq->forward(x);
+  rec->step(1);
+  rec->close();
+  rec2->close();
+  // LinearImpl::forward runs aten::t (the weight, transposed) and aten::addmm.
+  REQUIRE(torch::equal(load(dir.path, "activation", "fc1/aten::addmm", 0), y));
+  REQUIRE(torch::equal(load(dir.path, "activation", "fc1/aten::t", 0), net->fc1->weight.detach().t()));
+  REQUIRE(torch::equal(load(dir / "seq", "activation", "0/aten::relu", 0), torch::relu(x)));
+  // Only top-level ops: aten::t's own internals are not recorded.
+  const auto lines = tt_test::read_lines(dir / "index.jsonl");
+  for (const auto& l : lines) REQUIRE(l.find("as_strided") == std::string::npos);
+  // Nothing is recorded outside a tap point's scope, or after close.
+  torch::relu(x);
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == lines.size());
+}
+
+TEST_CASE("each kind has its own period, and explicit step lists work", "[hooks]") {
+  TempDir a, b;
+  Net net;
+  auto run = [&](const std::string& dir, Options o) {
+    auto rec = tensortap::watch(*net, std::move(o));
+    for (std::int64_t s = 0; s < 7; ++s) {
+      rec->step(s);
+      loss_of(net, torch::randn({2, 3}), torch::randn({2, 2})).backward();
+    }
+    rec->close();
+    (void)dir;
+  };
+  run(a.path, Options(a.path).every(Kind::Grad, 2).every(Kind::Activation, 3).every(100));
+  REQUIRE(steps_of(a.path, "grad", "fc.weight") == std::vector<std::int64_t>{0, 2, 4, 6});
+  REQUIRE(steps_of(a.path, "activation", "out") == std::vector<std::int64_t>{0, 3, 6});
+  REQUIRE(steps_of(a.path, "activation_grad", "out") == std::vector<std::int64_t>{0});
+  run(b.path, Options(b.path).steps({1, 5, 6}).stop(6));
+  REQUIRE(steps_of(b.path, "grad", "fc.weight") == std::vector<std::int64_t>{1, 5});
+}
+
+TEST_CASE("eval forward passes are not recorded unless asked", "[hooks]") {
+  for (bool capture_eval : {false, true}) {
+    TempDir dir;
+    Net net;
+    auto rec = tensortap::watch(*net, Options(dir.path).capture_eval(capture_eval).kinds({Kind::Activation}));
+    rec->step(0);
+    net->forward(torch::randn({2, 3}));  // training
+    net->eval();
+    net->forward(torch::randn({2, 3}));  // validation inside the step
+    net->train();
+    rec->close();
+    REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == (capture_eval ? 2u : 1u));
+  }
+}
+
+TEST_CASE("grad_per_backward records every micro-batch's gradient on its own", "[hooks]") {
+  TempDir dir;
+  Net net;
+  auto rec = tensortap::watch(*net, Options(dir.path).grad_per_backward(true).kinds({Kind::Grad}));
+  std::vector<torch::Tensor> expected;
+  rec->step(0);
+  for (int micro = 0; micro < 3; ++micro) {
+    const torch::Tensor x = torch::randn({5, 3}), c = torch::randn({5, 2});
+    loss_of(net, x, c).backward();
+    expected.push_back(c.t().mm(x));
+  }
+  rec->close();
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight", 0), expected[0], 1e-5, 1e-5));
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight#1", 0), expected[1], 1e-5, 1e-5));
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight#2", 0), expected[2], 1e-5, 1e-5));
+}
+
+TEST_CASE("concurrent forward and backward passes on several threads lose nothing", "[hooks]") {
+  TempDir dir;
+  Net net;
+  constexpr int kThreads = 4, kEach = 25;
+  auto rec = tensortap::watch(*net, Options(dir.path).buffer_bytes(8192));
+  std::vector<torch::Tensor> sums(kThreads);
+  rec->step(0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      torch::Tensor sum = torch::zeros({2, 3});
+      for (int i = 0; i < kEach; ++i) {
+        const torch::Tensor x = torch::randn({3, 3}), c = torch::randn({3, 2});
+        loss_of(net, x, c).backward();
+        sum += c.t().mm(x);
+      }
+      sums[t] = sum;
+    });
+  for (auto& th : threads) th.join();
+  rec->close();
+  REQUIRE(rec->stats().dropped == 0);
+  REQUIRE(rec->stats().errors == 0);
+  // One activation and one activation gradient per pass, each under its own name...
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"kind\":\"activation\",").size() == kThreads * kEach);
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"kind\":\"activation_grad\",").size() == kThreads * kEach);
+  // ... and the step's gradient is the sum over every thread's passes.
+  const torch::Tensor total = sums[0] + sums[1] + sums[2] + sums[3];
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight", 0), total, 1e-4, 1e-4));
 }

@@ -3,17 +3,33 @@
 #include <memory>
 #include <string>
 
+#include <torch/nn/modules/container/any.h>
+
 #include "sdk/src/core.h"
 
 namespace tensortap::detail {
 
-/// What a bound Tap needs: the recorder's core and the Tap's name.
+/// What a bound tap point needs: the recorder's core and the point's name.
 struct TapBinding {
   std::shared_ptr<Core> core;
   std::string name;
 };
 
-/// The part of `TapImpl::forward` that runs on a step that captures.
-at::Tensor tap_capture(const TapBinding& binding, at::Tensor x);
+/// The part of `TapPoint::tap_output` that runs on a step that captures.
+at::Tensor tap_capture(const TapBinding& binding, at::Tensor out);
+
+/// `inner`, run through a tap point: what `tap_sequential()` puts in a
+/// Sequential's list of modules in place of a child. `inner` if it is one.
+torch::nn::AnyModule make_sequential_tap(torch::nn::AnyModule inner);
+
+/// Op-level capture (`Options::capture_ops`): registers ATen's
+/// RecordFunction callback while at least one recorder wants it.
+void op_capture_acquire();
+void op_capture_release();
+
+/// Enters and leaves the scope of a tap point on this thread; ops that run
+/// inside are recorded as `<point name>/<op name>`.
+void op_scope_push(const TapBinding* binding);
+void op_scope_pop();
 
 }  // namespace tensortap::detail

@@ -1,5 +1,7 @@
 #include <tensortap/watch.h>
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include <tensortap/tap.h>
@@ -30,7 +32,8 @@ class ParamWatcher final : public Watcher {
     bool pending = false;
   };
 
-  explicit ParamWatcher(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  explicit ParamWatcher(std::shared_ptr<Core> core)
+      : core_(std::move(core)), per_backward_(core_->options().grad_per_backward()) {}
 
   const Core& core() const { return *core_; }
 
@@ -65,6 +68,11 @@ class ParamWatcher final : public Watcher {
     std::lock_guard<std::mutex> lock(mu_);
     if (i >= entries_.size()) return;  // detached meanwhile
     Entry& e = entries_[i];
+    if (per_backward_) {
+      // One record per backward pass (micro-batch): name, name#1, ...
+      core_->record(Kind::Grad, e.name, grad, step);
+      return;
+    }
     if (e.pending && e.acc_step == step) {
       e.acc.add_(grad);
       return;
@@ -130,27 +138,45 @@ class ParamWatcher final : public Watcher {
 
  private:
   std::shared_ptr<Core> core_;
+  const bool per_backward_;
   std::mutex mu_;
   std::vector<Entry> entries_;
   bool any_pending_ = false;
 };
 
-// Unbinds the Taps of one watch() call on close.
+// Unbinds the tap points of one watch() call on close.
 class TapWatcher final : public Watcher {
  public:
-  void add(const std::shared_ptr<TapImpl>& tap, std::shared_ptr<TapBinding> binding) {
-    taps_.emplace_back(tap, binding.get());
-    tap->bind(std::move(binding));
+  explicit TapWatcher(bool ops) : ops_(ops) {
+    if (ops_) op_capture_acquire();
+  }
+  ~TapWatcher() override { detach(); }
+
+  void add(const std::shared_ptr<torch::nn::Module>& owner, TapPoint& point, std::shared_ptr<TapBinding> binding) {
+    points_.push_back({owner, &point, binding.get()});
+    point.bind(std::move(binding));
   }
   void detach() noexcept override {
-    for (auto& [tap, binding] : taps_)
-      if (auto t = tap.lock()) t->unbind(binding);
-    taps_.clear();
+    for (auto& p : points_)
+      if (auto alive = p.owner.lock()) p.point->unbind(p.binding);
+    points_.clear();
+    if (ops_) op_capture_release();
+    ops_ = false;
   }
 
  private:
-  std::vector<std::pair<std::weak_ptr<TapImpl>, const TapBinding*>> taps_;
+  struct Bound {
+    std::weak_ptr<torch::nn::Module> owner;  // keeps `point` valid while it lives
+    TapPoint* point;
+    const TapBinding* binding;
+  };
+  std::vector<Bound> points_;
+  bool ops_;
 };
+
+std::string child_path(const std::string& parent, std::size_t i) {
+  return parent.empty() ? std::to_string(i) : parent + "." + std::to_string(i);
+}
 
 void attach(torch::nn::Module& module, const std::shared_ptr<Core>& core) {
   const KindSet kinds = core->options().kinds();
@@ -161,17 +187,34 @@ void attach(torch::nn::Module& module, const std::shared_ptr<Core>& core) {
     if (kinds.contains(Kind::Grad)) params->hook_all(params);
     core->add_watcher(params);
   }
-  if (kinds.contains(Kind::Activation) || kinds.contains(Kind::ActivationGrad)) {
-    auto taps = std::make_shared<TapWatcher>();
-    // Without include_self: named_modules() needs shared_from_this() for
-    // the root, and a root on the stack has none.
-    for (const auto& item : module.named_modules("", /*include_self=*/false)) {
-      auto tap = std::dynamic_pointer_cast<TapImpl>(item.value());
-      if (tap && core->selected(item.key()))
-        taps->add(tap, std::make_shared<TapBinding>(TapBinding{core, item.key()}));
+  if (!kinds.contains(Kind::Activation) && !kinds.contains(Kind::ActivationGrad)) return;
+  auto taps = std::make_shared<TapWatcher>(core->options().capture_ops() && kinds.contains(Kind::Activation));
+  const auto bind = [&](const std::shared_ptr<torch::nn::Module>& owner, TapPoint& point, const std::string& name) {
+    if (core->selected(name)) taps->add(owner, point, std::make_shared<TapBinding>(TapBinding{core, name}));
+  };
+  // Without include_self: named_modules() needs shared_from_this() for the
+  // root, and a root on the stack has none.
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules{{"", nullptr}};
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) modules.emplace_back(item.key(), item.value());
+  for (const auto& [path, ptr] : modules) {
+    torch::nn::Module& m = ptr ? *ptr : module;
+    if (auto* point = dynamic_cast<TapPoint*>(&m); point != nullptr && ptr) bind(ptr, *point, path);
+    auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m);
+    if (seq == nullptr) continue;
+    std::size_t i = 0;
+    for (torch::nn::AnyModule& child : *seq) {
+      const std::string name = child_path(path, i++);
+      // A child that is a tap point itself (a Tap, a Tapped<M>) is bound above.
+      if (dynamic_cast<TapPoint*>(child.ptr().get()) == nullptr && core->taps_sequential_child(name))
+        child = make_sequential_tap(std::move(child));
+      if (auto wrapper = child.ptr(); wrapper && dynamic_cast<TapPoint*>(wrapper.get()) != nullptr &&
+                                      std::find_if(modules.begin(), modules.end(), [&](const auto& mm) {
+                                        return mm.second == wrapper;
+                                      }) == modules.end())
+        bind(wrapper, *dynamic_cast<TapPoint*>(wrapper.get()), name);
     }
-    core->add_watcher(taps);
   }
+  core->add_watcher(taps);
 }
 
 }  // namespace

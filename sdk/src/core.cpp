@@ -27,15 +27,24 @@ std::regex compile(const std::string& pattern, const char* option) {
   }
 }
 
-bool is_sampled(const Options& o, std::int64_t step) {
-  if (step < o.start()) return false;
-  if (o.stop() >= 0 && step >= o.stop()) return false;
-  return (step - o.start()) % o.every() == 0;
+constexpr Kind kAllKinds[] = {Kind::Activation, Kind::ActivationGrad, Kind::Param, Kind::Grad, Kind::Tensor};
+
+// The kinds `step` samples, as KindSet bits.
+std::uint64_t sampled_bits(const Options& o, std::int64_t step) {
+  if (step < o.start()) return 0;
+  if (o.stop() >= 0 && step >= o.stop()) return 0;
+  if (!o.steps().empty() && std::find(o.steps().begin(), o.steps().end(), step) == o.steps().end()) return 0;
+  std::uint64_t bits = 0;
+  for (Kind k : kAllKinds)
+    if (o.kinds().contains(k) && (!o.steps().empty() || (step - o.start()) % o.every(k) == 0))
+      bits |= KindSet::bit(k);
+  return bits;
 }
 
 void validate(const Options& o) {
-  if (o.every() < 1)
-    throw Error(fmt::format("tensortap: Options::every({}) must be at least 1", o.every()));
+  for (Kind k : kAllKinds)
+    if (o.every(k) < 1)
+      throw Error(fmt::format("tensortap: Options::every({}) must be at least 1 (kind {})", o.every(k), kind_name(k)));
   if (o.start() < 0)
     throw Error(fmt::format("tensortap: Options::start({}) must not be negative", o.start()));
   if (o.buffer_bytes() < kMinBufferBytes)
@@ -93,6 +102,7 @@ Core::Core(Options options)
     : options_((validate(options), std::move(options))),
       include_(compile(options_.include(), "include")),
       exclude_(compile(options_.exclude(), "exclude")),
+      tap_sequential_(compile(options_.tap_sequential(), "tap_sequential")),
       has_include_(!options_.include().empty()),
       has_exclude_(!options_.exclude().empty()),
       staging_(options_.buffer_bytes(), options_.overflow()) {
@@ -249,7 +259,7 @@ void Core::step(std::int64_t step) {
   if (step >= kMaxStep) throw Error(fmt::format("tensortap: step({}): steps must be below 2^55", step));
   if (step <= previous)
     throw Error(fmt::format("tensortap: step({}) after step({}): steps must increase", step, previous));
-  const std::uint64_t bits = capturing() && is_sampled(options_, step) ? options_.kinds().bits() : 0u;
+  const std::uint64_t bits = capturing() ? sampled_bits(options_, step) : 0u;
   state_.store((static_cast<std::uint64_t>(step) + 1) << kStepShift | bits, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> names(names_mu_);

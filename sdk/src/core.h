@@ -55,6 +55,10 @@ class Core {
   }
   /// Whether `name` passes the include and exclude patterns.
   bool selected(const std::string& name) const;
+  /// Whether the Sequential child at `path` is to be made a tap point.
+  bool taps_sequential_child(const std::string& path) const {
+    return !options_.tap_sequential().empty() && std::regex_search(path, tap_sequential_);
+  }
   std::int64_t current_step() const noexcept {
     return static_cast<std::int64_t>(state_.load(std::memory_order_relaxed) >> kStepShift) - 1;
   }
@@ -96,6 +100,7 @@ class Core {
   const Options options_;
   std::regex include_;
   std::regex exclude_;
+  std::regex tap_sequential_;
   const bool has_include_;
   const bool has_exclude_;
 

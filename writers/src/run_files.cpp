@@ -81,7 +81,22 @@ void write_run_json(const Options& o, const RunInfo& info) {
     j += fmt::format("{}\"{}\"", first ? "" : ", ", kind_name(k));
     first = false;
   }
-  j += fmt::format("],\n    \"buffer_bytes\": {},\n    \"overflow\": \"{}\",\n    \"overwrite\": {}",
+  j += "],\n    \"every_by_kind\": {";
+  first = true;
+  for (Kind k : {Kind::Activation, Kind::ActivationGrad, Kind::Param, Kind::Grad, Kind::Tensor}) {
+    j += fmt::format("{}\"{}\": {}", first ? "" : ", ", kind_name(k), o.every(k));
+    first = false;
+  }
+  j += "},\n    \"steps\": ";
+  append_json_ints(j, o.steps());
+  j += ",\n    \"ranks\": ";
+  append_json_ints(j, o.ranks());
+  j += fmt::format(",\n    \"capture_eval\": {},\n    \"grad_per_backward\": {},\n    \"capture_ops\": {}",
+                   o.capture_eval() ? "true" : "false", o.grad_per_backward() ? "true" : "false",
+                   o.capture_ops() ? "true" : "false");
+  j += ",\n    \"tap_sequential\": ";
+  append_json_string(j, o.tap_sequential());
+  j += fmt::format(",\n    \"buffer_bytes\": {},\n    \"overflow\": \"{}\",\n    \"overwrite\": {}",
                    o.buffer_bytes(), overflow_name(o.overflow()), o.overwrite() ? "true" : "false");
   if (o.format() == Format::Hdf5) {
     const Hdf5Options& h = o.hdf5();

@@ -4,9 +4,14 @@
 #include <memory>
 #include <mutex>
 #include <ostream>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <torch/nn/cloneable.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
 
 namespace tensortap {
@@ -15,15 +20,57 @@ namespace detail {
 struct TapBinding;
 }  // namespace detail
 
-/// An identity module that captures what flows through it (kind
-/// `activation`) and, through a hook on its output, the gradient that flows
-/// back (kind `activation_grad`), under its path in the module tree.
+/// A place in a model whose output a recorder captures: kind `activation`,
+/// and through a hook on it, `activation_grad`. `Tap`, `Tapped<M>` and the
+/// children of an instrumented `Sequential` are tap points; `watch()` binds
+/// every tap point in the module tree under its module path. An unbound tap
+/// point, or one on a step that is not sampled, costs one atomic load.
+class TapPoint {
+ public:
+  TapPoint() = default;
+  /// Copies (module clones) are not bound to any recorder.
+  TapPoint(const TapPoint&) {}
+  TapPoint& operator=(const TapPoint&) { return *this; }
+  virtual ~TapPoint() = default;
+
+  /// Internal, used by `watch()`: routes captures to a recorder.
+  void bind(std::shared_ptr<detail::TapBinding> binding);
+  /// Internal: stops routing to `binding` if it is the current one.
+  void unbind(const detail::TapBinding* binding) noexcept;
+
+ protected:
+  /// Captures `out` if bound and sampled (and, unless the options say so,
+  /// only in training mode). Returns `out`, or a view of it that carries the
+  /// gradient hook.
+  torch::Tensor tap_output(torch::Tensor out, bool training) const;
+
+  /// While alive, ATen ops run on this thread are attributed to this tap
+  /// point for op-level capture (`Options::capture_ops`).
+  class OpScope {
+   public:
+    explicit OpScope(const TapPoint& point);
+    ~OpScope();
+    OpScope(const OpScope&) = delete;
+    OpScope& operator=(const OpScope&) = delete;
+
+   private:
+    bool pushed_ = false;
+  };
+
+ private:
+  // Read on every forward without a lock. Bindings are never freed while
+  // the tap point lives (`bindings_` keeps them), so a forward racing with
+  // unbind() still reads a live one.
+  std::atomic<detail::TapBinding*> binding_{nullptr};
+  std::mutex bindings_mu_;
+  std::vector<std::shared_ptr<detail::TapBinding>> bindings_;
+};
+
+/// An identity module that marks a tap point: what flows through it is
+/// captured under its path in the module tree.
 ///
-/// LibTorch has no forward hooks, so a Tap marks the place instead: put one
-/// where you want to see the activations. `tensortap::watch()` finds every
-/// Tap in the module tree and binds it to the recorder. An unbound Tap, or a
-/// Tap on a step that is not sampled, returns its input at the cost of one
-/// atomic load.
+/// LibTorch has no forward hooks (pytorch issue 25888), so a Tap marks the
+/// place instead: put one where you want to see the activations.
 ///
 /// Example:
 /// ```
@@ -40,7 +87,7 @@ struct TapBinding;
 ///   }
 /// };
 /// ```
-class TapImpl : public torch::nn::Cloneable<TapImpl> {
+class TapImpl : public torch::nn::Cloneable<TapImpl>, public TapPoint {
  public:
   TapImpl() = default;
   /// A clone is not bound to any recorder.
@@ -53,22 +100,67 @@ class TapImpl : public torch::nn::Cloneable<TapImpl> {
   /// Returns `x` (or, on a step that captures its gradient, a view of it).
   torch::Tensor forward(torch::Tensor x);
   void pretty_print(std::ostream& stream) const override;
-
-  /// Internal, used by `watch()`: routes captures to a recorder.
-  void bind(std::shared_ptr<detail::TapBinding> binding);
-  /// Internal: stops routing to `binding` if it is the current one.
-  void unbind(const detail::TapBinding* binding) noexcept;
-
- private:
-  // Read on every forward without a lock. Bindings are never freed while
-  // the Tap lives (`bindings_` keeps them), so a forward racing with
-  // unbind() still reads a live one.
-  std::atomic<detail::TapBinding*> binding_{nullptr};
-  std::mutex bindings_mu_;
-  std::vector<std::shared_ptr<detail::TapBinding>> bindings_;
 };
 
 /// A `ModuleHolder` for `TapImpl`, like `torch::nn::Linear` for `LinearImpl`.
 TORCH_MODULE(Tap);
+
+/// A module of type `Impl` (e.g. `torch::nn::LinearImpl`) whose output is a
+/// tap point. It is an `Impl`: same constructors, parameters and parameter
+/// names, so it replaces the plain module without touching `forward()` or a
+/// checkpoint. Its `forward()` has `Impl::forward`'s parameters (default
+/// arguments must be passed). Outputs that are not a single tensor pass
+/// through uncaptured. A `clone()` is a plain `Impl`.
+template <class Impl, class Forward = decltype(&Impl::forward)>
+class TappedImpl;
+
+template <class Impl, class R, class C, class... A>
+class TappedImpl<Impl, R (C::*)(A...)> : public Impl, public TapPoint {
+ public:
+  using Impl::Impl;
+
+  R forward(A... args) {
+    OpScope scope(*this);
+    if constexpr (std::is_same_v<std::decay_t<R>, torch::Tensor>)
+      return tap_output(Impl::forward(std::forward<A>(args)...), this->is_training());
+    else
+      return Impl::forward(std::forward<A>(args)...);
+  }
+};
+
+/// The holder of a tapped module: `tensortap::Tapped<torch::nn::Linear>` is
+/// used like `torch::nn::Linear`, and its output is captured under its path.
+///
+/// Example:
+/// ```
+/// struct NetImpl : torch::nn::Module {
+///   tensortap::Tapped<torch::nn::Linear> fc1{nullptr};   // captured as "fc1"
+///   NetImpl() { fc1 = register_module("fc1", tensortap::Tapped<torch::nn::Linear>(784, 128)); }
+///   torch::Tensor forward(torch::Tensor x) { return fc1(x); }
+/// };
+/// ```
+template <class Holder>
+class Tapped : public torch::nn::ModuleHolder<TappedImpl<typename Holder::ContainedType>> {
+ public:
+  using torch::nn::ModuleHolder<TappedImpl<typename Holder::ContainedType>>::ModuleHolder;
+};
+
+/// Makes the children of `seq` tap points without changing its structure or
+/// its parameter names: every child, or those whose path (`<seq path>.<i>`,
+/// e.g. `encoder.1`) matches `pattern`, an ECMAScript regex searched in the
+/// path, once `watch()` binds them. `watch()` does this itself for every
+/// Sequential in the tree when `Options::tap_sequential` is set. The
+/// children must take and return one tensor (Linear, Conv, ReLU, ...).
+/// Calling it again is harmless. Afterwards `seq[i]` and `seq->ptr<T>(i)`
+/// give the tap wrapper; reach the layer itself through
+/// `seq->named_children()` or the module tree, which are unchanged.
+///
+/// Example:
+/// ```
+/// torch::nn::Sequential mlp(torch::nn::Linear(784, 128), torch::nn::ReLU(), torch::nn::Linear(128, 10));
+/// tensortap::tap_sequential(*mlp);   // activations "0", "1", "2"
+/// auto rec = tensortap::watch(*mlp, tensortap::Options("runs/seq"));
+/// ```
+void tap_sequential(torch::nn::SequentialImpl& seq);
 
 }  // namespace tensortap

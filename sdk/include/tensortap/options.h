@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -117,6 +118,22 @@ struct Options {
   TORCH_ARG(Format, format) = Format::Npy;
   /// Capture every `every`-th step, counted from `start`.
   TORCH_ARG(std::int64_t, every) = 1;
+
+ public:  // TORCH_ARG leaves the access private
+  /// Capture `kind` every `n`-th step instead, e.g. gradients every 10 steps
+  /// and activations every 100: `.every(Kind::Grad, 10).every(Kind::Activation, 100)`.
+  Options& every(Kind kind, std::int64_t n) {
+    every_kind_.at(static_cast<std::size_t>(kind)) = n;
+    return *this;
+  }
+  /// The period of `kind`: its own, or `every()`.
+  std::int64_t every(Kind kind) const {
+    const std::int64_t n = every_kind_.at(static_cast<std::size_t>(kind));
+    return n > 0 ? n : every_;
+  }
+  /// Capture exactly these steps (within `start`/`stop`) instead of every
+  /// n-th one; empty = use `every`.
+  TORCH_ARG(std::vector<std::int64_t>, steps) = {};
   /// The first step that may be sampled.
   TORCH_ARG(std::int64_t, start) = 0;
   /// The first step that is no longer sampled; negative means never stop.
@@ -139,6 +156,23 @@ struct Options {
   TORCH_ARG(bool, overwrite) = false;
   /// Settings of `Format::Hdf5`.
   TORCH_ARG(Hdf5Options, hdf5) = Hdf5Options();
+  /// Whether forward passes of a module in eval mode (`module->eval()`) are
+  /// captured too. Off: a validation pass inside a sampled step does not
+  /// mix its activations with the training step's.
+  TORCH_ARG(bool, capture_eval) = false;
+  /// Record each backward pass's parameter gradient on its own (`name`,
+  /// `name#1`, ... within a step: one per micro-batch) instead of their sum.
+  TORCH_ARG(bool, grad_per_backward) = false;
+  /// Make the children of every `torch::nn::Sequential` in the watched tree
+  /// whose path matches this regex (searched; "." matches all) tap points,
+  /// as `tensortap::tap_sequential()` does. Empty: none.
+  TORCH_ARG(std::string, tap_sequential) = "";
+  /// Op-level capture: inside a `Tapped<M>` or a tapped Sequential child,
+  /// also record the output of every top-level ATen op as kind `activation`,
+  /// named `<module path>/<op>` (e.g. `encoder.1/aten::addmm`, then
+  /// `#1`...); the ops those ops call are not. For when nothing finer was marked; it costs a callback on
+  /// every ATen op in the process while a recorder with it is open.
+  TORCH_ARG(bool, capture_ops) = false;
   /// This process's rank in a distributed run; -1 reads `RANK` (or
   /// `LOCAL_RANK`) from the environment, or 0 if neither is set.
   TORCH_ARG(std::int64_t, rank) = -1;
@@ -148,6 +182,10 @@ struct Options {
   /// Capture only on these ranks (e.g. `{0}`); empty captures on all. On the
   /// other ranks the recorder creates nothing and its hooks do nothing.
   TORCH_ARG(std::vector<std::int64_t>, ranks) = {};
+
+ private:
+  // Per-kind periods set by every(Kind, n); 0 = use every().
+  std::array<std::int64_t, 5> every_kind_{};
 };
 
 }  // namespace tensortap

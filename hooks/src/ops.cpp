@@ -1,0 +1,80 @@
+// Op-level capture: ATen's RecordFunction callbacks record the outputs of
+// the top-level ops run inside a tap point's scope (a Tapped<M> forward, a
+// tapped Sequential child), named `<tap point>/<op>`.
+#include <mutex>
+#include <vector>
+
+#include <ATen/record_function.h>
+
+#include "hooks/src/binding.h"
+
+namespace tensortap::detail {
+namespace {
+
+struct ThreadState {
+  // Innermost last. Bindings outlive the scopes: tap points keep them.
+  std::vector<const TapBinding*> scopes;
+  // RecordFunction depth inside the innermost scope: only depth-1 ops (those
+  // the module's forward called itself) are recorded, not their internals.
+  int depth = 0;
+  // Set while recording: our own copies run ATen ops too.
+  bool busy = false;
+};
+
+thread_local ThreadState t_state;
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction&) {
+  if (!t_state.scopes.empty() && !t_state.busy) ++t_state.depth;
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  ThreadState& st = t_state;
+  if (st.scopes.empty() || st.busy) return;
+  const int depth = st.depth--;
+  if (depth != 1) return;
+  const TapBinding& b = *st.scopes.back();
+  if (!b.core->active(Kind::Activation)) return;
+  st.busy = true;
+  try {
+    const std::string name = b.name + "/" + fn.name();
+    for (const c10::IValue& out : fn.outputs())
+      if (out.isTensor() && out.toTensor().defined())
+        b.core->record(Kind::Activation, name, out.toTensor(), b.core->current_step());
+  } catch (...) {
+    // An end callback must not throw through ATen: the op already ran. A
+    // tensor that cannot be stored (one of an op's odd outputs) is skipped.
+  }
+  st.busy = false;
+}
+
+std::mutex g_mu;
+int g_users = 0;
+at::CallbackHandle g_handle = 0;
+
+}  // namespace
+
+void op_capture_acquire() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_users++ == 0)
+    g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
+                                         .needsOutputs(true)
+                                         .scopes({at::RecordScope::FUNCTION}));
+}
+
+void op_capture_release() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (--g_users == 0) at::removeCallback(g_handle);
+}
+
+void op_scope_push(const TapBinding* binding) {
+  t_state.scopes.push_back(binding);
+  t_state.depth = 0;
+}
+
+void op_scope_pop() {
+  t_state.scopes.pop_back();
+  t_state.depth = 0;
+}
+
+}  // namespace tensortap::detail
