@@ -1,4 +1,6 @@
 #include <filesystem>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -476,4 +478,122 @@ TEST_CASE("a rank left out of Options::ranks captures nothing and creates nothin
   REQUIRE_FALSE(std::filesystem::exists(dir / "run"));
   Recorder zero{Options(dir / "run").rank(0).world_size(2).ranks({0})};
   REQUIRE(zero.capturing());
+}
+
+namespace {
+
+// An identity model whose Tap sees a tensor NumPy cannot hold (complex32).
+struct OddImpl : torch::nn::Module {
+  tensortap::Tap odd;
+  OddImpl() { register_module("odd", odd); }
+  at::Tensor forward(const at::Tensor& x) {
+    odd(at::ones({2}, at::kComplexHalf));
+    return x * 2;
+  }
+};
+TORCH_MODULE(Odd);
+
+}  // namespace
+
+TEST_CASE("an error inside a hook never escapes into training; Stop stops at the next step", "[sdk][hooks]") {
+  for (auto policy : {tensortap::OnError::Continue, tensortap::OnError::Stop}) {
+    TempDir dir;
+    Odd model;
+    auto rec = tensortap::watch(*model, Options(dir.path).on_error(policy));
+    rec->step(0);
+    REQUIRE_NOTHROW(model->forward(at::ones({3})));  // the hook failed; forward did not
+    rec->capture("fine", at::ones({1}));
+    if (policy == tensortap::OnError::Continue) {
+      REQUIRE_NOTHROW(rec->step(1));
+      REQUIRE(rec->sampled());
+    } else {
+      REQUIRE_THAT(error_of([&] { rec->step(1); }),
+                   Catch::Contains("capture stopped") && Catch::Contains("'odd'") && Catch::Contains("ComplexHalf"));
+      REQUIRE_FALSE(rec->sampled());
+    }
+    REQUIRE_THAT(error_of([&] { rec->close(); }), Catch::Contains("1 record(s) failed"));
+    REQUIRE(rec->stats().errors == 1);
+    // Continue keeps capturing; Stop stopped at the error, before "fine".
+    REQUIRE(rec->stats().records == (policy == tensortap::OnError::Continue ? 1 : 0));
+  }
+}
+
+namespace {
+
+// 8 threads each capture 10,000 small tensors, one per step, in lockstep.
+tensortap::Stats load_run(const std::string& dir, tensortap::Overflow overflow, std::size_t buffer) {
+  constexpr int kThreads = 8, kSteps = 10000;
+  Recorder rec{Options(dir).overflow(overflow).buffer_bytes(buffer)};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::int64_t step = -1;
+  int done = kThreads;
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th)
+    threads.emplace_back([&, th] {
+      for (std::int64_t s = 0; s < kSteps; ++s) {
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return step >= s; });
+        }
+        rec.capture(fmt::format("t{}", th), at::full({16}, th * 100000.0 + static_cast<double>(s)));
+        std::lock_guard<std::mutex> lock(mu);
+        if (++done == kThreads) cv.notify_all();
+      }
+    });
+  for (std::int64_t s = 0; s < kSteps; ++s) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done == kThreads; });
+    rec.step(s);
+    done = 0;
+    step = s;
+    cv.notify_all();
+  }
+  for (auto& t : threads) t.join();
+  rec.close();
+  const tensortap::Stats st = rec.stats();
+  REQUIRE(st.errors == 0);
+  REQUIRE(st.records + st.dropped == kThreads * kSteps);
+  REQUIRE(static_cast<std::int64_t>(tt_test::read_lines(dir + "/index.jsonl").size()) == st.records);
+  return st;
+}
+
+}  // namespace
+
+TEST_CASE("load: 8 threads x 10,000 captures, nothing lost with Block, every drop counted", "[sdk][slow]") {
+  TempDir block, drop;
+  const tensortap::Stats b = load_run(block.path, tensortap::Overflow::Block, 1 << 20);
+  REQUIRE(b.dropped == 0);
+  REQUIRE(b.records == 80000);
+  for (int th : {0, 3, 7})
+    for (std::int64_t s : {0, 4999, 9999})
+      REQUIRE(at::equal(tensortap::load_npy(npy(block.path, "tensor", fmt::format("t{}", th), s)),
+                        at::full({16}, th * 100000.0 + static_cast<double>(s))));
+  const tensortap::Stats d = load_run(drop.path, tensortap::Overflow::DropNewest, 4096);
+  REQUIRE(d.captured == d.records);
+  REQUIRE_THAT(tt_test::read_file(drop / "run.json"), Catch::Contains(fmt::format("\"dropped\": {}", d.dropped)));
+}
+
+TEST_CASE("a tensor of more than 2 GiB is captured, and a zero-size one too", "[sdk][slow]") {
+  TempDir dir;
+  const std::int64_t n = (std::int64_t{1} << 29) + 3;  // 2 GiB + 12 bytes of float32
+  at::Tensor huge = at::empty({n});
+  huge.fill_(1.5);
+  huge[n - 1] = -7;
+  {
+    Recorder rec{Options(dir.path)};
+    rec.step(0);
+    rec.capture("huge", huge);
+    rec.capture("none", at::empty({0, 1 << 20}));
+    huge.zero_();  // the file holds the values at capture time
+    rec.close();
+    REQUIRE(rec.stats().bytes == n * 4);
+  }
+  huge = at::Tensor();
+  const at::Tensor back = tensortap::load_npy(npy(dir.path, "tensor", "huge", 0), tensortap::LoadOptions().mmap(true));
+  REQUIRE(back.numel() == n);
+  REQUIRE(back[0].item<float>() == 1.5f);
+  REQUIRE(back[n - 2].item<float>() == 1.5f);
+  REQUIRE(back[n - 1].item<float>() == -7.0f);
+  REQUIRE(tensortap::load_npy(npy(dir.path, "tensor", "none", 0)).sizes() == at::IntArrayRef{0, 1 << 20});
 }

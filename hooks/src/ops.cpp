@@ -42,8 +42,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
       if (out.isTensor() && out.toTensor().defined())
         b.core->record(Kind::Activation, name, out.toTensor(), b.core->current_step());
   } catch (...) {
-    // An end callback must not throw through ATen: the op already ran. A
-    // tensor that cannot be stored (one of an op's odd outputs) is skipped.
+    // An end callback must not throw through ATen: the op already ran.
+    b.core->hook_failed(std::current_exception());
   }
   st.busy = false;
 }

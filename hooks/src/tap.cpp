@@ -20,7 +20,13 @@ at::Tensor tap_capture(const TapBinding& b, at::Tensor x) {
   // and what we want is the gradient of what flows on from the tap point.
   at::Tensor y = x.view_as(x);
   y.register_hook([core = b.core, name = core.repeat_name(Kind::ActivationGrad, b.name, step),
-                   step](const at::Tensor& grad) { core->record_as(Kind::ActivationGrad, name, grad, step); });
+                   step](const at::Tensor& grad) {
+    try {
+      core->record_as(Kind::ActivationGrad, name, grad, step);
+    } catch (...) {
+      core->hook_failed(std::current_exception());
+    }
+  });
   return y;
 }
 
@@ -62,7 +68,12 @@ torch::Tensor TapPoint::tap_output(torch::Tensor out, bool training) const {
   if (b == nullptr || !(b->core->active(Kind::Activation) || b->core->active(Kind::ActivationGrad)))
     return out;
   if (!training && !b->core->options().capture_eval()) return out;
-  return detail::tap_capture(*b, std::move(out));
+  try {
+    return detail::tap_capture(*b, out);
+  } catch (...) {
+    b->core->hook_failed(std::current_exception());
+    return out;
+  }
 }
 
 TapPoint::OpScope::OpScope(const TapPoint& point) {

@@ -53,7 +53,11 @@ class ParamWatcher final : public Watcher {
       if (!e.param.requires_grad()) continue;
       e.hook = e.param.register_hook([self, i](const at::Tensor& grad) {
         if (!self->core().active(Kind::Grad)) return;
-        self->accumulate(i, grad);
+        try {
+          self->accumulate(i, grad);
+        } catch (...) {
+          self->core_->hook_failed(std::current_exception());
+        }
       });
       e.hooked = true;
     }

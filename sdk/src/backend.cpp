@@ -63,7 +63,7 @@ void Backend::fail(const RecordMeta* meta, const std::string& what) noexcept {
     std::lock_guard<std::mutex> lock(error_mu_);
     if (first_error_.empty()) {
       first_error_ = std::move(msg);
-      std::fprintf(stderr, "tensortap: error on the writer thread: %s (later errors are counted, not printed)\n",
+      std::fprintf(stderr, "tensortap: error: %s (later errors are counted, not printed)\n",
                    first_error_.c_str());
     }
   } catch (...) {

@@ -37,6 +37,9 @@ class Backend {
   std::int64_t errors() const { return errors_.load(std::memory_order_relaxed); }
   /// The first failure's message, or "" if none.
   std::string first_error() const;
+  /// Counts a failure that happened elsewhere (in a hook) like one of the
+  /// writer's own: reported once on stderr, rethrown by flush() and close().
+  void report(const std::string& what) noexcept { fail(nullptr, what); }
 
  private:
   void run() noexcept;

@@ -236,6 +236,30 @@ void Core::record_as(Kind kind, std::string name, const at::Tensor& tensor, std:
   captured_.fetch_add(1, std::memory_order_relaxed);
 }
 
+void Core::hook_failed(std::exception_ptr error) noexcept {
+  std::string what = "unknown error in a hook";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  if (backend_) backend_->report(what);
+  if (options_.on_error() == OnError::Stop) {
+    stopped_.store(true, std::memory_order_relaxed);
+    state_.fetch_and(~std::uint64_t{0xFF}, std::memory_order_relaxed);
+  }
+}
+
+void Core::check_stopped() {
+  if (options_.on_error() != OnError::Stop || !capturing()) return;
+  if (!stopped_.load(std::memory_order_relaxed) && backend_->errors() == 0) return;
+  stopped_.store(true, std::memory_order_relaxed);
+  state_.fetch_and(~std::uint64_t{0xFF}, std::memory_order_relaxed);
+  throw Error(fmt::format("tensortap: run '{}': capture stopped after an error (Options::on_error(Stop)): {}",
+                          info_.run_dir, backend_->first_error()));
+}
+
 void Core::capture(const std::string& name, const at::Tensor& tensor) {
   if (!active(Kind::Tensor)) {
     if (closed())
@@ -259,26 +283,26 @@ void Core::step(std::int64_t step) {
   if (step >= kMaxStep) throw Error(fmt::format("tensortap: step({}): steps must be below 2^55", step));
   if (step <= previous)
     throw Error(fmt::format("tensortap: step({}) after step({}): steps must increase", step, previous));
+  check_stopped();
   const std::uint64_t bits = capturing() ? sampled_bits(options_, step) : 0u;
   state_.store((static_cast<std::uint64_t>(step) + 1) << kStepShift | bits, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> names(names_mu_);
     repeats_.erase(repeats_.begin(), repeats_.lower_bound(previous));
   }
-  // Every watcher runs even if one fails, so no step is left half begun;
-  // the first failure is rethrown at the end.
-  std::exception_ptr first;
+  // Watchers run hooks' work (committing gradients, snapshotting
+  // parameters): their failures are hook failures, and every watcher runs.
   const auto guarded = [&](auto&& f) {
     try {
       f();
     } catch (...) {
-      if (!first) first = std::current_exception();
+      hook_failed(std::current_exception());
     }
   };
   if (previous >= 0)
     for (auto& w : watchers_) guarded([&] { w->on_step_end(); });
   for (auto& w : watchers_) guarded([&] { w->on_step_begin(step); });
-  if (first) std::rethrow_exception(first);
+  check_stopped();
 }
 
 void Core::rethrow_background_error() const {
@@ -301,7 +325,6 @@ void Core::close() {
     if (!close_error_.empty()) throw Error(close_error_);
     return;
   }
-  std::exception_ptr step_error;
   {
     std::lock_guard<std::mutex> lock(control_mu_);
     // Commit the last step's gradients while captures are still accepted.
@@ -310,7 +333,7 @@ void Core::close() {
         try {
           w->on_step_end();
         } catch (...) {
-          if (!step_error) step_error = std::current_exception();
+          hook_failed(std::current_exception());
         }
       }
     state_.store(state_.load(std::memory_order_relaxed) & ~std::uint64_t{0xFF}, std::memory_order_relaxed);
@@ -318,10 +341,7 @@ void Core::close() {
     for (auto& w : watchers_) w->detach();
     watchers_.clear();
   }
-  if (!capturing()) {
-    if (step_error) std::rethrow_exception(step_error);
-    return;
-  }
+  if (!capturing()) return;
   backend_->stop();
   // Hooks (Taps above all) may keep this object alive as long as the model:
   // give the staging memory back now.
@@ -339,7 +359,6 @@ void Core::close() {
     close_error_ = fmt::format("tensortap: run '{}': {} record(s) failed; first: {}", info_.run_dir,
                                info_.stats.errors, info_.first_error);
   if (!close_error_.empty()) throw Error(close_error_);
-  if (step_error) std::rethrow_exception(step_error);
 }
 
 Stats Core::stats() const {

@@ -72,6 +72,10 @@ class Core {
   }
   /// As `record()`, under a name already given its repeat suffix.
   void record_as(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step);
+  /// What a hook does with an exception of its own: it never escapes into
+  /// autograd or the training loop. It is counted and reported once, and
+  /// with `OnError::Stop` capture stops and the next `step()` throws.
+  void hook_failed(std::exception_ptr error) noexcept;
   /// The name the next record of `name` in `step` gets: `name`, then
   /// `name#1`, `name#2`... Lets a gradient hook keep its forward's suffix
   /// whatever order backward runs in.
@@ -95,6 +99,8 @@ class Core {
  private:
   void check_capturable(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const;
   bool selected_cached(const std::string& name);
+  // With OnError::Stop, throws once an error stopped capture.
+  void check_stopped();
   void rethrow_background_error() const;
 
   const Options options_;
@@ -110,6 +116,7 @@ class Core {
   static constexpr unsigned kStepShift = 8;
   std::atomic<std::uint64_t> state_{0};
   std::atomic<bool> closed_{false};
+  std::atomic<bool> stopped_{false};
   std::atomic<std::uint64_t> next_record_{0};
   std::atomic<std::int64_t> captured_{0};
   std::atomic<std::int64_t> dropped_{0};

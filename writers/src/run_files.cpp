@@ -22,6 +22,19 @@ namespace {
 const char* format_name(Format f) { return f == Format::Npy ? "npy" : "hdf5"; }
 const char* overflow_name(Overflow o) { return o == Overflow::Block ? "block" : "drop_newest"; }
 
+// run.json's size on disk (see write_run_json).
+constexpr std::size_t kRunJsonBytes = 8192;
+
+bool overwrite_in_place(const std::string& path, const std::string& content) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  bool ok = ::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) == content.size() &&
+            ::pwrite(fd, content.data(), content.size(), 0) == static_cast<ssize_t>(content.size());
+  ok = (::close(fd) == 0) && ok;
+  return ok;
+}
+
 bool exists(const std::string& path) {
   struct stat st {};
   return ::lstat(path.c_str(), &st) == 0;
@@ -94,6 +107,7 @@ void write_run_json(const Options& o, const RunInfo& info) {
   j += fmt::format(",\n    \"capture_eval\": {},\n    \"grad_per_backward\": {},\n    \"capture_ops\": {}",
                    o.capture_eval() ? "true" : "false", o.grad_per_backward() ? "true" : "false",
                    o.capture_ops() ? "true" : "false");
+  j += fmt::format(",\n    \"on_error\": \"{}\"", o.on_error() == OnError::Stop ? "stop" : "continue");
   j += ",\n    \"tap_sequential\": ";
   append_json_string(j, o.tap_sequential());
   j += fmt::format(",\n    \"buffer_bytes\": {},\n    \"overflow\": \"{}\",\n    \"overwrite\": {}",
@@ -117,9 +131,20 @@ void write_run_json(const Options& o, const RunInfo& info) {
     }
   }
   j += fmt::format("  \"closed\": {}\n}}\n", info.closed ? "true" : "false");
-  AtomicFile file(info.run_dir + "/run.json");
-  file.write(j.data(), j.size());
-  file.commit();
+  // Padded with spaces (still valid JSON) to a fixed size, so the file's
+  // blocks are already allocated when close() rewrites it on a full disk.
+  if (j.size() < kRunJsonBytes) j.append(kRunJsonBytes - j.size() - 1, ' ').push_back('\n');
+  const std::string path = info.run_dir + "/run.json";
+  try {
+    AtomicFile file(path);
+    file.write(j.data(), j.size());
+    file.commit();
+  } catch (const Error&) {
+    // No room for a temporary (disk full): overwrite the old file in place,
+    // which needs no new blocks. Less safe against a crash mid-write, but
+    // the alternative is a run.json that never says the run closed.
+    if (!overwrite_in_place(path, j)) throw;
+  }
 }
 
 void append_index_line(std::string& out, const RecordMeta& meta, const std::string& location) {

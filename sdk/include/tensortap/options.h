@@ -29,6 +29,17 @@ enum class Overflow {
   DropNewest,
 };
 
+/// What happens after an error that is not the caller's own: a hook that
+/// cannot record a tensor, or a write that fails (disk full, I/O error).
+enum class OnError {
+  /// Count it, report the first on stderr, and go on; `flush()` and
+  /// `close()` rethrow the first.
+  Continue,
+  /// Also stop capturing, and make the next `step()` throw it: training
+  /// stops at an iteration boundary, not inside backward.
+  Stop,
+};
+
 /// What a record is.
 enum class Kind : std::uint8_t {
   /// What flows through a `Tap`.
@@ -156,6 +167,8 @@ struct Options {
   TORCH_ARG(bool, overwrite) = false;
   /// Settings of `Format::Hdf5`.
   TORCH_ARG(Hdf5Options, hdf5) = Hdf5Options();
+  /// What an error in a hook or on the writer thread does to training.
+  TORCH_ARG(OnError, on_error) = OnError::Continue;
   /// Whether forward passes of a module in eval mode (`module->eval()`) are
   /// captured too. Off: a validation pass inside a sampled step does not
   /// mix its activations with the training step's.

@@ -1,0 +1,73 @@
+// Training-like processes for test_reliability.py.
+//   reliability_proc crash DIR npy|hdf5
+//       captures every step until killed: tensors of 1 KiB to 1 MiB, several
+//       names, a repeat, bfloat16; prints "step N" now and then
+//   reliability_proc fill DIR continue|stop STEPS
+//       captures 64 KiB a step into a small filesystem until it is full;
+//       prints one line: "steps <s> stopped <0|1> error <what step() or close() threw>"
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include <tensortap/tensortap.h>
+
+using tensortap::Options;
+
+static int crash(const std::string& dir, bool hdf5) {
+  tensortap::Recorder rec(Options(dir).format(hdf5 ? tensortap::Format::Hdf5 : tensortap::Format::Npy)
+                              .buffer_bytes(1 << 20));
+  for (int64_t s = 0;; ++s) {
+    rec.step(s);
+    rec.capture("small", at::full({256}, static_cast<double>(s)));
+    rec.capture("small", at::full({256}, static_cast<double>(-s)));  // small#1
+    rec.capture("large", at::full({512, 512}, static_cast<double>(s)));  // 1 MiB: streamed in chunks
+    rec.capture("bf16", at::full({64}, static_cast<double>(s % 128)).to(at::kBFloat16));  // exact in bfloat16
+    rec.capture("ids", at::arange(s, s + 100, at::kLong));
+    if (s % 20 == 0) {
+      std::printf("step %lld\n", static_cast<long long>(s));
+      std::fflush(stdout);
+    }
+  }
+}
+
+static int fill(const std::string& dir, bool stop, int64_t steps) {
+  tensortap::Recorder rec(Options(dir).on_error(stop ? tensortap::OnError::Stop : tensortap::OnError::Continue));
+  int64_t s = 0;
+  bool stopped = false;
+  std::string error;
+  try {
+    for (; s < steps; ++s) {
+      rec.step(s);
+      rec.capture("x", at::full({16384}, static_cast<double>(s)));  // 64 KiB
+      // With Stop, let the writer catch up so the error surfaces at the next
+      // step() (flush() itself rethrows it: not what is tested here); with
+      // Continue, training does not look at all.
+      if (stop) {
+        try {
+          rec.flush();
+        } catch (const tensortap::Error&) {
+        }
+      }
+    }
+  } catch (const tensortap::Error& e) {
+    stopped = true;
+    error = e.what();
+  }
+  try {
+    rec.close();
+  } catch (const tensortap::Error& e) {
+    if (error.empty()) error = e.what();
+  }
+  std::printf("steps %lld stopped %d error %s\n", static_cast<long long>(s), stopped ? 1 : 0, error.c_str());
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "crash" && argc == 4) return crash(argv[2], std::string(argv[3]) == "hdf5");
+  if (mode == "fill" && argc == 5) return fill(argv[2], std::string(argv[3]) == "stop", std::atoll(argv[4]));
+  std::fprintf(stderr, "usage: reliability_proc crash DIR npy|hdf5 | fill DIR continue|stop STEPS\n");
+  return 2;
+}
