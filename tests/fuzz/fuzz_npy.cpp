@@ -31,7 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       try {
         const at::Tensor t = tensortap::load_npy(path, tensortap::LoadOptions().mmap(mmap));
         // Touch every byte: a wrong size would read out of bounds here.
-        if (t.numel() > 0) (void)t.contiguous().view(at::kByte).sum().item<std::int64_t>();
+        if (t.numel() > 0) (void)t.contiguous().reshape(-1).view(at::kByte).sum().item<std::int64_t>();
       } catch (const tensortap::Error&) {
       }
     }
