@@ -463,6 +463,8 @@ TEST_CASE("rank and world size come from the environment, and each rank writes r
   }
   REQUIRE_THAT(error_of([&] { Recorder r{Options(dir / "bad").rank(3).world_size(2)}; }),
                Catch::Contains("rank 3 is outside a world of size 2"));
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir / "bad").world_size(2)}; }),
+               Catch::Contains("rank is unknown"));
 }
 
 TEST_CASE("a rank left out of Options::ranks captures nothing and creates nothing", "[sdk][distributed]") {

@@ -32,4 +32,17 @@ void op_capture_release();
 void op_scope_push(const TapBinding* binding);
 void op_scope_pop();
 
+/// While alive, ATen ops on this thread are tensortap's own (copies into
+/// staging, the gradient view): op capture ignores them.
+class OpQuiet {
+ public:
+  OpQuiet();
+  ~OpQuiet();
+  OpQuiet(const OpQuiet&) = delete;
+  OpQuiet& operator=(const OpQuiet&) = delete;
+
+ private:
+  bool was_;
+};
+
 }  // namespace tensortap::detail

@@ -67,6 +67,10 @@ void op_capture_release() {
   if (--g_users == 0) at::removeCallback(g_handle);
 }
 
+OpQuiet::OpQuiet() : was_(t_state.busy) { t_state.busy = true; }
+
+OpQuiet::~OpQuiet() { t_state.busy = was_; }
+
 void op_scope_push(const TapBinding* binding) {
   t_state.scopes.push_back(binding);
   t_state.depth = 0;

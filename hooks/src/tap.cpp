@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <tensortap/error.h>
+
 #include "hooks/src/binding.h"
 
 namespace tensortap {
@@ -38,6 +40,13 @@ namespace {
 class SequentialTapImpl : public torch::nn::Module, public TapPoint {
  public:
   explicit SequentialTapImpl(torch::nn::AnyModule inner) : inner_(std::move(inner)) {}
+  std::shared_ptr<torch::nn::Module> clone(const torch::optional<torch::Device>& = torch::nullopt) const override {
+    // SequentialImpl::clone() would register this wrapper as the child and
+    // drop the layer's parameters from the copy: refuse rather than do that.
+    throw Error(
+        "tensortap: a Sequential tapped by tap_sequential() or Options::tap_sequential cannot be cloned; "
+        "clone the model before watching it");
+  }
   torch::Tensor forward(torch::Tensor x) {
     OpScope scope(*this);
     // The wrapper is not a registered child: eval() reaches the child only.
@@ -69,6 +78,7 @@ torch::Tensor TapPoint::tap_output(torch::Tensor out, bool training) const {
     return out;
   if (!training && !b->core->options().capture_eval()) return out;
   try {
+    const detail::OpQuiet quiet;
     return detail::tap_capture(*b, out);
   } catch (...) {
     b->core->hook_failed(std::current_exception());

@@ -86,7 +86,15 @@ std::int64_t env_int(const char* name, std::int64_t fallback) {
 // Resolves the rank, the world size and the directory this process writes.
 void place(const Options& o, RunInfo& info) {
   info.world_size = o.world_size() >= 0 ? o.world_size() : env_int("WORLD_SIZE", 1);
-  info.rank = o.rank() >= 0 ? o.rank() : env_int("RANK", env_int("LOCAL_RANK", 0));
+  info.rank = o.rank() >= 0 ? o.rank() : env_int("RANK", env_int("LOCAL_RANK", -1));
+  if (info.rank < 0) {
+    // Every process would think it is rank 0 and overwrite the others.
+    if (info.world_size > 1)
+      throw Error(fmt::format("tensortap: the world size is {} but this process's rank is unknown: set "
+                              "Options::rank() or the RANK environment variable",
+                              info.world_size));
+    info.rank = 0;
+  }
   if (info.world_size < 1)
     throw Error(fmt::format("tensortap: the world size must be at least 1, not {}", info.world_size));
   if (info.rank >= info.world_size)

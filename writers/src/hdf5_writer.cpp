@@ -119,7 +119,7 @@ std::vector<hsize_t> chunk_dims(const std::vector<std::int64_t>& shape, std::siz
 class Hdf5Sink final : public RecordSink {
  public:
   Hdf5Sink(Hdf5Writer& w, Hdf5Writer::Series& s, const RecordMeta& meta)
-      : w_(w), s_(s), meta_(meta), row_(s.rows), elem_(c10::elementSize(meta.stored)) {
+      : w_(w), s_(s), meta_(meta), row_(s.next_row), elem_(c10::elementSize(meta.stored)) {
     if (meta.shape.size() != s.rank)
       throw Error(fmt::format("tensortap: HDF5: record '{}' (kind {}, step {}) has shape of rank {}, but '{}/data' "
                               "in '{}' holds rank {}; a name keeps its rank in an HDF5 run",
@@ -142,6 +142,7 @@ class Hdf5Sink final : public RecordSink {
       }
     });
     s.extent = extent;
+    s.next_row = row_ + 1;
   }
 
   void append(const void* data, std::size_t n) override {
@@ -166,7 +167,7 @@ class Hdf5Sink final : public RecordSink {
         s_.shapes.write(meta_.shape.data(), H5::PredType::NATIVE_INT64, H5::DataSpace(1, &count[1]), ss);
       }
     });
-    s_.rows = row_ + 1;
+    s_.rows = std::max<hsize_t>(s_.rows, row_ + 1);
     w_.dirty_ = true;
     if (meta_.step != w_.last_step_) {
       w_.last_step_ = meta_.step;
@@ -227,14 +228,19 @@ Hdf5Writer::Hdf5Writer(const std::string& dir, const Hdf5Options& options)
   // Failures become exceptions with the file and object named; HDF5's own
   // stack dump on stderr would only repeat them.
   H5::Exception::dontPrint();
-  open(/*create=*/true);
-  wrap(path_, "/", "write attributes of", [&] {
-    H5::Group root = file_->openGroup("/");
-    write_string_attr(root, "tensortap_version", kTensortapVersion);
-    write_string_attr(root, "torch_version", kTorchVersion);
-    write_ints_attr(root, "format_version", {kFormatVersion});
-  });
-  start_swmr();
+  try {
+    open(/*create=*/true);
+    wrap(path_, "/", "write attributes of", [&] {
+      H5::Group root = file_->openGroup("/");
+      write_string_attr(root, "tensortap_version", kTensortapVersion);
+      write_string_attr(root, "torch_version", kTorchVersion);
+      write_ints_attr(root, "format_version", {kFormatVersion});
+    });
+    start_swmr();
+  } catch (...) {
+    file_.reset();  // under the lock: its destructor calls HDF5
+    throw;
+  }
 }
 
 Hdf5Writer::~Hdf5Writer() {
@@ -287,11 +293,13 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
   open(/*create=*/false);
   for (const RecordMeta* m : fresh) {
     const std::string key = key_of(*m);
+    creation_errors_.erase(key);
     Series s;
     s.group = key;
     s.stored = m->stored;
     s.rank = m->shape.size();
     s.extent.assign(s.rank + 1, 0);
+    try {
     wrap(path_, key, "create", [&] {
       const std::string kind_group = fmt::format("/{}", kind_name(m->kind));
       if (!file_->nameExists(kind_group)) file_->createGroup(kind_group);
@@ -324,9 +332,20 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
       }
     });
     series_.emplace(key, std::move(s));
+    } catch (const Error& e) {
+      // This name fails alone: its records' begin() report why, the others
+      // go on. A half-made group would make the next attempt fail anew.
+      creation_errors_[key] = e.what();
+      s.data = s.steps = s.shapes = H5::DataSet();
+      try {
+        if (file_->nameExists(key)) file_->unlink(key);
+      } catch (const H5::Exception&) {
+      }
+    }
   }
+  // Whatever failed above, the series that exist must work again, in SWMR.
   wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); });
-  reopen_datasets();
+  wrap(path_, "/", "reopen the datasets of", [&] { reopen_datasets(); });
   start_swmr();
 }
 
@@ -337,11 +356,15 @@ void Hdf5Writer::prepare(const std::vector<const RecordMeta*>& records) {
 }
 
 Hdf5Writer::Series& Hdf5Writer::series_of(const RecordMeta& meta) {
-  auto it = series_.find(key_of(meta));
+  const std::string key = key_of(meta);
+  auto it = series_.find(key);
   if (it == series_.end()) {
     create_series({&meta});
-    it = series_.find(key_of(meta));
+    it = series_.find(key);
   }
+  if (it == series_.end())
+    throw Error(fmt::format("tensortap: HDF5: no dataset for record '{}' (kind {}, step {}) in '{}': {}", meta.name,
+                            kind_name(meta.kind), meta.step, path_, creation_errors_[key]));
   return it->second;
 }
 
@@ -358,13 +381,18 @@ bool Hdf5Writer::sync(bool force) {
   wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); });
   dirty_ = false;
   steps_since_flush_ = 0;
+  // More records of the same step may come in later batches: they count as
+  // a step of their own, so the next sync flushes them too.
+  last_step_ = -1;
   return true;
 }
 
 void Hdf5Writer::close() {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   if (!file_) return;
-  for (auto& [key, s] : series_) s.data = s.steps = s.shapes = H5::DataSet();
+  // Every HDF5 object dies here, under the lock: their destructors call the
+  // library too.
+  series_.clear();
   wrap(path_, "/", "close", [&] { file_->close(); });
   file_.reset();
 }

@@ -46,8 +46,11 @@ class Hdf5Writer final : public Writer {
     std::size_t rank;
     /// The extent of `data`: rows, then the largest shape seen.
     std::vector<hsize_t> extent;
-    /// Rows finished.
+    /// Rows finished (the extent of `steps` may be larger: rows in flight,
+    /// or left by a record that failed, whose step stays -1).
     hsize_t rows = 0;
+    /// The next row to hand out: a record claims its row when it begins.
+    hsize_t next_row = 0;
     H5::DataSet data, steps, shapes;
   };
 
@@ -64,6 +67,8 @@ class Hdf5Writer final : public Writer {
   Hdf5Options options_;
   std::unique_ptr<H5::H5File> file_;
   std::map<std::string, Series> series_;
+  // Why a series could not be created, for its records' begin() to say.
+  std::map<std::string, std::string> creation_errors_;
   std::int64_t last_step_ = -1;
   std::int64_t steps_since_flush_ = 0;
   bool dirty_ = false;

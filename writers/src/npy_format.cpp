@@ -227,11 +227,14 @@ NpyHeader parse_npy_header(std::string_view prefix, std::uint64_t file_size, con
   DictParser(prefix.substr(start, header_len), what).parse(h);
   h.data_offset = start + header_len;
 
-  std::uint64_t count = 1;
+  // The product of the non-zero dimensions bounds the strides a tensor of
+  // this shape has, even when a zero makes it empty: it must fit too.
+  std::uint64_t count = 1, span = 1;
   for (std::int64_t d : h.shape) {
     const auto ud = static_cast<std::uint64_t>(d);
-    if (ud != 0 && count > std::numeric_limits<std::uint64_t>::max() / ud)
+    if (ud != 0 && span > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / ud)
       throw Error(fmt::format("{}: shape {} overflows", what, shape_tuple(h.shape)));
+    if (ud != 0) span *= ud;
     count *= ud;
   }
   const std::uint64_t elem = c10::elementSize(h.dtype);

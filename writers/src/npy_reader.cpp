@@ -66,8 +66,23 @@ at::Tensor map_data(int fd, std::uint64_t file_size, const detail::NpyHeader& h,
 
 }  // namespace
 
+namespace {
+at::Tensor load(const std::string& path, const LoadOptions& options, const std::string& what);
+}  // namespace
+
 at::Tensor load_npy(const std::string& path, const LoadOptions& options) {
   const std::string what = fmt::format("tensortap::load_npy: '{}'", path);
+  try {
+    return load(path, options, what);
+  } catch (const c10::Error& e) {
+    // Whatever the header checks missed, LibTorch refuses: still name the file.
+    throw Error(fmt::format("{}: {}", what, e.what_without_backtrace()));
+  }
+}
+
+namespace {
+
+at::Tensor load(const std::string& path, const LoadOptions& options, const std::string& what) {
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) detail::throw_errno("open", path, errno);
   struct stat st {};
@@ -110,6 +125,8 @@ at::Tensor load_npy(const std::string& path, const LoadOptions& options) {
   }
   return t;
 }
+
+}  // namespace
 
 void save_npy(const std::string& path, const at::Tensor& tensor) {
   if (!tensor.defined()) throw Error(fmt::format("tensortap::save_npy: '{}': the tensor is undefined", path));

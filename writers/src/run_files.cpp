@@ -126,14 +126,14 @@ void write_run_json(const Options& o, const RunInfo& info) {
                      info.stats.records, info.stats.bytes, info.stats.dropped, info.stats.errors);
     if (!info.first_error.empty()) {
       j += "  \"first_error\": ";
-      append_json_string(j, info.first_error);
+      append_json_string(j, info.first_error.substr(0, 2000));  // run.json keeps its size
       j += ",\n";
     }
   }
   j += fmt::format("  \"closed\": {}\n}}\n", info.closed ? "true" : "false");
   // Padded with spaces (still valid JSON) to a fixed size, so the file's
   // blocks are already allocated when close() rewrites it on a full disk.
-  if (j.size() < kRunJsonBytes) j.append(kRunJsonBytes - j.size() - 1, ' ').push_back('\n');
+  j.append((j.size() / kRunJsonBytes + 1) * kRunJsonBytes - j.size() - 1, ' ').push_back('\n');
   const std::string path = info.run_dir + "/run.json";
   try {
     AtomicFile file(path);
