@@ -153,7 +153,15 @@ std::string Core::repeat_name(Kind kind, const std::string& name, std::int64_t s
   std::string key(1, static_cast<char>(kind));
   key += name;
   std::lock_guard<std::mutex> lock(names_mu_);
-  StepNames& names = repeats_[step];
+  StepNames* slot = repeats_[0].step == step ? &repeats_[0] : repeats_[1].step == step ? &repeats_[1] : nullptr;
+  if (slot == nullptr) {
+    // A new step: recycle the table of the older of the two.
+    slot = repeats_[0].step <= repeats_[1].step ? &repeats_[0] : &repeats_[1];
+    slot->step = step;
+    slot->next.clear();
+    slot->used.clear();
+  }
+  StepNames& names = *slot;
   int& k = names.next[key];
   std::string candidate = k == 0 ? key : fmt::format("{}#{}", key, k);
   while (names.used.count(candidate) != 0) candidate = fmt::format("{}#{}", key, ++k);
@@ -294,10 +302,6 @@ void Core::step(std::int64_t step) {
   check_stopped();
   const std::uint64_t bits = capturing() ? sampled_bits(options_, step) : 0u;
   state_.store((static_cast<std::uint64_t>(step) + 1) << kStepShift | bits, std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> names(names_mu_);
-    repeats_.erase(repeats_.begin(), repeats_.lower_bound(previous));
-  }
   // Watchers run hooks' work (committing gradients, snapshotting
   // parameters): their failures are hook failures, and every watcher runs.
   const auto guarded = [&](auto&& f) {

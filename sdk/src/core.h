@@ -133,12 +133,15 @@ class Core {
   // hook of the previous step still gets a fresh suffix.
   std::mutex names_mu_;
   struct StepNames {
+    std::int64_t step = -1;
     // The next suffix to try for a base name, and every name given out, so
     // a repeat never takes a name the user captured as such ("h#1").
     std::unordered_map<std::string, int> next;
     std::unordered_set<std::string> used;
   };
-  std::map<std::int64_t, StepNames> repeats_;
+  // The names of the current step and the one before it. The two tables
+  // are reused, not rebuilt, from step to step (clear() keeps their buckets).
+  StepNames repeats_[2];
   std::unordered_map<std::string, bool> selection_cache_;
 
   RunInfo info_;
