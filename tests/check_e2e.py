@@ -139,13 +139,54 @@ def check_dtypes(path):
     print(f"{os.path.basename(path)}: {len(run.records)} records read back exactly")
 
 
+def numpy_stats(a):
+    """The statistics tensortap promises, computed by NumPy in float64: min, max,
+    mean, std and norm over the finite values; counts over all."""
+    x = np.asarray(a)
+    x = np.abs(x.astype(np.complex128)) if np.iscomplexobj(x) else x.astype(np.float64)
+    x = x.ravel()
+    fin = x[np.isfinite(x)]
+    some = fin.size > 0
+    return {
+        "min": fin.min() if some else np.nan, "max": fin.max() if some else np.nan,
+        "mean": fin.mean() if some else np.nan, "std": fin.std() if some else np.nan,
+        "norm": np.linalg.norm(fin) if some else np.nan,
+        "nan": np.isnan(x).sum(), "posinf": np.isposinf(x).sum(), "neginf": np.isneginf(x).sum(),
+        "zeros": (x == 0).sum(), "numel": x.size,
+    }
+
+
+def check_stats(path, every_step):
+    """Run.stats() equals NumPy's statistics of every written tensor, and has a
+    row at each step in `every_step` whether or not the tensor was written there."""
+    run = tensortap.open(path)
+    compared = 0
+    for rec in run.records:
+        st = run.stats(rec["name"], rec["kind"])
+        assert list(st) == ["step", *tensortap.STATS_FIELDS], list(st)
+        assert list(st["step"]) == every_step, (rec["name"], list(st["step"]))
+        i = list(st["step"]).index(rec["step"])
+        want = numpy_stats(run.load(rec["name"], rec["step"], rec["kind"]))
+        for field, w in want.items():
+            np.testing.assert_allclose(st[field][i], w, rtol=1e-10, atol=1e-300,
+                                       err_msg=f"{path}: {rec['kind']} {rec['name']} step {rec['step']} {field}")
+        compared += 1
+    print(f"{os.path.basename(path)}: statistics of {compared} records equal NumPy's")
+
+
 def main(out):
     check_train(os.path.join(out, "train"))
     check_dtypes(os.path.join(out, "dtypes"))
+    check_stats(os.path.join(out, "train"), list(range(9)))
+    check_stats(os.path.join(out, "dtypes"), [0])
+    nonfinite = tensortap.open(os.path.join(out, "dtypes")).stats("nonfinite", "tensor")
+    assert (nonfinite["nan"][0], nonfinite["posinf"][0], nonfinite["neginf"][0]) == (1, 1, 1)
     if os.path.isdir(os.path.join(out, "train_h5")):
         check_train(os.path.join(out, "train_h5"))
         check_dtypes(os.path.join(out, "dtypes_h5"))
         check_shapes(os.path.join(out, "shapes_h5"))
+        check_stats(os.path.join(out, "train_h5"), list(range(9)))
+        check_stats(os.path.join(out, "dtypes_h5"), [0])
     leftovers = [f for d, _, fs in os.walk(out) for f in fs if f.endswith(".tmp")]
     assert not leftovers, leftovers
     with open(os.path.join(out, "train", "run.json")) as f:

@@ -2,10 +2,14 @@
 //   <out>/train   a linear layer trained with MSE; parameters, gradients,
 //                 inputs and targets captured so NumPy can recompute the
 //                 gradients in closed form; plus a snapshot probe
-//   <out>/dtypes  every dtype, and views, 0-d and empty tensors
+//   <out>/dtypes  every dtype, and views, 0-d, empty and non-finite tensors
+// Both take statistics of every tensor at every step (check_e2e.py compares
+// them with NumPy's on the written tensors).
 // and with the argument `hdf5`, the same as <out>/train_h5 and <out>/dtypes_h5
 // in Format::Hdf5, plus <out>/shapes_h5, a tensor whose shape changes.
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include <torch/nn/modules/linear.h>
@@ -28,7 +32,7 @@ static void train(const std::string& dir, tensortap::Format format) {
   torch::manual_seed(42);
   Lin model;
   torch::optim::SGD opt(model->parameters(), 0.1);
-  auto rec = tensortap::watch(*model, tensortap::Options(dir).every(2).kinds(tensortap::KindSet::all()).format(format).overwrite(true));
+  auto rec = tensortap::watch(*model, tensortap::Options(dir).every(2).stats_every(1).kinds(tensortap::KindSet::all()).format(format).overwrite(true));
   for (int64_t step = 0; step < 9; ++step) {
     rec->step(step);
     const torch::Tensor x = torch::randn({8, 5}), y = torch::randn({8, 3});
@@ -48,7 +52,7 @@ static void train(const std::string& dir, tensortap::Format format) {
 }
 
 static void dtypes(const std::string& dir, tensortap::Format format) {
-  tensortap::Recorder rec(tensortap::Options(dir).format(format).overwrite(true));
+  tensortap::Recorder rec(tensortap::Options(dir).format(format).stats_every(1).overwrite(true));
   rec.step(0);
   const torch::Tensor base = torch::arange(12, torch::kDouble).reshape({3, 4}) - 5;
   const std::pair<const char*, torch::Dtype> all[] = {
@@ -67,6 +71,8 @@ static void dtypes(const std::string& dir, tensortap::Format format) {
   }
   rec.capture("scalar", torch::scalar_tensor(3.5, torch::kDouble));
   rec.capture("empty", torch::empty({0, 3}));
+  const double inf = std::numeric_limits<double>::infinity();
+  rec.capture("nonfinite", torch::tensor({1.5, std::nan(""), inf, -inf, 0.0, -2.5}, torch::kFloat));
   rec.close();
 }
 

@@ -8,6 +8,8 @@
     g = run.load("fc1.weight", 10, kind="grad")   # np.ndarray, memory-mapped (.npy)
     w = run.series("fc1.weight", kind="grad")     # [n_steps, 128, 32]
     run.records                                   # the index, one dict per record
+    st = run.stats("fc1.weight", "grad")          # {"step": [...], "min": [...], "nan": [...], ...}
+    run.dumps                                     # the flight recorder's dumps (run.json)
 
 A run written by several ranks (rank<r>/ directories) opens as one: pass
 rank=r to look at one rank; series() without a rank stacks them all on a
@@ -21,10 +23,13 @@ import re
 
 import numpy as np
 
-__all__ = ["open", "Run", "KINDS", "RunError"]
+__all__ = ["open", "Run", "KINDS", "STATS_FIELDS", "RunError"]
 __version__ = "0.1.0"
 
 KINDS = ("activation", "activation_grad", "param", "grad", "tensor")
+
+# The columns of stats.npy after "step" and "series", in order.
+STATS_FIELDS = ("min", "max", "mean", "std", "norm", "nan", "posinf", "neginf", "zeros", "numel")
 
 # NumPy dtypes of what tensortap writes; bfloat16 is stored as float32.
 NUMPY_DTYPES = {
@@ -118,6 +123,58 @@ class Run:
                                "pass rank=")
             return np.stack(per_rank)
         return self._stack(self._rank_records(by_rank, name, kind, rank), rank, name, kind)
+
+    @property
+    def dumps(self):
+        """The flight recorder's dumps, from run.json: dicts with "step", "reason"
+        ("nan", "inf" or "user") and "steps" (the steps written); on a multi-rank
+        run each also has "rank"."""
+        out = []
+        for r, info in sorted(self.infos.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+            for d in info.get("dumps", []):
+                out.append(dict(d, rank=r) if r is not None else dict(d))
+        return out
+
+    def stats_table(self, rank=None):
+        """The whole statistics table of one rank: a structured array with fields
+        step, series, min, max, mean, std, norm, nan, posinf, neginf, zeros, numel,
+        and the series' names: {series: (kind, name)}."""
+        if rank is None and self.ranks:
+            raise RunError(f"{self.path} has ranks {self.ranks}: pass rank=")
+        if rank not in self._dirs:
+            raise RunError(f"{self.path}: no rank {rank}")
+        d = self._dirs[rank]
+        table_path = os.path.join(d, "stats.npy")
+        if not os.path.exists(table_path):
+            raise RunError(f"{d}: no statistics (stats.npy); the run was made without Options::stats_every")
+        table = np.load(table_path)
+        series = {}
+        for line in _read_index(os.path.join(d, "stats_series.jsonl")):
+            series[line["series"]] = (line["kind"], line["name"])
+        return table, series
+
+    def stats(self, name, kind, rank=None):
+        """The statistics of `name` (of `kind`) over steps, as a dict of NumPy arrays
+        with keys step, min, max, mean, std, norm, nan, posinf, neginf, zeros, numel,
+        sorted by step. min, max, mean, std (ddof=0) and norm (L2) are over the finite
+        values; nan, posinf, neginf and zeros are counts. On a multi-rank run without
+        `rank`, each array has a leading rank axis."""
+        if kind not in KINDS:
+            raise RunError(f"unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
+        if rank is None and self.ranks:
+            per_rank = [self.stats(name, kind, rank=r) for r in self.ranks]
+            if any(not np.array_equal(p["step"], per_rank[0]["step"]) for p in per_rank):
+                raise RunError(f"statistics of {name!r} ({kind}) were taken at different steps on "
+                               "different ranks; pass rank=")
+            return {k: np.stack([p[k] for p in per_rank]) for k in per_rank[0]}
+        table, series = self.stats_table(rank)
+        ids = [i for i, key in series.items() if key == (kind, name)]
+        if not ids:
+            names = sorted(n for k, n in series.values() if k == kind)
+            raise KeyError(f"{self.path}: no statistics of {kind} {name!r}; names with statistics: {names}")
+        rows = table[table["series"] == ids[0]]
+        rows = rows[np.argsort(rows["step"], kind="stable")]
+        return {"step": rows["step"].copy(), **{f: rows[f].copy() for f in STATS_FIELDS}}
 
     def close(self):
         """Closes HDF5 files this run opened."""

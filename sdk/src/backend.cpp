@@ -1,13 +1,23 @@
 #include "sdk/src/backend.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include <fmt/format.h>
 
 namespace tensortap::detail {
 
-Backend::Backend(Staging& staging, std::unique_ptr<Writer> writer, std::unique_ptr<IndexFile> index)
-    : staging_(staging), writer_(std::move(writer)), index_(std::move(index)) {
+Backend::Backend(Staging& staging, std::unique_ptr<Writer> writer, std::unique_ptr<IndexFile> index,
+                 const Options& options, const std::string& dir, std::function<void(const DumpInfo&)> on_dump)
+    : staging_(staging),
+      writer_(std::move(writer)),
+      index_(std::move(index)),
+      stats_(dir),
+      after_dump_(options.after_dump()),
+      on_dump_(std::move(on_dump)) {
+  if (options.flight_recorder() > 0)
+    ring_ = std::make_unique<FlightRing>(options.flight_recorder(), options.flight_recorder_bytes());
   thread_ = std::thread([this] { run(); });
 }
 
@@ -19,6 +29,7 @@ void Backend::stop() {
   thread_.join();
   std::lock_guard<std::mutex> lock(batch_mu_);
   stopped_ = true;
+  flush_stats(/*durable=*/true);
   try {
     writer_->close();
   } catch (const std::exception& e) {
@@ -31,6 +42,7 @@ void Backend::stop() {
 void Backend::sync() {
   std::lock_guard<std::mutex> lock(batch_mu_);
   if (stopped_) return;
+  flush_stats(/*durable=*/true);
   try {
     if (writer_->sync(/*force=*/true)) write_index();
   } catch (const std::exception& e) {
@@ -46,6 +58,14 @@ void Backend::write_index() noexcept {
     fail(nullptr, e.what());
   }
   pending_index_.clear();
+}
+
+void Backend::flush_stats(bool durable) noexcept {
+  try {
+    stats_.flush(durable);
+  } catch (const std::exception& e) {
+    fail(nullptr, e.what());
+  }
 }
 
 std::string Backend::first_error() const {
@@ -71,36 +91,159 @@ void Backend::fail(const RecordMeta* meta, const std::string& what) noexcept {
   }
 }
 
+void Backend::write_whole(const RecordMeta& meta, const char* data, std::size_t nbytes) {
+  try {
+    auto sink = writer_->begin(meta);
+    sink->append(data, nbytes);
+    append_index_line(pending_index_, meta, sink->finish());
+    records_.fetch_add(1, std::memory_order_relaxed);
+    bytes_.fetch_add(static_cast<std::int64_t>(meta.nbytes), std::memory_order_relaxed);
+  } catch (const std::exception& e) {
+    fail(&meta, e.what());
+  }
+}
+
+void Backend::finish_stats(const RecordMeta& meta, const TensorStats& stats) {
+  if (meta.stats_row) {
+    stats_.append(meta.kind, meta.name, meta.step, stats);
+    stats_rows_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (const char* reason = nonfinite_reason(stats)) trigger(meta.step, reason, &meta);
+}
+
+void Backend::keep(HeldRecord record) {
+  const RecordMeta& meta = *record.meta;
+  if (window_lo_ <= meta.step && meta.step <= window_hi_) {
+    writer_->prepare({&meta});
+    write_whole(meta, record.bytes.data(), record.bytes.size());
+    return;
+  }
+  if (halted_ && meta.step > window_hi_) return;
+  // Larger than the budget allows next to the rest of its step: dropped
+  // and counted like a record that found staging full.
+  if (!ring_->hold(std::move(record))) flight_dropped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Backend::trigger(std::int64_t step, const char* reason, const RecordMeta* cause) {
+  if (!ring_ || halted_) return;
+  std::vector<HeldRecord> held = ring_->take(step);
+  DumpInfo dump;
+  dump.step = step;
+  dump.reason = reason;
+  dump.steps.push_back(step);
+  std::vector<const RecordMeta*> metas;
+  for (const HeldRecord& r : held) {
+    dump.steps.push_back(r.meta->step);
+    metas.push_back(r.meta.get());
+  }
+  std::sort(dump.steps.begin(), dump.steps.end());
+  dump.steps.erase(std::unique(dump.steps.begin(), dump.steps.end()), dump.steps.end());
+  if (cause != nullptr) {
+    dump.kind = kind_name(cause->kind);
+    dump.name = cause->name;
+  }
+  window_lo_ = dump.steps.front();
+  window_hi_ = dump.steps.back();
+  try {
+    writer_->prepare(metas);
+  } catch (const std::exception& e) {
+    fail(nullptr, e.what());
+  }
+  for (const HeldRecord& r : held) write_whole(*r.meta, r.bytes.data(), r.bytes.size());
+  if (after_dump_ != AfterDump::Continue) halted_ = true;
+  // What was dumped is made durable before the run says it was.
+  bool durable = false;
+  try {
+    durable = writer_->sync(/*force=*/true);
+  } catch (const std::exception& e) {
+    fail(nullptr, e.what());
+  }
+  if (durable) write_index();
+  // run.json lists the dump before step() can see the count and act on it.
+  on_dump_(dump);
+  dumps_.fetch_add(1, std::memory_order_release);
+}
+
 void Backend::write_slot(const Slot& slot, const char* base) {
   const RecordMeta& meta = *slot.meta;
   if (!slot.ok || failed_.count(slot.record) != 0) {
     // The copy into staging failed (the capturing thread got that error), or
     // an earlier chunk failed (counted then): drop the record.
     open_.erase(slot.record);
+    accumulating_.erase(slot.record);
+    holding_.erase(slot.record);
     if (slot.last) failed_.erase(slot.record);
     else failed_.insert(slot.record);
     return;
   }
+  const char* data = base + slot.offset;
+  const bool whole = slot.first && slot.last;
   try {
-    std::unique_ptr<RecordSink>* sink = nullptr;
-    std::unique_ptr<RecordSink> single;
-    if (slot.first && slot.last) {
-      single = writer_->begin(meta);
-      sink = &single;
-    } else {
-      if (slot.first) open_[slot.record] = writer_->begin(meta);
-      sink = &open_.at(slot.record);
+    if (meta.dump) {
+      trigger(meta.step, "user", nullptr);
+      return;
     }
-    (*sink)->append(base + slot.offset, slot.nbytes);
-    if (slot.last) {
-      const std::string location = (*sink)->finish();
-      open_.erase(slot.record);
-      append_index_line(pending_index_, meta, location);
-      records_.fetch_add(1, std::memory_order_relaxed);
-      bytes_.fetch_add(static_cast<std::int64_t>(meta.nbytes), std::memory_order_relaxed);
+    if (meta.stats_vector) {
+      finish_stats(meta, stats_from_vector(reinterpret_cast<const double*>(data)));
+      return;
     }
+    // Statistics first: a record the flight recorder holds is in the ring
+    // before its own NaN triggers the dump that writes it.
+    std::optional<TensorStats> stats;
+    if (meta.stats_row || meta.check) {
+      if (whole) {
+        StatsAccumulator acc(meta.stored);
+        acc.add(data, slot.nbytes);
+        stats = acc.result();
+      } else {
+        auto it = accumulating_.try_emplace(slot.record, meta.stored).first;
+        it->second.add(data, slot.nbytes);
+        if (slot.last) {
+          stats = it->second.result();
+          accumulating_.erase(it);
+        }
+      }
+    }
+    if (meta.write && ring_) {
+      if (whole) {
+        keep(HeldRecord{slot.meta, std::string(data, slot.nbytes)});
+      } else {
+        HeldRecord& h = holding_[slot.record];
+        if (slot.first) {
+          h.meta = slot.meta;
+          h.bytes.reserve(meta.nbytes);
+        }
+        h.bytes.append(data, slot.nbytes);
+        if (slot.last) {
+          HeldRecord done = std::move(h);
+          holding_.erase(slot.record);
+          keep(std::move(done));
+        }
+      }
+    } else if (meta.write) {
+      std::unique_ptr<RecordSink>* sink = nullptr;
+      std::unique_ptr<RecordSink> single;
+      if (whole) {
+        single = writer_->begin(meta);
+        sink = &single;
+      } else {
+        if (slot.first) open_[slot.record] = writer_->begin(meta);
+        sink = &open_.at(slot.record);
+      }
+      (*sink)->append(data, slot.nbytes);
+      if (slot.last) {
+        const std::string location = (*sink)->finish();
+        open_.erase(slot.record);
+        append_index_line(pending_index_, meta, location);
+        records_.fetch_add(1, std::memory_order_relaxed);
+        bytes_.fetch_add(static_cast<std::int64_t>(meta.nbytes), std::memory_order_relaxed);
+      }
+    }
+    if (stats) finish_stats(meta, *stats);
   } catch (const std::exception& e) {
     open_.erase(slot.record);
+    accumulating_.erase(slot.record);
+    holding_.erase(slot.record);
     if (!slot.last) failed_.insert(slot.record);
     fail(&meta, e.what());
   }
@@ -111,8 +254,9 @@ void Backend::run() noexcept {
   while (Staging::Buffer* buffer = staging_.take()) {
     std::lock_guard<std::mutex> lock(batch_mu_);
     starting.clear();
+    // Only what is written now: held records are prepared when dumped.
     for (const Slot& slot : buffer->slots)
-      if (slot.first && slot.ok) starting.push_back(slot.meta.get());
+      if (slot.first && slot.ok && slot.meta->write && !ring_) starting.push_back(slot.meta.get());
     try {
       writer_->prepare(starting);
     } catch (const std::exception& e) {
@@ -128,8 +272,11 @@ void Backend::run() noexcept {
       fail(nullptr, e.what());
     }
     if (durable) write_index();
+    flush_stats(/*durable=*/false);
     staging_.release(buffer);
   }
+  holding_.clear();
+  accumulating_.clear();
   open_.clear();  // a record cut off by stop() leaves only its temporary, removed here
 }
 

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -9,19 +10,28 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "sdk/src/flight.h"
 #include "sdk/src/staging.h"
+#include "sdk/src/stats.h"
 #include "writers/src/run_files.h"
+#include "writers/src/stats_file.h"
 #include "writers/src/writer.h"
 
 namespace tensortap::detail {
 
 /// The writer thread: drains staging buffers into the run's Writer and
-/// appends index lines. It never lets an exception escape: a failed record
-/// is counted, the first failure is printed once on stderr and kept for
-/// `flush()` and `close()` to rethrow, and the thread goes on.
+/// appends index lines; computes statistics into the run's table; runs the
+/// flight recorder (holds full records instead of writing them, and dumps
+/// them when a tensor holds NaN or Inf or the user asks). It never lets an
+/// exception escape: a failed record is counted, the first failure is
+/// printed once on stderr and kept for `flush()` and `close()` to rethrow,
+/// and the thread goes on.
 class Backend {
  public:
-  Backend(Staging& staging, std::unique_ptr<Writer> writer, std::unique_ptr<IndexFile> index);
+  /// `on_dump` is called on the writer thread after each flight-recorder
+  /// dump is on disk; it must not throw.
+  Backend(Staging& staging, std::unique_ptr<Writer> writer, std::unique_ptr<IndexFile> index,
+          const Options& options, const std::string& dir, std::function<void(const DumpInfo&)> on_dump);
   ~Backend();
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
@@ -35,6 +45,10 @@ class Backend {
   std::int64_t records() const { return records_.load(std::memory_order_relaxed); }
   std::int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
   std::int64_t errors() const { return errors_.load(std::memory_order_relaxed); }
+  std::int64_t stats_rows() const { return stats_rows_.load(std::memory_order_relaxed); }
+  std::int64_t dumps() const { return dumps_.load(std::memory_order_acquire); }
+  /// Records the flight recorder could not hold within its byte budget.
+  std::int64_t flight_dropped() const { return flight_dropped_.load(std::memory_order_relaxed); }
   /// The first failure's message, or "" if none.
   std::string first_error() const;
   /// Counts a failure that happened elsewhere (in a hook) like one of the
@@ -44,6 +58,16 @@ class Backend {
  private:
   void run() noexcept;
   void write_slot(const Slot& slot, const char* base);
+  // The record's statistics are complete: a row, and maybe a trigger.
+  void finish_stats(const RecordMeta& meta, const TensorStats& stats);
+  // A whole record the flight recorder got: written (inside a dump's
+  // window), held, or let go (capture stopped after a dump).
+  void keep(HeldRecord record);
+  // Writes the held steps and opens a window for what is still to come of
+  // the trigger's step.
+  void trigger(std::int64_t step, const char* reason, const RecordMeta* cause);
+  void write_whole(const RecordMeta& meta, const char* data, std::size_t nbytes);
+  void flush_stats(bool durable) noexcept;
   void write_index() noexcept;
   void fail(const RecordMeta* meta, const std::string& what) noexcept;
 
@@ -54,6 +78,19 @@ class Backend {
   // way (their later chunks are skipped).
   std::unordered_map<std::uint64_t, std::unique_ptr<RecordSink>> open_;
   std::unordered_set<std::uint64_t> failed_;
+  // Statistics of records whose chunks are still arriving.
+  std::unordered_map<std::uint64_t, StatsAccumulator> accumulating_;
+  StatsFile stats_;
+  // The flight recorder (null when off), the records it is assembling from
+  // chunks, and the window [lo, hi] of steps the last dump covers: their
+  // records still to come are written, not held.
+  std::unique_ptr<FlightRing> ring_;
+  std::unordered_map<std::uint64_t, HeldRecord> holding_;
+  std::int64_t window_lo_ = -1, window_hi_ = -1;
+  AfterDump after_dump_;
+  // After a dump that stops capture: later records are let go.
+  bool halted_ = false;
+  std::function<void(const DumpInfo&)> on_dump_;
   // Index lines of records not yet durable (see Writer::sync()).
   std::string pending_index_;
   // Held while a batch is written, so sync() from another thread never
@@ -63,6 +100,9 @@ class Backend {
   std::atomic<std::int64_t> records_{0};
   std::atomic<std::int64_t> bytes_{0};
   std::atomic<std::int64_t> errors_{0};
+  std::atomic<std::int64_t> stats_rows_{0};
+  std::atomic<std::int64_t> dumps_{0};
+  std::atomic<std::int64_t> flight_dropped_{0};
   mutable std::mutex error_mu_;
   std::string first_error_;
   std::thread thread_;

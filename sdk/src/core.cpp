@@ -7,7 +7,9 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "sdk/src/stats.h"
 #include "writers/src/dtypes.h"
 
 namespace tensortap::detail {
@@ -16,7 +18,7 @@ namespace {
 // Smaller buffers would turn every capture into a chunked stream.
 constexpr std::size_t kMinBufferBytes = 4096;
 // Steps share a word with the kind bits (see Core::state_).
-constexpr std::int64_t kMaxStep = std::int64_t{1} << 55;
+constexpr std::int64_t kMaxStep = std::int64_t{1} << 47;
 
 std::regex compile(const std::string& pattern, const char* option) {
   try {
@@ -41,7 +43,18 @@ std::uint64_t sampled_bits(const Options& o, std::int64_t step) {
   return bits;
 }
 
+// The kinds whose statistics `step` takes, as KindSet bits.
+std::uint64_t stats_bits(const Options& o, std::int64_t step) {
+  if (o.stats_every() <= 0 || step < o.start()) return 0;
+  if (o.stop() >= 0 && step >= o.stop()) return 0;
+  return (step - o.start()) % o.stats_every() == 0 ? o.kinds().bits() : 0;
+}
+
 void validate(const Options& o) {
+  if (o.stats_every() < 0)
+    throw Error(fmt::format("tensortap: Options::stats_every({}) must be 0 (off) or more", o.stats_every()));
+  if (o.flight_recorder() < 0)
+    throw Error(fmt::format("tensortap: Options::flight_recorder({}) must be 0 (off) or more", o.flight_recorder()));
   for (Kind k : kAllKinds)
     if (o.every(k) < 1)
       throw Error(fmt::format("tensortap: Options::every({}) must be at least 1 (kind {})", o.every(k), kind_name(k)));
@@ -124,7 +137,8 @@ Core::Core(Options options)
   info_.start_time = utc_now();
   write_run_json(options_, info_);
   auto index = std::make_unique<IndexFile>(info_.run_dir);
-  backend_ = std::make_unique<Backend>(staging_, std::move(writer), std::move(index));
+  backend_ = std::make_unique<Backend>(staging_, std::move(writer), std::move(index), options_, info_.run_dir,
+                                       [this](const DumpInfo& d) { dumped(d); });
 }
 
 Core::~Core() {
@@ -183,10 +197,58 @@ void Core::check_capturable(Kind kind, const std::string& name, const at::Tensor
                             kind_name(kind), step, why, describe_tensor(t)));
 }
 
+std::uint64_t Core::plan(std::int64_t step) const {
+  const std::uint64_t state = state_.load(std::memory_order_relaxed);
+  // The current step's plan is in the state word; a late record (gradients
+  // commit when the next step begins) gets its own step's.
+  std::uint64_t bits = static_cast<std::int64_t>(state >> kStepShift) - 1 == step
+                           ? state & kBitsMask
+                           : (capturing() ? sampled_bits(options_, step) | stats_bits(options_, step) << kStatsShift : 0);
+  if (full_halted_.load(std::memory_order_relaxed)) bits &= ~std::uint64_t{0xFF};
+  return bits;
+}
+
+void Core::record_device_stats(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
+  // Only the ten numbers cross to the host; the tensor stays where it is.
+  at::Tensor vec = device_stats(tensor);
+  // Until the CUDA transfer engine exists, other devices come to the host
+  // synchronously.
+  vec = vec.to(at::kCPU);
+  auto meta = std::make_shared<RecordMeta>();
+  meta->kind = kind;
+  meta->name = name;
+  meta->step = step;
+  meta->dtype = meta->stored = at::kDouble;
+  meta->shape = {kStatsVectorSize};
+  meta->nbytes = kStatsVectorSize * sizeof(double);
+  meta->write = false;
+  meta->stats_row = true;
+  meta->stats_vector = true;
+  Slot slot;
+  slot.meta = meta;
+  slot.record = next_record_.fetch_add(1, std::memory_order_relaxed);
+  slot.nbytes = meta->nbytes;
+  auto ticket = staging_.reserve(std::move(slot), options_.overflow() == Overflow::DropNewest);
+  if (!ticket) {
+    if (!closed()) dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  std::memcpy(ticket->dst, vec.data_ptr(), meta->nbytes);
+  staging_.commit(*ticket, true);
+}
+
 void Core::record_as(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step) {
   if (closed()) return;
   check_capturable(kind, name, tensor, step);
+  const std::uint64_t bits = plan(step);
+  const bool full = (bits & KindSet::bit(kind)) != 0;
+  const bool stats = (bits >> kStatsShift & KindSet::bit(kind)) != 0;
+  if (!full && !stats) return;
   at::NoGradGuard no_grad;
+  if (!full && !tensor.device().is_cpu()) {
+    record_device_stats(kind, name, tensor, step);
+    return;
+  }
   const DtypeInfo& info = *dtype_info(tensor.scalar_type());
   at::Tensor src = tensor;
   // Until the CUDA transfer engine exists, other devices come to the host
@@ -201,6 +263,9 @@ void Core::record_as(Kind kind, std::string name, const at::Tensor& tensor, std:
   meta->stored = info.stored;
   meta->shape = tensor.sizes().vec();
   meta->nbytes = static_cast<std::uint64_t>(tensor.numel()) * c10::elementSize(info.stored);
+  meta->write = full;
+  meta->stats_row = stats;
+  meta->check = full && options_.flight_recorder() > 0;
   const std::uint64_t id = next_record_.fetch_add(1, std::memory_order_relaxed);
   const bool may_drop = options_.overflow() == Overflow::DropNewest;
 
@@ -263,7 +328,7 @@ void Core::hook_failed(std::exception_ptr error) noexcept {
   if (backend_) backend_->report(what);
   if (options_.on_error() == OnError::Stop) {
     stopped_.store(true, std::memory_order_relaxed);
-    state_.fetch_and(~std::uint64_t{0xFF}, std::memory_order_relaxed);
+    state_.fetch_and(~kBitsMask, std::memory_order_relaxed);
   }
 }
 
@@ -271,7 +336,7 @@ void Core::check_stopped() {
   if (options_.on_error() != OnError::Stop || !capturing()) return;
   if (!stopped_.load(std::memory_order_relaxed) && backend_->errors() == 0) return;
   stopped_.store(true, std::memory_order_relaxed);
-  state_.fetch_and(~std::uint64_t{0xFF}, std::memory_order_relaxed);
+  state_.fetch_and(~kBitsMask, std::memory_order_relaxed);
   throw Error(fmt::format("tensortap: run '{}': capture stopped after an error (Options::on_error(Stop)): {}",
                           info_.run_dir, backend_->first_error()));
 }
@@ -296,11 +361,16 @@ void Core::step(std::int64_t step) {
     throw Error(fmt::format("tensortap: step({}) after close() of run '{}'", step, info_.run_dir));
   const std::int64_t previous = current_step();
   if (step < 0) throw Error(fmt::format("tensortap: step({}): steps must not be negative", step));
-  if (step >= kMaxStep) throw Error(fmt::format("tensortap: step({}): steps must be below 2^55", step));
+  if (step >= kMaxStep) throw Error(fmt::format("tensortap: step({}): steps must be below 2^47", step));
   if (step <= previous)
     throw Error(fmt::format("tensortap: step({}) after step({}): steps must increase", step, previous));
   check_stopped();
-  const std::uint64_t bits = capturing() ? sampled_bits(options_, step) : 0u;
+  after_dumps();
+  std::uint64_t bits = 0;
+  if (capturing()) {
+    if (!full_halted_.load(std::memory_order_relaxed)) bits = sampled_bits(options_, step);
+    bits |= stats_bits(options_, step) << kStatsShift;
+  }
   state_.store((static_cast<std::uint64_t>(step) + 1) << kStepShift | bits, std::memory_order_relaxed);
   // Watchers run hooks' work (committing gradients, snapshotting
   // parameters): their failures are hook failures, and every watcher runs.
@@ -315,6 +385,57 @@ void Core::step(std::int64_t step) {
     for (auto& w : watchers_) guarded([&] { w->on_step_end(); });
   for (auto& w : watchers_) guarded([&] { w->on_step_begin(step); });
   check_stopped();
+}
+
+void Core::after_dumps() {
+  if (!capturing()) return;
+  const std::int64_t dumps = backend_->dumps();
+  if (dumps == dumps_seen_) return;
+  dumps_seen_ = dumps;
+  if (options_.after_dump() == AfterDump::Continue) return;
+  full_halted_.store(true, std::memory_order_relaxed);
+  if (options_.after_dump() != AfterDump::Throw) return;
+  DumpInfo last;
+  {
+    std::lock_guard<std::mutex> lock(info_mu_);
+    if (!info_.dumps.empty()) last = info_.dumps.back();
+  }
+  throw Error(fmt::format("tensortap: run '{}': the flight recorder dumped steps {} after {} at step {}{} "
+                          "(Options::after_dump(Throw))",
+                          info_.run_dir, fmt::join(last.steps, ", "),
+                          last.reason == "user" ? std::string("Recorder::dump()") : "a " + last.reason,
+                          last.step, last.name.empty() ? "" : fmt::format(" in {} '{}'", last.kind, last.name)));
+}
+
+void Core::dumped(const DumpInfo& dump) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(info_mu_);
+    info_.dumps.push_back(dump);
+    write_run_json(options_, info_);
+  } catch (const std::exception& e) {
+    backend_->report(e.what());
+  }
+}
+
+void Core::dump() {
+  if (options_.flight_recorder() <= 0)
+    throw Error("tensortap: Recorder::dump() needs the flight recorder: set Options::flight_recorder(k)");
+  if (closed()) throw Error(fmt::format("tensortap: dump() after close() of run '{}'", info_.run_dir));
+  const std::int64_t step = current_step();
+  if (step < 0) throw Error("tensortap: dump() before the first step()");
+  if (!capturing()) return;
+  // A marker in the pipeline, after every record captured before the call:
+  // the writer thread dumps what it holds when it gets there.
+  auto meta = std::make_shared<RecordMeta>();
+  meta->step = step;
+  meta->write = false;
+  meta->dump = true;
+  meta->nbytes = 0;
+  Slot slot;
+  slot.meta = meta;
+  slot.record = next_record_.fetch_add(1, std::memory_order_relaxed);
+  slot.nbytes = 0;
+  if (auto ticket = staging_.reserve(std::move(slot), /*may_drop=*/false)) staging_.commit(*ticket, true);
 }
 
 void Core::rethrow_background_error() const {
@@ -348,7 +469,7 @@ void Core::close() {
           hook_failed(std::current_exception());
         }
       }
-    state_.store(state_.load(std::memory_order_relaxed) & ~std::uint64_t{0xFF}, std::memory_order_relaxed);
+    state_.store(state_.load(std::memory_order_relaxed) & ~kBitsMask, std::memory_order_relaxed);
     closed_.store(true, std::memory_order_release);
     for (auto& w : watchers_) w->detach();
     watchers_.clear();
@@ -358,14 +479,17 @@ void Core::close() {
   // Hooks (Taps above all) may keep this object alive as long as the model:
   // give the staging memory back now.
   staging_.free_memory();
-  info_.closed = true;
-  info_.end_time = utc_now();
-  info_.stats = stats();
-  info_.first_error = backend_->first_error();
-  try {
-    write_run_json(options_, info_);
-  } catch (const std::exception& e) {
-    close_error_ = e.what();
+  {
+    std::lock_guard<std::mutex> lock(info_mu_);
+    info_.closed = true;
+    info_.end_time = utc_now();
+    info_.stats = stats();
+    info_.first_error = backend_->first_error();
+    try {
+      write_run_json(options_, info_);
+    } catch (const std::exception& e) {
+      close_error_ = e.what();
+    }
   }
   if (info_.stats.errors > 0)
     close_error_ = fmt::format("tensortap: run '{}': {} record(s) failed; first: {}", info_.run_dir,
@@ -379,8 +503,10 @@ Stats Core::stats() const {
   s.captured = captured_.load(std::memory_order_relaxed);
   s.records = backend_->records();
   s.bytes = backend_->bytes();
-  s.dropped = dropped_.load(std::memory_order_relaxed);
+  s.dropped = dropped_.load(std::memory_order_relaxed) + backend_->flight_dropped();
   s.errors = backend_->errors();
+  s.stats_rows = backend_->stats_rows();
+  s.dumps = backend_->dumps();
   return s;
 }
 

@@ -50,7 +50,9 @@ class Core {
   /// step, on steps that are not sampled, for kinds not captured, and after
   /// close.
   bool active(Kind kind) const noexcept {
-    return (state_.load(std::memory_order_relaxed) & KindSet::bit(kind)) != 0;
+    // Either bit: the full tensor, or its statistics.
+    const std::uint64_t bit = KindSet::bit(kind);
+    return (state_.load(std::memory_order_relaxed) & (bit | bit << kStatsShift)) != 0;
   }
   /// Whether `name` passes the include and exclude patterns.
   bool selected(const std::string& name) const;
@@ -85,6 +87,7 @@ class Core {
   void capture(const std::string& name, const at::Tensor& tensor);
   void flush();
   void close();
+  void dump();
   Stats stats() const;
   const Options& options() const { return options_; }
   /// Where and as which rank this process writes.
@@ -101,6 +104,14 @@ class Core {
   // With OnError::Stop, throws once an error stopped capture.
   void check_stopped();
   void rethrow_background_error() const;
+  // Full-tensor bits in the low byte, statistics bits in the next one.
+  std::uint64_t plan(std::int64_t step) const;
+  // What the flight recorder's dumps mean for the step about to begin.
+  void after_dumps();
+  // Called by the writer thread after a dump.
+  void dumped(const DumpInfo& dump) noexcept;
+  // Queues the statistics vector of a tensor not on the host.
+  void record_device_stats(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step);
 
   const Options options_;
   std::regex include_;
@@ -111,14 +122,22 @@ class Core {
 
   // The current step and which kinds it samples, in one word so a hook on
   // another thread never pairs one step's number with another's sampling:
-  // (step + 1) << kStepShift | kind bits. 0 = before the first step.
-  static constexpr unsigned kStepShift = 8;
+  // (step + 1) << kStepShift | stats kind bits << kStatsShift | full kind
+  // bits. 0 = before the first step.
+  static constexpr unsigned kStatsShift = 8;
+  static constexpr unsigned kStepShift = 16;
+  static constexpr std::uint64_t kBitsMask = (std::uint64_t{1} << kStepShift) - 1;
   std::atomic<std::uint64_t> state_{0};
   std::atomic<bool> closed_{false};
   std::atomic<bool> stopped_{false};
   std::atomic<std::uint64_t> next_record_{0};
   std::atomic<std::int64_t> captured_{0};
   std::atomic<std::int64_t> dropped_{0};
+  // Full capture ended by the flight recorder (AfterDump::StopCapture or
+  // Throw); statistics go on.
+  std::atomic<bool> full_halted_{false};
+  // Dumps that step() has acted on.
+  std::int64_t dumps_seen_ = 0;
 
   // step(), close() and the watcher list.
   std::mutex control_mu_;
@@ -143,6 +162,9 @@ class Core {
   StepNames repeats_[2];
   std::unordered_map<std::string, bool> selection_cache_;
 
+  // info_'s dumps and its rewrites of run.json (the writer thread adds
+  // dumps while training runs).
+  std::mutex info_mu_;
   RunInfo info_;
   Staging staging_;
   std::unique_ptr<Backend> backend_;

@@ -41,6 +41,8 @@ void Recorder::flush() { core_->flush(); }
 
 void Recorder::close() { core_->close(); }
 
+void Recorder::dump() { core_->dump(); }
+
 Stats Recorder::stats() const { return core_->stats(); }
 
 const Options& Recorder::options() const { return core_->options(); }

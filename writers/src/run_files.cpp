@@ -21,6 +21,9 @@ namespace {
 
 const char* format_name(Format f) { return f == Format::Npy ? "npy" : "hdf5"; }
 const char* overflow_name(Overflow o) { return o == Overflow::Block ? "block" : "drop_newest"; }
+const char* after_dump_name(AfterDump a) {
+  return a == AfterDump::Continue ? "continue" : a == AfterDump::Throw ? "throw" : "stop_capture";
+}
 
 // run.json's size on disk (see write_run_json).
 constexpr std::size_t kRunJsonBytes = 8192;
@@ -112,6 +115,8 @@ void write_run_json(const Options& o, const RunInfo& info) {
   append_json_string(j, o.tap_sequential());
   j += fmt::format(",\n    \"buffer_bytes\": {},\n    \"overflow\": \"{}\",\n    \"overwrite\": {}",
                    o.buffer_bytes(), overflow_name(o.overflow()), o.overwrite() ? "true" : "false");
+  j += fmt::format(",\n    \"stats_every\": {},\n    \"flight_recorder\": {},\n    \"flight_recorder_bytes\": {},\n    \"after_dump\": \"{}\"",
+                   o.stats_every(), o.flight_recorder(), o.flight_recorder_bytes(), after_dump_name(o.after_dump()));
   if (o.format() == Format::Hdf5) {
     const Hdf5Options& h = o.hdf5();
     j += fmt::format(",\n    \"hdf5\": {{\"deflate\": {}, \"shuffle\": {}, \"chunk_bytes\": {}, \"flush_every\": {}}}",
@@ -120,6 +125,18 @@ void write_run_json(const Options& o, const RunInfo& info) {
   j += "\n  },\n";
   j += fmt::format("  \"rank\": {},\n  \"world_size\": {},\n", info.rank, info.world_size);
   j += fmt::format("  \"start_time\": \"{}\",\n", info.start_time);
+  j += "  \"dumps\": [";
+  for (std::size_t i = 0; i < info.dumps.size(); ++i) {
+    const DumpInfo& d = info.dumps[i];
+    j += fmt::format("{}\n    {{\"step\": {}, \"reason\": \"{}\", \"steps\": ", i ? "," : "", d.step, d.reason);
+    append_json_ints(j, d.steps);
+    if (!d.name.empty()) {
+      j += fmt::format(", \"kind\": \"{}\", \"name\": ", d.kind);
+      append_json_string(j, d.name);
+    }
+    j += "}";
+  }
+  j += info.dumps.empty() ? "],\n" : "\n  ],\n";
   if (info.closed) {
     j += fmt::format("  \"end_time\": \"{}\",\n", info.end_time);
     j += fmt::format("  \"records\": {},\n  \"bytes\": {},\n  \"dropped\": {},\n  \"errors\": {},\n",

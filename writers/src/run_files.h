@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <tensortap/options.h>
 #include <tensortap/recorder.h>
@@ -8,6 +9,18 @@
 #include "writers/src/writer.h"
 
 namespace tensortap::detail {
+
+/// One dump of the flight recorder, as run.json lists it under "dumps".
+struct DumpInfo {
+  /// The step of the trigger.
+  std::int64_t step = 0;
+  /// "nan", "inf" or "user".
+  std::string reason;
+  /// The steps written, ascending: the held ones and `step`.
+  std::vector<std::int64_t> steps;
+  /// The record whose statistics tripped it (not for "user").
+  std::string kind, name;
+};
 
 /// What run.json says.
 struct RunInfo {
@@ -20,6 +33,7 @@ struct RunInfo {
   bool closed = false;
   Stats stats;
   std::string first_error;
+  std::vector<DumpInfo> dumps;
 };
 
 /// Makes `dir` ready for a new run: creates it, refuses one that already

@@ -25,6 +25,21 @@ struct RecordMeta {
   std::vector<std::int64_t> shape;
   /// Bytes of data, C order.
   std::uint64_t nbytes = 0;
+
+  // What the writer thread does with the bytes. The format writers see only
+  // records with `write` set.
+  /// Store the tensor (or hold it in the flight recorder).
+  bool write = true;
+  /// Append a row of its statistics to the run's table.
+  bool stats_row = false;
+  /// Compute its statistics even without a row: the flight recorder looks
+  /// for NaN and Inf in every tensor it holds.
+  bool check = false;
+  /// The bytes are not the tensor but its statistics vector (kStatsVectorSize
+  /// float64 values), computed on the tensor's device.
+  bool stats_vector = false;
+  /// Not a record: `Recorder::dump()` was called in `step`. No bytes.
+  bool dump = false;
 };
 
 /// One record being written. Its bytes arrive in order, in one or more

@@ -40,6 +40,19 @@ enum class OnError {
   Stop,
 };
 
+/// What the flight recorder does once it has dumped (`Options::after_dump`).
+enum class AfterDump {
+  /// Keep going: hold the next steps in memory again, and dump again at the
+  /// next trigger.
+  Continue,
+  /// Stop full-tensor capture (statistics go on): the steps that led to the
+  /// trigger are on disk, and what follows a NaN is rarely worth keeping.
+  StopCapture,
+  /// Throw `Error` from the next `step()`, naming the step and the reason:
+  /// training stops at an iteration boundary.
+  Throw,
+};
+
 /// What a record is.
 enum class Kind : std::uint8_t {
   /// What flows through a `Tap`.
@@ -192,6 +205,22 @@ struct Options {
   /// How many processes the run has; -1 reads `WORLD_SIZE`, or 1. Above 1,
   /// rank r writes `<dir>/rank<r>/`.
   TORCH_ARG(std::int64_t, world_size) = -1;
+  /// Take statistics (min, max, mean, std, L2 norm, counts of NaN, +Inf,
+  /// -Inf and zeros, element count) of every selected tensor every this many
+  /// steps, counted from `start`, whatever `every()` says about full
+  /// tensors. They go to `stats.npy`, a table of one row per tensor and
+  /// step. 0 = off.
+  TORCH_ARG(std::int64_t, stats_every) = 0;
+  /// Flight recorder: hold the full tensors of the last `k` sampled steps in
+  /// host memory instead of writing them, and write them (with the current
+  /// step) only when a captured tensor holds a NaN or an Inf, or when
+  /// `Recorder::dump()` is called. 0 = off: sampled steps are written.
+  TORCH_ARG(std::int64_t, flight_recorder) = 0;
+  /// The most host memory the flight recorder holds; the oldest held steps
+  /// are let go first when a step would exceed it.
+  TORCH_ARG(std::size_t, flight_recorder_bytes) = std::size_t{256} << 20;
+  /// What happens after the flight recorder dumped.
+  TORCH_ARG(AfterDump, after_dump) = AfterDump::StopCapture;
   /// Capture only on these ranks (e.g. `{0}`); empty captures on all. On the
   /// other ranks the recorder creates nothing and its hooks do nothing.
   TORCH_ARG(std::vector<std::int64_t>, ranks) = {};

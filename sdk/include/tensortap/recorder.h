@@ -27,6 +27,10 @@ struct Stats {
   std::int64_t dropped = 0;
   /// Records that failed on the writer thread.
   std::int64_t errors = 0;
+  /// Rows written to the statistics table (`Options::stats_every`).
+  std::int64_t stats_rows = 0;
+  /// Flight-recorder dumps so far (`Options::flight_recorder`).
+  std::int64_t dumps = 0;
 };
 
 /// Owns the hooks, the staging memory and the writer thread of one run.
@@ -87,6 +91,14 @@ class Recorder {
   /// run.json with `"closed": true` and the final counts. Rethrows the first
   /// writer error. Calling it again does nothing.
   void close();
+
+  /// Flight recorder (`Options::flight_recorder`): writes the steps it
+  /// holds and the current one, as a NaN would, with reason "user" in
+  /// run.json's "dumps". The dump happens on the writer thread after every
+  /// capture made before this call; `flush()` waits for it. Throws `Error`
+  /// if the flight recorder is off, before the first `step()` and after
+  /// `close()`.
+  void dump();
 
   /// The counters so far.
   Stats stats() const;

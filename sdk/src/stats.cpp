@@ -1,0 +1,188 @@
+#include "sdk/src/stats.h"
+
+#include <cmath>
+#include <complex>
+#include <limits>
+
+#include <ATen/ATen.h>
+#include <c10/util/Half.h>
+#include <fmt/format.h>
+
+#include <tensortap/error.h>
+
+namespace tensortap::detail {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// The value a statistic sees of one element.
+template <typename T>
+double value_of(T v) {
+  return static_cast<double>(v);
+}
+template <>
+double value_of(c10::Half v) {
+  return static_cast<double>(static_cast<float>(v));
+}
+template <>
+double value_of(std::complex<float> v) {
+  return std::abs(std::complex<double>(v.real(), v.imag()));
+}
+template <>
+double value_of(std::complex<double> v) {
+  return std::abs(v);
+}
+
+// Two passes over a chunk that is in cache: counts, extremes and the mean,
+// then the squared deviations from that mean (a one-pass sum of squares
+// loses std to cancellation when the mean is large).
+template <typename T>
+StatsAccumulator::Part scan(const T* p, std::size_t n) {
+  StatsAccumulator::Part r;
+  r.numel = static_cast<std::int64_t>(n);
+  double sum = 0, sumsq = 0;
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double v = value_of(p[i]);
+    if (std::isnan(v)) {
+      ++r.nan;
+      continue;
+    }
+    if (std::isinf(v)) {
+      ++(v > 0 ? r.posinf : r.neginf);
+      continue;
+    }
+    r.zeros += v == 0;
+    ++r.finite;
+    sum += v;
+    sumsq += v * v;
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+  }
+  if (r.finite == 0) return r;
+  r.min = lo;
+  r.max = hi;
+  r.sumsq = sumsq;
+  r.mean = sum / static_cast<double>(r.finite);
+  double m2 = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double v = value_of(p[i]);
+    if (std::isfinite(v)) m2 += (v - r.mean) * (v - r.mean);
+  }
+  r.m2 = m2;
+  return r;
+}
+
+template <typename T>
+StatsAccumulator::Part scan_bytes(const void* data, std::size_t nbytes) {
+  return scan(static_cast<const T*>(data), nbytes / sizeof(T));
+}
+
+}  // namespace
+
+void StatsAccumulator::add(const void* data, std::size_t nbytes) {
+  Part c;
+  switch (stored_) {
+    case c10::kBool: c = scan_bytes<std::uint8_t>(data, nbytes); break;
+    case c10::kByte: c = scan_bytes<std::uint8_t>(data, nbytes); break;
+    case c10::kChar: c = scan_bytes<std::int8_t>(data, nbytes); break;
+    case c10::kShort: c = scan_bytes<std::int16_t>(data, nbytes); break;
+    case c10::kInt: c = scan_bytes<std::int32_t>(data, nbytes); break;
+    case c10::kLong: c = scan_bytes<std::int64_t>(data, nbytes); break;
+    case c10::kHalf: c = scan_bytes<c10::Half>(data, nbytes); break;
+    case c10::kFloat: c = scan_bytes<float>(data, nbytes); break;
+    case c10::kDouble: c = scan_bytes<double>(data, nbytes); break;
+    case c10::kComplexFloat: c = scan_bytes<std::complex<float>>(data, nbytes); break;
+    case c10::kComplexDouble: c = scan_bytes<std::complex<double>>(data, nbytes); break;
+    default:
+      throw Error(fmt::format("tensortap: statistics of dtype {} are not supported", c10::toString(stored_)));
+  }
+  Part& t = total_;
+  if (c.finite > 0) {
+    if (t.finite == 0) {
+      t.min = c.min;
+      t.max = c.max;
+    } else {
+      t.min = std::min(t.min, c.min);
+      t.max = std::max(t.max, c.max);
+    }
+    // Chan et al.: merge two (count, mean, M2) summaries exactly.
+    const double na = static_cast<double>(t.finite), nb = static_cast<double>(c.finite);
+    const double n = na + nb, delta = c.mean - t.mean;
+    t.mean += delta * nb / n;
+    t.m2 += c.m2 + delta * delta * na * nb / n;
+    t.sumsq += c.sumsq;
+    t.finite += c.finite;
+  }
+  t.nan += c.nan;
+  t.posinf += c.posinf;
+  t.neginf += c.neginf;
+  t.zeros += c.zeros;
+  t.numel += c.numel;
+}
+
+TensorStats StatsAccumulator::result() const {
+  const Part& t = total_;
+  TensorStats s;
+  const bool any = t.finite > 0;
+  s.min = any ? t.min : kNaN;
+  s.max = any ? t.max : kNaN;
+  s.mean = any ? t.mean : kNaN;
+  s.std = any ? std::sqrt(t.m2 / static_cast<double>(t.finite)) : kNaN;
+  s.norm = any ? std::sqrt(t.sumsq) : kNaN;
+  s.nan = t.nan;
+  s.posinf = t.posinf;
+  s.neginf = t.neginf;
+  s.zeros = t.zeros;
+  s.numel = t.numel;
+  return s;
+}
+
+at::Tensor device_stats(const at::Tensor& t) {
+  at::NoGradGuard no_grad;
+  const auto dbl = at::TensorOptions().dtype(at::kDouble).device(t.device());
+  if (t.numel() == 0) {
+    // Reductions of nothing have no identity for min/max; build the answer
+    // on the device directly rather than copying one from the host.
+    at::Tensor v = at::full({kStatsVectorSize}, kNaN, dbl);
+    v.narrow(0, 5, 5).zero_();
+    return v;
+  }
+  at::Tensor x = t.detach();
+  // Magnitudes in double, as the host path computes them.
+  if (x.is_complex()) x = x.to(at::kComplexDouble).abs();
+  x = x.to(at::kDouble);
+  const at::Tensor finite = at::isfinite(x);
+  const at::Tensor count = finite.sum().to(at::kDouble);
+  const at::Tensor xf = at::where(finite, x, at::zeros({}, dbl));
+  const at::Tensor mean = xf.sum() / count;  // 0/0 = NaN when nothing is finite
+  const at::Tensor dev = at::where(finite, x - mean, at::zeros({}, dbl));
+  const at::Tensor std = (dev * dev).sum().div(count).sqrt();
+  const at::Tensor norm = (xf * xf).sum().sqrt();
+  const at::Tensor none = count.eq(0);
+  const at::Tensor nan = at::full({}, kNaN, dbl);
+  const double inf = std::numeric_limits<double>::infinity();
+  const at::Tensor lo = at::where(none, nan, at::where(finite, x, at::full({}, inf, dbl)).min());
+  const at::Tensor hi = at::where(none, nan, at::where(finite, x, at::full({}, -inf, dbl)).max());
+  const auto count_of = [](const at::Tensor& mask) { return mask.sum().to(at::kDouble); };
+  return at::stack({lo, hi, at::where(none, nan, mean), at::where(none, nan, std), at::where(none, nan, norm),
+                    count_of(at::isnan(x)), count_of(at::isposinf(x)), count_of(at::isneginf(x)),
+                    count_of(x.eq(0)), at::full({}, static_cast<double>(t.numel()), dbl)});
+}
+
+TensorStats stats_from_vector(const double* v) {
+  TensorStats s;
+  s.min = v[0];
+  s.max = v[1];
+  s.mean = v[2];
+  s.std = v[3];
+  s.norm = v[4];
+  s.nan = static_cast<std::int64_t>(v[5]);
+  s.posinf = static_cast<std::int64_t>(v[6]);
+  s.neginf = static_cast<std::int64_t>(v[7]);
+  s.zeros = static_cast<std::int64_t>(v[8]);
+  s.numel = static_cast<std::int64_t>(v[9]);
+  return s;
+}
+
+}  // namespace tensortap::detail

@@ -1,0 +1,59 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include "writers/src/stats_file.h"
+
+namespace tensortap::detail {
+
+/// Statistics of a record's bytes (C order, dtype `stored` as staged: bool,
+/// integers, float16, float32, float64, complex), fed chunk by chunk in
+/// order. Complex values count by magnitude. Sums are in double, and chunks
+/// are merged with Chan's formula, so std is as exact as NumPy's in float64
+/// however the record was chunked.
+class StatsAccumulator {
+ public:
+  explicit StatsAccumulator(c10::ScalarType stored) : stored_(stored) {}
+  /// `nbytes` must be whole elements.
+  void add(const void* data, std::size_t nbytes);
+  TensorStats result() const;
+
+  // Per-chunk figures, merged into the totals; public for the dtype loops.
+  struct Part {
+    std::int64_t finite = 0;
+    double mean = 0, m2 = 0, sumsq = 0;
+    double min = 0, max = 0;
+    std::int64_t nan = 0, posinf = 0, neginf = 0, zeros = 0, numel = 0;
+  };
+
+ private:
+  c10::ScalarType stored_;
+  Part total_;
+};
+
+/// The number of values in a statistics vector (see `device_stats`).
+constexpr std::int64_t kStatsVectorSize = 10;
+
+/// The statistics of `t` computed by ATen ops on `t`'s own device, as a
+/// float64 tensor of `kStatsVectorSize` values on that device, in
+/// TensorStats's order (min, max, mean, std, norm, nan, posinf, neginf,
+/// zeros, numel). Queues work on the current stream and never waits for it:
+/// only these ten numbers need cross to the host.
+at::Tensor device_stats(const at::Tensor& t);
+
+/// Reads a statistics vector back.
+TensorStats stats_from_vector(const double* v);
+
+/// Whether `s` should trip the flight recorder, and as what: "nan", "inf",
+/// or nullptr.
+inline const char* nonfinite_reason(const TensorStats& s) {
+  if (s.nan > 0) return "nan";
+  if (s.posinf > 0 || s.neginf > 0) return "inf";
+  return nullptr;
+}
+
+}  // namespace tensortap::detail

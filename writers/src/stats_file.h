@@ -1,0 +1,52 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+#include <tensortap/options.h>
+
+namespace tensortap::detail {
+
+/// The statistics of one tensor. min, max, mean, std (population, as
+/// NumPy's default) and norm (L2) are over its finite values: one NaN does
+/// not hide the rest; the NaN and Inf counts say what was left out. They are
+/// NaN when no value is finite.
+struct TensorStats {
+  double min = 0, max = 0, mean = 0, std = 0, norm = 0;
+  std::int64_t nan = 0, posinf = 0, neginf = 0, zeros = 0, numel = 0;
+};
+
+/// The run's statistics table: `stats.npy`, a 1-D structured array with one
+/// row per tensor and step (fields step, series, min, max, mean, std, norm,
+/// nan, posinf, neginf, zeros, numel), and `stats_series.jsonl`, which names
+/// each series: `{"series":0,"kind":"grad","name":"fc1.weight"}`. NumPy reads
+/// the table in one `np.load`. Rows are appended; the header's row count is
+/// rewritten in place after them, so a reader (or a crash) sees only whole
+/// rows. Created at the first row. Used from the writer thread only.
+class StatsFile {
+ public:
+  explicit StatsFile(std::string dir) : dir_(std::move(dir)) {}
+  ~StatsFile();
+  StatsFile(const StatsFile&) = delete;
+  StatsFile& operator=(const StatsFile&) = delete;
+
+  /// Buffers a row; `flush()` writes it.
+  void append(Kind kind, const std::string& name, std::int64_t step, const TensorStats& stats);
+  /// Writes the buffered rows and makes them visible; with `durable`, also
+  /// fsyncs. Throws `Error` with the path and errno.
+  void flush(bool durable);
+  std::int64_t rows() const { return rows_ + pending_rows_; }
+
+ private:
+  void open();
+  std::string dir_;
+  int fd_ = -1;
+  std::int64_t rows_ = 0;           // rows on disk and counted by the header
+  std::int64_t pending_rows_ = 0;   // rows in `pending_`
+  std::string pending_;             // row bytes not yet written
+  std::string pending_series_;      // stats_series.jsonl lines not yet written
+  std::unordered_map<std::string, std::int64_t> series_;  // kind byte + name -> series
+};
+
+}  // namespace tensortap::detail
