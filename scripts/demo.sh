@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, trains the demo MLP with tensortap
-# watching, then reads the run back with NumPy and prints a summary.
+# watching, then reads the run back with NumPy and prints a summary; then a
+# run that blows up, and what the flight recorder caught.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 install_missing $CORE_PACKAGES
 configure_and_build "$ROOT/build" -DTENSORTAP_BUILD_EXAMPLES=ON -DTENSORTAP_BUILD_TESTS=OFF -DTENSORTAP_BUILD_BENCH=OFF
@@ -9,3 +10,6 @@ cd "$ROOT"
 PYTHONPATH="$ROOT/python" "$(numpy_python)" examples/summarize_run.py runs/demo
 PYTHONPATH="$ROOT/python" "$(numpy_python)" examples/plot_run.py runs/demo runs/demo/plots
 PYTHONPATH="$ROOT/python" "$(numpy_python)" -m tensortap inspect runs/demo --check | tail -1
+# A run that blows up, caught by the flight recorder.
+./build/examples/train_blowup runs/blowup | tail -3
+PYTHONPATH="$ROOT/python" "$(numpy_python)" examples/plot_blowup.py runs/blowup runs/blowup/plots
