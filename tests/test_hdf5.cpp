@@ -1,3 +1,4 @@
+#include <cmath>
 // Format::Hdf5 through the Recorder: errors and flushing. The layout and
 // types are checked with h5py (check_e2e.py, test_hdf5.py).
 #include <H5Cpp.h>
@@ -70,4 +71,25 @@ TEST_CASE("an HDF5 run streams tensors larger than a staging buffer", "[writers]
   f.openDataSet("/tensor/bf/data").read(bf.data(), H5::PredType::NATIVE_FLOAT);
   const at::Tensor want = at::arange(3000, at::kFloat).to(at::kBFloat16).to(at::kFloat);
   REQUIRE(at::equal(at::from_blob(bf.data(), {3000}), want));
+}
+
+TEST_CASE("an HDF5 run's flight recorder dumps into tensors.h5, large records included", "[writers][hdf5][flight]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path).format(Format::Hdf5).buffer_bytes(4096).flight_recorder(2)};
+  for (std::int64_t s = 0; s < 8; ++s) {
+    rec.step(s);
+    rec.capture("big", at::full({3000}, static_cast<double>(s)));  // chunked through staging
+    rec.capture("x", at::full({2}, s == 5 ? std::nan("") : 1.0));
+  }
+  rec.close();
+  REQUIRE(rec.stats().errors == 0);
+  REQUIRE(rec.stats().records == 6);  // steps 3, 4, 5
+  H5::H5File f(dir / "tensors.h5", H5F_ACC_RDONLY);
+  std::vector<std::int64_t> steps(3);
+  f.openDataSet("/tensor/big/steps").read(steps.data(), H5::PredType::NATIVE_INT64);
+  REQUIRE(steps == std::vector<std::int64_t>{3, 4, 5});
+  std::vector<double> big(3 * 3000);
+  f.openDataSet("/tensor/big/data").read(big.data(), H5::PredType::NATIVE_DOUBLE);
+  REQUIRE(big[0] == 3.0);
+  REQUIRE(big[2 * 3000 + 2999] == 5.0);
 }
