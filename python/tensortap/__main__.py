@@ -61,6 +61,20 @@ def summarize(run, out=None):
         print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
     total = sum(_nbytes(r) for r in run.records)
     print(f"  total: {len(run.records)} records, {_human(total)}", file=out)
+    for r in [None] if not run.ranks else run.ranks:
+        try:
+            table, series = run.stats_table(rank=r)
+        except RunError:
+            continue
+        where = "" if r is None else f"rank {r}: "
+        bad = table[(table["nan"] + table["posinf"] + table["neginf"]) > 0]
+        first = f", first non-finite at step {bad['step'].min()}" if len(bad) else ", all finite"
+        print(f"  {where}statistics: {len(table)} rows of {len(series)} tensors{first}", file=out)
+    for d in run.dumps:
+        where = "" if d.get("rank") is None else f"rank {d['rank']}: "
+        cause = f" in {d['kind']} {d['name']}" if "name" in d else ""
+        print(f"  {where}flight recorder dump at step {d['step']} ({d['reason']}{cause}): "
+              f"steps {d['steps'][0]}..{d['steps'][-1]}", file=out)
 
 
 def check(run, out=None):
