@@ -7,6 +7,12 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CORE_PACKAGES="cmake g++ make ninja-build libtorch-dev libfmt-dev catch2 libbenchmark-dev
   libhdf5-dev python3 python3-numpy python3-h5py python3-matplotlib python3-pip python3-setuptools libgloo-dev"
 
+# Debian packages the GPU machine (no network, PyTorch's LibTorch) needs to
+# build tensortap's tests and benchmarks: scripts/fetch_debs.sh downloads
+# them into .deb/, scripts/gpu.sh unpacks them there. Runtime libraries
+# (libfmt9, libbenchmark1debian) come with their -dev packages.
+GPU_DEB_PACKAGES="catch2 libfmt-dev libfmt9 libbenchmark-dev libbenchmark1debian"
+
 # Installs the packages of $* that are missing; asks apt only if one is.
 install_missing() {
   local missing=()

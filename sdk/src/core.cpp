@@ -126,7 +126,7 @@ Core::Core(Options options)
       tap_sequential_(compile(options_.tap_sequential(), "tap_sequential")),
       has_include_(!options_.include().empty()),
       has_exclude_(!options_.exclude().empty()),
-      staging_(options_.buffer_bytes(), options_.overflow()) {
+      staging_(options_.buffer_bytes(), options_.overflow(), cuda_staging_memory()) {
   place(options_, info_);
   const auto& only = options_.ranks();
   // A rank left out captures nothing and creates nothing: no directory, no
@@ -139,6 +139,9 @@ Core::Core(Options options)
   auto index = std::make_unique<IndexFile>(info_.run_dir);
   backend_ = std::make_unique<Backend>(staging_, std::move(writer), std::move(index), options_, info_.run_dir,
                                        [this](const DumpInfo& d) { dumped(d); });
+  // Device memory that snapshots may hold, per GPU: as much as host staging.
+  cuda_ = make_cuda_engine(staging_, 2 * options_.buffer_bytes(),
+                           [b = backend_.get()](const std::string& what) { b->report(what); });
 }
 
 Core::~Core() {
@@ -211,9 +214,6 @@ std::uint64_t Core::plan(std::int64_t step) const {
 void Core::record_device_stats(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
   // Only the ten numbers cross to the host; the tensor stays where it is.
   at::Tensor vec = device_stats(tensor);
-  // Until the CUDA transfer engine exists, other devices come to the host
-  // synchronously.
-  vec = vec.to(at::kCPU);
   auto meta = std::make_shared<RecordMeta>();
   meta->kind = kind;
   meta->name = name;
@@ -224,11 +224,20 @@ void Core::record_device_stats(Kind kind, const std::string& name, const at::Ten
   meta->write = false;
   meta->stats_row = true;
   meta->stats_vector = true;
+  const std::uint64_t id = next_record_.fetch_add(1, std::memory_order_relaxed);
+  const bool may_drop = options_.overflow() == Overflow::DropNewest;
+  if (vec.is_cuda() && cuda_ != nullptr) {
+    // Queued behind the reductions on the current stream: no host sync.
+    if (!cuda_capture(*cuda_, meta, vec, may_drop, id) && !closed()) dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  // Devices without an engine come to the host synchronously.
+  vec = vec.to(at::kCPU);
   Slot slot;
   slot.meta = meta;
-  slot.record = next_record_.fetch_add(1, std::memory_order_relaxed);
+  slot.record = id;
   slot.nbytes = meta->nbytes;
-  auto ticket = staging_.reserve(std::move(slot), options_.overflow() == Overflow::DropNewest);
+  auto ticket = staging_.reserve(std::move(slot), may_drop);
   if (!ticket) {
     if (!closed()) dropped_.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -251,9 +260,9 @@ void Core::record_as(Kind kind, std::string name, const at::Tensor& tensor, std:
   }
   const DtypeInfo& info = *dtype_info(tensor.scalar_type());
   at::Tensor src = tensor;
-  // Until the CUDA transfer engine exists, other devices come to the host
-  // synchronously.
-  if (!src.device().is_cpu()) src = src.to(at::kCPU);
+  const bool on_engine = src.is_cuda() && cuda_ != nullptr;
+  // Devices without an engine come to the host synchronously.
+  if (!src.device().is_cpu() && !on_engine) src = src.to(at::kCPU);
 
   auto meta = std::make_shared<RecordMeta>();
   meta->kind = kind;
@@ -268,6 +277,12 @@ void Core::record_as(Kind kind, std::string name, const at::Tensor& tensor, std:
   meta->check = full && options_.flight_recorder() > 0;
   const std::uint64_t id = next_record_.fetch_add(1, std::memory_order_relaxed);
   const bool may_drop = options_.overflow() == Overflow::DropNewest;
+
+  if (on_engine) {
+    if (cuda_capture(*cuda_, meta, src, may_drop, id)) captured_.fetch_add(1, std::memory_order_relaxed);
+    else if (!closed()) dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
 
   if (meta->nbytes <= staging_.capacity()) {
     Slot slot;
@@ -447,6 +462,7 @@ void Core::rethrow_background_error() const {
 
 void Core::flush() {
   if (!capturing()) return;
+  if (cuda_) cuda_flush(*cuda_);
   staging_.wait_drained();
   if (!closed()) backend_->sync();
   rethrow_background_error();
@@ -475,6 +491,7 @@ void Core::close() {
     watchers_.clear();
   }
   if (!capturing()) return;
+  if (cuda_) cuda_stop(*cuda_);
   backend_->stop();
   // Hooks (Taps above all) may keep this object alive as long as the model:
   // give the staging memory back now.

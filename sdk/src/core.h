@@ -16,6 +16,7 @@
 #include <tensortap/recorder.h>
 
 #include "sdk/src/backend.h"
+#include "sdk/src/cuda/capture.h"
 #include "sdk/src/staging.h"
 #include "writers/src/run_files.h"
 
@@ -168,6 +169,9 @@ class Core {
   RunInfo info_;
   Staging staging_;
   std::unique_ptr<Backend> backend_;
+  // After backend_, so destroyed first: its copier thread feeds staging_
+  // and reports to backend_. Null without CUDA (build or device).
+  std::shared_ptr<CudaEngine> cuda_;
 };
 
 }  // namespace tensortap::detail

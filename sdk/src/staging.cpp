@@ -21,13 +21,25 @@ std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a;
 
 }  // namespace
 
-Staging::Staging(std::size_t capacity, Overflow overflow) : capacity_(capacity), overflow_(overflow) {}
+Staging::Staging(std::size_t capacity, Overflow overflow, HostMemory memory)
+    : capacity_(capacity), overflow_(overflow), memory_(memory) {}
 
 Staging::~Staging() {
-  for (Buffer& b : buffers_) std::free(b.data);
+  for (Buffer& b : buffers_) release_memory(b.data);
 }
 
-std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop, std::size_t unit) {
+void* Staging::allocate(std::size_t bytes) const {
+  if (memory_.allocate != nullptr) return memory_.allocate(bytes);
+  return std::aligned_alloc(kPage, bytes);
+}
+
+void Staging::release_memory(void* data) const {
+  if (data == nullptr) return;
+  if (memory_.release != nullptr) memory_.release(data);
+  else std::free(data);
+}
+
+std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop, std::size_t unit, bool wait) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     // A hook that raced with close() must not queue what no writer drains.
@@ -45,7 +57,7 @@ std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop, std::s
     }
     if (fits) {
       if (b.data == nullptr) {
-        b.data = static_cast<char*>(std::aligned_alloc(kPage, align_up(capacity_, kPage)));
+        b.data = static_cast<char*>(allocate(align_up(capacity_, kPage)));
         if (b.data == nullptr)
           throw Error(fmt::format("tensortap: cannot allocate a staging buffer of {} bytes "
                                   "(Options::buffer_bytes)",
@@ -61,6 +73,7 @@ std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop, std::s
       return Ticket{&b, b.slots.size() - 1, b.data + offset, n};
     }
     if (may_drop && overflow_ == Overflow::DropNewest) return std::nullopt;
+    if (!wait) return std::nullopt;
     // The buffer holds data (an empty one has room for any slot), so the
     // writer will take it once the pending copies are committed.
     space_cv_.wait(lock);
@@ -120,7 +133,7 @@ void Staging::stop() {
 void Staging::free_memory() {
   std::lock_guard<std::mutex> lock(mu_);
   for (Buffer& b : buffers_) {
-    std::free(b.data);
+    release_memory(b.data);
     b.data = nullptr;
     b.slots.shrink_to_fit();
   }

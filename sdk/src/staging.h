@@ -29,6 +29,16 @@ struct Slot {
   bool ok = true;
 };
 
+/// Where staging buffers' memory comes from. The default (both null) is
+/// page-aligned heap memory; the CUDA engine passes pinned memory, which the
+/// GPU's copy engine can write into without a bounce through the driver.
+struct HostMemory {
+  /// Returns `bytes` (a multiple of 4096) of page-aligned memory, or nullptr.
+  void* (*allocate)(std::size_t bytes) = nullptr;
+  /// Gives back what `allocate` returned.
+  void (*release)(void* data) = nullptr;
+};
+
 /// The two host staging buffers between capturing threads and the writer
 /// thread. Capturing threads reserve space in the filling buffer, copy into
 /// it without holding the lock, and commit. The writer takes the filling
@@ -53,8 +63,9 @@ class Staging {
     std::size_t nbytes;
   };
 
-  /// `capacity` is each buffer's size; memory is taken on first use.
-  Staging(std::size_t capacity, Overflow overflow);
+  /// `capacity` is each buffer's size; memory is taken from `memory` on
+  /// first use.
+  Staging(std::size_t capacity, Overflow overflow, HostMemory memory = {});
   ~Staging();
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
@@ -69,7 +80,12 @@ class Staging {
   /// is what remains of the record: it reserves as much of it as fits, in
   /// whole units, but not less than 64 KiB (or the rest), and sets
   /// `slot.last` when that is all of it.
-  std::optional<Ticket> reserve(Slot slot, bool may_drop, std::size_t unit = 0);
+  ///
+  /// With `wait = false` it returns nullopt instead of waiting: a thread that
+  /// holds uncommitted tickets (the CUDA copier, whose copies are in flight)
+  /// must commit them before it waits, or the writer could never take the
+  /// buffer it waits on.
+  std::optional<Ticket> reserve(Slot slot, bool may_drop, std::size_t unit = 0, bool wait = true);
   /// Publishes a reservation; `ok = false` tells the writer to drop it.
   void commit(const Ticket& ticket, bool ok);
   /// Returns when every slot reserved before the call has been released.
@@ -86,8 +102,12 @@ class Staging {
   void free_memory();
 
  private:
+  void* allocate(std::size_t bytes) const;
+  void release_memory(void* data) const;
+
   std::size_t capacity_;
   Overflow overflow_;
+  HostMemory memory_;
   std::mutex mu_;
   std::condition_variable writer_cv_;   // the writer waits for data
   std::condition_variable space_cv_;    // capturers wait for room

@@ -1,0 +1,57 @@
+# The CUDA transfer engine (sdk/src/cuda), included by the root CMakeLists
+# once the tensortap target exists. Two levels:
+#
+#   TENSORTAP_HAVE_CUDA_ENGINE  the CUDA toolkit is found. The engine (CUDA
+#                               runtime API only) is built with its tests
+#                               and benchmark, GPU or not, so CI compiles it.
+#   TENSORTAP_HAVE_CUDA         LibTorch has CUDA too (TARGET torch_cuda).
+#                               The engine and its LibTorch glue are part of
+#                               tensortap and CUDA tensors go through them.
+#
+# Without CUDA LibTorch the library itself never links libcudart: the engine
+# is then a separate library, tensortap_cuda_engine, that only tests and
+# benchmarks link. Either way they link that name.
+
+option(TENSORTAP_WITH_CUDA "Build the CUDA transfer engine when the CUDA toolkit is found" ON)
+
+set(TENSORTAP_HAVE_CUDA_ENGINE OFF)
+set(TENSORTAP_HAVE_CUDA OFF)
+if(TENSORTAP_WITH_CUDA)
+  # LibTorch with CUDA may have looked for the toolkit already.
+  if(NOT TARGET CUDA::cudart)
+    find_package(CUDAToolkit QUIET)
+  endif()
+  if(TARGET CUDA::cudart)
+    set(TENSORTAP_HAVE_CUDA_ENGINE ON)
+  endif()
+endif()
+
+if(TENSORTAP_HAVE_CUDA_ENGINE AND TARGET torch_cuda)
+  set(TENSORTAP_HAVE_CUDA ON)
+  target_sources(tensortap PRIVATE sdk/src/cuda/engine.cpp sdk/src/cuda/capture.cpp)
+  target_compile_definitions(tensortap PRIVATE TENSORTAP_HAVE_CUDA)
+  # LibTorch's own name for the runtime, when it has one: a consumer's
+  # find_package(Torch) defines it again, CUDA::cudart it may not.
+  if(TARGET torch::cudart)
+    target_link_libraries(tensortap PRIVATE torch::cudart)
+  else()
+    target_link_libraries(tensortap PRIVATE CUDA::cudart)
+  endif()
+  add_library(tensortap_cuda_engine INTERFACE)
+  target_link_libraries(tensortap_cuda_engine INTERFACE tensortap CUDA::cudart)
+  message(STATUS "tensortap: CUDA engine on (LibTorch with CUDA, toolkit ${CUDAToolkit_VERSION})")
+else()
+  target_sources(tensortap PRIVATE sdk/src/cuda/capture_none.cpp)
+  if(TENSORTAP_HAVE_CUDA_ENGINE)
+    add_library(tensortap_cuda_engine STATIC sdk/src/cuda/engine.cpp)
+    set_target_properties(tensortap_cuda_engine PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    target_include_directories(tensortap_cuda_engine PRIVATE ${PROJECT_SOURCE_DIR})
+    target_link_libraries(tensortap_cuda_engine PUBLIC tensortap CUDA::cudart PRIVATE fmt::fmt)
+    if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+      target_compile_options(tensortap_cuda_engine PRIVATE -Wall -Wextra)
+    endif()
+    message(STATUS "tensortap: CUDA engine built for its tests only (LibTorch has no CUDA; toolkit ${CUDAToolkit_VERSION})")
+  else()
+    message(STATUS "tensortap: CUDA toolkit not found: no CUDA engine")
+  endif()
+endif()

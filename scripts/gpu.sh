@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# On the GPU machine: builds tensortap against the LibTorch of its PyTorch
+# (with CUDA), then runs the [gpu] tests and the GPU benchmarks.
+#
+#   bash scripts/gpu.sh [build|tests|bench|all]      (default: all)
+#
+# That machine has no network: the Debian packages the build needs come from
+# .deb/ (scripts/fetch_debs.sh, run where there is a network; carry .deb with
+# the working tree) and are unpacked into .deb/prefix without root. Results
+# go to $OUT when it is set (the device tool's output folder), otherwise to
+# build-gpu/out: configure and build logs, tests.txt, bench_*.json and
+# summary.txt with the ratios the issue sets targets for.
+#
+# Environment: PYTHON (the interpreter with torch; default python3),
+# TENSORTAP_GPU_BUILD (build folder; default build-gpu), TORCH_CUDA_ARCH_LIST
+# (default 9.0, for the H200, which spares LibTorch's CMake probing the GPU).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${TENSORTAP_GPU_BUILD:-$ROOT/build-gpu}
+RESULTS=${OUT:-$BUILD/out}
+PREFIX=$ROOT/.deb/prefix
+PYTHON=${PYTHON:-python3}
+WHAT=${1:-all}
+mkdir -p "$RESULTS" "$BUILD"
+
+unpack_debs() {
+  compgen -G "$ROOT/.deb/*.deb" >/dev/null || {
+    echo "tensortap: no .deb/*.deb: using the system's Catch2, fmt and benchmark"
+    return 0
+  }
+  mkdir -p "$PREFIX"
+  for deb in "$ROOT"/.deb/*.deb; do
+    local stamp="$PREFIX/.$(basename "$deb").unpacked"
+    [ -e "$stamp" ] && continue
+    if command -v dpkg-deb >/dev/null 2>&1; then
+      dpkg-deb -x "$deb" "$PREFIX"
+    else
+      # Not a Debian system: a .deb is an ar archive holding data.tar.*.
+      local tmp
+      tmp=$(mktemp -d)
+      (cd "$tmp" && ar x "$deb" && tar -xf data.tar.* -C "$PREFIX")
+      rm -rf "$tmp"
+    fi
+    touch "$stamp"
+  done
+}
+
+ARCHLIB=$PREFIX/usr/lib/x86_64-linux-gnu
+TORCH_PY=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+# PyTorch's wheels keep CUDA's libraries (cuDNN, cuBLAS...) in nvidia/*/lib
+# beside torch: the linker must find them to check libtorch_cuda.so.
+NVIDIA_LIBS=$(ls -d "$TORCH_PY"/../nvidia/*/lib 2>/dev/null | paste -sd: - || true)
+export LD_LIBRARY_PATH="$ARCHLIB:$TORCH_PY/lib${NVIDIA_LIBS:+:$NVIDIA_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+build() {
+  unpack_debs
+  {
+    nvidia-smi || true
+    "$PYTHON" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "devices", torch.cuda.device_count())'
+    cmake --version | head -1
+    "${CXX:-c++}" --version | head -1
+  } >"$RESULTS/machine.txt" 2>&1
+  local torch_prefix
+  torch_prefix=$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  local args=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$torch_prefix;$PREFIX/usr"
+    -DTENSORTAP_WITH_HDF5=OFF -DTENSORTAP_BUILD_TESTS=ON -DTENSORTAP_BUILD_BENCH=ON
+    -DTENSORTAP_BUILD_EXAMPLES=OFF -DTENSORTAP_INSTALL=OFF)
+  [ -d "$PREFIX/usr/lib/cmake/Catch2" ] && args+=("-DCatch2_DIR=$PREFIX/usr/lib/cmake/Catch2")
+  [ -d "$ARCHLIB/cmake/fmt" ] && args+=("-Dfmt_DIR=$ARCHLIB/cmake/fmt")
+  [ -d "$ARCHLIB/cmake/benchmark" ] && args+=("-Dbenchmark_DIR=$ARCHLIB/cmake/benchmark")
+  [ -d /usr/local/cuda ] && args+=(-DCUDAToolkit_ROOT=/usr/local/cuda)
+  [ -x /usr/local/cuda/bin/nvcc ] && args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
+  local rpath_link=""
+  for d in ${NVIDIA_LIBS//:/ }; do rpath_link+=" -Wl,-rpath-link,$d"; done
+  args+=("-DCMAKE_EXE_LINKER_FLAGS=$rpath_link")
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja "${args[@]}" 2>&1 | tee "$RESULTS/configure.log"
+  if ! grep -q "tensortap: CUDA engine on" "$RESULTS/configure.log"; then
+    echo "tensortap: LibTorch at $torch_prefix has no CUDA (no TARGET torch_cuda): nothing to test" >&2
+    return 1
+  fi
+  cmake --build "$BUILD" --parallel "$(nproc)" \
+    --target tensortap_cuda_tests bench_cuda_engine bench_cuda 2>&1 |
+    tee "$RESULTS/build.log" | grep -E "error|warning: unused|FAILED" || true
+  [ -x "$BUILD/tests/tensortap_cuda_tests" ] && [ -x "$BUILD/bench/bench_cuda" ] || {
+    echo "tensortap: the build failed, see $RESULTS/build.log" >&2
+    tail -40 "$RESULTS/build.log" >&2
+    return 1
+  }
+}
+
+run_tests() {
+  # The engine against the real runtime, and CUDA tensors through LibTorch.
+  "$BUILD/tests/tensortap_cuda_tests" "[gpu]" --durations yes 2>&1 | tee "$RESULTS/tests.txt"
+}
+
+run_bench() {
+  local dir
+  dir=$(mktemp -d /dev/shm/tensortap-bench-XXXXXX 2>/dev/null || mktemp -d)
+  export TENSORTAP_BENCH_DIR=$dir
+  "$BUILD/bench/bench_cuda_engine" --benchmark_out="$RESULTS/bench_cuda_engine.json" \
+    --benchmark_out_format=json 2>&1 | tee "$RESULTS/bench_cuda_engine.txt"
+  "$BUILD/bench/bench_cuda" --benchmark_out="$RESULTS/bench_cuda.json" --benchmark_out_format=json 2>&1 |
+    tee "$RESULTS/bench_cuda.txt"
+  rm -rf "$dir"
+  "$PYTHON" "$ROOT/scripts/gpu_summary.py" "$RESULTS" | tee "$RESULTS/summary.txt"
+}
+
+case $WHAT in
+  build) build ;;
+  tests) [ -x "$BUILD/tests/tensortap_cuda_tests" ] || build; run_tests ;;
+  bench) [ -x "$BUILD/bench/bench_cuda" ] || build; run_bench ;;
+  all)
+    build
+    rc=0
+    run_tests || rc=1
+    run_bench || rc=1
+    exit $rc
+    ;;
+  *)
+    echo "usage: $0 [build|tests|bench|all]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,78 @@
+"""Ratios of the GPU benchmarks against the issue's targets, from the JSON
+files scripts/gpu.sh writes: python3 scripts/gpu_summary.py RESULTS_DIR."""
+
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+
+
+def load(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [b for b in json.load(f)["benchmarks"] if not b.get("error_occurred")]
+
+
+def seconds(b):
+    scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[b.get("time_unit", "ns")]
+    return b["real_time"] * scale
+
+
+def size_name(n):
+    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n // k} {unit}"
+    return f"{n} B"
+
+
+def main(results):
+    engine = load(os.path.join(results, "bench_cuda_engine.json"))
+    rate = defaultdict(dict)
+    for b in engine:
+        name, size = b["name"].split("/")[:2]
+        rate[int(size)][name] = b["bytes_per_second"]
+    if rate:
+        print("D2H throughput: engine vs pinned cudaMemcpyAsync (target 0.85 from 1 MiB up)")
+        print(f"{'size':>9} {'memcpy GB/s':>12} {'engine GB/s':>12} {'ratio':>6}")
+        for size in sorted(rate):
+            r = rate[size]
+            if "BM_PinnedMemcpyD2H" in r and "BM_EngineD2H" in r:
+                ratio = r["BM_EngineD2H"] / r["BM_PinnedMemcpyD2H"]
+                mark = "" if size < (1 << 20) else ("  ok" if ratio >= 0.85 else "  BELOW TARGET")
+                print(f"{size_name(size):>9} {r['BM_PinnedMemcpyD2H'] / 1e9:12.1f} {r['BM_EngineD2H'] / 1e9:12.1f}"
+                      f" {ratio:6.2f}{mark}")
+        print()
+
+    torch_side = load(os.path.join(results, "bench_cuda.json"))
+    capture = [b for b in torch_side if b["name"].startswith("BM_CaptureCuda/")]
+    naive = {b["name"].split("/")[1]: b for b in torch_side if b["name"].startswith("BM_CaptureCudaNaive/")}
+    if capture:
+        print("Training-thread cost per capture of a CUDA tensor (target <= 20 us)")
+        for b in capture:
+            size = b["name"].split("/")[1]
+            us = seconds(b) * 1e6
+            peer = f"   naive t.cpu(): {seconds(naive[size]) * 1e6:.1f} us" if size in naive else ""
+            print(f"{size_name(int(size)):>9} {us:8.1f} us{'  ok' if us <= 20 else '  ABOVE TARGET'}{peer}")
+        print()
+
+    steps = defaultdict(list)
+    for b in torch_side:
+        if b["name"].startswith("BM_Train"):
+            model, mode = b["name"].split("/")[:2]
+            steps[(model, int(mode))].append(seconds(b) / 50)
+    if steps:
+        print("Step time, capture on vs off (median of rounds; target <= 1.03 for every 100 steps)")
+        for model in sorted({m for m, _ in steps}):
+            off = statistics.median(steps.get((model, 0), [float("nan")]))
+            line = f"{model:>12} off {off * 1e3:7.3f} ms"
+            for mode, label in ((1, "every 100"), (2, "every step")):
+                if (model, mode) in steps:
+                    t = statistics.median(steps[(model, mode)])
+                    line += f"  {label} {t * 1e3:7.3f} ms ({t / off:.3f})"
+            print(line)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else ".")

@@ -1,0 +1,133 @@
+// The LibTorch side of CUDA capture: everything here that needs CUDA
+// LibTorch is the current stream, a device guard, and ATen's copy for
+// snapshots that are not a plain byte copy. The rest is the engine's.
+//
+// Built only when LibTorch has CUDA (TENSORTAP_HAVE_CUDA); otherwise
+// capture_none.cpp stands in.
+
+#include "sdk/src/cuda/capture.h"
+
+#include <atomic>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <fmt/format.h>
+
+#include <tensortap/error.h>
+
+#include "sdk/src/cuda/engine.h"
+#include "writers/src/dtypes.h"
+
+namespace tensortap::detail {
+namespace {
+
+std::atomic<std::uint64_t> g_captures{0};
+
+std::string describe(const RecordMeta& meta, const at::Tensor& t) {
+  return fmt::format("'{}' (kind {}, step {}, {})", meta.name, kind_name(meta.kind), meta.step, describe_tensor(t));
+}
+
+// Copies `src` into the snapshot at `dst` on the current stream, as C-order
+// bytes of dtype `stored`.
+void snapshot_into(void* dst, const at::Tensor& src, c10::ScalarType stored, std::size_t nbytes,
+                   cudaStream_t stream) {
+  // A conjugate or negative view is "contiguous" but its bytes are not its
+  // values: ATen's copy resolves those, a byte copy would not.
+  if (src.scalar_type() == stored && src.is_contiguous() && !src.is_conj() && !src.is_neg()) {
+    // Cheaper for the training thread than ATen's dispatch and
+    // TensorIterator, and what most captures (contiguous float32) take.
+    const cudaError_t e = cudaMemcpyAsync(dst, src.data_ptr(), nbytes, cudaMemcpyDeviceToDevice, stream);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw Error(fmt::format("cudaMemcpyAsync (device to device, {} bytes) failed: {}", nbytes,
+                              cuda_error_string(e)));
+    }
+    return;
+  }
+  // Strided views, and bfloat16 widened to float32 (what the writers store),
+  // on the device. The target device is given, so ATen does not look the
+  // pointer up.
+  at::for_blob(dst, src.sizes())
+      .options(at::TensorOptions().dtype(stored).device(src.device()))
+      .target_device(src.device())
+      .make_tensor()
+      .copy_(src);
+}
+
+}  // namespace
+
+bool cuda_engine_built() noexcept { return true; }
+
+HostMemory cuda_staging_memory() { return cuda_device_count() > 0 ? pinned_host_memory() : HostMemory{}; }
+
+std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t device_bytes,
+                                             std::function<void(const std::string&)> report) {
+  if (cuda_device_count() == 0) return nullptr;
+  CudaEngineOptions options;
+  options.device_bytes = device_bytes;
+  return std::make_shared<CudaEngine>(staging, options, std::move(report));
+}
+
+bool cuda_capture(CudaEngine& engine, std::shared_ptr<const RecordMeta> meta, const at::Tensor& tensor,
+                  bool may_drop, std::uint64_t record_id) {
+  const c10::Device device = tensor.device();
+  if (!device.is_cuda() || !device.has_index())
+    throw Error(fmt::format("tensortap: cuda_capture() of {}, which is not on a CUDA device", describe(*meta, tensor)));
+  const c10::ScalarType stored = meta->stored;
+  const auto nbytes = static_cast<std::size_t>(meta->nbytes);
+  // Autograd runs a CUDA backward on its own thread, with the op's stream
+  // current there: the current stream of the tensor's device is the one its
+  // producer used, whatever thread this is.
+  c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  // Inside CUDA graph capture, the snapshot copy and the event would become
+  // part of the graph instead of running now.
+  cudaStreamCaptureStatus graph = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &graph) != cudaSuccess) cudaGetLastError();
+  if (graph != cudaStreamCaptureStatusNone)
+    throw Error(fmt::format("tensortap: cannot capture {} while its stream is being captured into a CUDA graph",
+                            describe(*meta, tensor)));
+
+  std::optional<CudaEngine::Snapshot> snap;
+  try {
+    snap = engine.reserve(device.index(), nbytes, may_drop);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("tensortap: cannot capture {}: {}", describe(*meta, tensor), e.what()));
+  }
+  if (!snap) return false;
+
+  // A tensor larger than the engine's arena gets a snapshot of its own from
+  // LibTorch's caching allocator (no cudaMalloc once warm), held until its
+  // copy to the host is done and freed then, on the copier thread.
+  at::Tensor own;
+  std::function<void()> release;
+  try {
+    if (nbytes > 0) {
+      if (snap->external) {
+        own = at::empty(tensor.sizes(), at::TensorOptions().dtype(stored).device(device));
+        release = [own]() mutable { own.reset(); };
+        snapshot_into(own.data_ptr(), tensor, stored, nbytes, stream);
+        snap->data = own.data_ptr();
+      } else {
+        snapshot_into(snap->data, tensor, stored, nbytes, stream);
+      }
+    }
+  } catch (const std::exception& e) {
+    own.reset();
+    engine.cancel(*snap, stream, std::move(release));
+    throw Error(fmt::format("tensortap: cannot snapshot {} on its device: {}", describe(*meta, tensor), e.what()));
+  }
+  own.reset();  // `release` holds it now
+  engine.submit(*snap, stream, std::move(meta), record_id, c10::elementSize(stored), std::move(release));
+  g_captures.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void cuda_flush(CudaEngine& engine) { engine.flush(); }
+
+void cuda_stop(CudaEngine& engine) { engine.stop(); }
+
+std::uint64_t cuda_captures() noexcept { return g_captures.load(std::memory_order_relaxed); }
+
+}  // namespace tensortap::detail

@@ -1,0 +1,63 @@
+#pragma once
+
+// What the core calls to capture CUDA tensors. This header compiles with any
+// LibTorch: without CUDA (no TENSORTAP_HAVE_CUDA) the functions are stubs
+// (sdk/src/cuda/capture_none.cpp) and make_cuda_engine() returns nullptr, so
+// the core needs no #ifdef.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "sdk/src/staging.h"
+#include "writers/src/writer.h"
+
+namespace tensortap::detail {
+
+class CudaEngine;  // sdk/src/cuda/engine.h
+
+/// Whether this build captures CUDA tensors through the CUDA engine
+/// (LibTorch with CUDA was found at build time).
+bool cuda_engine_built() noexcept;
+
+/// The memory a Staging's buffers should come from: pinned when this build
+/// has the engine and the machine a CUDA device, the default otherwise.
+HostMemory cuda_staging_memory();
+
+/// An engine that feeds `staging`, or nullptr when this build has no engine
+/// or the machine no CUDA device. `device_bytes` bounds the device memory
+/// that snapshots hold on each device (one tensor larger than that may be
+/// held besides, per device). `report` receives the copier thread's
+/// failures (`Backend::report`); it must not throw. Creates no thread and
+/// touches no device until the first CUDA capture.
+std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t device_bytes,
+                                             std::function<void(const std::string&)> report);
+
+/// Captures CUDA tensor `tensor` as the record `meta` describes
+/// (`meta->stored`, `meta->nbytes` and the rest filled in as for a CPU
+/// tensor): snapshots it on its device, in order on the device's current
+/// stream, and queues the snapshot for the copier. Never synchronizes with
+/// the device. Returns true once queued; false when refused: the device
+/// memory budget is full and `may_drop` (Overflow::DropNewest), or the
+/// engine is stopped. With `may_drop` false it waits for room instead.
+/// Throws `Error` naming the record when the snapshot cannot be taken.
+bool cuda_capture(CudaEngine& engine, std::shared_ptr<const RecordMeta> meta, const at::Tensor& tensor,
+                  bool may_drop, std::uint64_t record_id);
+
+/// Returns when every CUDA capture so far is in host staging (call it
+/// before `Staging::wait_drained()`).
+void cuda_flush(CudaEngine& engine);
+
+/// Moves what is queued into staging, ends the copier thread and frees the
+/// device memory. Call it before the writer (`Backend::stop()`) stops.
+void cuda_stop(CudaEngine& engine);
+
+/// CUDA tensors this process has queued through an engine: lets tests check
+/// that captures take this path rather than a copy through the host.
+std::uint64_t cuda_captures() noexcept;
+
+}  // namespace tensortap::detail

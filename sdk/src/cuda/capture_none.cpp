@@ -1,0 +1,33 @@
+// The CUDA glue of a build whose LibTorch has no CUDA: there are no CUDA
+// tensors to capture, so the core never gets an engine.
+
+#include <fmt/format.h>
+
+#include <tensortap/error.h>
+
+#include "sdk/src/cuda/capture.h"
+#include "writers/src/dtypes.h"
+
+namespace tensortap::detail {
+
+bool cuda_engine_built() noexcept { return false; }
+
+HostMemory cuda_staging_memory() { return {}; }
+
+std::shared_ptr<CudaEngine> make_cuda_engine(Staging&, std::size_t, std::function<void(const std::string&)>) {
+  return nullptr;
+}
+
+bool cuda_capture(CudaEngine&, std::shared_ptr<const RecordMeta> meta, const at::Tensor& tensor, bool,
+                  std::uint64_t) {
+  throw Error(fmt::format("tensortap: cannot capture '{}' ({}): tensortap was built without its CUDA engine",
+                          meta->name, describe_tensor(tensor)));
+}
+
+void cuda_flush(CudaEngine&) {}
+
+void cuda_stop(CudaEngine&) {}
+
+std::uint64_t cuda_captures() noexcept { return 0; }
+
+}  // namespace tensortap::detail

@@ -1,0 +1,334 @@
+// A stand-in for the part of the CUDA runtime that the CUDA engine and its
+// tests use, so that the engine's logic (arena ring, batching, coalescing,
+// chunking, backpressure, several devices, shutdown) runs on machines
+// without a GPU, CI among them. Compiled against the toolkit's real header,
+// so the signatures are the runtime's own.
+//
+// Device memory is host memory. Each stream is a worker thread that runs
+// its operations in order; events carry the generation of their latest
+// record, and a wait enqueued on a stream blocks that stream's worker until
+// the generation it saw completes: the ordering rules of real streams, and
+// nothing more. Operations are delayed at random (TENSORTAP_FAKE_CUDA_JITTER
+// microseconds at most, default 200) to shake out races. The number of
+// devices is TENSORTAP_FAKE_CUDA_DEVICES (default 2).
+//
+// It says nothing about performance, and nothing about the real runtime's
+// own behaviour: only a GPU tests that.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+struct CUstream_st {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> tasks;
+  bool busy = false;
+  bool stopping = false;
+  std::thread worker;
+
+  CUstream_st() { worker = std::thread([this] { loop(); }); }
+  ~CUstream_st() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    worker.join();
+  }
+  void push(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      tasks.push_back(std::move(task));
+    }
+    cv.notify_all();
+  }
+  void drain() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return tasks.empty() && !busy; });
+  }
+  void loop();
+};
+
+struct CUevent_st {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0;
+  std::uint64_t completed = 0;
+
+  void complete(std::uint64_t generation) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      completed = std::max(completed, generation);
+    }
+    cv.notify_all();
+  }
+  void wait_for(std::uint64_t generation) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return completed >= generation; });
+  }
+};
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+int device_count() {
+  static const int n = env_int("TENSORTAP_FAKE_CUDA_DEVICES", 2);
+  return n;
+}
+
+void jitter() {
+  static const int max_us = env_int("TENSORTAP_FAKE_CUDA_JITTER", 200);
+  if (max_us <= 0) return;
+  thread_local std::minstd_rand rng(static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id())));
+  const int r = static_cast<int>(rng() % 4);
+  if (r == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % static_cast<unsigned>(max_us)));
+  else if (r == 1) std::this_thread::yield();
+}
+
+thread_local int t_device = 0;
+thread_local cudaError_t t_last_error = cudaSuccess;
+
+std::mutex g_mem_mu;
+std::unordered_map<void*, std::size_t> g_device_blocks;
+std::size_t g_device_used = 0;
+constexpr std::size_t kTotal = std::size_t{16} << 30;
+
+cudaError_t fail(cudaError_t e) {
+  t_last_error = e;
+  return e;
+}
+
+// The legacy default stream (null) runs operations at once: the tests use
+// it only for set-up.
+void run_on(cudaStream_t stream, std::function<void()> task) {
+  if (stream == nullptr) {
+    task();
+    return;
+  }
+  stream->push(std::move(task));
+}
+
+}  // namespace
+
+void CUstream_st::loop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return stopping || !tasks.empty(); });
+      if (tasks.empty()) return;
+      task = std::move(tasks.front());
+      tasks.pop_front();
+      busy = true;
+    }
+    jitter();
+    task();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      busy = false;
+    }
+    cv.notify_all();
+  }
+}
+
+extern "C" {
+
+cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
+  *count = device_count();
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGetLastError(void) {
+  const cudaError_t e = t_last_error;
+  t_last_error = cudaSuccess;
+  return e;
+}
+
+const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    default: return "cudaErrorUnknown";
+  }
+}
+
+const char* CUDARTAPI cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNotReady: return "device not ready";
+    default: return "fake runtime error";
+  }
+}
+
+cudaError_t CUDARTAPI cudaGetDevice(int* device) {
+  *device = t_device;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaSetDevice(int device) {
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  t_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaHostAlloc(void** p, size_t size, unsigned int) {
+  *p = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
+  return *p != nullptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+
+cudaError_t CUDARTAPI cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMalloc(void** p, size_t size) {
+  *p = std::aligned_alloc(256, (size + 255) / 256 * 256);
+  if (*p == nullptr) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(g_mem_mu);
+  g_device_blocks[*p] = size;
+  g_device_used += size;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(g_mem_mu);
+    auto it = g_device_blocks.find(p);
+    if (it == g_device_blocks.end()) return fail(cudaErrorInvalidValue);
+    g_device_used -= it->second;
+    g_device_blocks.erase(it);
+  }
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free, size_t* total) {
+  std::lock_guard<std::mutex> lock(g_mem_mu);
+  *total = kTotal;
+  *free = kTotal - g_device_used;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  *stream = new CUstream_st;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
+  stream->drain();
+  delete stream;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
+  if (stream != nullptr) stream->drain();
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamIsCapturing(cudaStream_t, enum cudaStreamCaptureStatus* status) {
+  *status = cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t) {
+  // Leaked: a stream may still hold a wait on it, as the real runtime allows.
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  std::uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(event->mu);
+    generation = ++event->recorded;
+  }
+  run_on(stream, [event, generation] { event->complete(generation); });
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
+  std::lock_guard<std::mutex> lock(event->mu);
+  return event->completed >= event->recorded ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
+  std::uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(event->mu);
+    generation = event->recorded;
+  }
+  event->wait_for(generation);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  std::uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(event->mu);
+    generation = event->recorded;
+  }
+  run_on(stream, [event, generation] { event->wait_for(generation); });
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind) {
+  std::memcpy(dst, src, count);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind,
+                                      cudaStream_t stream) {
+  run_on(stream, [=] {
+    // In pieces, with delays between them: a reader that does not wait for
+    // the copy sees it half done.
+    const std::size_t piece = std::max<std::size_t>(count / 3, 1);
+    for (std::size_t off = 0; off < count; off += piece) {
+      std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, std::min(piece, count - off));
+      jitter();
+    }
+  });
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemset(void* p, int value, size_t count) {
+  std::memset(p, value, count);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t stream) {
+  run_on(stream, [=] { std::memset(p, value, count); });
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
+  run_on(stream, [=] { fn(data); });
+  return cudaSuccess;
+}
+
+}  // extern "C"
