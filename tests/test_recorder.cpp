@@ -325,7 +325,7 @@ TEST_CASE("a directory that holds a run is refused unless overwrite is set", "[s
 
 TEST_CASE("invalid options are refused with the option named", "[sdk]") {
   TempDir dir;
-  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).every(0)}; }), Catch::Contains("every(0)"));
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).every(-3)}; }), Catch::Contains("every(-3)"));
   REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).include("(")}; }), Catch::Contains("include(\"(\")"));
   REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).buffer_bytes(10)}; }), Catch::Contains("buffer_bytes(10)"));
   REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).hdf5(tensortap::Hdf5Options().deflate(12))}; }),

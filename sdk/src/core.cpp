@@ -38,7 +38,7 @@ std::uint64_t sampled_bits(const Options& o, std::int64_t step) {
   if (!o.steps().empty() && std::find(o.steps().begin(), o.steps().end(), step) == o.steps().end()) return 0;
   std::uint64_t bits = 0;
   for (Kind k : kAllKinds)
-    if (o.kinds().contains(k) && (!o.steps().empty() || (step - o.start()) % o.every(k) == 0))
+    if (o.kinds().contains(k) && (!o.steps().empty() || (o.every(k) > 0 && (step - o.start()) % o.every(k) == 0)))
       bits |= KindSet::bit(k);
   return bits;
 }
@@ -56,8 +56,8 @@ void validate(const Options& o) {
   if (o.flight_recorder() < 0)
     throw Error(fmt::format("tensortap: Options::flight_recorder({}) must be 0 (off) or more", o.flight_recorder()));
   for (Kind k : kAllKinds)
-    if (o.every(k) < 1)
-      throw Error(fmt::format("tensortap: Options::every({}) must be at least 1 (kind {})", o.every(k), kind_name(k)));
+    if (o.every(k) < 0)
+      throw Error(fmt::format("tensortap: Options::every({}) must be 0 (never) or more (kind {})", o.every(k), kind_name(k)));
   if (o.start() < 0)
     throw Error(fmt::format("tensortap: Options::start({}) must not be negative", o.start()));
   if (o.buffer_bytes() < kMinBufferBytes)

@@ -140,7 +140,8 @@ struct Options {
   TORCH_ARG(std::string, dir);
   /// The file format.
   TORCH_ARG(Format, format) = Format::Npy;
-  /// Capture every `every`-th step, counted from `start`.
+  /// Capture every `every`-th step, counted from `start`; 0 = never, for
+  /// statistics only (`stats_every`).
   TORCH_ARG(std::int64_t, every) = 1;
 
  public:  // TORCH_ARG leaves the access private
