@@ -2,11 +2,20 @@
 //
 //   build/bench/bench_hot_path
 //
-// BM_CaptureNotSampled and BM_TapNotSampled: the cost on a step that is not
-// sampled. BM_CaptureSampled/<bytes> against BM_Memcpy/<bytes>: the bytes
-// per second the training thread moves into staging, with the writer thread
-// draining to /dev/shm at the same time, against a plain memcpy.
+// BM_CaptureNotSampled, BM_TapNotSampled: the cost on a step that is not
+// sampled; BM_TapUnbound is the same Tap with no recorder, the floor.
+// BM_EnqueueSampled/<captures per step>: a sampled capture of a one-element
+// tensor, so what is left is the enqueue (naming, metadata, staging lock,
+// waking the writer), not the copy.
+// BM_CaptureSampled/<bytes> against BM_Memcpy/<bytes>: the bytes per second
+// the training thread moves into warm staging while the writer thread drains
+// to /dev/shm on the other core, against a plain memcpy; BM_MemcpyRing copies
+// into a destination that rotates like staging (caches as cold).
+// BM_CaptureSampledCold/<bytes>: the same into staging memory touched for the
+// first time, as on the first sampled steps of a run (page faults).
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -38,6 +47,25 @@ void BM_TapNotSampled(benchmark::State& state) {
 }
 BENCHMARK(BM_TapNotSampled);
 
+void BM_TapUnbound(benchmark::State& state) {
+  tensortap::Tap tap;
+  const at::Tensor t = at::ones({256});
+  for (auto _ : state) benchmark::DoNotOptimize(tap->forward(t));
+}
+BENCHMARK(BM_TapUnbound);
+
+// Staging memory is touched once and then reused for the whole run, so a
+// steady-state figure must not pay its first-touch page faults: fill both
+// buffers once and wait for the writer.
+void warm_staging(tensortap::Recorder& rec, std::size_t buffer_bytes, std::int64_t& step) {
+  const at::Tensor big = at::zeros({static_cast<std::int64_t>(buffer_bytes / 4)});
+  for (int i = 0; i < 2; ++i) {
+    rec.step(step++);
+    rec.capture("warm", big);
+  }
+  rec.flush();
+}
+
 void BM_Memcpy(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   std::vector<char> src(n, 1), dst(n, 0);
@@ -48,23 +76,99 @@ void BM_Memcpy(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n));
 }
 
-void BM_CaptureSampled(benchmark::State& state) {
-  const auto n = static_cast<std::int64_t>(state.range(0));
+// memcpy into a destination that moves through two buffers of the size
+// BM_CaptureSampled's staging has, as staging does: the destination is as
+// cold in the caches as staging's, so the gap between this and BM_Memcpy is
+// the hardware's, not tensortap's.
+void BM_MemcpyRing(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const std::size_t buffer = std::max<std::size_t>(n, 4 << 20);
+  std::vector<char> src(n, 1), dst(2 * buffer, 0);
+  const std::size_t slot = (n + 63) / 64 * 64;
+  std::size_t at = 0;
+  for (auto _ : state) {
+    if (at + slot > dst.size()) at = 0;
+    std::memcpy(dst.data() + at, src.data(), n);
+    at += slot;
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n));
+}
+
+// One capture per step. Captures come in bursts that fit in one staging
+// buffer, with the writer draining between bursts outside the timed region:
+// this is what the training thread pays while staging has room. What it pays
+// when the writer falls behind is the writer's rate (bench_writers, and
+// bench_scale for the knee).
+void BM_CaptureSampled(benchmark::State& state, bool warm) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  // Warm: a small buffer, reused burst after burst. Cold: one buffer large
+  // enough for every capture, each landing on pages not touched before.
+  const std::size_t buffer = std::max<std::size_t>(n, warm ? (4 << 20) : (64 << 20));
   BenchDir dir;
-  tensortap::Recorder rec(tensortap::Options(dir.path + "/run").buffer_bytes(64 << 20));
-  const at::Tensor t = at::ones({n / 4});
+  tensortap::Recorder rec(tensortap::Options(dir.path + "/run").buffer_bytes(buffer));
   std::int64_t step = 0;
+  if (warm) warm_staging(rec, buffer, step);
+  const at::Tensor t = at::ones({static_cast<std::int64_t>(n / 4)});
+  const std::size_t burst = std::max<std::size_t>(1, buffer / ((n + 63) / 64 * 64));
+  std::size_t in_burst = 0;
   for (auto _ : state) {
     rec.step(step++);
     rec.capture("x", t);
+    if (++in_burst == burst) {
+      state.PauseTiming();
+      rec.flush();
+      in_burst = 0;
+      state.ResumeTiming();
+    }
   }
-  rec.close();  // outside the timed loop: the drain is the writer's cost, not the training thread's
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * n);
+  rec.close();  // after the loop, untimed: the drain is the writer's cost
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n));
   state.counters["dropped"] = static_cast<double>(rec.stats().dropped);
 }
 
-// 1 KiB to 64 MiB. Iterations are capped: each sampled capture is a file.
-BENCHMARK(BM_Memcpy)->RangeMultiplier(8)->Range(1 << 10, 64 << 20);
-BENCHMARK(BM_CaptureSampled)->RangeMultiplier(8)->Range(1 << 10, 64 << 20)->Iterations(200)->UseRealTime();
+// A sampled capture of a one-element tensor: the copy is 4 bytes, the rest
+// is the enqueue. With k captures per step, step() is amortized over k.
+void BM_EnqueueSampled(benchmark::State& state) {
+  const auto k = static_cast<std::size_t>(state.range(0));
+  BenchDir dir;
+  const std::size_t buffer = 4 << 20;
+  tensortap::Recorder rec(tensortap::Options(dir.path + "/run").buffer_bytes(buffer));
+  std::int64_t step = 0;
+  warm_staging(rec, buffer, step);
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < k; ++i) names.push_back("x" + std::to_string(i));
+  const at::Tensor t = at::ones({1});
+  for (auto _ : state) {
+    rec.step(step++);
+    for (const std::string& name : names) rec.capture(name, t);
+  }
+  rec.close();  // after the loop, untimed: the drain is the writer's cost
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * k));
+}
+// Fixed iterations: every record is a file the writer must write before the
+// benchmark ends, and 64-byte slots never fill a 4 MiB buffer at these counts.
+BENCHMARK(BM_EnqueueSampled)->Arg(1)->Iterations(20000)->UseRealTime();
+BENCHMARK(BM_EnqueueSampled)->Arg(64)->Iterations(400)->UseRealTime();
+
+// Sizes 1 KiB to 64 MiB; iterations bounded by bytes, because every sampled
+// capture becomes a file in /dev/shm.
+const bool registered = [] {
+  for (std::int64_t n : {1 << 10, 4 << 10, 32 << 10, 256 << 10, 2 << 20, 16 << 20, 64 << 20}) {
+    benchmark::RegisterBenchmark("BM_Memcpy", BM_Memcpy)->Arg(n);
+    benchmark::RegisterBenchmark("BM_MemcpyRing", BM_MemcpyRing)->Arg(n);
+    const std::int64_t iters = std::clamp<std::int64_t>((std::int64_t{512} << 20) / n, 16, 20000);
+    benchmark::RegisterBenchmark("BM_CaptureSampled", BM_CaptureSampled, true)
+        ->Arg(n)
+        ->Iterations(iters)
+        ->UseRealTime();
+    const std::int64_t cold_iters = std::clamp<std::int64_t>((std::int64_t{64} << 20) / n, 1, 2000);
+    benchmark::RegisterBenchmark("BM_CaptureSampledCold", BM_CaptureSampled, false)
+        ->Arg(n)
+        ->Iterations(cold_iters)
+        ->UseRealTime();
+  }
+  return true;
+}();
 
 }  // namespace

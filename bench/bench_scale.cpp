@@ -1,0 +1,256 @@
+// How the cost of capturing grows with the bytes captured per step (1 MiB to
+// 1 GiB, in 10 tensors) and with the number of tensors per step (10 to
+// 10,000, 16 MiB in all), on a loop that does a fixed amount of compute per
+// step (about 10 ms of matmul) and captures every step.
+//
+//   bench_scale [--reps N] [--csv PATH] [--quick]
+//
+// For every point, measured in the same run: the step time without capture
+// (off) and with it (on, flush() included), the time the training thread
+// spends inside capture(), and the two limits of the same bytes: memcpy into
+// a ring as large as staging, and raw open/write/close of one file per
+// tensor into the same directory. A step is limited by memcpy while capture() costs about the
+// copy, and by the disk or the writer thread once capture() waits for room
+// in staging (Overflow::Block). bench/plot_scale.py draws the CSV.
+#include <fcntl.h>
+#include <malloc.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include <tensortap/tensortap.h>
+
+#include "bench_dir.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// The training step's own work: a fixed number of matmuls, calibrated once
+// to about 10 ms, so every point has the same compute to hide the writer behind.
+struct Compute {
+  at::Tensor a = at::randn({128, 128}), b = at::randn({128, 128});
+  int repeats = 1;
+  void operator()() const {
+    for (int i = 0; i < repeats; ++i) a.mm(b);
+  }
+  void calibrate(double target_s) {
+    repeats = 20;
+    (*this)();
+    const Clock::time_point t0 = Clock::now();
+    (*this)();
+    repeats = std::max(1, static_cast<int>(target_s / (seconds_since(t0) / 20)));
+  }
+};
+
+struct Point {
+  const char* sweep;
+  std::int64_t bytes;    // per step
+  std::int64_t tensors;  // per step
+};
+
+struct Measured {
+  double off = 0, on = 0, in_capture = 0, copy = 0, write = 0;  // seconds per step
+  double on_compute = 0;  // the compute alone, timed inside the "on" steps: the writer thread may slow it
+};
+
+std::vector<at::Tensor> make_tensors(const Point& p) {
+  std::vector<at::Tensor> ts;
+  const std::int64_t floats = std::max<std::int64_t>(1, p.bytes / p.tensors / 4);
+  for (std::int64_t i = 0; i < p.tensors; ++i) ts.push_back(at::full({floats}, static_cast<float>(i)));
+  return ts;
+}
+
+// Raw write() of the same bytes as the same number of files, to the same
+// file system: the disk's part of the limit.
+double raw_write(const std::vector<at::Tensor>& ts, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  const Clock::time_point t0 = Clock::now();
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    const std::string path = fmt::format("{}/{:05d}.bin", dir, i);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const auto n = static_cast<std::size_t>(ts[i].nbytes());
+    if (fd < 0 || ::write(fd, ts[i].data_ptr(), n) != static_cast<ssize_t>(n) || ::close(fd) != 0) {
+      std::fprintf(stderr, "bench_scale: cannot write %s\n", path.c_str());
+      std::exit(1);
+    }
+  }
+  const double s = seconds_since(t0);
+  std::filesystem::remove_all(dir);
+  return s;
+}
+
+// This VM slows tmpfs writes down about 6 times once a few GiB of fresh
+// memory are in use (pages the hypervisor has to back), so files of the
+// untimed steps are removed (the directories stay: the writer made them) and
+// each point writes at most about 1 GiB.
+void remove_npy_files(const std::string& dir) {
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".npy") files.push_back(e.path());
+  for (const auto& f : files) std::filesystem::remove(f);
+}
+
+// memcpy of the step's tensors into a ring as large as staging (two buffers
+// of the default 64 MiB), so the destination is as cold in the caches as
+// staging's is.
+double copy_all(const std::vector<at::Tensor>& ts, std::vector<char>& ring, std::size_t& at) {
+  const Clock::time_point t0 = Clock::now();
+  for (const at::Tensor& t : ts) {
+    const char* p = static_cast<const char*>(t.data_ptr());
+    for (auto left = static_cast<std::size_t>(t.nbytes()); left > 0;) {
+      if (at == ring.size()) at = 0;
+      const std::size_t n = std::min(left, ring.size() - at);
+      std::memcpy(ring.data() + at, p, n);
+      at += n;
+      p += n;
+      left -= n;
+    }
+  }
+  return seconds_since(t0);
+}
+
+// One repetition of one point: off, then on, then the two limits.
+Measured measure(const Point& p, const Compute& compute, const std::vector<at::Tensor>& ts,
+                 const std::vector<std::string>& names, std::int64_t steps, const std::string& scratch,
+                 std::vector<char>& ring, std::size_t& ring_at) {
+  Measured m;
+  Clock::time_point t0 = Clock::now();
+  for (std::int64_t s = 0; s < steps; ++s) compute();
+  m.off = seconds_since(t0) / static_cast<double>(steps);
+
+  {
+    const std::string dir = scratch + "/run";
+    tensortap::Recorder rec{tensortap::Options(dir)};
+    // Touch both staging buffers once (steady state), and make the
+    // directories of every name (a cost of a name's first step only).
+    std::int64_t step = 0;
+    const at::Tensor warm = at::zeros({static_cast<std::int64_t>(rec.options().buffer_bytes() / 4)});
+    for (int i = 0; i < 2; ++i) {
+      rec.step(step++);
+      rec.capture("warm", warm);
+    }
+    rec.step(step++);
+    for (std::size_t i = 0; i < ts.size(); ++i) rec.capture(names[i], ts[i]);
+    rec.flush();
+    remove_npy_files(dir);
+
+    double in_capture = 0, in_compute = 0;
+    t0 = Clock::now();
+    for (std::int64_t s = 0; s < steps; ++s) {
+      rec.step(step++);
+      const Clock::time_point k0 = Clock::now();
+      compute();
+      in_compute += seconds_since(k0);
+      const Clock::time_point c0 = Clock::now();
+      for (std::size_t i = 0; i < ts.size(); ++i) rec.capture(names[i], ts[i]);
+      in_capture += seconds_since(c0);
+    }
+    rec.flush();
+    m.on = seconds_since(t0) / static_cast<double>(steps);
+    m.in_capture = in_capture / static_cast<double>(steps);
+    m.on_compute = in_compute / static_cast<double>(steps);
+    rec.close();
+    std::filesystem::remove_all(dir);
+  }
+
+  m.copy = copy_all(ts, ring, ring_at);
+  m.write = raw_write(ts, scratch + "/raw");
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 3;
+  bool quick = false;
+  std::string csv_path;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--csv") == 0 && i + 1 < argc) csv_path = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: bench_scale [--reps N] [--csv PATH] [--quick]\n");
+      return 2;
+    }
+  }
+  at::set_num_threads(1);  // as bench_training: the writer thread has the other core
+  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);  // as bench_training: allocation alike in every run
+  ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  Compute compute;
+  compute.calibrate(0.010);
+
+  constexpr std::int64_t MiB = std::int64_t{1} << 20;
+  std::vector<Point> points;
+  for (std::int64_t mb : {1, 4, 16, 64, 256, 1024})
+    if (!quick || mb <= 64) points.push_back({"bytes", mb * MiB, 10});
+  for (std::int64_t k : {10, 100, 1000, 10000})
+    if (!quick || k <= 1000) points.push_back({"tensors", 16 * MiB, k});
+
+  BenchDir scratch;
+  std::vector<char> ring(2 * tensortap::Options("").buffer_bytes(), 1);  // touched: warm, like staging
+  std::size_t ring_at = 0;
+  std::string csv =
+      "sweep,bytes_per_step,tensors_per_step,steps,off_ms,on_ms,overhead,capture_ms,memcpy_ms,write_ms,on_compute_ms\n";
+  std::printf(
+      "| sweep | MiB/step | tensors/step | off ms | on ms | overhead | in capture() ms | compute when on, ms | memcpy ms "
+      "| write() ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Point& p : points) {
+    // Fewer steps where a step moves a lot: tmpfs holds every file until
+    // the point is done (see remove_npy_files).
+    const std::int64_t steps = p.tensors >= 1000 ? std::clamp<std::int64_t>(20000 / p.tensors, 3, 20)
+                                                 : std::clamp<std::int64_t>(512 * MiB / p.bytes, 1, 20);
+    const int point_reps = p.bytes >= 256 * MiB ? std::min(reps, 2) : reps;
+    const std::vector<at::Tensor> ts = make_tensors(p);
+    std::vector<std::string> names;
+    for (std::int64_t i = 0; i < p.tensors; ++i) names.push_back(fmt::format("t{}", i));
+    std::vector<double> off, on, in_capture, copy, write, on_compute;
+    for (int r = 0; r < point_reps; ++r) {
+      const Measured m = measure(p, compute, ts, names, steps, scratch.path, ring, ring_at);
+      off.push_back(m.off);
+      on.push_back(m.on);
+      in_capture.push_back(m.in_capture);
+      copy.push_back(m.copy);
+      write.push_back(m.write);
+      on_compute.push_back(m.on_compute);
+    }
+    const double o = median(off), n = median(on);
+    const std::string row =
+        fmt::format("{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f}", p.sweep, p.bytes, p.tensors, steps,
+                    o * 1e3, n * 1e3, n / o - 1, median(in_capture) * 1e3, median(copy) * 1e3, median(write) * 1e3,
+                    median(on_compute) * 1e3);
+    csv += row + "\n";
+    std::printf("| %s | %lld | %lld | %.2f | %.2f | %+.1f%% | %.2f | %.2f | %.2f | %.2f |\n", p.sweep,
+                static_cast<long long>(p.bytes / MiB), static_cast<long long>(p.tensors), o * 1e3, n * 1e3,
+                (n / o - 1) * 100, median(in_capture) * 1e3, median(on_compute) * 1e3, median(copy) * 1e3,
+                median(write) * 1e3);
+    std::fflush(stdout);
+  }
+  if (!csv_path.empty()) {
+    std::FILE* f = std::fopen(csv_path.c_str(), "w");
+    if (f == nullptr || std::fputs(csv.c_str(), f) < 0 || std::fclose(f) != 0) {
+      std::fprintf(stderr, "bench_scale: cannot write %s\n", csv_path.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
