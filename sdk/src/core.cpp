@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -158,33 +159,40 @@ bool Core::selected(const std::string& name) const {
   return true;
 }
 
-bool Core::selected_cached(const std::string& name) {
-  std::lock_guard<std::mutex> lock(names_mu_);
-  auto it = selection_cache_.find(name);
-  if (it == selection_cache_.end()) it = selection_cache_.emplace(name, selected(name)).first;
-  return it->second;
-}
-
-std::string Core::repeat_name(Kind kind, const std::string& name, std::int64_t step) {
+std::string Core::next_name(NameState& state, Kind kind, const std::string& name, std::int64_t step) {
+  auto& slots = state.counts[static_cast<std::size_t>(kind)];
+  NameState::Count* count = slots[0].step == step ? &slots[0] : slots[1].step == step ? &slots[1] : nullptr;
+  if (count == nullptr) {
+    // A new step for this name: recycle the older of the two counters.
+    count = slots[0].step <= slots[1].step ? &slots[0] : &slots[1];
+    *count = {step, 0};
+  }
+  int& k = count->next;
+  // The common case: the name's first record in the step. A name without
+  // '#' cannot be one that a repeat ("x#1") or the user ("h#1") took.
+  if (k == 0 && name.find('#') == std::string::npos) {
+    k = 1;
+    return name;
+  }
+  TakenNames* taken = taken_[0].step == step ? &taken_[0] : taken_[1].step == step ? &taken_[1] : nullptr;
+  if (taken == nullptr) {
+    taken = taken_[0].step <= taken_[1].step ? &taken_[0] : &taken_[1];
+    taken->step = step;
+    taken->names.clear();
+  }
   // Kinds are separate namespaces: the key is the kind's byte, then the name.
   std::string key(1, static_cast<char>(kind));
   key += name;
-  std::lock_guard<std::mutex> lock(names_mu_);
-  StepNames* slot = repeats_[0].step == step ? &repeats_[0] : repeats_[1].step == step ? &repeats_[1] : nullptr;
-  if (slot == nullptr) {
-    // A new step: recycle the table of the older of the two.
-    slot = repeats_[0].step <= repeats_[1].step ? &repeats_[0] : &repeats_[1];
-    slot->step = step;
-    slot->next.clear();
-    slot->used.clear();
-  }
-  StepNames& names = *slot;
-  int& k = names.next[key];
   std::string candidate = k == 0 ? key : fmt::format("{}#{}", key, k);
-  while (names.used.count(candidate) != 0) candidate = fmt::format("{}#{}", key, ++k);
+  while (taken->names.count(candidate) != 0) candidate = fmt::format("{}#{}", key, ++k);
   ++k;
-  names.used.insert(candidate);
+  taken->names.insert(candidate);
   return candidate.substr(1);
+}
+
+std::string Core::repeat_name(Kind kind, const std::string& name, std::int64_t step) {
+  std::lock_guard<std::mutex> lock(names_mu_);
+  return next_name(names_[name], kind, name, step);
 }
 
 void Core::check_capturable(Kind kind, const std::string& name, const at::Tensor& t,
@@ -253,7 +261,13 @@ void Core::record_as(Kind kind, std::string name, const at::Tensor& tensor, std:
   const bool full = (bits & KindSet::bit(kind)) != 0;
   const bool stats = (bits >> kStatsShift & KindSet::bit(kind)) != 0;
   if (!full && !stats) return;
-  at::NoGradGuard no_grad;
+  // Only ATen ops need autograd off; the common case, a memcpy of a CPU
+  // tensor, runs none (and the guard's two thread-local switches were 5% of
+  // a small capture).
+  std::optional<at::NoGradGuard> no_grad;
+  if (!tensor.device().is_cpu() || tensor.scalar_type() != dtype_info(tensor.scalar_type())->stored ||
+      !tensor.is_contiguous() || tensor.is_conj() || tensor.is_neg())
+    no_grad.emplace();
   if (!full && !tensor.device().is_cpu()) {
     record_device_stats(kind, name, tensor, step);
     return;
@@ -366,8 +380,17 @@ void Core::capture(const std::string& name, const at::Tensor& tensor) {
                               name));
     return;
   }
-  if (!selected_cached(name)) return;
-  record(Kind::Tensor, name, tensor, current_step());
+  const std::int64_t step = current_step();
+  std::string record_name;
+  {
+    // Selection and the repeat suffix: one lock, one lookup.
+    std::lock_guard<std::mutex> lock(names_mu_);
+    NameState& state = names_[name];
+    if (state.selected < 0) state.selected = selected(name) ? 1 : 0;
+    if (state.selected == 0) return;
+    record_name = next_name(state, Kind::Tensor, name, step);
+  }
+  record_as(Kind::Tensor, std::move(record_name), tensor, step);
 }
 
 void Core::step(std::int64_t step) {
@@ -399,6 +422,8 @@ void Core::step(std::int64_t step) {
   if (previous >= 0)
     for (auto& w : watchers_) guarded([&] { w->on_step_end(); });
   for (auto& w : watchers_) guarded([&] { w->on_step_begin(step); });
+  // The last step's records go to the writer now, in one wake-up.
+  if (capturing()) staging_.kick();
   check_stopped();
 }
 

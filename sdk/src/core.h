@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -101,7 +102,6 @@ class Core {
 
  private:
   void check_capturable(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const;
-  bool selected_cached(const std::string& name);
   // With OnError::Stop, throws once an error stopped capture.
   void check_stopped();
   void rethrow_background_error() const;
@@ -148,20 +148,32 @@ class Core {
   std::string close_error_;
   std::vector<std::shared_ptr<Watcher>> watchers_;
 
-  // Repeat counters of the current and previous steps: a late gradient
-  // hook of the previous step still gets a fresh suffix.
-  std::mutex names_mu_;
-  struct StepNames {
-    std::int64_t step = -1;
-    // The next suffix to try for a base name, and every name given out, so
-    // a repeat never takes a name the user captured as such ("h#1").
-    std::unordered_map<std::string, int> next;
-    std::unordered_set<std::string> used;
+  // What is known of a base name: whether it is selected (for capture()),
+  // and per kind the next repeat suffix in the current and the previous step
+  // (a late gradient hook of the previous step still gets a fresh suffix).
+  // Found by the caller's own string, so the common case, a name's first
+  // record in a step, builds no string and allocates nothing.
+  struct NameState {
+    struct Count {
+      std::int64_t step = -1;
+      int next = 0;
+    };
+    std::int8_t selected = -1;  // -1: not looked up yet
+    std::array<std::array<Count, 2>, 5> counts{};  // [kind][slot]
   };
-  // The names of the current step and the one before it. The two tables
-  // are reused, not rebuilt, from step to step (clear() keeps their buckets).
-  StepNames repeats_[2];
-  std::unordered_map<std::string, bool> selection_cache_;
+  // Names with a '#' given out in the current and the previous step, kind
+  // byte first: the only ones a repeat's "name#k" can collide with (a name
+  // the user captured as such, "h#1"). Empty unless there are repeats.
+  struct TakenNames {
+    std::int64_t step = -1;
+    std::unordered_set<std::string> names;
+  };
+  // The repeat name of `name` in `step`; names_mu_ is held.
+  std::string next_name(NameState& state, Kind kind, const std::string& name, std::int64_t step);
+
+  std::mutex names_mu_;
+  std::unordered_map<std::string, NameState> names_;
+  TakenNames taken_[2];
 
   // info_'s dumps and its rewrites of run.json (the writer thread adds
   // dumps while training runs).

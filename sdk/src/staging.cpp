@@ -73,10 +73,14 @@ std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop, std::s
       return Ticket{&b, b.slots.size() - 1, b.data + offset, n};
     }
     if (may_drop && overflow_ == Overflow::DropNewest) return std::nullopt;
+    // No room: the writer must take this buffer now, not at the next kick().
+    if (b.pending == 0) writer_cv_.notify_one();
     if (!wait) return std::nullopt;
     // The buffer holds data (an empty one has room for any slot), so the
     // writer will take it once the pending copies are committed.
+    ++waiting_;
     space_cv_.wait(lock);
+    --waiting_;
   }
 }
 
@@ -84,8 +88,26 @@ void Staging::commit(const Ticket& ticket, bool ok) {
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!ok) ticket.buffer->slots[ticket.slot].ok = false;
-    wake = --ticket.buffer->pending == 0;
+    Buffer& b = *ticket.buffer;
+    if (!ok) b.slots[ticket.slot].ok = false;
+    // Waking the writer is a futex call, and in a VM an interrupt to the
+    // other core: microseconds of the capturing thread, per record. Wake it
+    // when there is enough to write or someone waits for it; kick(), once a
+    // step, wakes it for the rest.
+    wake = --b.pending == 0 && (waiting_ > 0 || b.used >= capacity_ / 2);
+    if (!wake) unwoken_.store(true, std::memory_order_relaxed);
+  }
+  if (wake) writer_cv_.notify_one();
+}
+
+void Staging::kick() {
+  // Most steps commit nothing: no lock for them.
+  if (!unwoken_.exchange(false, std::memory_order_relaxed)) return;
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Buffer& b = buffers_[fill_];
+    wake = !b.slots.empty() && b.pending == 0;
   }
   if (wake) writer_cv_.notify_one();
 }
@@ -93,7 +115,10 @@ void Staging::commit(const Ticket& ticket, bool ok) {
 void Staging::wait_drained() {
   std::unique_lock<std::mutex> lock(mu_);
   const std::uint64_t target = reserved_;
+  ++waiting_;
+  if (buffers_[fill_].pending == 0) writer_cv_.notify_one();
   drained_cv_.wait(lock, [&] { return released_ >= target; });
+  --waiting_;
 }
 
 Staging::Buffer* Staging::take() {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -87,7 +88,11 @@ class Staging {
   /// buffer it waits on.
   std::optional<Ticket> reserve(Slot slot, bool may_drop, std::size_t unit = 0, bool wait = true);
   /// Publishes a reservation; `ok = false` tells the writer to drop it.
+  /// Wakes the writer only when the buffer is half full or a thread waits.
   void commit(const Ticket& ticket, bool ok);
+  /// Wakes the writer if the filling buffer holds committed data: called
+  /// once per step, so small records are written within a step.
+  void kick();
   /// Returns when every slot reserved before the call has been released.
   void wait_drained();
 
@@ -116,6 +121,10 @@ class Staging {
   int fill_ = 0;
   bool stopping_ = false;
   std::uint64_t reserved_ = 0;
+  // Threads waiting for room or for the drain: commits then wake the writer.
+  int waiting_ = 0;
+  // A commit left the writer asleep: the next kick() wakes it.
+  std::atomic<bool> unwoken_{false};
   std::uint64_t released_ = 0;
 };
 
