@@ -219,41 +219,6 @@ std::uint64_t Core::plan(std::int64_t step) const {
   return bits;
 }
 
-void Core::record_device_stats(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
-  // Only the ten numbers cross to the host; the tensor stays where it is.
-  at::Tensor vec = device_stats(tensor);
-  auto meta = std::make_shared<RecordMeta>();
-  meta->kind = kind;
-  meta->name = name;
-  meta->step = step;
-  meta->dtype = meta->stored = at::kDouble;
-  meta->shape = {kStatsVectorSize};
-  meta->nbytes = kStatsVectorSize * sizeof(double);
-  meta->write = false;
-  meta->stats_row = true;
-  meta->stats_vector = true;
-  const std::uint64_t id = next_record_.fetch_add(1, std::memory_order_relaxed);
-  const bool may_drop = options_.overflow() == Overflow::DropNewest;
-  if (vec.is_cuda() && cuda_ != nullptr) {
-    // Queued behind the reductions on the current stream: no host sync.
-    if (!cuda_capture(*cuda_, meta, vec, may_drop, id) && !closed()) dropped_.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  // Devices without an engine come to the host synchronously.
-  vec = vec.to(at::kCPU);
-  Slot slot;
-  slot.meta = meta;
-  slot.record = id;
-  slot.nbytes = meta->nbytes;
-  auto ticket = staging_.reserve(std::move(slot), may_drop);
-  if (!ticket) {
-    if (!closed()) dropped_.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  std::memcpy(ticket->dst, vec.data_ptr(), meta->nbytes);
-  staging_.commit(*ticket, true);
-}
-
 void Core::record_as(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step) {
   if (closed()) return;
   check_capturable(kind, name, tensor, step);
@@ -261,33 +226,35 @@ void Core::record_as(Kind kind, std::string name, const at::Tensor& tensor, std:
   const bool full = (bits & KindSet::bit(kind)) != 0;
   const bool stats = (bits >> kStatsShift & KindSet::bit(kind)) != 0;
   if (!full && !stats) return;
+  // Statistics only, of a tensor off the host: reduce it on its own device
+  // and send the ten numbers down the same path as a tensor.
+  const bool stats_vector = !full && !tensor.device().is_cpu();
+  at::Tensor src = stats_vector ? device_stats(tensor) : tensor;
+  const DtypeInfo& info = *dtype_info(src.scalar_type());
   // Only ATen ops need autograd off; the common case, a memcpy of a CPU
   // tensor, runs none (and the guard's two thread-local switches were 5% of
   // a small capture).
   std::optional<at::NoGradGuard> no_grad;
-  if (!tensor.device().is_cpu() || tensor.scalar_type() != dtype_info(tensor.scalar_type())->stored ||
-      !tensor.is_contiguous() || tensor.is_conj() || tensor.is_neg())
+  if (!src.device().is_cpu() || src.scalar_type() != info.stored || !src.is_contiguous() || src.is_conj() ||
+      src.is_neg())
     no_grad.emplace();
-  if (!full && !tensor.device().is_cpu()) {
-    record_device_stats(kind, name, tensor, step);
-    return;
-  }
-  const DtypeInfo& info = *dtype_info(tensor.scalar_type());
-  at::Tensor src = tensor;
+  // CUDA goes through the engine, without a host sync (for a statistics
+  // vector: queued behind the reductions on the current stream). Devices
+  // without an engine come to the host synchronously.
   const bool on_engine = src.is_cuda() && cuda_ != nullptr;
-  // Devices without an engine come to the host synchronously.
   if (!src.device().is_cpu() && !on_engine) src = src.to(at::kCPU);
 
   auto meta = std::make_shared<RecordMeta>();
   meta->kind = kind;
   meta->name = std::move(name);
   meta->step = step;
-  meta->dtype = tensor.scalar_type();
+  meta->dtype = src.scalar_type();
   meta->stored = info.stored;
-  meta->shape = tensor.sizes().vec();
-  meta->nbytes = static_cast<std::uint64_t>(tensor.numel()) * c10::elementSize(info.stored);
+  meta->shape = src.sizes().vec();
+  meta->nbytes = static_cast<std::uint64_t>(src.numel()) * c10::elementSize(info.stored);
   meta->write = full;
   meta->stats_row = stats;
+  meta->stats_vector = stats_vector;
   meta->check = full && options_.flight_recorder() > 0;
   const std::uint64_t id = next_record_.fetch_add(1, std::memory_order_relaxed);
   const bool may_drop = options_.overflow() == Overflow::DropNewest;

@@ -111,8 +111,6 @@ class Core {
   void after_dumps();
   // Called by the writer thread after a dump.
   void dumped(const DumpInfo& dump) noexcept;
-  // Queues the statistics vector of a tensor not on the host.
-  void record_device_stats(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step);
 
   const Options options_;
   std::regex include_;
