@@ -14,19 +14,25 @@
 A run written by several ranks (rank<r>/ directories) opens as one: pass
 rank=r to look at one rank; series() without a rank stacks them all on a
 leading rank axis.
+
+A damaged index line (torn by a full disk, garbage, not a record) is skipped
+with a RunWarning naming the file and line; an index line whose file lies
+outside its run directory is refused with a RunError when it is read.
 """
 
 import builtins
 import json
 import os
 import re
+import stat
+import warnings
 
 import numpy as np
 
-__all__ = ["open", "Run", "KINDS", "STATS_FIELDS", "RunError"]
+__all__ = ["open", "Run", "KINDS", "STATS_FIELDS", "RunError", "RunWarning"]
 __version__ = "0.1.0"
 
-KINDS = ("activation", "activation_grad", "param", "grad", "tensor")
+KINDS = ("activation", "activation_grad", "param", "buffer", "grad", "tensor")
 
 # The columns of stats.npy after "step" and "series", in order.
 STATS_FIELDS = ("min", "max", "mean", "std", "norm", "nan", "posinf", "neginf", "zeros", "numel")
@@ -41,6 +47,10 @@ NUMPY_DTYPES = {
 
 class RunError(ValueError):
     """A run directory that cannot be read as asked."""
+
+
+class RunWarning(UserWarning):
+    """A damaged line of a run directory, skipped; the rest of the run is read."""
 
 
 def open(path, rank=None):  # noqa: A001 - the documented name
@@ -107,7 +117,7 @@ class Run:
         for r in ranks:
             for rec in self._rank_records(by_rank, name, kind, r):
                 if rec["step"] == step:
-                    return self._read(rec, r, mmap)
+                    return self._read(rec, mmap)
         raise KeyError(f"{self.path}: no {kind} record of {name!r} at step {step}"
                        + (f" on rank {rank}" if rank is not None else ""))
 
@@ -116,13 +126,13 @@ class Run:
         on a multi-rank run without `rank`, [n_ranks, n_steps, *shape]."""
         by_rank = self._lookup(name, kind)
         if rank is None and self.ranks:
-            per_rank = [self._stack(self._rank_records(by_rank, name, kind, r), r, name, kind) for r in self.ranks]
+            per_rank = [self._stack(self._rank_records(by_rank, name, kind, r), name, kind) for r in self.ranks]
             steps = [self.steps(name, kind, rank=r) for r in self.ranks]
             if any(s != steps[0] for s in steps):
                 raise RunError(f"{name!r} ({kind}) was captured at different steps on different ranks; "
                                "pass rank=")
             return np.stack(per_rank)
-        return self._stack(self._rank_records(by_rank, name, kind, rank), rank, name, kind)
+        return self._stack(self._rank_records(by_rank, name, kind, rank), name, kind)
 
     @property
     def dumps(self):
@@ -131,14 +141,24 @@ class Run:
         run each also has "rank"."""
         out = []
         for r, info in sorted(self.infos.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
-            for d in info.get("dumps", []):
+            dumps = info.get("dumps", [])
+            where = os.path.join(self._dirs[r], "run.json")
+            if not isinstance(dumps, list):
+                _warn(f"{where}: \"dumps\" is {_json_type(dumps)}, not an array; ignored")
+                continue
+            for i, d in enumerate(dumps):
+                if not isinstance(d, dict):
+                    _warn(f"{where}: dump {i} is {_json_type(d)}, not an object; skipped")
+                    continue
                 out.append(dict(d, rank=r) if r is not None else dict(d))
         return out
 
     def stats_table(self, rank=None):
         """The whole statistics table of one rank: a structured array with fields
         step, series, min, max, mean, std, norm, nan, posinf, neginf, zeros, numel,
-        and the series' names: {series: (kind, name)}."""
+        and the series' names: {series: (kind, name)}. A stats.npy that is empty,
+        truncated or not such a table raises RunError; a damaged line of
+        stats_series.jsonl is skipped with a RunWarning."""
         if rank is None and self.ranks:
             raise RunError(f"{self.path} has ranks {self.ranks}: pass rank=")
         if rank not in self._dirs:
@@ -147,9 +167,14 @@ class Run:
         table_path = os.path.join(d, "stats.npy")
         if not os.path.exists(table_path):
             raise RunError(f"{d}: no statistics (stats.npy); the run was made without Options::stats_every")
-        table = np.load(table_path)
+        table = _read_stats_table(table_path)
         series = {}
-        for line in _read_index(os.path.join(d, "stats_series.jsonl")):
+        series_path = os.path.join(d, "stats_series.jsonl")
+        for lineno, line in _read_lines(series_path):
+            problem = _series_problem(line)
+            if problem:
+                _warn(f"{series_path}:{lineno}: skipped: {problem}")
+                continue
             series[line["series"]] = (line["kind"], line["name"])
         return table, series
 
@@ -206,8 +231,8 @@ class Run:
             raise KeyError(f"{self.path}: no {kind} records of {name!r} on rank {rank}")
         return by_rank[rank]
 
-    def _stack(self, recs, rank, name, kind):
-        arrays = [self._read(rec, rank, mmap=False) for rec in recs]
+    def _stack(self, recs, name, kind):
+        arrays = [self._read(rec, mmap=False) for rec in recs]
         shapes = sorted({a.shape for a in arrays})
         if len(shapes) > 1:
             raise RunError(f"{name!r} ({kind}) changes shape between steps: {shapes}; use load() per step")
@@ -215,8 +240,9 @@ class Run:
             return np.empty((0,))
         return np.stack(arrays)
 
-    def _read(self, rec, rank, mmap):
-        path = os.path.join(self._dirs[rank], rec["file"])
+    def _read(self, rec, mmap):
+        """The array of one record of self.records."""
+        path = _resolve(rec)
         if "dataset" in rec:
             f = self._h5.get(path)
             if f is None:
@@ -227,12 +253,13 @@ class Run:
             if hasattr(ds, "refresh"):
                 ds.refresh()  # rows appended since the file was opened (SWMR)
             return ds[(rec["row"],) + tuple(slice(0, n) for n in rec["shape"])]
+        # Never pickle: a planted .npy of objects would run code on load.
         if mmap:
             try:
-                return np.load(path, mmap_mode="r")
+                return np.load(path, mmap_mode="r", allow_pickle=False)
             except ValueError:  # an empty array cannot be mapped
                 pass
-        return np.load(path)
+        return np.load(path, allow_pickle=False)
 
 
 def _find_ranks(path):
@@ -249,28 +276,234 @@ def _find_ranks(path):
     return ranks
 
 
+class _Record(dict):
+    """An index line. It equals the dict of the line; it also remembers the line,
+    so that a refusal can name it, and the rank directory its file must lie in."""
+
+    __slots__ = ("index", "lineno", "root")
+
+
+def _warn(message):
+    warnings.warn(message, RunWarning, stacklevel=2)
+
+
+def _json_type(value):
+    for t, name in ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"),
+                    (list, "an array"), (dict, "an object")):
+        if isinstance(value, t):
+            return name
+    return "null"
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _open_regular(path):
+    """An open binary file of `path`, refused unless it is a regular file: a FIFO
+    or a device planted under a known name would block the reader or never end."""
+    # O_NONBLOCK so that opening a FIFO does not wait for a writer; it does not
+    # change reads from a regular file.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RunError(f"{path}: not a regular file")
+        return builtins.open(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _read_json(path):
-    with builtins.open(path, encoding="utf-8") as f:
-        return json.load(f)
+    with _open_regular(path) as f:
+        data = f.read()
+    try:
+        info = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise RunError(f"{path}: not valid JSON (not UTF-8)") from None
+    except (ValueError, RecursionError) as e:
+        raise RunError(f"{path}: not valid JSON ({_reason(e)})") from None
+    if not isinstance(info, dict):
+        raise RunError(f"{path}: not a JSON object but {_json_type(info)}")
+    return info
+
+
+def _reason(e):
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg}, column {e.colno}"
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return str(e)
+
+
+def _read_lines(path):
+    """(line number, value) for each JSON line of `path`, if it exists. Read as
+    bytes and decoded line by line, so that a bad line (torn, garbage, invalid
+    UTF-8) costs only itself. An unterminated last line that does not parse is a
+    write torn by a crash: skipped silently. Other bad lines: a RunWarning."""
+    if not os.path.exists(path):
+        return
+    with _open_regular(path) as f:
+        lines = f.read().split(b"\n")
+    last = len(lines) - 1  # b"" when the file ends with a newline
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            value = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            if i < last:
+                _warn(f"{path}:{i + 1}: skipped: not UTF-8")
+            continue
+        except (ValueError, RecursionError) as e:
+            if i < last:
+                _warn(f"{path}:{i + 1}: skipped: not a JSON line ({_reason(e)})")
+            continue
+        yield i + 1, value
+
+
+# The members every index line has; HDF5 records add "dataset" and "row".
+_REQUIRED = ("step", "kind", "name", "dtype", "shape", "file")
+
+
+def _record_problem(rec):
+    """Why the JSON value `rec` is not an index record, or None."""
+    if not isinstance(rec, dict):
+        return f"{_json_type(rec)}, not an object"
+    missing = [k for k in _REQUIRED if k not in rec]
+    if "dataset" in rec and "row" not in rec:
+        missing.append("row")
+    if missing:
+        return "no " + ", ".join(f'"{k}"' for k in missing)
+    if not _is_int(rec["step"]):
+        return f'"step" is {_json_type(rec["step"])}, not an integer'
+    if not isinstance(rec["kind"], str) or rec["kind"] not in KINDS:
+        return f'unknown kind {_short(rec["kind"])}'
+    for k in ("name", "dtype", "file"):
+        if not isinstance(rec[k], str):
+            return f'"{k}" is {_json_type(rec[k])}, not a string'
+    if not rec["file"]:
+        return '"file" is empty'
+    shape = rec["shape"]
+    if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
+        return '"shape" is not an array of sizes'
+    # LibTorch counts elements in int64: more is no tensor, and would overflow
+    # the byte counts of `inspect`. Stopped early, so that a forged shape of
+    # many huge sizes costs no big-number product.
+    if 0 not in shape:
+        numel = 1
+        for n in shape:
+            numel *= n
+            if numel >= 1 << 63:
+                return '"shape" has 2**63 elements or more'
+    if "dataset" in rec:
+        if not isinstance(rec["dataset"], str):
+            return f'"dataset" is {_json_type(rec["dataset"])}, not a string'
+        if not _is_int(rec["row"]) or rec["row"] < 0:
+            return '"row" is not a row number'
+    return None
+
+
+def _series_problem(line):
+    """Why the JSON value `line` is not a stats_series.jsonl line, or None."""
+    if not isinstance(line, dict):
+        return f"{_json_type(line)}, not an object"
+    missing = [k for k in ("series", "kind", "name") if k not in line]
+    if missing:
+        return "no " + ", ".join(f'"{k}"' for k in missing)
+    if not _is_int(line["series"]):
+        return f'"series" is {_json_type(line["series"])}, not an integer'
+    if not isinstance(line["kind"], str) or line["kind"] not in KINDS:
+        return f'unknown kind {_short(line["kind"])}'
+    if not isinstance(line["name"], str):
+        return f'"name" is {_json_type(line["name"])}, not a string'
+    return None
+
+
+def _short(value):
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _read_index(path):
-    """The index lines as dicts. A crash can tear the last line: it is skipped."""
+    """The records of an index file, as _Records. A crash can tear the last line:
+    it is skipped. A damaged line elsewhere is skipped with a RunWarning: one bad
+    line must not hide the run."""
+    root = os.path.realpath(os.path.dirname(path))
     records = []
-    if not os.path.exists(path):
-        return records
-    with builtins.open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    for i, line in enumerate(lines):
-        if not line:
+    for lineno, value in _read_lines(path):
+        problem = _record_problem(value)
+        if problem:
+            _warn(f"{path}:{lineno}: skipped: {problem}")
             continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                break
-            raise RunError(f"{path}:{i + 1}: not a JSON line") from None
+        rec = _Record(value)
+        rec.index, rec.lineno, rec.root = path, lineno, root
+        records.append(rec)
     return records
+
+
+def _resolve(rec):
+    """The real path of the file a record names. Refused unless it lies inside the
+    rank directory: an index is data, and a damaged or planted one must not make
+    the reader open files elsewhere (another run's, /etc/...). The real path, not
+    the index's, is what gets opened, so that a symlink is followed only once,
+    here, where it was checked."""
+    file = rec["file"]
+    parts = file.replace(os.sep, "/").split("/")
+    if "\0" in file:
+        why = "it contains NUL"
+    elif os.path.isabs(file):
+        why = "it is absolute"
+    elif ".." in parts:
+        why = "it has a '..' component"
+    else:
+        real = os.path.realpath(os.path.join(rec.root, file))
+        if real == rec.root or os.path.commonpath([rec.root, real]) != rec.root:
+            why = f"it resolves to {real!r}, outside {rec.root!r}"
+        elif os.path.exists(real) and not os.path.isfile(real):
+            why = "it is not a regular file"
+        else:
+            return real
+    raise RunError(f"{rec.index}:{rec.lineno}: refused path {file!r}: {why}")
+
+
+# The columns stats.npy must have, and which of them hold floats.
+_STATS_COLUMNS = ("step", "series") + STATS_FIELDS
+_STATS_FLOATS = ("min", "max", "mean", "std", "norm")
+
+
+def _read_stats_table(path):
+    """stats.npy, checked before it is read: the header must describe a 1-D table
+    with the statistics columns, and the file must hold every row it counts. A
+    live run appends rows before it counts them, so more bytes are fine."""
+    with _open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise RunError(f"{path}: empty file, no statistics table")
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f".npy format version {version[0]}.{version[1]} is not one tensortap writes")
+        except ValueError as e:
+            raise RunError(f"{path}: not a statistics table: {e}") from None
+        names = dtype.names or ()
+        missing = [c for c in _STATS_COLUMNS if c not in names]
+        if missing:
+            raise RunError(f"{path}: not a statistics table: no field {', '.join(missing)} (fields: {list(names)})")
+        wrong = [c for c in _STATS_COLUMNS if dtype[c].kind not in ("f" if c in _STATS_FLOATS else "iu")]
+        if wrong or dtype.hasobject:
+            raise RunError(f"{path}: not a statistics table: field types {dtype}")
+        if len(shape) != 1:
+            raise RunError(f"{path}: not a statistics table: shape {shape}, not one row axis")
+        rows, have = shape[0], size - f.tell()
+        if have < rows * dtype.itemsize:
+            raise RunError(f"{path}: truncated: the header counts {rows} rows ({rows * dtype.itemsize} bytes), "
+                           f"the file holds {have} bytes after it")
+        return np.fromfile(f, dtype=dtype, count=rows)
 
 
 def _open_h5(path):

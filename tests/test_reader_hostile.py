@@ -1,0 +1,468 @@
+"""The Python reader on hostile or damaged run directories, built by hand here
+(no C++ build needed):
+
+    PYTHONPATH=python /usr/bin/python3 tests/test_reader_hostile.py
+"""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import unittest
+import warnings
+
+import numpy as np
+
+import tensortap
+from tensortap import __main__ as cli
+
+RUN_JSON = {"format_version": 1, "closed": True, "options": {"format": "npy"}, "rank": 0, "world_size": 1}
+
+
+def record(step, name="w", kind="grad", shape=(2, 3), **extra):
+    rec = {"step": step, "kind": kind, "name": name, "dtype": "float32", "shape": list(shape) if isinstance(shape, tuple) else shape,
+           "file": f"npy/{kind}/{name}/{str(step).zfill(8)}.npy"}
+    rec.update(extra)
+    return rec
+
+
+def line(rec):
+    return json.dumps(rec, ensure_ascii=False).encode() + b"\n"
+
+
+def value(step):
+    return np.full((2, 3), step, np.float32)
+
+
+def make_run(path, lines, arrays=True):
+    """A run directory: run.json, index.jsonl of `lines` (bytes, joined as they
+    are, so a test can tear them), and the .npy file of each record that parses."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "run.json"), "w") as f:
+        json.dump(RUN_JSON, f)
+    with open(os.path.join(path, "index.jsonl"), "wb") as f:
+        f.write(b"".join(lines))
+    if arrays:
+        for raw in b"".join(lines).split(b"\n"):
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("file"), str) and rec["file"].endswith(".npy") \
+                    and not os.path.isabs(rec["file"]) and ".." not in rec["file"]:
+                os.makedirs(os.path.dirname(os.path.join(path, rec["file"])), exist_ok=True)
+                np.save(os.path.join(path, rec["file"]), value(rec["step"]))
+    return path
+
+
+def open_run(path):
+    """The run and the messages of the RunWarnings opening it gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = tensortap.open(path)
+    return run, [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
+
+
+def inspect(*args):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(["inspect", *args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def stats_table(rows):
+    dtype = [("step", "<i8"), ("series", "<i8")] + [(f, "<f8") for f in ("min", "max", "mean", "std", "norm")] \
+        + [(f, "<i8") for f in ("nan", "posinf", "neginf", "zeros", "numel")]
+    table = np.zeros(rows, dtype)
+    table["step"] = np.arange(rows)
+    table["max"] = np.arange(rows) * 2.0
+    table["numel"] = 6
+    return table
+
+
+class TempCase(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="tensortap-hostile-")
+        self.run_dir = os.path.join(self.tmp, "runs", "exp")
+        # A valid .npy outside the run: a refusal that works only because the
+        # target is unreadable would not show here.
+        self.outside = os.path.join(self.tmp, "x.npy")
+        np.save(self.outside, value(99))
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class PathTest(TempCase):
+    def assert_refused(self, run, step, path, lineno, name="w", kind="grad"):
+        with self.assertRaises(tensortap.RunError) as cm:
+            run.load(name, step, kind)
+        msg = str(cm.exception)
+        self.assertIn(os.path.join(self.run_dir, "index.jsonl") + f":{lineno}:", msg)
+        self.assertIn(path, msg)
+        self.assertIn("refused", msg)
+        return msg
+
+    def test_parent_components_are_refused(self):
+        # From runs/exp, ../../x.npy is self.outside, a valid array.
+        make_run(self.run_dir, [line(record(0)),
+                                line(record(1, file="../../x.npy")),
+                                line(record(2, file="npy/../../../x.npy")),
+                                line(record(3, file="npy/grad/../grad/w/00000000.npy"))])
+        run, warned = open_run(self.run_dir)
+        self.assertEqual(warned, [])
+        np.testing.assert_array_equal(run.load("w", 0, "grad"), value(0))
+        self.assertIn("'..'", self.assert_refused(run, 1, "../../x.npy", 2))
+        self.assert_refused(run, 2, "npy/../../../x.npy", 3)
+        # '..' is refused even where it would stay inside: the writer never
+        # writes one, so it is a forged line.
+        self.assert_refused(run, 3, "npy/grad/../grad/w/00000000.npy", 4)
+        with self.assertRaises(tensortap.RunError):
+            run.series("w", "grad")
+
+    def test_absolute_paths_are_refused(self):
+        make_run(self.run_dir, [line(record(0)), line(record(1, file="/etc/hostname")),
+                                line(record(2, file=self.outside))])
+        run, _ = open_run(self.run_dir)
+        self.assertIn("absolute", self.assert_refused(run, 1, "/etc/hostname", 2))
+        self.assert_refused(run, 2, self.outside, 3)
+        np.testing.assert_array_equal(run.load("w", 0, "grad"), value(0))
+
+    def test_symlinks_out_of_the_run_are_refused(self):
+        make_run(self.run_dir, [line(record(0)), line(record(1)), line(record(2, name="v"))])
+        planted = os.path.join(self.run_dir, "npy/grad/w/00000001.npy")
+        os.remove(planted)
+        os.symlink(self.outside, planted)
+        # A planted directory link: every file under it lies outside.
+        elsewhere = os.path.join(self.tmp, "elsewhere")
+        shutil.move(os.path.join(self.run_dir, "npy/grad/v"), elsewhere)
+        os.symlink(elsewhere, os.path.join(self.run_dir, "npy/grad/v"))
+        run, _ = open_run(self.run_dir)
+        msg = self.assert_refused(run, 1, "npy/grad/w/00000001.npy", 2)
+        self.assertIn("outside", msg)
+        self.assertIn(os.path.realpath(self.outside), msg)
+        self.assert_refused(run, 2, "npy/grad/v/00000002.npy", 3, name="v")
+        np.testing.assert_array_equal(run.load("w", 0, "grad"), value(0))
+
+    def test_symlinks_inside_the_run_are_followed(self):
+        make_run(self.run_dir, [line(record(0)), line(record(1))])
+        target = os.path.join(self.run_dir, "npy/grad/w/00000001.npy")
+        moved = os.path.join(self.run_dir, "moved.npy")
+        os.rename(target, moved)
+        os.symlink("../../../moved.npy", target)
+        # The run directory itself reached through a link is still one run.
+        link = os.path.join(self.tmp, "latest")
+        os.symlink(self.run_dir, link)
+        for path in (self.run_dir, link):
+            run, _ = open_run(path)
+            np.testing.assert_array_equal(run.load("w", 1, "grad"), value(1))
+            np.testing.assert_array_equal(run.series("w", "grad"), np.stack([value(0), value(1)]))
+
+    def test_directories_and_fifos_are_refused(self):
+        make_run(self.run_dir, [line(record(0)), line(record(1, file="npy")), line(record(2, file="fifo.npy"))])
+        os.remove(os.path.join(self.run_dir, "fifo.npy"))
+        os.mkfifo(os.path.join(self.run_dir, "fifo.npy"))
+        run, _ = open_run(self.run_dir)
+        self.assertIn("not a regular file", self.assert_refused(run, 1, "npy", 2))
+        # Opening a FIFO waits for a writer; fail instead of hanging if it is tried.
+        previous = signal.signal(signal.SIGALRM, lambda *_: self.fail("the reader opened a FIFO"))
+        signal.alarm(10)
+        try:
+            self.assert_refused(run, 2, "fifo.npy", 3)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+
+    def test_hdf5_records_are_refused_the_same_way(self):
+        h5 = {"dataset": "/grad/w/data", "row": 0}
+        make_run(self.run_dir, [line(record(0, file="../../t.h5", **h5)),
+                                line(record(1, file=os.path.join(self.tmp, "t.h5"), **h5))])
+        with open(os.path.join(self.tmp, "t.h5"), "wb") as f:
+            f.write(b"\x89HDF\r\n\x1a\n")
+        run, _ = open_run(self.run_dir)
+        # Refused before h5py is imported or the file opened.
+        self.assert_refused(run, 0, "../../t.h5", 1)
+        self.assertIn("absolute", self.assert_refused(run, 1, os.path.join(self.tmp, "t.h5"), 2))
+
+    def test_a_rank_cannot_reach_into_another(self):
+        for r in (0, 1):
+            make_run(os.path.join(self.run_dir, f"rank{r}"), [line(record(0))])
+        with open(os.path.join(self.run_dir, "rank1", "index.jsonl"), "ab") as f:
+            f.write(line(record(1, file="../rank0/npy/grad/w/00000000.npy")))
+        run, _ = open_run(self.run_dir)
+        with self.assertRaisesRegex(tensortap.RunError, r"rank1/index\.jsonl:2: refused path '\.\./rank0/"):
+            run.load("w", 1, "grad", rank=1)
+        np.testing.assert_array_equal(run.load("w", 0, "grad", rank=1), value(0))
+
+    def test_inspect_check_reports_refused_records(self):
+        # The forged line repeats a good record's name and step: a check that
+        # looks records up by name and step would read the good one instead.
+        make_run(self.run_dir, [line(record(0)), line(record(1)), line(record(1, file="../../x.npy")),
+                                line(record(2, name="v", file="/etc/hostname"))])
+        rc, out, err = inspect(self.run_dir, "--check")
+        self.assertEqual(rc, 1, out + err)
+        self.assertIn("BAD grad 'w' step 1: " + os.path.join(self.run_dir, "index.jsonl") + ":3: refused path "
+                      "'../../x.npy'", out)
+        self.assertIn("BAD grad 'v' step 2: ", out)
+        self.assertIn("'/etc/hostname': it is absolute", out)
+        self.assertIn("check: 4 records, 2 problems", out)
+        self.assertEqual(err, "")
+        # Without --check the summary lists them and exits 0: nothing was read.
+        rc, out, _ = inspect(self.run_dir)
+        self.assertEqual(rc, 0)
+        self.assertIn("total: 4 records", out)
+
+
+class IndexLineTest(TempCase):
+    def index(self):
+        return os.path.join(self.run_dir, "index.jsonl")
+
+    def test_torn_middle_line_is_skipped_with_a_warning(self):
+        # A disk that filled mid-line, then freed: the next record is glued on.
+        torn = line(record(1))[:20]
+        make_run(self.run_dir, [line(record(0)), torn + line(record(2)), line(record(3)), line(record(4))])
+        run, warned = open_run(self.run_dir)
+        self.assertEqual(len(warned), 1, warned)
+        self.assertTrue(warned[0].startswith(self.index() + ":2: skipped: not a JSON line"), warned)
+        self.assertEqual(run.steps("w", "grad"), [0, 3, 4])
+        self.assertEqual(run.records, [record(0), record(3), record(4)])
+        for step in (0, 3, 4):
+            np.testing.assert_array_equal(run.load("w", step, "grad"), value(step))
+
+    def test_garbage_and_invalid_utf8_lines_cost_only_themselves(self):
+        make_run(self.run_dir, [line(record(0)), b"\x00\x00\x00garbage\n", b'{"step":1,"name":"\xff\xfe"}\n',
+                                line(record(3))])
+        run, warned = open_run(self.run_dir)
+        self.assertEqual([w.split(": skipped: ")[0] for w in warned], [self.index() + ":2", self.index() + ":3"])
+        self.assertIn("not UTF-8", warned[1])
+        self.assertEqual(run.steps("w", "grad"), [0, 3])
+
+    def test_torn_last_line_is_skipped_silently(self):
+        # Torn inside the two bytes of "é": the file does not end in valid UTF-8.
+        last = line(record(2, name="poids_é"))
+        cut = last.index("é".encode()) + 1
+        make_run(self.run_dir, [line(record(0)), line(record(1)), last[:cut]])
+        with open(self.index(), "rb") as f:
+            with self.assertRaises(UnicodeDecodeError):
+                f.read().decode("utf-8")
+        run, warned = open_run(self.run_dir)
+        self.assertEqual(warned, [])
+        self.assertEqual(run.records, [record(0), record(1)])
+        # A torn last line of plain ASCII, as before.
+        with open(self.index(), "wb") as f:
+            f.write(line(record(0)) + line(record(1))[:25])
+        run, warned = open_run(self.run_dir)
+        self.assertEqual((warned, run.steps("w", "grad")), ([], [0]))
+        # A complete last line without its newline is kept.
+        with open(self.index(), "wb") as f:
+            f.write(line(record(0)) + line(record(1)).rstrip(b"\n"))
+        run, warned = open_run(self.run_dir)
+        self.assertEqual((warned, run.steps("w", "grad")), ([], [0, 1]))
+
+    def test_lines_that_are_not_objects(self):
+        make_run(self.run_dir, [b"[1,2]\n", line(record(0)), b"42\n", b'"grad"\n', b"null\n", line(record(1)),
+                                b"[1,2]\n"])
+        run, warned = open_run(self.run_dir)
+        self.assertEqual([w.split(": skipped: ")[0] for w in warned],
+                         [f"{self.index()}:{n}" for n in (1, 3, 4, 5, 7)])
+        self.assertIn("an array, not an object", warned[0])
+        self.assertIn("a number, not an object", warned[1])
+        self.assertEqual(run.records, [record(0), record(1)])
+
+    def test_records_missing_members_or_of_wrong_types(self):
+        bad = {
+            2: {k: v for k, v in record(1).items() if k != "name"},
+            3: record("3"),
+            4: record(True),
+            5: record(4, kind="grads"),
+            6: record(5, kind=["grad"]),
+            7: record(6, shape=[2, "3"]),
+            8: record(7, shape=[-1]),
+            9: record(8, shape=6),
+            10: record(9, shape=[1 << 40, 1 << 40]),
+            11: record(10, file=7),
+            12: record(11, file=""),
+            13: record(12, dtype=None),
+            14: record(13, dataset="/grad/w/data"),
+            15: record(14, dataset="/grad/w/data", row=-1),
+            16: {k: v for k, v in record(15).items() if k not in ("step", "file")},
+        }
+        make_run(self.run_dir, [line(record(0))] + [line(bad[n]) for n in sorted(bad)] + [line(record(16))])
+        run, warned = open_run(self.run_dir)
+        self.assertEqual([w.split(": skipped: ")[0] for w in warned], [f"{self.index()}:{n}" for n in sorted(bad)])
+        why = dict(zip(sorted(bad), (w.split(": skipped: ")[1] for w in warned)))
+        self.assertEqual(why[2], 'no "name"')
+        self.assertEqual(why[3], '"step" is a string, not an integer')
+        self.assertEqual(why[4], '"step" is a boolean, not an integer')
+        self.assertEqual(why[5], "unknown kind 'grads'")
+        self.assertEqual(why[14], 'no "row"')
+        self.assertEqual(why[16], 'no "step", "file"')
+        self.assertEqual(run.records, [record(0), record(16)])
+        self.assertEqual(run.names(), ["w"])
+
+    def test_buffer_is_a_kind(self):
+        self.assertEqual(tensortap.KINDS, ("activation", "activation_grad", "param", "buffer", "grad", "tensor"))
+        make_run(self.run_dir, [line(record(0, kind="grad")), line(record(0, kind="buffer", name="bn.running_mean")),
+                                line(record(0, kind="param"))])
+        run, warned = open_run(self.run_dir)
+        self.assertEqual(warned, [])
+        self.assertEqual(run.kinds(), ["param", "buffer", "grad"])
+        np.testing.assert_array_equal(run.load("bn.running_mean", 0, "buffer"), value(0))
+
+    def test_inspect_check_counts_skipped_lines(self):
+        make_run(self.run_dir, [line(record(0)), b"{\"step\":1,\"ki\n", b"[1]\n", line(record(2))])
+        rc, out, err = inspect(self.run_dir, "--check")
+        self.assertEqual(rc, 1, out)
+        self.assertIn(f"BAD {self.index()}:2: skipped: not a JSON line", out)
+        self.assertIn(f"BAD {self.index()}:3: skipped: an array, not an object", out)
+        self.assertIn("check: 2 records, 2 problems", out)
+        self.assertIn(f"tensortap: warning: {self.index()}:2: skipped", err)
+        self.assertIn("grad  w     2      0..2", out)
+        # The summary alone still succeeds: the run is readable.
+        rc, out, err = inspect(self.run_dir)
+        self.assertEqual(rc, 0)
+        self.assertIn("total: 2 records", out)
+        # A torn last line is what a crash leaves: not a problem.
+        with open(self.index(), "wb") as f:
+            f.write(line(record(0)) + line(record(2)) + b'{"step":3,"kind":"gr')
+        rc, out, err = inspect(self.run_dir, "--check")
+        self.assertEqual((rc, err), (0, ""), out)
+        self.assertIn("check: 2 records, 0 problems", out)
+
+    def test_command_line_never_shows_a_traceback(self):
+        make_run(self.run_dir, [line(record(0)), b"\xff\n", b"[1]\n", line(record(1, file="../../x.npy"))])
+        # The tensortap this test imported, not whichever the path finds first.
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(tensortap.__file__))))
+        p = subprocess.run([sys.executable, "-m", "tensortap", "inspect", self.run_dir, "--check"],
+                           capture_output=True, text=True, env=env)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        self.assertIn("check: 2 records, 3 problems", p.stdout)
+
+
+class StatsTest(TempCase):
+    def setUp(self):
+        super().setUp()
+        make_run(self.run_dir, [line(record(0))])
+        self.table_path = os.path.join(self.run_dir, "stats.npy")
+        self.series_path = os.path.join(self.run_dir, "stats_series.jsonl")
+        np.save(self.table_path, stats_table(4))
+        with open(self.series_path, "w") as f:
+            f.write('{"series":0,"kind":"grad","name":"w"}\n')
+
+    def stats(self):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            st = tensortap.open(self.run_dir).stats("w", "grad")
+        return st, [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
+
+    def assert_unreadable(self, *fragments):
+        run = tensortap.open(self.run_dir)
+        for call in (lambda: run.stats_table(), lambda: run.stats("w", "grad")):
+            with self.assertRaises(tensortap.RunError) as cm:
+                call()
+            self.assertIn(self.table_path, str(cm.exception))
+            for fragment in fragments:
+                self.assertIn(fragment, str(cm.exception))
+        rc, out, err = inspect(self.run_dir)
+        self.assertEqual(rc, 0, err)
+        self.assertIn(f"statistics cannot be read: {self.table_path}", out)
+        rc, out, err = inspect(self.run_dir, "--check")
+        self.assertEqual(rc, 1)
+        self.assertIn("BAD statistics cannot be read", out)
+
+    def test_a_good_table(self):
+        st, warned = self.stats()
+        self.assertEqual(warned, [])
+        np.testing.assert_array_equal(st["step"], [0, 1, 2, 3])
+        np.testing.assert_array_equal(st["max"], [0, 2, 4, 6])
+        rc, out, _ = inspect(self.run_dir, "--check")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("statistics: 4 rows of 1 tensors, all finite", out)
+
+    def test_rows_appended_before_the_header_counts_them_are_ignored(self):
+        # What a reader of a live run sees: the writer appends, then recounts.
+        with open(self.table_path, "ab") as f:
+            f.write(stats_table(1).tobytes()[:50])
+        st, _ = self.stats()
+        self.assertEqual(len(st["step"]), 4)
+
+    def test_truncated_table(self):
+        size = os.path.getsize(self.table_path)
+        os.truncate(self.table_path, size - 10)
+        self.assert_unreadable("truncated", "counts 4 rows")
+
+    def test_empty_table(self):
+        os.truncate(self.table_path, 0)
+        self.assert_unreadable("empty")
+
+    def test_truncated_header(self):
+        os.truncate(self.table_path, 40)
+        self.assert_unreadable("not a statistics table")
+
+    def test_not_a_table(self):
+        np.save(self.table_path, np.zeros((4, 12)))
+        self.assert_unreadable("no field step")
+        np.save(self.table_path, stats_table(4).astype([(n, "<f8") for n in stats_table(0).dtype.names]))
+        self.assert_unreadable("field types")
+        np.save(self.table_path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+        self.assert_unreadable("not a statistics table")
+        with open(self.table_path, "w") as f:
+            f.write("step,series\n0,0\n")
+        self.assert_unreadable("not a statistics table")
+
+    def test_damaged_series_lines(self):
+        with open(self.series_path, "wb") as f:
+            f.write(b'{"series":1,"kind":"grad","na\n{"series":2,"kind":"grad"}\n[3]\n'
+                    b'{"series":0,"kind":"grad","name":"w"}\n{"series":"4","kind":"grad","name":"u"}\n')
+        st, warned = self.stats()
+        self.assertEqual([w.split(": skipped: ")[0] for w in warned],
+                         [f"{self.series_path}:{n}" for n in (1, 2, 3, 5)])
+        self.assertIn('no "name"', warned[1])
+        np.testing.assert_array_equal(st["step"], [0, 1, 2, 3])
+        rc, out, _ = inspect(self.run_dir, "--check")
+        self.assertEqual(rc, 1)
+        self.assertIn(f"BAD {self.series_path}:2: skipped", out)
+
+
+class RunJsonTest(TempCase):
+    def test_run_json_not_json_or_not_an_object(self):
+        make_run(self.run_dir, [line(record(0))])
+        path = os.path.join(self.run_dir, "run.json")
+        for content, why in ((b'{"format_version": 1, "clo', "not valid JSON"), (b"[1, 2]", "not a JSON object"),
+                             (b"\xff\xfe{}", "not valid JSON"), (b"", "not valid JSON")):
+            with self.subTest(content=content):
+                with open(path, "wb") as f:
+                    f.write(content)
+                with self.assertRaises(tensortap.RunError) as cm:
+                    tensortap.open(self.run_dir)
+                self.assertIn(path, str(cm.exception))
+                self.assertIn(why, str(cm.exception))
+                rc, out, err = inspect(self.run_dir, "--check")
+                self.assertEqual(rc, 2)
+                self.assertTrue(err.startswith(f"tensortap: {path}: {why}"), err)
+
+    def test_odd_members_do_not_break_inspect(self):
+        make_run(self.run_dir, [line(record(0, name="evil\x1b]0;title\x07"))])
+        with open(os.path.join(self.run_dir, "run.json"), "w") as f:
+            json.dump(dict(RUN_JSON, options=5, torch_version="\x1b[2J", dumps=[7, {"step": 3}]), f)
+        run, _ = open_run(self.run_dir)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            self.assertEqual(run.dumps, [{"step": 3}])
+        rc, out, err = inspect(self.run_dir, "--check")
+        self.assertEqual(rc, 1, out + err)
+        self.assertNotIn("\x1b", out + err)
+        self.assertIn("torch \\x1b[2J", out)
+        self.assertIn("dump 0 is a number, not an object", out)
+        self.assertIn("flight recorder dump at step 3 (?): no steps", out)
+        self.assertIn("check: 1 records, 1 problems", out)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
