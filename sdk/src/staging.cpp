@@ -94,7 +94,8 @@ void Staging::commit(const Ticket& ticket, bool ok) {
     // other core: microseconds of the capturing thread, per record. Wake it
     // when there is enough to write or someone waits for it; kick(), once a
     // step, wakes it for the rest.
-    wake = --b.pending == 0 && (waiting_ > 0 || b.used >= capacity_ / 2);
+    // Once stop() has begun nothing else will: the writer drains and exits.
+    wake = --b.pending == 0 && (waiting_ > 0 || stopping_ || b.used >= capacity_ / 2);
     if (!wake) unwoken_.store(true, std::memory_order_relaxed);
   }
   if (wake) writer_cv_.notify_one();
