@@ -49,7 +49,8 @@ void BM_RawWrite(benchmark::State& state, bool sync) {
 void BM_NpyWrite(benchmark::State& state, bool sync) {
   const auto n = static_cast<std::size_t>(state.range(0));
   BenchDir dir;
-  tensortap::detail::NpyWriter writer(dir.path);
+  const auto run_dir = tensortap::detail::Dir::open(dir.path, false);
+  tensortap::detail::NpyWriter writer(run_dir);
   std::vector<char> data(n, 1);
   tensortap::detail::RecordMeta meta;
   meta.name = "x";
@@ -105,8 +106,9 @@ void BM_RecorderWrite(benchmark::State& state) {
 void BM_Hdf5Write(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   BenchDir dir;
+  const auto run_dir = tensortap::detail::Dir::open(dir.path, false);
   tensortap::detail::Hdf5Writer writer(
-      dir.path, tensortap::Hdf5Options().deflate(static_cast<int>(state.range(1))).shuffle(state.range(1) > 0));
+      run_dir, tensortap::Hdf5Options().deflate(static_cast<int>(state.range(1))).shuffle(state.range(1) > 0));
   std::vector<float> data(n / 4);
   for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i % 251);
   tensortap::detail::RecordMeta meta;

@@ -8,8 +8,8 @@
 
 namespace tensortap::detail {
 
-Backend::Backend(Staging& staging, std::unique_ptr<Writer> writer, std::unique_ptr<IndexFile> index,
-                 const Options& options, const std::string& dir, std::function<void(const DumpInfo&)> on_dump)
+Backend::Backend(Staging& staging, std::unique_ptr<Writer> writer, std::unique_ptr<LinesFile> index,
+                 const Options& options, const Dir& dir, std::function<void(const DumpInfo&)> on_dump)
     : staging_(staging),
       writer_(std::move(writer)),
       index_(std::move(index)),
@@ -32,11 +32,16 @@ void Backend::stop() {
   flush_stats(/*durable=*/true);
   try {
     writer_->close();
-  } catch (const std::exception& e) {
-    fail(nullptr, e.what());
+  } catch (...) {
+    fail(nullptr, current_error());
   }
   // After close() everything written is durable.
   write_index();
+  // A closed run holds no file: one recorder per epoch must not run the
+  // process out of descriptors while the model (and its taps) lives on.
+  writer_.reset();
+  index_.reset();
+  stats_.close();
 }
 
 void Backend::sync() {
@@ -45,26 +50,51 @@ void Backend::sync() {
   flush_stats(/*durable=*/true);
   try {
     if (writer_->sync(/*force=*/true)) write_index();
-  } catch (const std::exception& e) {
-    fail(nullptr, e.what());
+  } catch (...) {
+    fail(nullptr, current_error());
   }
+}
+
+std::string Backend::current_error() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    // HDF5's C++ exceptions, among others, are not std::exceptions.
+    return "an exception that is not a std::exception";
+  }
+}
+
+void Backend::written(const RecordMeta& meta, const std::string& location) {
+  append_index_line(pending_index_, meta, location);
+  ++pending_records_;
+  pending_bytes_ += static_cast<std::int64_t>(meta.nbytes);
 }
 
 void Backend::write_index() noexcept {
   if (pending_index_.empty()) return;
   try {
     index_->append(pending_index_);
-  } catch (const std::exception& e) {
-    fail(nullptr, e.what());
+    records_.fetch_add(pending_records_, std::memory_order_relaxed);
+    bytes_.fetch_add(pending_bytes_, std::memory_order_relaxed);
+  } catch (...) {
+    // The index was cut back to its whole lines: these records are on disk
+    // but no reader can find them. Each counts as failed.
+    const std::string what = current_error();
+    errors_.fetch_add(pending_records_ - 1, std::memory_order_relaxed);
+    fail(nullptr, fmt::format("{} ({} record(s) not indexed)", what, pending_records_));
   }
   pending_index_.clear();
+  pending_records_ = 0;
+  pending_bytes_ = 0;
 }
 
 void Backend::flush_stats(bool durable) noexcept {
   try {
     stats_.flush(durable);
-  } catch (const std::exception& e) {
-    fail(nullptr, e.what());
+  } catch (...) {
+    fail(nullptr, current_error());
   }
 }
 
@@ -95,11 +125,9 @@ void Backend::write_whole(const RecordMeta& meta, const char* data, std::size_t 
   try {
     auto sink = writer_->begin(meta);
     sink->append(data, nbytes);
-    append_index_line(pending_index_, meta, sink->finish());
-    records_.fetch_add(1, std::memory_order_relaxed);
-    bytes_.fetch_add(static_cast<std::int64_t>(meta.nbytes), std::memory_order_relaxed);
-  } catch (const std::exception& e) {
-    fail(&meta, e.what());
+    written(meta, sink->finish());
+  } catch (...) {
+    fail(&meta, current_error());
   }
 }
 
@@ -146,8 +174,8 @@ void Backend::trigger(std::int64_t step, const char* reason, const RecordMeta* c
   window_hi_ = dump.steps.back();
   try {
     writer_->prepare(metas);
-  } catch (const std::exception& e) {
-    fail(nullptr, e.what());
+  } catch (...) {
+    fail(nullptr, current_error());
   }
   for (const HeldRecord& r : held) write_whole(*r.meta, r.bytes.data(), r.bytes.size());
   if (after_dump_ != AfterDump::Continue) halted_ = true;
@@ -155,8 +183,8 @@ void Backend::trigger(std::int64_t step, const char* reason, const RecordMeta* c
   bool durable = false;
   try {
     durable = writer_->sync(/*force=*/true);
-  } catch (const std::exception& e) {
-    fail(nullptr, e.what());
+  } catch (...) {
+    fail(nullptr, current_error());
   }
   if (durable) write_index();
   // run.json lists the dump before step() can see the count and act on it.
@@ -234,50 +262,58 @@ void Backend::write_slot(const Slot& slot, const char* base) {
       if (slot.last) {
         const std::string location = (*sink)->finish();
         open_.erase(slot.record);
-        append_index_line(pending_index_, meta, location);
-        records_.fetch_add(1, std::memory_order_relaxed);
-        bytes_.fetch_add(static_cast<std::int64_t>(meta.nbytes), std::memory_order_relaxed);
+        written(meta, location);
       }
     }
     if (stats) finish_stats(meta, *stats);
-  } catch (const std::exception& e) {
+  } catch (...) {
+    const std::string what = current_error();
     open_.erase(slot.record);
     accumulating_.erase(slot.record);
     holding_.erase(slot.record);
     if (!slot.last) failed_.insert(slot.record);
-    fail(&meta, e.what());
+    fail(&meta, what);
   }
 }
 
 void Backend::run() noexcept {
   std::vector<const RecordMeta*> starting;
   while (Staging::Buffer* buffer = staging_.take()) {
-    std::lock_guard<std::mutex> lock(batch_mu_);
-    starting.clear();
-    // Only what is written now: held records are prepared when dumped.
-    for (const Slot& slot : buffer->slots)
-      if (slot.first && slot.ok && slot.meta->write && !ring_) starting.push_back(slot.meta.get());
     try {
-      writer_->prepare(starting);
-    } catch (const std::exception& e) {
-      fail(nullptr, e.what());
+      write_batch(*buffer, starting);
+    } catch (...) {
+      // Out of memory, say: the batch's records are lost, and counted.
+      fail(nullptr, current_error());
     }
-    for (const Slot& slot : buffer->slots) write_slot(slot, buffer->data);
-    // Index lines go out only once the records they name are durable: a
-    // reader that follows the index always finds complete data.
-    bool durable = false;
-    try {
-      durable = writer_->sync(/*force=*/false);
-    } catch (const std::exception& e) {
-      fail(nullptr, e.what());
-    }
-    if (durable) write_index();
-    flush_stats(/*durable=*/false);
     staging_.release(buffer);
   }
   holding_.clear();
   accumulating_.clear();
   open_.clear();  // a record cut off by stop() leaves only its temporary, removed here
+}
+
+void Backend::write_batch(const Staging::Buffer& buffer, std::vector<const RecordMeta*>& starting) {
+  std::lock_guard<std::mutex> lock(batch_mu_);
+  starting.clear();
+  // Only what is written now: held records are prepared when dumped.
+  for (const Slot& slot : buffer.slots)
+    if (slot.first && slot.ok && slot.meta->write && !ring_) starting.push_back(slot.meta.get());
+  try {
+    writer_->prepare(starting);
+  } catch (...) {
+    fail(nullptr, current_error());
+  }
+  for (const Slot& slot : buffer.slots) write_slot(slot, buffer.data);
+  // Index lines go out only once the records they name are durable: a
+  // reader that follows the index always finds complete data.
+  bool durable = false;
+  try {
+    durable = writer_->sync(/*force=*/false);
+  } catch (...) {
+    fail(nullptr, current_error());
+  }
+  if (durable) write_index();
+  flush_stats(/*durable=*/false);
 }
 
 }  // namespace tensortap::detail

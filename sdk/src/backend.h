@@ -30,13 +30,14 @@ class Backend {
  public:
   /// `on_dump` is called on the writer thread after each flight-recorder
   /// dump is on disk; it must not throw.
-  Backend(Staging& staging, std::unique_ptr<Writer> writer, std::unique_ptr<IndexFile> index,
-          const Options& options, const std::string& dir, std::function<void(const DumpInfo&)> on_dump);
+  Backend(Staging& staging, std::unique_ptr<Writer> writer, std::unique_ptr<LinesFile> index,
+          const Options& options, const Dir& dir, std::function<void(const DumpInfo&)> on_dump);
   ~Backend();
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
 
-  /// Drains what is staged, finalizes the writer and ends the thread.
+  /// Drains what is staged, finalizes the writer, ends the thread and
+  /// closes every file: a closed run holds no descriptor.
   void stop();
   /// Makes every record written so far durable and indexed. Call it after
   /// the staging is drained.
@@ -57,6 +58,7 @@ class Backend {
 
  private:
   void run() noexcept;
+  void write_batch(const Staging::Buffer& buffer, std::vector<const RecordMeta*>& starting);
   void write_slot(const Slot& slot, const char* base);
   // The record's statistics are complete: a row, and maybe a trigger.
   void finish_stats(const RecordMeta& meta, const TensorStats& stats);
@@ -69,11 +71,15 @@ class Backend {
   void write_whole(const RecordMeta& meta, const char* data, std::size_t nbytes);
   void flush_stats(bool durable) noexcept;
   void write_index() noexcept;
+  // A record is complete at `location`: its index line waits for write_index().
+  void written(const RecordMeta& meta, const std::string& location);
   void fail(const RecordMeta* meta, const std::string& what) noexcept;
+  // The message of the exception being handled, whatever its type.
+  static std::string current_error();
 
   Staging& staging_;
   std::unique_ptr<Writer> writer_;
-  std::unique_ptr<IndexFile> index_;
+  std::unique_ptr<LinesFile> index_;
   // Records whose chunks are still arriving, and records that failed part
   // way (their later chunks are skipped).
   std::unordered_map<std::uint64_t, std::unique_ptr<RecordSink>> open_;
@@ -91,8 +97,12 @@ class Backend {
   // After a dump that stops capture: later records are let go.
   bool halted_ = false;
   std::function<void(const DumpInfo&)> on_dump_;
-  // Index lines of records not yet durable (see Writer::sync()).
+  // Index lines of records not yet durable (see Writer::sync()), and what
+  // they count: a record counts as written once its line is in the index,
+  // so run.json's counts are what a reader can reach.
   std::string pending_index_;
+  std::int64_t pending_records_ = 0;
+  std::int64_t pending_bytes_ = 0;
   // Held while a batch is written, so sync() from another thread never
   // interleaves with the writer thread.
   std::mutex batch_mu_;

@@ -18,6 +18,11 @@ namespace {
 
 // Smaller buffers would turn every capture into a chunked stream.
 constexpr std::size_t kMinBufferBytes = 4096;
+// Size options are bounded well below where arithmetic on them (alignment
+// to pages, twice the buffer for the device arena) could wrap around.
+constexpr std::size_t kMaxBufferBytes = std::size_t{1} << 40;          // 1 TiB
+constexpr std::size_t kMaxFlightBytes = std::size_t{1} << 48;          // 256 TiB
+constexpr std::size_t kMaxChunkBytes = std::size_t{1} << 30;           // HDF5 chunks stay below 4 GiB
 // Steps share a word with the kind bits (see Core::state_).
 constexpr std::int64_t kMaxStep = std::int64_t{1} << 47;
 
@@ -61,14 +66,20 @@ void validate(const Options& o) {
       throw Error(fmt::format("tensortap: Options::every({}) must be 0 (never) or more (kind {})", o.every(k), kind_name(k)));
   if (o.start() < 0)
     throw Error(fmt::format("tensortap: Options::start({}) must not be negative", o.start()));
-  if (o.buffer_bytes() < kMinBufferBytes)
-    throw Error(fmt::format("tensortap: Options::buffer_bytes({}) must be at least {}",
-                            o.buffer_bytes(), kMinBufferBytes));
+  if (o.buffer_bytes() < kMinBufferBytes || o.buffer_bytes() > kMaxBufferBytes)
+    throw Error(fmt::format("tensortap: Options::buffer_bytes({}) must be at least {} and at most {} (1 TiB)",
+                            o.buffer_bytes(), kMinBufferBytes, kMaxBufferBytes));
+  if (o.flight_recorder_bytes() > kMaxFlightBytes)
+    throw Error(fmt::format("tensortap: Options::flight_recorder_bytes({}) must be at most {} (256 TiB)",
+                            o.flight_recorder_bytes(), kMaxFlightBytes));
+  for (std::int64_t s : o.steps())
+    if (s < 0) throw Error(fmt::format("tensortap: Options::steps() holds {}: steps must not be negative", s));
   const Hdf5Options& h = o.hdf5();
   if (h.deflate() < 0 || h.deflate() > 9)
     throw Error(fmt::format("tensortap: Hdf5Options::deflate({}) must be 0 (off) to 9", h.deflate()));
-  if (h.chunk_bytes() < 1024)
-    throw Error(fmt::format("tensortap: Hdf5Options::chunk_bytes({}) must be at least 1024", h.chunk_bytes()));
+  if (h.chunk_bytes() < 1024 || h.chunk_bytes() > kMaxChunkBytes)
+    throw Error(fmt::format("tensortap: Hdf5Options::chunk_bytes({}) must be at least 1024 and at most {} (1 GiB)",
+                            h.chunk_bytes(), kMaxChunkBytes));
   if (h.flush_every() < 1)
     throw Error(fmt::format("tensortap: Hdf5Options::flush_every({}) must be at least 1", h.flush_every()));
 }
@@ -127,18 +138,28 @@ Core::Core(Options options)
       tap_sequential_(compile(options_.tap_sequential(), "tap_sequential")),
       has_include_(!options_.include().empty()),
       has_exclude_(!options_.exclude().empty()),
+      // HDF5 datasets have at most 32 axes, one of them the row; NumPy 1.x
+      // reads at most 32 axes.
+      max_dims_(options_.format() == Format::Hdf5 ? 31 : 32),
+      max_dims_why_(options_.format() == Format::Hdf5
+                        ? "an HDF5 run stores at most 31 dimensions (a dataset has at most 32 axes, one of them the row)"
+                        : "a .npy file NumPy can read has at most 32 dimensions"),
       staging_(options_.buffer_bytes(), options_.overflow(), cuda_staging_memory()) {
   place(options_, info_);
   const auto& only = options_.ranks();
   // A rank left out captures nothing and creates nothing: no directory, no
   // thread, no memory. Its hooks see no sampled step.
   if (!only.empty() && std::find(only.begin(), only.end(), info_.rank) == only.end()) return;
-  prepare_run_dir(info_.run_dir, options_);
-  auto writer = make_writer(options_, info_.run_dir);
+  // Opened once: everything is written through this descriptor, so a
+  // chdir() or a link planted in the directory cannot move the run.
+  run_dir_ = std::make_unique<RunDir>(options_.dir(), info_.world_size > 1 ? fmt::format("rank{}", info_.rank) : "",
+                                      options_.overwrite());
+  const Dir& dir = run_dir_->dir();
+  auto writer = make_writer(options_, dir);
   info_.start_time = utc_now();
-  write_run_json(options_, info_);
-  auto index = std::make_unique<IndexFile>(info_.run_dir);
-  backend_ = std::make_unique<Backend>(staging_, std::move(writer), std::move(index), options_, info_.run_dir,
+  write_run_json(dir, options_, info_);
+  auto index = std::make_unique<LinesFile>(dir, "index.jsonl");
+  backend_ = std::make_unique<Backend>(staging_, std::move(writer), std::move(index), options_, dir,
                                        [this](const DumpInfo& d) { dumped(d); });
   // Device memory that snapshots may hold, per GPU: as much as host staging.
   cuda_ = make_cuda_engine(staging_, 2 * options_.buffer_bytes(),
@@ -203,6 +224,7 @@ void Core::check_capturable(Kind kind, const std::string& name, const at::Tensor
   else if (t.is_quantized()) why = "quantized tensors cannot be stored; call .dequantize() first";
   else if (t.is_meta()) why = "meta tensors have no data";
   else if (dtype_info(t.scalar_type()) == nullptr) why = "NumPy has no dtype for it";
+  else if (t.dim() > max_dims_) why = max_dims_why_;
   if (why != nullptr)
     throw Error(fmt::format("tensortap: cannot capture '{}' (kind {}, step {}): {} ({})", name,
                             kind_name(kind), step, why, describe_tensor(t)));
@@ -418,9 +440,11 @@ void Core::dumped(const DumpInfo& dump) noexcept {
   try {
     std::lock_guard<std::mutex> lock(info_mu_);
     info_.dumps.push_back(dump);
-    write_run_json(options_, info_);
+    write_run_json(run_dir_->dir(), options_, info_);
   } catch (const std::exception& e) {
     backend_->report(e.what());
+  } catch (...) {
+    backend_->report("cannot rewrite run.json after a dump");
   }
 }
 
@@ -495,10 +519,12 @@ void Core::close() {
     info_.stats = stats();
     info_.first_error = backend_->first_error();
     try {
-      write_run_json(options_, info_);
+      write_run_json(run_dir_->dir(), options_, info_);
     } catch (const std::exception& e) {
       close_error_ = e.what();
     }
+    // The last write: let go of the directory and its lock.
+    run_dir_->release();
   }
   if (info_.stats.errors > 0)
     close_error_ = fmt::format("tensortap: run '{}': {} record(s) failed; first: {}", info_.run_dir,

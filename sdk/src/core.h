@@ -118,6 +118,9 @@ class Core {
   std::regex tap_sequential_;
   const bool has_include_;
   const bool has_exclude_;
+  // The most dimensions the run's format can store, and why.
+  const std::int64_t max_dims_;
+  const char* const max_dims_why_;
 
   // The current step and which kinds it samples, in one word so a hook on
   // another thread never pairs one step's number with another's sampling:
@@ -177,6 +180,9 @@ class Core {
   // dumps while training runs).
   std::mutex info_mu_;
   RunInfo info_;
+  // The run directory, open and locked from construction to close; before
+  // backend_, whose writers write through it.
+  std::unique_ptr<RunDir> run_dir_;
   Staging staging_;
   std::unique_ptr<Backend> backend_;
   // After backend_, so destroyed first: its copier thread feeds staging_

@@ -1,37 +1,137 @@
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
+#include <cstdint>
 #include <string>
+
+#include <tensortap/error.h>
 
 namespace tensortap::detail {
 
+/// An error of the operating system on a path: the message names the action,
+/// the path and errno's text; `os_error()` keeps errno itself, so a caller
+/// can tell ENOSPC from EACCES without parsing text.
+class OsError : public Error {
+ public:
+  OsError(const std::string& what, int err) : Error(what), err_(err) {}
+  int os_error() const noexcept { return err_; }
+
+ private:
+  int err_;
+};
+
+/// Throws `OsError` for a failed system call on `path`, with errno's text.
+[[noreturn]] void throw_errno(const std::string& action, const std::string& path, int err);
+
+/// An open file descriptor and the path it was opened as (for messages),
+/// closed when destroyed. Every call retries on EINTR and throws `OsError`
+/// naming the path.
+class File {
+ public:
+  File() = default;
+  File(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  ~File();
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  explicit operator bool() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+
+  /// Writes all of `a`, then all of `b`, at the file offset, in one
+  /// system call where the kernel allows.
+  void write_all(const void* a, std::size_t na, const void* b = nullptr, std::size_t nb = 0);
+  /// Writes all of `data` at `offset`, leaving the file offset alone.
+  void pwrite_all(const void* data, std::size_t n, std::uint64_t offset);
+  /// Reads exactly `n` bytes at `offset`; a short file is an error.
+  void pread_all(void* data, std::size_t n, std::uint64_t offset) const;
+  void datasync();
+  void truncate(std::uint64_t size);
+  std::uint64_t size() const;
+  /// Reserves blocks up to `size` without changing the file's size, so a
+  /// later write up to it needs no free space. Best effort: false where the
+  /// file system cannot.
+  bool reserve(std::uint64_t size) noexcept;
+  /// Closes now, reporting what close() says (NFS reports write errors there).
+  void close();
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+/// A directory held open. Every file of a run is reached through its run
+/// directory's `Dir`, by a path relative to it: the process's `chdir()` does
+/// not move the run, and a symbolic link planted anywhere under it (a file,
+/// a temporary name, a directory component) is refused instead of followed,
+/// so nothing can make tensortap write outside the directory.
+class Dir {
+ public:
+  Dir() = default;
+  /// Opens `path` (following the links the user's own path has), creating
+  /// it and its parents first if `create`.
+  static Dir open(const std::string& path, bool create);
+
+  explicit operator bool() const { return static_cast<bool>(file_); }
+  int fd() const { return file_.fd(); }
+  /// The path it was opened as, for messages.
+  const std::string& path() const { return file_.path(); }
+  /// `path()/rel`, for messages.
+  std::string path_of(const std::string& rel) const;
+
+  /// The subdirectory `rel` (one or more components), created if `create`.
+  /// A component that is a link, or not a directory, is refused.
+  Dir sub(const std::string& rel, bool create) const;
+  /// Opens the file `rel` with `flags` (O_CREAT etc.), never through a link.
+  File open_file(const std::string& rel, int flags, mode_t mode = 0644) const;
+  /// Whether `rel` exists (a link counts; it is not followed).
+  bool exists(const std::string& rel) const;
+  /// Whether `rel` is a symbolic link.
+  bool is_link(const std::string& rel) const;
+  /// Removes `rel`: a file, a link (not its target) or a whole tree, never
+  /// following links. Nothing to remove is not an error.
+  void remove_all(const std::string& rel) const;
+  /// Removes the file or link `rel`; false if it was not there.
+  bool unlink(const std::string& rel) const;
+  /// Renames `from` to `to`, both in this directory.
+  void rename(const std::string& from, const std::string& to) const;
+  void close() { file_.close(); }
+
+ private:
+  File file_;
+};
+
 /// A file written under a temporary name in its final directory and renamed
 /// into place by `commit()`, so a crash never leaves a short file under the
-/// final name. Destroying it before `commit()` removes the temporary file.
-/// Every failure throws `Error` with the path and errno.
+/// final name. The temporary is created exclusively (a leftover or planted
+/// one is removed first, never followed). Destroying it before `commit()`
+/// removes the temporary file.
 class AtomicFile {
  public:
-  explicit AtomicFile(std::string final_path);
+  /// The file `name` (one component) in `dir`.
+  AtomicFile(const Dir& dir, std::string name);
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
 
-  /// Writes all of `a` then all of `b` (either may be empty), in one
-  /// system call where the kernel allows.
-  void write(const void* a, std::size_t na, const void* b = nullptr, std::size_t nb = 0);
+  void write(const void* a, std::size_t na, const void* b = nullptr, std::size_t nb = 0) {
+    file_.write_all(a, na, b, nb);
+  }
+  /// See `File::reserve`.
+  bool reserve(std::uint64_t size) noexcept { return file_.reserve(size); }
   void commit();
-  const std::string& path() const { return final_; }
+  /// The final path, for messages.
+  std::string path() const { return dir_.path_of(name_); }
 
  private:
-  std::string final_;
+  const Dir& dir_;
+  std::string name_;
   std::string tmp_;
-  int fd_ = -1;
+  File file_;
 };
-
-/// Creates `dir` and its parents. Throws `Error` with the path and errno.
-void make_dirs(const std::string& dir);
-
-/// Reports a failed system call on `path` as `Error`, with errno's text.
-[[noreturn]] void throw_errno(const std::string& action, const std::string& path, int err);
 
 }  // namespace tensortap::detail

@@ -1,5 +1,8 @@
 #include "writers/src/hdf5_writer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <mutex>
 
@@ -147,11 +150,14 @@ class Hdf5Sink final : public RecordSink {
 
   void append(const void* data, std::size_t n) override {
     std::lock_guard<std::mutex> lock(hdf5_mutex());
+    // New names in a batch between two chunks close the datasets.
+    w_.ensure_open(s_);
     wrap(w_.path_, s_.group + "/data", "write", [&] { write_range(static_cast<const char*>(data), n / elem_); });
   }
 
   std::string finish() override {
     std::lock_guard<std::mutex> lock(hdf5_mutex());
+    w_.ensure_open(s_);
     if (written_ * elem_ != meta_.nbytes)
       throw Error(fmt::format("tensortap: HDF5: record '{}' in '{}' is {} bytes short", meta_.name, w_.path_,
                               meta_.nbytes - written_ * elem_));
@@ -222,8 +228,14 @@ class Hdf5Sink final : public RecordSink {
   std::uint64_t written_ = 0;
 };
 
-Hdf5Writer::Hdf5Writer(const std::string& dir, const Hdf5Options& options)
-    : path_(dir + "/tensors.h5"), options_(options) {
+Hdf5Writer::Hdf5Writer(const Dir& dir, const Hdf5Options& options)
+    : path_(dir.path_of("tensors.h5")), options_(options) {
+  // The file is created here, exclusively and never through a link, and
+  // HDF5 opens it through this descriptor's /proc entry: the same file, not
+  // whatever the path names by then. Without /proc, by its path.
+  fd_ = dir.open_file("tensors.h5", O_RDWR | O_CREAT | O_EXCL);
+  const std::string proc = fmt::format("/proc/self/fd/{}", fd_.fd());
+  open_path_ = ::access(proc.c_str(), F_OK) == 0 ? proc : path_;
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   // Failures become exceptions with the file and object named; HDF5's own
   // stack dump on stderr would only repeat them.
@@ -238,9 +250,42 @@ Hdf5Writer::Hdf5Writer(const std::string& dir, const Hdf5Options& options)
     });
     start_swmr();
   } catch (...) {
-    file_.reset();  // under the lock: its destructor calls HDF5
+    drop_file();  // under the lock: its destructor calls HDF5
     throw;
   }
+}
+
+void Hdf5Writer::drop_file() noexcept {
+  for (auto& [key, s] : series_) release(s);
+  series_.clear();
+  try {
+    if (file_) file_->close();
+  } catch (const H5::Exception&) {
+    // Closing failed (a full disk): the handle is let go all the same.
+  }
+  file_.reset();
+}
+
+void Hdf5Writer::release(Series& s) noexcept {
+  // Assigning a DataSet closes the old one, and HDF5's C++ API throws
+  // H5::Exception (not a std::exception) if that fails: never let it out.
+  for (H5::DataSet* d : {&s.data, &s.steps, &s.shapes}) {
+    try {
+      *d = H5::DataSet();
+    } catch (const H5::Exception&) {
+    }
+  }
+  s.open = false;
+}
+
+void Hdf5Writer::ensure_open(Series& s) {
+  if (s.open) return;
+  wrap(path_, s.group, "reopen", [&] {
+    s.data = file_->openDataSet(s.group + "/data");
+    s.steps = file_->openDataSet(s.group + "/steps");
+    if (s.rank > 0) s.shapes = file_->openDataSet(s.group + "/shapes");
+  });
+  s.open = true;
 }
 
 Hdf5Writer::~Hdf5Writer() {
@@ -256,7 +301,7 @@ void Hdf5Writer::open(bool create) {
     H5::FileAccPropList fapl;
     // SWMR needs the latest file format.
     fapl.setLibverBounds(H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
-    file_ = std::make_unique<H5::H5File>(path_, create ? H5F_ACC_TRUNC : H5F_ACC_RDWR,
+    file_ = std::make_unique<H5::H5File>(open_path_, create ? H5F_ACC_TRUNC : H5F_ACC_RDWR,
                                          H5::FileCreatPropList::DEFAULT, fapl);
   });
 }
@@ -270,14 +315,6 @@ std::string Hdf5Writer::key_of(const RecordMeta& meta) const {
   return fmt::format("/{}/{}", kind_name(meta.kind), encode_name(meta.name));
 }
 
-void Hdf5Writer::reopen_datasets() {
-  for (auto& [key, s] : series_) {
-    s.data = file_->openDataSet(key + "/data");
-    s.steps = file_->openDataSet(key + "/steps");
-    if (s.rank > 0) s.shapes = file_->openDataSet(key + "/shapes");
-  }
-}
-
 void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
   std::vector<const RecordMeta*> fresh;
   for (const RecordMeta* m : records) {
@@ -287,8 +324,10 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
       fresh.push_back(m);
   }
   if (fresh.empty()) return;
-  // Leave SWMR mode: only appends are allowed in it.
-  for (auto& [key, s] : series_) s.data = s.steps = s.shapes = H5::DataSet();
+  // Leave SWMR mode: only appends are allowed in it. The other series'
+  // datasets are reopened when their next record comes, not here: the time
+  // outside SWMR, and a new name's cost, do not grow with the names there are.
+  for (auto& [key, s] : series_) release(s);
   wrap(path_, "/", "close", [&] { file_->close(); });
   open(/*create=*/false);
   for (const RecordMeta* m : fresh) {
@@ -336,7 +375,7 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
       // This name fails alone: its records' begin() report why, the others
       // go on. A half-made group would make the next attempt fail anew.
       creation_errors_[key] = e.what();
-      s.data = s.steps = s.shapes = H5::DataSet();
+      release(s);
       try {
         if (file_->nameExists(key)) file_->unlink(key);
       } catch (const H5::Exception&) {
@@ -345,7 +384,6 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
   }
   // Whatever failed above, the series that exist must work again, in SWMR.
   wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); });
-  wrap(path_, "/", "reopen the datasets of", [&] { reopen_datasets(); });
   start_swmr();
 }
 
@@ -370,7 +408,10 @@ Hdf5Writer::Series& Hdf5Writer::series_of(const RecordMeta& meta) {
 
 std::unique_ptr<RecordSink> Hdf5Writer::begin(const RecordMeta& meta) {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
-  return std::make_unique<Hdf5Sink>(*this, series_of(meta), meta);
+  if (!file_) throw Error(fmt::format("tensortap: HDF5: '{}' is closed after an earlier failure", path_));
+  Series& s = series_of(meta);
+  ensure_open(s);
+  return std::make_unique<Hdf5Sink>(*this, s, meta);
 }
 
 bool Hdf5Writer::sync(bool force) {
@@ -392,9 +433,17 @@ void Hdf5Writer::close() {
   if (!file_) return;
   // Every HDF5 object dies here, under the lock: their destructors call the
   // library too.
+  for (auto& [key, s] : series_) release(s);
   series_.clear();
-  wrap(path_, "/", "close", [&] { file_->close(); });
+  try {
+    wrap(path_, "/", "close", [&] { file_->close(); });
+  } catch (...) {
+    file_.reset();
+    fd_ = File();
+    throw;
+  }
   file_.reset();
+  fd_ = File();
 }
 
 }  // namespace tensortap::detail

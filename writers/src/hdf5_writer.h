@@ -9,6 +9,7 @@
 
 #include <tensortap/options.h>
 
+#include "writers/src/file.h"
 #include "writers/src/writer.h"
 
 namespace tensortap::detail {
@@ -31,7 +32,8 @@ namespace tensortap::detail {
 /// any: in practice, the first sampled step) and enters it again.
 class Hdf5Writer final : public Writer {
  public:
-  Hdf5Writer(const std::string& dir, const Hdf5Options& options);
+  /// Creates `tensors.h5` in `dir`.
+  Hdf5Writer(const Dir& dir, const Hdf5Options& options);
   ~Hdf5Writer() override;
 
   void prepare(const std::vector<const RecordMeta*>& records) override;
@@ -52,6 +54,9 @@ class Hdf5Writer final : public Writer {
     /// The next row to hand out: a record claims its row when it begins.
     hsize_t next_row = 0;
     H5::DataSet data, steps, shapes;
+    /// Whether the datasets above are open (they are closed whenever new
+    /// names make the writer leave SWMR mode, and reopened on next use).
+    bool open = true;
   };
 
  private:
@@ -59,11 +64,16 @@ class Hdf5Writer final : public Writer {
   void open(bool create);
   void start_swmr();
   void create_series(const std::vector<const RecordMeta*>& records);
-  void reopen_datasets();
+  void ensure_open(Series& s);
+  static void release(Series& s) noexcept;
+  void drop_file() noexcept;
   Series& series_of(const RecordMeta& meta);
   std::string key_of(const RecordMeta& meta) const;
 
+  // The path for messages, and the one HDF5 opens (see the constructor).
   std::string path_;
+  std::string open_path_;
+  File fd_;
   Hdf5Options options_;
   std::unique_ptr<H5::H5File> file_;
   std::map<std::string, Series> series_;

@@ -24,28 +24,20 @@
 namespace tensortap {
 namespace {
 
-// Closes a file descriptor on scope exit.
-struct Fd {
-  int fd;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-void read_exact(int fd, void* dst, std::uint64_t n, std::uint64_t offset, const std::string& path,
-                const std::string& what) {
+void read_exact(const detail::File& f, void* dst, std::uint64_t n, std::uint64_t offset, const std::string& what) {
   auto* p = static_cast<char*>(dst);
   while (n > 0) {
-    const ssize_t got = ::pread(fd, p, static_cast<std::size_t>(std::min<std::uint64_t>(n, 1u << 30)),
-                                static_cast<off_t>(offset));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      detail::throw_errno("read", path, errno);
+    const auto step = static_cast<std::size_t>(std::min<std::uint64_t>(n, 1u << 30));
+    try {
+      f.pread_all(p, step, offset);
+    } catch (const detail::OsError&) {
+      throw;
+    } catch (const Error&) {
+      throw Error(fmt::format("{}: file ended early (truncated?)", what));
     }
-    if (got == 0) throw Error(fmt::format("{}: file ended early (truncated?)", what));
-    p += got;
-    n -= static_cast<std::uint64_t>(got);
-    offset += static_cast<std::uint64_t>(got);
+    p += step;
+    n -= step;
+    offset += step;
   }
 }
 
@@ -83,21 +75,22 @@ at::Tensor load_npy(const std::string& path, const LoadOptions& options) {
 namespace {
 
 at::Tensor load(const std::string& path, const LoadOptions& options, const std::string& what) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) detail::throw_errno("open", path, errno);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) detail::throw_errno("open", path, errno);
+  const detail::File f(fd, path);
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) detail::throw_errno("stat", path, errno);
+  if (::fstat(f.fd(), &st) != 0) detail::throw_errno("stat", path, errno);
   if (!S_ISREG(st.st_mode)) throw Error(fmt::format("{}: not a regular file", what));
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
 
   std::string prefix(static_cast<std::size_t>(std::min<std::uint64_t>(12, file_size)), '\0');
-  read_exact(f.fd, prefix.data(), prefix.size(), 0, path, what);
+  read_exact(f, prefix.data(), prefix.size(), 0, what);
   // Validates the header length against the file before reading the header.
   const std::uint64_t end = detail::npy_header_end(prefix, file_size, what);
   const std::size_t have = prefix.size();
   if (end > have) {
     prefix.resize(static_cast<std::size_t>(end));
-    read_exact(f.fd, prefix.data() + have, end - have, have, path, what);
+    read_exact(f, prefix.data() + have, end - have, have, what);
   }
   const detail::NpyHeader h = detail::parse_npy_header(prefix, file_size, what);
 
@@ -108,10 +101,10 @@ at::Tensor load(const std::string& path, const LoadOptions& options, const std::
   at::Tensor t;
   const bool mapped = options.mmap() && !h.swap_bytes && h.data_bytes > 0 && h.data_offset % elem == 0;
   if (mapped) {
-    t = map_data(f.fd, file_size, h, disk_shape, path);
+    t = map_data(f.fd(), file_size, h, disk_shape, path);
   } else {
     t = at::empty(disk_shape, at::TensorOptions().dtype(h.dtype));
-    read_exact(f.fd, t.data_ptr(), h.data_bytes, h.data_offset, path, what);
+    read_exact(f, t.data_ptr(), h.data_bytes, h.data_offset, what);
     if (h.swap_bytes) {
       const bool complex = c10::isComplexType(h.dtype);
       swap_bytes(static_cast<char*>(t.data_ptr()), h.data_bytes, complex ? elem / 2 : elem);
@@ -141,7 +134,11 @@ void save_npy(const std::string& path, const at::Tensor& tensor) {
                               .resolve_conj()
                               .resolve_neg();
   const std::string header = detail::npy_header(detail::npy_descr(info->stored), data.sizes().vec());
-  detail::AtomicFile file(path);
+  // The user's own path: its directory is followed as given, the file
+  // itself is written through a temporary and renamed, never through a link.
+  const std::size_t slash = path.rfind('/');
+  const detail::Dir dir = detail::Dir::open(slash == std::string::npos ? "." : path.substr(0, slash + 1), false);
+  detail::AtomicFile file(dir, slash == std::string::npos ? path : path.substr(slash + 1));
   file.write(header.data(), header.size(), data.data_ptr(), data.nbytes());
   file.commit();
 }

@@ -14,9 +14,9 @@ namespace {
 
 class NpySink final : public RecordSink {
  public:
-  NpySink(const std::string& abs_path, std::string rel_path, std::string header,
-          std::uint64_t nbytes)
-      : file_(abs_path), rel_(std::move(rel_path)), header_(std::move(header)), left_(nbytes) {}
+  NpySink(Dir dir, std::string file, std::string rel_path, std::string header, std::uint64_t nbytes)
+      : dir_(std::move(dir)), file_(dir_, std::move(file)), rel_(std::move(rel_path)), header_(std::move(header)),
+        left_(nbytes) {}
 
   void append(const void* data, std::size_t n) override {
     if (n > left_)
@@ -38,6 +38,9 @@ class NpySink final : public RecordSink {
   }
 
  private:
+  // The record's own directory, held open so the file lands in it whatever
+  // happens to the path meanwhile; before file_, which uses it.
+  Dir dir_;
   AtomicFile file_;
   std::string rel_;
   std::string header_;
@@ -46,17 +49,14 @@ class NpySink final : public RecordSink {
 
 }  // namespace
 
-NpyWriter::NpyWriter(std::string dir) : dir_(std::move(dir)) {}
-
 std::unique_ptr<RecordSink> NpyWriter::begin(const RecordMeta& meta) {
   const std::string rel_dir = fmt::format("npy/{}/{}", kind_name(meta.kind), encode_name(meta.name));
-  const std::string abs_dir = dir_ + "/" + rel_dir;
-  if (made_.count(rel_dir) == 0) {
-    make_dirs(abs_dir);
-    made_.insert(rel_dir);
-  }
-  const std::string file = step_stem(meta.step) + ".npy";
-  return std::make_unique<NpySink>(abs_dir + "/" + file, rel_dir + "/" + file,
+  const bool create = made_.count(rel_dir) == 0;
+  Dir dir = dir_.sub(rel_dir, create);
+  if (create) made_.insert(rel_dir);
+  std::string file = step_stem(meta.step) + ".npy";
+  std::string rel = rel_dir + "/" + file;
+  return std::make_unique<NpySink>(std::move(dir), std::move(file), std::move(rel),
                                    npy_header(npy_descr(meta.stored), meta.shape), meta.nbytes);
 }
 

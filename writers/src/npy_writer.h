@@ -3,6 +3,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "writers/src/file.h"
 #include "writers/src/writer.h"
 
 namespace tensortap::detail {
@@ -11,12 +12,12 @@ namespace tensortap::detail {
 /// run directory.
 class NpyWriter final : public Writer {
  public:
-  explicit NpyWriter(std::string dir);
+  explicit NpyWriter(const Dir& dir) : dir_(dir) {}
   std::unique_ptr<RecordSink> begin(const RecordMeta& meta) override;
   void close() override {}
 
  private:
-  std::string dir_;
+  const Dir& dir_;
   // Directories already made, so mkdir runs once per (kind, name).
   std::unordered_set<std::string> made_;
 };

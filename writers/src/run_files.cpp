@@ -1,13 +1,12 @@
 #include "writers/src/run_files.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include <sys/file.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <ctime>
-#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -25,23 +24,13 @@ const char* after_dump_name(AfterDump a) {
   return a == AfterDump::Continue ? "continue" : a == AfterDump::Throw ? "throw" : "stop_capture";
 }
 
-// run.json's size on disk (see write_run_json).
-constexpr std::size_t kRunJsonBytes = 8192;
+// Blocks reserved beyond run.json's end, at least this many bytes or twice
+// its size, so close() can rewrite it in place on a full disk.
+constexpr std::uint64_t kRunJsonReserve = 16384;
 
-bool overwrite_in_place(const std::string& path, const std::string& content) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  struct stat st {};
-  bool ok = ::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) == content.size() &&
-            ::pwrite(fd, content.data(), content.size(), 0) == static_cast<ssize_t>(content.size());
-  ok = (::close(fd) == 0) && ok;
-  return ok;
-}
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::lstat(path.c_str(), &st) == 0;
-}
+// The lock a writer holds on its run directory (see RunDir). It stays after
+// the run: removing it could let a third writer in while a second waits.
+constexpr const char* kLockName = ".tensortap.lock";
 
 }  // namespace
 
@@ -57,27 +46,45 @@ std::string utc_now() {
   return fmt::format("{}.{:03d}Z", buf, ms);
 }
 
-void prepare_run_dir(const std::string& dir, const Options& options) {
-  if (dir.empty()) throw Error("tensortap: Options: the run directory is empty");
-  make_dirs(dir);
-  if (exists(dir + "/run.json") || exists(dir + "/index.jsonl")) {
-    if (!options.overwrite())
-      throw Error(fmt::format("tensortap: '{}' already holds a run (run.json); choose another "
-                              "directory or set Options::overwrite(true)",
-                              dir));
-    // Only what tensortap writes goes: a user's other files stay.
-    for (const char* name : {"run.json", "index.jsonl", "npy", "tensors.h5"}) {
-      std::error_code ec;
-      std::filesystem::remove_all(std::filesystem::path(dir) / name, ec);
-      if (ec)
-        throw Error(fmt::format("tensortap: cannot remove '{}/{}' to overwrite the run: {}", dir,
-                                name, ec.message()));
-    }
+const char* const kRunFileNames[6] = {"run.json", "index.jsonl", "npy", "tensors.h5", "stats.npy",
+                                      "stats_series.jsonl"};
+
+RunDir::RunDir(const std::string& root, const std::string& sub, bool overwrite) {
+  Dir top = Dir::open(root, /*create=*/true);
+  dir_ = sub.empty() ? std::move(top) : top.sub(sub, /*create=*/true);
+  lock_ = dir_.open_file(kLockName, O_RDWR | O_CREAT);
+  while (::flock(lock_.fd(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EWOULDBLOCK)
+      throw Error(fmt::format("tensortap: '{}' is in use by another recorder (in this process or another); two "
+                              "recorders cannot write one run directory: choose another directory",
+                              dir_.path()));
+    throw_errno("lock", dir_.path_of(kLockName), errno);
   }
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) throw_errno("write into", dir, errno);
+  const bool holds_run = dir_.exists("run.json") || dir_.exists("index.jsonl");
+  if (holds_run && !overwrite)
+    throw Error(fmt::format("tensortap: '{}' already holds a run (run.json); choose another directory or set "
+                            "Options::overwrite(true)",
+                            dir_.path()));
+  // Only what tensortap writes goes: a user's other files stay.
+  for (const char* name : kRunFileNames) {
+    if (!dir_.exists(name)) continue;
+    if (!overwrite)
+      throw Error(fmt::format("tensortap: '{}' is in the way: the directory holds no run (no run.json) but has a "
+                              "file of the name tensortap writes; remove it, choose another directory or set "
+                              "Options::overwrite(true)",
+                              dir_.path_of(name)));
+    dir_.remove_all(name);
+  }
 }
 
-void write_run_json(const Options& o, const RunInfo& info) {
+void RunDir::release() noexcept {
+  // Closing the lock's descriptor drops the lock.
+  lock_ = File();
+  dir_ = Dir();
+}
+
+void write_run_json(const Dir& dir, const Options& o, const RunInfo& info) {
   std::string j = "{\n";
   j += fmt::format("  \"format_version\": {},\n", kFormatVersion);
   j += fmt::format("  \"tensortap_version\": \"{}\",\n", kTensortapVersion);
@@ -148,19 +155,23 @@ void write_run_json(const Options& o, const RunInfo& info) {
     }
   }
   j += fmt::format("  \"closed\": {}\n}}\n", info.closed ? "true" : "false");
-  // Padded with spaces (still valid JSON) to a fixed size, so the file's
-  // blocks are already allocated when close() rewrites it on a full disk.
-  j.append((j.size() / kRunJsonBytes + 1) * kRunJsonBytes - j.size() - 1, ' ').push_back('\n');
-  const std::string path = info.run_dir + "/run.json";
+  const std::uint64_t reserve = std::max<std::uint64_t>(kRunJsonReserve, 2 * j.size());
   try {
-    AtomicFile file(path);
+    AtomicFile file(dir, "run.json");
     file.write(j.data(), j.size());
+    file.reserve(reserve);
     file.commit();
-  } catch (const Error&) {
-    // No room for a temporary (disk full): overwrite the old file in place,
-    // which needs no new blocks. Less safe against a crash mid-write, but
-    // the alternative is a run.json that never says the run closed.
-    if (!overwrite_in_place(path, j)) throw;
+  } catch (const OsError& e) {
+    if (e.os_error() != ENOSPC && e.os_error() != EDQUOT) throw;
+    // No room for a temporary (disk full): rewrite the old file in place,
+    // in the blocks reserved when it was written. Less safe against a crash
+    // mid-write, but the alternative is a run.json that never says the run
+    // closed.
+    File f = dir.open_file("run.json", O_WRONLY);
+    f.pwrite_all(j.data(), j.size(), 0);
+    if (f.size() > j.size()) f.truncate(j.size());
+    f.reserve(reserve);
+    f.close();
   }
 }
 
@@ -174,24 +185,27 @@ void append_index_line(std::string& out, const RecordMeta& meta, const std::stri
   out += "}\n";
 }
 
-IndexFile::IndexFile(const std::string& dir) : path_(dir + "/index.jsonl") {
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw_errno("create", path_, errno);
-}
+LinesFile::LinesFile(const Dir& dir, const std::string& name)
+    : file_(dir.open_file(name, O_WRONLY | O_CREAT | O_EXCL | O_APPEND)) {}
 
-IndexFile::~IndexFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-void IndexFile::append(const std::string& lines) {
-  size_t done = 0;
-  while (done < lines.size()) {
-    const ssize_t n = ::write(fd_, lines.data() + done, lines.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_errno("append to", path_, errno);
+void LinesFile::append(const std::string& lines) {
+  if (lines.empty()) return;
+  try {
+    if (torn_) {
+      file_.write_all("\n", 1);
+      ++size_;
+      torn_ = false;
     }
-    done += static_cast<size_t>(n);
+    file_.write_all(lines.data(), lines.size());
+    size_ += lines.size();
+  } catch (...) {
+    // A short write left part of a line: cut back to the whole lines.
+    try {
+      file_.truncate(size_);
+    } catch (...) {
+      torn_ = true;
+    }
+    throw;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <tensortap/options.h>
 #include <tensortap/recorder.h>
 
+#include "writers/src/file.h"
 #include "writers/src/writer.h"
 
 namespace tensortap::detail {
@@ -36,14 +37,36 @@ struct RunInfo {
   std::vector<DumpInfo> dumps;
 };
 
-/// Makes `dir` ready for a new run: creates it, refuses one that already
-/// holds a run (a run.json) unless `options.overwrite()` is set, in which
-/// case it removes only what tensortap writes. Throws `Error` with the path
-/// and the OS error.
-void prepare_run_dir(const std::string& dir, const Options& options);
+/// The names tensortap writes in a run directory, and only those:
+/// `Options::overwrite` removes them, and a directory that holds one of them
+/// but no run is refused (a planted file or link, or a user's own file).
+extern const char* const kRunFileNames[6];
 
-/// Rewrites `<info.run_dir>/run.json` atomically.
-void write_run_json(const Options& options, const RunInfo& info);
+/// A run directory held by one recorder: open (so it stays the same
+/// directory whatever `chdir()` or a rename does), locked against a second
+/// writer in this process or another (an advisory lock the kernel drops when
+/// a writer dies, so a crash never leaves it stuck), and emptied of an old
+/// run when overwriting.
+class RunDir {
+ public:
+  /// Opens `root` (created if missing) and, for a rank of a multi-rank run,
+  /// its subdirectory `sub` ("" for none). Throws `Error` naming the
+  /// directory if another recorder holds it, if it already holds a run and
+  /// `overwrite` is off, or with the path and the OS error.
+  RunDir(const std::string& root, const std::string& sub, bool overwrite);
+  const Dir& dir() const { return dir_; }
+  /// Unlocks and closes the directory; for after the last write.
+  void release() noexcept;
+
+ private:
+  Dir dir_;
+  File lock_;
+};
+
+/// Rewrites `run.json` in `dir` atomically. On a full disk, where no
+/// temporary fits, the file is rewritten in place, in blocks reserved for
+/// that when it was written.
+void write_run_json(const Dir& dir, const Options& options, const RunInfo& info);
 
 /// The current UTC time as ISO 8601 ("2026-11-21T05:45:00.123Z").
 std::string utc_now();
@@ -51,19 +74,22 @@ std::string utc_now();
 /// The line index.jsonl gets for a record written at `location`.
 void append_index_line(std::string& out, const RecordMeta& meta, const std::string& location);
 
-/// `<dir>/index.jsonl`, opened for appending. Lines are written with one
-/// write() per batch, after the files they name are in place.
-class IndexFile {
+/// A file of JSON lines (`index.jsonl`, `stats_series.jsonl`) opened for
+/// appending. Lines are written with one write() per batch; a batch that
+/// fails part way (a full disk) is cut off again, so the file only ever
+/// holds whole lines and a later append never glues onto a torn one.
+class LinesFile {
  public:
-  explicit IndexFile(const std::string& dir);
-  ~IndexFile();
-  IndexFile(const IndexFile&) = delete;
-  IndexFile& operator=(const IndexFile&) = delete;
+  /// Creates `name` in `dir`; it must not exist yet.
+  LinesFile(const Dir& dir, const std::string& name);
   void append(const std::string& lines);
+  void datasync() { file_.datasync(); }
 
  private:
-  std::string path_;
-  int fd_ = -1;
+  File file_;
+  std::uint64_t size_ = 0;
+  // A failed append could not be cut off: the next starts a new line.
+  bool torn_ = false;
 };
 
 }  // namespace tensortap::detail

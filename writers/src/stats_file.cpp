@@ -1,14 +1,11 @@
 #include "writers/src/stats_file.h"
 
 #include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 
 #include <fmt/format.h>
 
 #include "writers/src/file.h"
+#include "writers/src/run_files.h"
 #include "writers/src/json.h"
 #include "writers/src/npy_format.h"
 
@@ -50,32 +47,21 @@ std::string header(std::int64_t rows) {
   return h + dict;
 }
 
-void write_all(int fd, const char* data, std::size_t n, off_t at, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = at >= 0 ? ::pwrite(fd, data, n, at) : ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw_errno("write", path, errno);
-    }
-    data += w;
-    n -= static_cast<std::size_t>(w);
-    if (at >= 0) at += w;
-  }
-}
-
 }  // namespace
 
-StatsFile::~StatsFile() {
-  if (fd_ >= 0) ::close(fd_);
+StatsFile::StatsFile(const Dir& dir) : dir_(dir) {}
+
+StatsFile::~StatsFile() = default;
+
+void StatsFile::close() noexcept {
+  file_ = File();
+  series_file_.reset();
 }
 
 void StatsFile::open() {
-  const std::string path = dir_ + "/stats.npy";
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw_errno("create", path, errno);
+  file_ = dir_.open_file("stats.npy", O_RDWR | O_CREAT | O_EXCL);
   const std::string h = header(0);
-  write_all(fd_, h.data(), h.size(), 0, path);
-  ::lseek(fd_, 0, SEEK_END);
+  file_.write_all(h.data(), h.size());
 }
 
 void StatsFile::append(Kind kind, const std::string& name, std::int64_t step, const TensorStats& s) {
@@ -95,46 +81,40 @@ void StatsFile::append(Kind kind, const std::string& name, std::int64_t step, co
 
 void StatsFile::flush(bool durable) {
   if (pending_rows_ == 0 && !durable) return;
-  if (fd_ < 0) {
+  if (!file_) {
     if (pending_rows_ == 0) return;
     open();
   }
-  const std::string path = dir_ + "/stats.npy";
   // The series a row names is on disk before the header counts the row.
   if (!pending_series_.empty()) {
-    const std::string legend = dir_ + "/stats_series.jsonl";
-    const int fd = ::open(legend.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) throw_errno("create", legend, errno);
-    try {
-      write_all(fd, pending_series_.data(), pending_series_.size(), -1, legend);
-      if (durable && ::fdatasync(fd) != 0) throw_errno("fsync", legend, errno);
-    } catch (...) {
-      ::close(fd);
-      throw;
-    }
-    ::close(fd);
+    if (!series_file_) series_file_ = std::make_unique<LinesFile>(dir_, "stats_series.jsonl");
+    series_file_->append(pending_series_);
     pending_series_.clear();
   }
+  if (series_file_ && durable) series_file_->datasync();
   if (pending_rows_ > 0) {
     const std::int64_t rows = pending_rows_;
     pending_rows_ = 0;
     const std::string bytes = std::move(pending_);
     pending_.clear();
+    const std::uint64_t whole = kHeaderBytes + static_cast<std::uint64_t>(rows_) * sizeof(Row);
     try {
-      write_all(fd_, bytes.data(), bytes.size(), -1, path);
+      file_.pwrite_all(bytes.data(), bytes.size(), whole);
     } catch (...) {
-      // A short write (disk full) must not shift the rows that come later:
-      // cut the file back to its whole rows. These rows are lost, and the
-      // caller counts the error.
-      const off_t whole = static_cast<off_t>(kHeaderBytes + rows_ * sizeof(Row));
-      if (::ftruncate(fd_, whole) == 0) ::lseek(fd_, whole, SEEK_SET);
+      // A short write (disk full) must not leave part of a row that later
+      // rows would be shifted by: cut the file back to its whole rows.
+      // These rows are lost, and the caller counts the error.
+      try {
+        file_.truncate(whole);
+      } catch (...) {
+      }
       throw;
     }
     rows_ += rows;
     const std::string h = header(rows_);
-    write_all(fd_, h.data(), h.size(), 0, path);
+    file_.pwrite_all(h.data(), h.size(), 0);
   }
-  if (durable && ::fdatasync(fd_) != 0) throw_errno("fsync", path, errno);
+  if (durable) file_.datasync();
 }
 
 }  // namespace tensortap::detail

@@ -1,12 +1,17 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 
 #include <tensortap/options.h>
 
+#include "writers/src/file.h"
+
 namespace tensortap::detail {
+
+class LinesFile;
 
 /// The statistics of one tensor. min, max, mean, std (population, as
 /// NumPy's default) and norm (L2) are over its finite values: one NaN does
@@ -26,7 +31,7 @@ struct TensorStats {
 /// rows. Created at the first row. Used from the writer thread only.
 class StatsFile {
  public:
-  explicit StatsFile(std::string dir) : dir_(std::move(dir)) {}
+  explicit StatsFile(const Dir& dir);
   ~StatsFile();
   StatsFile(const StatsFile&) = delete;
   StatsFile& operator=(const StatsFile&) = delete;
@@ -37,11 +42,14 @@ class StatsFile {
   /// fsyncs. Throws `Error` with the path and errno.
   void flush(bool durable);
   std::int64_t rows() const { return rows_ + pending_rows_; }
+  /// Closes the files; for after the last flush.
+  void close() noexcept;
 
  private:
   void open();
-  std::string dir_;
-  int fd_ = -1;
+  const Dir& dir_;
+  File file_;
+  std::unique_ptr<LinesFile> series_file_;
   std::int64_t rows_ = 0;           // rows on disk and counted by the header
   std::int64_t pending_rows_ = 0;   // rows in `pending_`
   std::string pending_;             // row bytes not yet written

@@ -4,6 +4,7 @@
 
 #include <tensortap/error.h>
 
+#include "writers/src/file.h"
 #include "writers/src/npy_writer.h"
 #ifdef TENSORTAP_HAVE_HDF5
 #include "writers/src/hdf5_writer.h"
@@ -11,7 +12,7 @@
 
 namespace tensortap::detail {
 
-std::unique_ptr<Writer> make_writer(const Options& options, const std::string& dir) {
+std::unique_ptr<Writer> make_writer(const Options& options, const Dir& dir) {
   switch (options.format()) {
     case Format::Npy:
       return std::make_unique<NpyWriter>(dir);
@@ -24,7 +25,7 @@ std::unique_ptr<Writer> make_writer(const Options& options, const std::string& d
   }
   throw Error(fmt::format("tensortap: run '{}': Format::Hdf5 is not available: this tensortap was built "
                           "without HDF5 (TENSORTAP_WITH_HDF5=OFF or libhdf5-dev missing); use Format::Npy",
-                          dir));
+                          dir.path()));
 }
 
 }  // namespace tensortap::detail

@@ -12,6 +12,8 @@
 
 namespace tensortap::detail {
 
+class Dir;
+
 /// What the writer needs to know of a record besides its bytes.
 struct RecordMeta {
   Kind kind = Kind::Tensor;
@@ -76,7 +78,8 @@ class Writer {
   virtual void close() = 0;
 };
 
-/// The writer `options.format()` asks for, writing under `dir`.
-std::unique_ptr<Writer> make_writer(const Options& options, const std::string& dir);
+/// The writer `options.format()` asks for, writing under `dir` (which must
+/// outlive it).
+std::unique_ptr<Writer> make_writer(const Options& options, const Dir& dir);
 
 }  // namespace tensortap::detail
