@@ -26,15 +26,6 @@ constexpr std::size_t kMaxChunkBytes = std::size_t{1} << 30;           // HDF5 c
 // Steps share a word with the kind bits (see Core::state_).
 constexpr std::int64_t kMaxStep = std::int64_t{1} << 47;
 
-std::regex compile(const std::string& pattern, const char* option) {
-  try {
-    return std::regex(pattern, std::regex::ECMAScript | std::regex::optimize);
-  } catch (const std::regex_error& e) {
-    throw Error(fmt::format("tensortap: Options::{}(\"{}\") is not a valid regex: {}", option,
-                            pattern, e.what()));
-  }
-}
-
 constexpr Kind kAllKinds[] = {Kind::Activation, Kind::ActivationGrad, Kind::Param, Kind::Grad, Kind::Tensor};
 
 // The kinds `step` samples, as KindSet bits.
@@ -133,9 +124,9 @@ void place(const Options& o, RunInfo& info) {
 
 Core::Core(Options options)
     : options_((validate(options), std::move(options))),
-      include_(compile(options_.include(), "include")),
-      exclude_(compile(options_.exclude(), "exclude")),
-      tap_sequential_(compile(options_.tap_sequential(), "tap_sequential")),
+      include_(options_.include(), "include"),
+      exclude_(options_.exclude(), "exclude"),
+      tap_sequential_(options_.tap_sequential(), "tap_sequential"),
       has_include_(!options_.include().empty()),
       has_exclude_(!options_.exclude().empty()),
       // HDF5 datasets have at most 32 axes, one of them the row; NumPy 1.x
@@ -175,8 +166,8 @@ Core::~Core() {
 }
 
 bool Core::selected(const std::string& name) const {
-  if (has_include_ && !std::regex_search(name, include_)) return false;
-  if (has_exclude_ && std::regex_search(name, exclude_)) return false;
+  if (has_include_ && !include_.search(name)) return false;
+  if (has_exclude_ && exclude_.search(name)) return false;
   return true;
 }
 
@@ -543,6 +534,31 @@ Stats Core::stats() const {
   s.stats_rows = backend_->stats_rows();
   s.dumps = backend_->dumps();
   return s;
+}
+
+void Core::claim(const std::vector<Claim>& claims) {
+  std::lock_guard<std::mutex> lock(control_mu_);
+  if (closed()) throw Error(fmt::format("tensortap: watch() on the closed recorder of run '{}'", info_.run_dir));
+  std::unordered_set<std::string> names;
+  std::unordered_set<const void*> objects;
+  for (const Claim& c : claims) {
+    const char* what = c.kind == Kind::Grad ? "parameter" : "tap point";
+    if (auto it = claimed_objects_.find(c.object); it != claimed_objects_.end())
+      throw Error(fmt::format("tensortap: watch(): the {} '{}' is already watched by this recorder (as '{}', run "
+                              "'{}'); watching a module twice would record everything twice",
+                              what, c.name, it->second, info_.run_dir));
+    std::string key(1, static_cast<char>(c.kind));
+    key += c.name;
+    // Within one call a tied weight may appear under two names; across
+    // calls, one name for two objects would mix their records.
+    if (objects.insert(c.object).second && claimed_names_.count(key) != 0)
+      throw Error(fmt::format("tensortap: watch(): a {} named '{}' is already watched by this recorder (run '{}'); "
+                              "give the second module a prefix: tensortap::watch(module, recorder, \"G\")",
+                              what, c.name, info_.run_dir));
+    names.insert(std::move(key));
+  }
+  for (const Claim& c : claims) claimed_objects_.emplace(c.object, c.name);
+  claimed_names_.insert(names.begin(), names.end());
 }
 
 void Core::add_watcher(std::shared_ptr<Watcher> watcher) {

@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <regex>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -18,6 +17,7 @@
 
 #include "sdk/src/backend.h"
 #include "sdk/src/cuda/capture.h"
+#include "sdk/src/pattern.h"
 #include "sdk/src/staging.h"
 #include "writers/src/run_files.h"
 
@@ -60,7 +60,7 @@ class Core {
   bool selected(const std::string& name) const;
   /// Whether the Sequential child at `path` is to be made a tap point.
   bool taps_sequential_child(const std::string& path) const {
-    return !options_.tap_sequential().empty() && std::regex_search(path, tap_sequential_);
+    return !tap_sequential_.empty() && tap_sequential_.search(path);
   }
   std::int64_t current_step() const noexcept {
     return static_cast<std::int64_t>(state_.load(std::memory_order_relaxed) >> kStepShift) - 1;
@@ -100,6 +100,19 @@ class Core {
   /// Adds a watcher; it is detached on close.
   void add_watcher(std::shared_ptr<Watcher> watcher);
 
+  /// Something a watch() call hooks: a parameter (kind Grad) or a tap point
+  /// (kind Activation), and the name it is recorded under.
+  struct Claim {
+    const void* object;
+    Kind kind;
+    std::string name;
+  };
+  /// Takes `claims` for one watch() call, or none of them: throws `Error`
+  /// if the recorder is closed, if an object is watched already (a module
+  /// watched twice would record everything twice), or if a name is taken by
+  /// another object of its kind.
+  void claim(const std::vector<Claim>& claims);
+
  private:
   void check_capturable(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const;
   // With OnError::Stop, throws once an error stopped capture.
@@ -113,9 +126,11 @@ class Core {
   void dumped(const DumpInfo& dump) noexcept;
 
   const Options options_;
-  std::regex include_;
-  std::regex exclude_;
-  std::regex tap_sequential_;
+  // Matched without backtracking: a hostile pattern or name cannot hang or
+  // overflow the stack (see Pattern).
+  Pattern include_;
+  Pattern exclude_;
+  Pattern tap_sequential_;
   const bool has_include_;
   const bool has_exclude_;
   // The most dimensions the run's format can store, and why.
@@ -148,6 +163,9 @@ class Core {
   std::mutex close_mu_;
   std::string close_error_;
   std::vector<std::shared_ptr<Watcher>> watchers_;
+  // What watch() calls hooked: object -> name, and kind byte + name.
+  std::unordered_map<const void*, std::string> claimed_objects_;
+  std::unordered_set<std::string> claimed_names_;
 
   // What is known of a base name: whether it is selected (for capture()),
   // and per kind the next repeat suffix in the current and the previous step
