@@ -48,9 +48,17 @@ TEST_CASE("JSON strings escape quotes, control bytes and invalid UTF-8", "[write
   append_json_string(out, std::string("a\"b\\c\n\x01\0", 8));
   REQUIRE(out == "\"a\\\"b\\\\c\\n\\u0001\\u0000\"");
   out.clear();
+  // A byte that is not UTF-8 becomes U+DC00 + byte (Python's
+  // surrogateescape), never the character of the same number: "\xff" alone
+  // must not read back as "ÿ".
   append_json_string(out, "\xc3\xa9\xff");
-  REQUIRE(out == "\"\xc3\xa9\\u00ff\"");
+  REQUIRE(out == "\"\xc3\xa9\\udcff\"");
   out.clear();
   append_json_string(out, "\xed\xa0\x80");  // a UTF-16 surrogate is not UTF-8
-  REQUIRE(out == "\"\\u00ed\\u00a0\\u0080\"");
+  REQUIRE(out == "\"\\udced\\udca0\\udc80\"");
+  out.clear();
+  std::string lone, real;
+  append_json_string(lone, "\xc3");
+  append_json_string(real, "\xc3\x83");
+  REQUIRE(lone != real);
 }

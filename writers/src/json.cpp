@@ -48,7 +48,11 @@ void append_json_string(std::string& out, std::string_view s) {
     }
     const size_t n = utf8_sequence_length(s, i);
     if (n == 0) {
-      out += fmt::format("\\u{:04x}", c);
+      // A byte that is not UTF-8 becomes a lone low surrogate, U+DC80 to
+      // U+DCFF, as Python's "surrogateescape" has it: distinct from every
+      // real character (0xC3 alone is not "\u00c3", which is Ã), and
+      // name.encode("utf-8", "surrogateescape") gives the bytes back.
+      out += fmt::format("\\u{:04x}", 0xDC00 + c);
       ++i;
     } else {
       out.append(s.data() + i, n);
