@@ -450,3 +450,88 @@ TEST_CASE("concurrent forward and backward passes on several threads lose nothin
   const torch::Tensor total = sums[0] + sums[1] + sums[2] + sums[3];
   REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight", 0), total, 1e-4, 1e-4));
 }
+
+TEST_CASE("two recorders on one model both get activations and gradients", "[hooks][multi]") {
+  TempDir full_dir, stats_dir;
+  Net net;
+  auto full = tensortap::watch(*net, Options(full_dir.path));
+  // A statistics-only recorder beside the full one: a natural pair.
+  auto stats = tensortap::watch(*net, Options(stats_dir.path).every(0).stats_every(1));
+  const auto x = torch::randn({4, 3});
+  const auto c = torch::randn({4, 2});
+  for (std::int64_t step = 0; step < 2; ++step) {
+    full->step(step);
+    stats->step(step);
+    loss_of(net, x, c).backward();
+  }
+  full->close();
+  stats->close();
+  // The full run has the activation, its gradient and the parameters' gradients, once each.
+  REQUIRE(at::equal(load(full_dir.path, "activation", "out", 1), net->fc->forward(x).detach()));
+  REQUIRE(at::allclose(load(full_dir.path, "activation_grad", "out", 1), c));
+  REQUIRE(tt_test::index_lines_with(full_dir.path, "out#1").empty());
+  // The statistics run has a row for each of them every step, and no tensor.
+  REQUIRE(stats->stats().records == 0);
+  REQUIRE(stats->stats().stats_rows == 2 * 4);
+  const std::string series = tt_test::read_file(stats_dir / "stats_series.jsonl");
+  for (const char* want : {"\"kind\":\"activation\",\"name\":\"out\"", "\"kind\":\"activation_grad\",\"name\":\"out\"",
+                           "\"kind\":\"grad\",\"name\":\"fc.weight\"", "\"kind\":\"grad\",\"name\":\"fc.bias\""})
+    REQUIRE_THAT(series, Catch::Contains(want));
+}
+
+TEST_CASE("watch() refuses a module it watches already, a closed recorder and a colliding name", "[hooks][multi]") {
+  TempDir dir;
+  Net net, other;
+  auto rec = tensortap::watch(*net, Options(dir.path));
+  std::string err;
+  try {
+    tensortap::watch(*net, *rec);
+  } catch (const tensortap::Error& e) {
+    err = e.what();
+  }
+  REQUIRE_THAT(err, Catch::Contains("already watched by this recorder") && Catch::Contains("twice"));
+  // Another model with the same names needs a prefix; with one, it is watched.
+  err.clear();
+  try {
+    tensortap::watch(*other, *rec);
+  } catch (const tensortap::Error& e) {
+    err = e.what();
+  }
+  REQUIRE_THAT(err, Catch::Contains("give the second module a prefix"));
+  tensortap::watch(*other, *rec, "G");
+  const auto x = torch::randn({4, 3});
+  const auto c = torch::randn({4, 2});
+  rec->step(0);
+  loss_of(net, x, c).backward();
+  loss_of(other, x, c).backward();
+  rec->close();
+  // Each model's gradient under its own name, once: no "#1" from a double hook.
+  REQUIRE(at::allclose(load(dir.path, "grad", "fc.weight", 0), net->fc->weight.grad()));
+  REQUIRE(at::allclose(load(dir.path, "grad", "G/fc.weight", 0), other->fc->weight.grad()));
+  REQUIRE(at::equal(load(dir.path, "activation", "G/out", 0), other->fc->forward(x).detach()));
+  REQUIRE(tt_test::index_lines_with(dir.path, "#1").empty());
+  err.clear();
+  try {
+    Net third;
+    tensortap::watch(*third, *rec, "H");
+  } catch (const tensortap::Error& e) {
+    err = e.what();
+  }
+  REQUIRE_THAT(err, Catch::Contains("closed recorder"));
+}
+
+TEST_CASE("a closed recorder lets go of the model's tap points", "[hooks][multi]") {
+  TempDir dir;
+  Net net;
+  std::weak_ptr<tensortap::detail::Core> core;
+  {
+    auto rec = tensortap::watch(*net, Options(dir.path));
+    core = rec->core();
+    rec->step(0);
+    net->forward(torch::randn({2, 3}));
+    rec->close();
+  }
+  // The model (and its Tap) lives on; the recorder's state does not.
+  REQUIRE(core.expired());
+  net->forward(torch::randn({2, 3}));
+}

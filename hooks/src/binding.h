@@ -2,8 +2,11 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/nn/modules/container/any.h>
+
+#include <tensortap/tap.h>
 
 #include "sdk/src/core.h"
 
@@ -13,6 +16,22 @@ namespace tensortap::detail {
 struct TapBinding {
   std::shared_ptr<Core> core;
   std::string name;
+};
+
+/// The recorders a tap point feeds (see TapPoint::bindings_).
+struct TapBindings {
+  std::vector<std::shared_ptr<TapBinding>> items;
+};
+
+/// watch()'s way into a tap point's bindings.
+class TapPointAccess {
+ public:
+  /// Whether `point` feeds `core` already.
+  static bool bound_to(const TapPoint& point, const Core& core);
+  /// Makes `point` feed `binding` too.
+  static void bind(TapPoint& point, std::shared_ptr<TapBinding> binding);
+  /// Stops `point` feeding `binding`; frees replaced lists no forward reads.
+  static void unbind(TapPoint& point, const TapBinding* binding) noexcept;
 };
 
 /// The part of `TapPoint::tap_output` that runs on a step that captures.
@@ -28,8 +47,9 @@ void op_capture_acquire();
 void op_capture_release();
 
 /// Enters and leaves the scope of a tap point on this thread; ops that run
-/// inside are recorded as `<point name>/<op name>`.
-void op_scope_push(const TapBinding* binding);
+/// inside are recorded as `<point name>/<op name>` for each of its bound
+/// recorders that captures ops. `bindings` stays alive until the pop.
+void op_scope_push(const TapBindings* bindings);
 void op_scope_pop();
 
 /// While alive, ATen ops on this thread are tensortap's own (copies into

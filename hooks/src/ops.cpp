@@ -12,8 +12,9 @@ namespace tensortap::detail {
 namespace {
 
 struct ThreadState {
-  // Innermost last. Bindings outlive the scopes: tap points keep them.
-  std::vector<const TapBinding*> scopes;
+  // Innermost last. The lists outlive the scopes: an OpScope keeps its
+  // tap point from freeing them.
+  std::vector<const TapBindings*> scopes;
   // RecordFunction depth inside the innermost scope: only depth-1 ops (those
   // the module's forward called itself) are recorded, not their internals.
   int depth = 0;
@@ -33,17 +34,19 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (st.scopes.empty() || st.busy) return;
   const int depth = st.depth--;
   if (depth != 1) return;
-  const TapBinding& b = *st.scopes.back();
-  if (!b.core->active(Kind::Activation)) return;
   st.busy = true;
-  try {
-    const std::string name = b.name + "/" + fn.name();
-    for (const c10::IValue& out : fn.outputs())
-      if (out.isTensor() && out.toTensor().defined())
-        b.core->record(Kind::Activation, name, out.toTensor(), b.core->current_step());
-  } catch (...) {
-    // An end callback must not throw through ATen: the op already ran.
-    b.core->hook_failed(std::current_exception());
+  for (const auto& bp : st.scopes.back()->items) {
+    const TapBinding& b = *bp;
+    if (!b.core->options().capture_ops() || !b.core->active(Kind::Activation)) continue;
+    try {
+      const std::string name = b.name + "/" + fn.name();
+      for (const c10::IValue& out : fn.outputs())
+        if (out.isTensor() && out.toTensor().defined())
+          b.core->record(Kind::Activation, name, out.toTensor(), b.core->current_step());
+    } catch (...) {
+      // An end callback must not throw through ATen: the op already ran.
+      b.core->hook_failed(std::current_exception());
+    }
   }
   st.busy = false;
 }
@@ -71,8 +74,8 @@ OpQuiet::OpQuiet() : was_(t_state.busy) { t_state.busy = true; }
 
 OpQuiet::~OpQuiet() { t_state.busy = was_; }
 
-void op_scope_push(const TapBinding* binding) {
-  t_state.scopes.push_back(binding);
+void op_scope_push(const TapBindings* bindings) {
+  t_state.scopes.push_back(bindings);
   t_state.depth = 0;
 }
 

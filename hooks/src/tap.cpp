@@ -1,5 +1,7 @@
 #include <tensortap/tap.h>
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include <tensortap/error.h>
@@ -60,41 +62,127 @@ class SequentialTapImpl : public torch::nn::Module, public TapPoint {
 }  // namespace
 }  // namespace detail
 
-void TapPoint::bind(std::shared_ptr<detail::TapBinding> binding) {
-  std::lock_guard<std::mutex> lock(bindings_mu_);
-  binding_.store(binding.get(), std::memory_order_release);
-  bindings_.push_back(std::move(binding));
+namespace detail {
+namespace {
+
+// Holds a tap point's reader count while a forward reads its bindings.
+class Reading {
+ public:
+  explicit Reading(std::atomic<int>& readers) : readers_(readers) { readers_.fetch_add(1, std::memory_order_seq_cst); }
+  ~Reading() { readers_.fetch_sub(1, std::memory_order_release); }
+  Reading(const Reading&) = delete;
+  Reading& operator=(const Reading&) = delete;
+
+ private:
+  std::atomic<int>& readers_;
+};
+
+bool wants_ops(const TapBindings& list) {
+  for (const auto& b : list.items)
+    if (b->core->options().capture_ops() && b->core->active(Kind::Activation)) return true;
+  return false;
 }
 
-void TapPoint::unbind(const detail::TapBinding* binding) noexcept {
-  std::lock_guard<std::mutex> lock(bindings_mu_);
-  detail::TapBinding* expected = const_cast<detail::TapBinding*>(binding);
-  binding_.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel);
+}  // namespace
+
+bool TapPointAccess::bound_to(const TapPoint& point, const Core& core) {
+  std::lock_guard<std::mutex> lock(const_cast<TapPoint&>(point).lists_mu_);
+  const TapBindings* list = point.bindings_.load(std::memory_order_relaxed);
+  if (list == nullptr) return false;
+  for (const auto& b : list->items)
+    if (b->core.get() == &core) return true;
+  return false;
 }
 
-torch::Tensor TapPoint::tap_output(torch::Tensor out, bool training) const {
-  const detail::TapBinding* b = binding_.load(std::memory_order_acquire);
-  if (b == nullptr || !(b->core->active(Kind::Activation) || b->core->active(Kind::ActivationGrad)))
-    return out;
-  if (!training && !b->core->options().capture_eval()) return out;
+namespace {
+
+// Publishes `items` as the point's list; lists_mu_ is held.
+void publish(std::atomic<const TapBindings*>& current, std::atomic<int>& readers,
+             std::vector<std::unique_ptr<const TapBindings>>& lists, std::vector<std::shared_ptr<TapBinding>> items) {
+  std::unique_ptr<const TapBindings> fresh;
+  if (!items.empty()) fresh = std::make_unique<const TapBindings>(TapBindings{std::move(items)});
+  current.store(fresh.get(), std::memory_order_seq_cst);
+  if (fresh) lists.push_back(std::move(fresh));
+  // A forward that counted itself in before the store above may still read
+  // an old list; one that counts itself in after it reads the new one. So
+  // with no reader now, every old list can go (and with it, the recorders
+  // that closed). Otherwise they go at a later bind or unbind.
+  if (readers.load(std::memory_order_seq_cst) != 0) return;
+  const TapBindings* keep = current.load(std::memory_order_relaxed);
+  lists.erase(std::remove_if(lists.begin(), lists.end(), [&](const auto& l) { return l.get() != keep; }), lists.end());
+}
+
+}  // namespace
+
+void TapPointAccess::bind(TapPoint& point, std::shared_ptr<TapBinding> binding) {
+  std::lock_guard<std::mutex> lock(point.lists_mu_);
+  std::vector<std::shared_ptr<TapBinding>> items;
+  if (const TapBindings* list = point.bindings_.load(std::memory_order_relaxed)) items = list->items;
+  items.push_back(std::move(binding));
+  publish(point.bindings_, point.readers_, point.lists_, std::move(items));
+}
+
+void TapPointAccess::unbind(TapPoint& point, const TapBinding* binding) noexcept {
+  std::lock_guard<std::mutex> lock(point.lists_mu_);
+  const TapBindings* list = point.bindings_.load(std::memory_order_relaxed);
+  if (list == nullptr) return;
+  std::vector<std::shared_ptr<TapBinding>> items;
+  for (const auto& b : list->items)
+    if (b.get() != binding) items.push_back(b);
   try {
-    const detail::OpQuiet quiet;
-    return detail::tap_capture(*b, out);
+    publish(point.bindings_, point.readers_, point.lists_, std::move(items));
   } catch (...) {
-    b->core->hook_failed(std::current_exception());
-    return out;
+    // Out of memory: the binding stays, and its closed recorder does nothing.
   }
 }
 
+}  // namespace detail
+
+TapPoint::TapPoint() = default;
+
+TapPoint::TapPoint(const TapPoint&) {}
+
+TapPoint::~TapPoint() = default;
+
+torch::Tensor TapPoint::tap_output(torch::Tensor out, bool training) const {
+  // Unbound: the one load.
+  if (bindings_.load(std::memory_order_relaxed) == nullptr) return out;
+  const detail::Reading reading(readers_);
+  const detail::TapBindings* list = bindings_.load(std::memory_order_seq_cst);
+  if (list == nullptr) return out;
+  for (const auto& bp : list->items) {
+    const detail::TapBinding* b = bp.get();
+    if (!(b->core->active(Kind::Activation) || b->core->active(Kind::ActivationGrad))) continue;
+    if (!training && !b->core->options().capture_eval()) continue;
+    try {
+      const detail::OpQuiet quiet;
+      // Each recorder hooks the view the previous one returned: every one
+      // gets the gradient of what flows on.
+      out = detail::tap_capture(*b, out);
+    } catch (...) {
+      b->core->hook_failed(std::current_exception());
+    }
+  }
+  return out;
+}
+
 TapPoint::OpScope::OpScope(const TapPoint& point) {
-  const detail::TapBinding* b = point.binding_.load(std::memory_order_acquire);
-  if (b == nullptr || !b->core->options().capture_ops() || !b->core->active(Kind::Activation)) return;
-  detail::op_scope_push(b);
-  pushed_ = true;
+  if (point.bindings_.load(std::memory_order_relaxed) == nullptr) return;
+  point.readers_.fetch_add(1, std::memory_order_seq_cst);
+  const detail::TapBindings* list = point.bindings_.load(std::memory_order_seq_cst);
+  if (list == nullptr || !detail::wants_ops(*list)) {
+    point.readers_.fetch_sub(1, std::memory_order_release);
+    return;
+  }
+  // The reader count stays up until the scope ends: the list is in use.
+  detail::op_scope_push(list);
+  point_ = &point;
 }
 
 TapPoint::OpScope::~OpScope() {
-  if (pushed_) detail::op_scope_pop();
+  if (point_ == nullptr) return;
+  detail::op_scope_pop();
+  point_->readers_.fetch_sub(1, std::memory_order_release);
 }
 
 TapImpl::TapImpl(const TapImpl& other)

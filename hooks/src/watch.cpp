@@ -158,11 +158,11 @@ class TapWatcher final : public Watcher {
 
   void add(const std::shared_ptr<torch::nn::Module>& owner, TapPoint& point, std::shared_ptr<TapBinding> binding) {
     points_.push_back({owner, &point, binding.get()});
-    point.bind(std::move(binding));
+    TapPointAccess::bind(point, std::move(binding));
   }
   void detach() noexcept override {
     for (auto& p : points_)
-      if (auto alive = p.owner.lock()) p.point->unbind(p.binding);
+      if (auto alive = p.owner.lock()) TapPointAccess::unbind(*p.point, p.binding);
     points_.clear();
     if (ops_) op_capture_release();
     ops_ = false;
@@ -182,43 +182,74 @@ std::string child_path(const std::string& parent, std::size_t i) {
   return parent.empty() ? std::to_string(i) : parent + "." + std::to_string(i);
 }
 
-void attach(torch::nn::Module& module, const std::shared_ptr<Core>& core) {
+// The name a recorder knows a parameter or tap point by.
+std::string full_name(const std::string& prefix, const std::string& path) {
+  return prefix.empty() ? path : prefix + "/" + path;
+}
+
+void attach(torch::nn::Module& module, const std::shared_ptr<Core>& core, const std::string& prefix) {
   const KindSet kinds = core->options().kinds();
-  if (kinds.contains(Kind::Grad) || kinds.contains(Kind::Param)) {
-    auto params = std::make_shared<ParamWatcher>(core);
-    for (const auto& item : module.named_parameters(/*recurse=*/true))
-      if (core->selected(item.key())) params->add(item.key(), item.value());
-    if (kinds.contains(Kind::Grad)) params->hook_all(params);
-    core->add_watcher(params);
-  }
-  if (!kinds.contains(Kind::Activation) && !kinds.contains(Kind::ActivationGrad)) return;
-  auto taps = std::make_shared<TapWatcher>(core->options().capture_ops() && kinds.contains(Kind::Activation));
-  const auto bind = [&](const std::shared_ptr<torch::nn::Module>& owner, TapPoint& point, const std::string& name) {
-    if (core->selected(name)) taps->add(owner, point, std::make_shared<TapBinding>(TapBinding{core, name}));
+  const bool want_params = kinds.contains(Kind::Grad) || kinds.contains(Kind::Param);
+  const bool want_taps = kinds.contains(Kind::Activation) || kinds.contains(Kind::ActivationGrad);
+
+  // First find everything, and claim it, so that a watch() that fails
+  // (the module is watched already, a name collides) changes nothing.
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  if (want_params)
+    for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+      std::string name = full_name(prefix, item.key());
+      if (core->selected(name)) params.emplace_back(std::move(name), item.value());
+    }
+  struct Point {
+    std::shared_ptr<torch::nn::Module> owner;
+    TapPoint* point;
+    std::string name;
   };
-  // Without include_self: named_modules() needs shared_from_this() for the
-  // root, and a root on the stack has none.
-  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules{{"", nullptr}};
-  for (const auto& item : module.named_modules("", /*include_self=*/false)) modules.emplace_back(item.key(), item.value());
-  for (const auto& [path, ptr] : modules) {
-    torch::nn::Module& m = ptr ? *ptr : module;
-    if (auto* point = dynamic_cast<TapPoint*>(&m); point != nullptr && ptr) bind(ptr, *point, path);
-    auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m);
-    if (seq == nullptr) continue;
-    std::size_t i = 0;
-    for (torch::nn::AnyModule& child : *seq) {
-      const std::string name = child_path(path, i++);
-      // A child that is a tap point itself (a Tap, a Tapped<M>) is bound above.
-      if (dynamic_cast<TapPoint*>(child.ptr().get()) == nullptr && core->taps_sequential_child(name))
-        child = make_sequential_tap(std::move(child));
-      if (auto wrapper = child.ptr(); wrapper && dynamic_cast<TapPoint*>(wrapper.get()) != nullptr &&
-                                      std::find_if(modules.begin(), modules.end(), [&](const auto& mm) {
-                                        return mm.second == wrapper;
-                                      }) == modules.end())
-        bind(wrapper, *dynamic_cast<TapPoint*>(wrapper.get()), name);
+  std::vector<Point> points;
+  if (want_taps) {
+    // Without include_self: named_modules() needs shared_from_this() for the
+    // root, and a root on the stack has none.
+    std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules{{"", nullptr}};
+    for (const auto& item : module.named_modules("", /*include_self=*/false)) modules.emplace_back(item.key(), item.value());
+    const auto add = [&](const std::shared_ptr<torch::nn::Module>& owner, TapPoint& point, const std::string& path) {
+      std::string name = full_name(prefix, path);
+      if (core->selected(name)) points.push_back({owner, &point, std::move(name)});
+    };
+    for (const auto& [path, ptr] : modules) {
+      torch::nn::Module& m = ptr ? *ptr : module;
+      if (auto* point = dynamic_cast<TapPoint*>(&m); point != nullptr && ptr) add(ptr, *point, path);
+      auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m);
+      if (seq == nullptr) continue;
+      std::size_t i = 0;
+      for (torch::nn::AnyModule& child : *seq) {
+        const std::string path_i = child_path(path, i++);
+        // A child that is a tap point itself (a Tap, a Tapped<M>) is bound above.
+        if (dynamic_cast<TapPoint*>(child.ptr().get()) == nullptr && core->taps_sequential_child(full_name(prefix, path_i)))
+          child = make_sequential_tap(std::move(child));
+        if (auto wrapper = child.ptr(); wrapper && dynamic_cast<TapPoint*>(wrapper.get()) != nullptr &&
+                                        std::find_if(modules.begin(), modules.end(), [&](const auto& mm) {
+                                          return mm.second == wrapper;
+                                        }) == modules.end())
+          add(wrapper, *dynamic_cast<TapPoint*>(wrapper.get()), path_i);
+      }
     }
   }
-  core->add_watcher(taps);
+  std::vector<Core::Claim> claims;
+  for (const auto& [name, t] : params) claims.push_back({t.unsafeGetTensorImpl(), Kind::Grad, name});
+  for (const Point& p : points) claims.push_back({p.point, Kind::Activation, p.name});
+  core->claim(claims);
+
+  if (want_params) {
+    auto watcher = std::make_shared<ParamWatcher>(core);
+    for (auto& [name, t] : params) watcher->add(std::move(name), std::move(t));
+    if (kinds.contains(Kind::Grad)) watcher->hook_all(watcher);
+    core->add_watcher(watcher);
+  }
+  if (want_taps) {
+    auto taps = std::make_shared<TapWatcher>(core->options().capture_ops() && kinds.contains(Kind::Activation));
+    for (Point& p : points) taps->add(p.owner, *p.point, std::make_shared<TapBinding>(TapBinding{core, p.name}));
+    core->add_watcher(taps);
+  }
 }
 
 }  // namespace
@@ -230,6 +261,8 @@ std::shared_ptr<Recorder> watch(torch::nn::Module& module, Options options) {
   return recorder;
 }
 
-void watch(torch::nn::Module& module, Recorder& recorder) { detail::attach(module, recorder.core()); }
+void watch(torch::nn::Module& module, Recorder& recorder, const std::string& prefix) {
+  detail::attach(module, recorder.core(), prefix);
+}
 
 }  // namespace tensortap

@@ -17,31 +17,29 @@
 namespace tensortap {
 
 namespace detail {
-struct TapBinding;
+struct TapBindings;
+class TapPointAccess;
 }  // namespace detail
 
 /// A place in a model whose output a recorder captures: kind `activation`,
 /// and through a hook on it, `activation_grad`. `Tap`, `Tapped<M>` and the
 /// children of an instrumented `Sequential` are tap points; `watch()` binds
-/// every tap point in the module tree under its module path. An unbound tap
-/// point, or one on a step that is not sampled, costs one atomic load.
+/// every tap point in the module tree under its module path. A tap point
+/// feeds every recorder bound to it (a statistics-only recorder beside a
+/// full one, say). An unbound tap point costs one atomic load; a bound one
+/// on a step that is not sampled, a few more.
 class TapPoint {
  public:
-  TapPoint() = default;
+  TapPoint();
   /// Copies (module clones) are not bound to any recorder.
-  TapPoint(const TapPoint&) {}
+  TapPoint(const TapPoint&);
   TapPoint& operator=(const TapPoint&) { return *this; }
-  virtual ~TapPoint() = default;
-
-  /// Internal, used by `watch()`: routes captures to a recorder.
-  void bind(std::shared_ptr<detail::TapBinding> binding);
-  /// Internal: stops routing to `binding` if it is the current one.
-  void unbind(const detail::TapBinding* binding) noexcept;
+  virtual ~TapPoint();
 
  protected:
-  /// Captures `out` if bound and sampled (and, unless the options say so,
-  /// only in training mode). Returns `out`, or a view of it that carries the
-  /// gradient hook.
+  /// Captures `out` for each bound recorder whose step is sampled (and,
+  /// unless its options say so, only in training mode). Returns `out`, or a
+  /// view of it that carries the gradient hooks.
   torch::Tensor tap_output(torch::Tensor out, bool training) const;
 
   /// While alive, ATen ops run on this thread are attributed to this tap
@@ -54,16 +52,21 @@ class TapPoint {
     OpScope& operator=(const OpScope&) = delete;
 
    private:
-    bool pushed_ = false;
+    const TapPoint* point_ = nullptr;
   };
 
  private:
-  // Read on every forward without a lock. Bindings are never freed while
-  // the tap point lives (`bindings_` keeps them), so a forward racing with
-  // unbind() still reads a live one.
-  std::atomic<detail::TapBinding*> binding_{nullptr};
-  std::mutex bindings_mu_;
-  std::vector<std::shared_ptr<detail::TapBinding>> bindings_;
+  friend class detail::TapPointAccess;
+  // The bound recorders, an immutable list read on every forward without a
+  // lock and replaced whole when a recorder binds or unbinds. A replaced
+  // list is freed only once no forward is reading (`readers_` is 0), so a
+  // forward racing with a recorder's close() never reads freed memory, and
+  // a closed recorder is not kept alive by the model.
+  std::atomic<const detail::TapBindings*> bindings_{nullptr};
+  mutable std::atomic<int> readers_{0};
+  std::mutex lists_mu_;
+  // The current list (last) and replaced ones not yet freed.
+  std::vector<std::unique_ptr<const detail::TapBindings>> lists_;
 };
 
 /// An identity module that marks a tap point: what flows through it is

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include <torch/nn/module.h>
 
@@ -28,7 +29,22 @@ namespace tensortap {
 /// ```
 std::shared_ptr<Recorder> watch(torch::nn::Module& module, Options options);
 
-/// Hooks an existing recorder into another module tree, as above.
-void watch(torch::nn::Module& module, Recorder& recorder);
+/// Hooks an existing recorder into another module tree, as above: one run
+/// for several models (a GAN's generator and discriminator). With a
+/// `prefix`, every name from this module gets it: `watch(*gen, *rec, "G")`
+/// records `G/conv1.weight`, so two models with the same parameter names
+/// stay apart.
+///
+/// Throws `Error`, hooking nothing, if the recorder is closed, if this
+/// recorder already watches one of the module's parameters or tap points
+/// (watching a module twice would record everything twice), or if a name
+/// collides with one the recorder already watches (give a prefix).
+///
+/// Example:
+/// ```
+/// auto rec = tensortap::watch(*disc, tensortap::Options("runs/gan"));
+/// tensortap::watch(*gen, *rec, "G");
+/// ```
+void watch(torch::nn::Module& module, Recorder& recorder, const std::string& prefix = "");
 
 }  // namespace tensortap
