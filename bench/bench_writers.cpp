@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,60 @@ void BM_Hdf5Write(benchmark::State& state) {
   writer.close();
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n));
 }
+
+// The cost of a name that first appears when the file already holds
+// range(0) names, each written in the step before (as in training, where
+// every step writes every name): HDF5 1.10 cannot create datasets in SWMR
+// mode, so the writer closes every dataset and the file, creates the new
+// name's datasets and returns to SWMR mode. Counters: `outside_swmr_ms`,
+// how long a crash would have found the file outside SWMR mode (readers
+// then need h5clear -s), and `next_row_us`, what a row to an old series
+// costs on the step after, when its datasets are opened again.
+void BM_Hdf5NewName(benchmark::State& state) {
+  const auto names = static_cast<int>(state.range(0));
+  BenchDir dir;
+  const auto run_dir = tensortap::detail::Dir::open(dir.path, false);
+  tensortap::detail::Hdf5Writer writer(run_dir, tensortap::Hdf5Options());
+  std::vector<float> data(256, 1.0f);
+  std::vector<tensortap::detail::RecordMeta> metas(static_cast<std::size_t>(names));
+  std::vector<const tensortap::detail::RecordMeta*> all;
+  for (int i = 0; i < names; ++i) {
+    metas[i].name = fmt::format("layer{}.weight", i);
+    metas[i].shape = {256};
+    metas[i].nbytes = 1024;
+    all.push_back(&metas[i]);
+  }
+  const auto write_row = [&](tensortap::detail::RecordMeta& m, std::int64_t step) {
+    m.step = step;
+    auto sink = writer.begin(m);
+    sink->append(data.data(), 1024);
+    benchmark::DoNotOptimize(sink->finish());
+  };
+  writer.prepare(all);
+  std::int64_t step = 0;
+  double outside = 0, next_row = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& m : metas) write_row(m, step);
+    writer.sync(/*force=*/true);
+    next_row += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    ++step;
+    tensortap::detail::RecordMeta fresh;
+    fresh.name = fmt::format("new{}", step);
+    fresh.shape = {256};
+    fresh.nbytes = 1024;
+    state.ResumeTiming();
+    writer.prepare({&fresh});
+    write_row(fresh, step);
+    writer.sync(/*force=*/true);
+    outside += std::chrono::duration<double, std::milli>(writer.last_swmr_gap()).count();
+  }
+  const auto n = static_cast<double>(state.iterations());
+  state.counters["outside_swmr_ms"] = outside / n;
+  state.counters["next_row_us"] = names > 0 ? next_row / n / names : 0;
+  writer.close();
+}
 #endif
 
 // Iterations bounded by bytes: every iteration is a new file (or rows) in
@@ -157,6 +212,8 @@ const bool registered = [] {
         ->Args({n, 4})
         ->Iterations(iterations(n, std::int64_t{64} << 20, 100));
   }
+  for (std::int64_t names : {10, 100, 1000, 3000})
+    benchmark::RegisterBenchmark("BM_Hdf5NewName", BM_Hdf5NewName)->Arg(names)->Iterations(8)->Unit(benchmark::kMillisecond);
 #endif
   return true;
 }();

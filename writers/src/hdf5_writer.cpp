@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -329,6 +330,9 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
   // outside SWMR, and a new name's cost, do not grow with the names there are.
   for (auto& [key, s] : series_) release(s);
   wrap(path_, "/", "close", [&] { file_->close(); });
+  // From here to start_swmr() a crash leaves a file that SWMR readers
+  // cannot open (h5clear -s repairs it): this span is what must stay short.
+  const auto left_swmr = std::chrono::steady_clock::now();
   open(/*create=*/false);
   for (const RecordMeta* m : fresh) {
     const std::string key = key_of(*m);
@@ -385,6 +389,7 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
   // Whatever failed above, the series that exist must work again, in SWMR.
   wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); });
   start_swmr();
+  last_swmr_gap_ = std::chrono::steady_clock::now() - left_swmr;
 }
 
 void Hdf5Writer::prepare(const std::vector<const RecordMeta*>& records) {

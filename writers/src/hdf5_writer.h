@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -40,6 +41,9 @@ class Hdf5Writer final : public Writer {
   std::unique_ptr<RecordSink> begin(const RecordMeta& meta) override;
   bool sync(bool force) override;
   void close() override;
+  /// How long the last creation of new names kept the file outside SWMR
+  /// mode (for the benchmark).
+  std::chrono::steady_clock::duration last_swmr_gap() const { return last_swmr_gap_; }
 
   /// One `/<kind>/<name>` group.
   struct Series {
@@ -82,6 +86,7 @@ class Hdf5Writer final : public Writer {
   std::int64_t last_step_ = -1;
   std::int64_t steps_since_flush_ = 0;
   bool dirty_ = false;
+  std::chrono::steady_clock::duration last_swmr_gap_{};
 };
 
 }  // namespace tensortap::detail
