@@ -22,12 +22,19 @@ import numpy as np
 from . import NUMPY_DTYPES, Run, RunError, RunWarning
 
 # Names and paths come from the run's files: printed raw, a planted escape
-# sequence would drive the terminal.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# sequence would drive the terminal. A name's bytes that are not UTF-8 come
+# as lone surrogates U+DC80..U+DCFF (tensortap writes them so); they are
+# shown as the byte they stand for.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _escape(ch):
+    code = ord(ch)
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def _safe(value):
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+    return _CONTROL.sub(lambda m: _escape(m.group()), str(value))
 
 
 def _human(n):
