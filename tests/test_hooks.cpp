@@ -290,7 +290,7 @@ TEST_CASE("Tapped<M> captures a submodule's output and keeps its parameter names
   rec->step(0);
   (net->forward(x) * c).sum().backward();
   rec->close();
-  const torch::Tensor w = net->fc1->weight.detach(), b = net->fc1->bias.detach();
+  const torch::Tensor w = net->fc1->inner().weight.detach(), b = net->fc1->inner().bias.detach();
   REQUIRE(torch::allclose(load(dir.path, "activation", "fc1", 0), x.mm(w.t()) + b, 1e-6, 1e-6));
   REQUIRE(torch::equal(load(dir.path, "activation_grad", "fc1", 0), c));
   REQUIRE(torch::allclose(load(dir.path, "grad", "fc1.weight", 0), c.t().mm(x), 1e-6, 1e-6));
@@ -359,7 +359,7 @@ TEST_CASE("op-level capture records each top-level op inside a tap point", "[hoo
   rec2->close();
   // LinearImpl::forward runs aten::t (the weight, transposed) and aten::addmm.
   REQUIRE(torch::equal(load(dir.path, "activation", "fc1/aten::addmm", 0), y));
-  REQUIRE(torch::equal(load(dir.path, "activation", "fc1/aten::t", 0), net->fc1->weight.detach().t()));
+  REQUIRE(torch::equal(load(dir.path, "activation", "fc1/aten::t", 0), net->fc1->inner().weight.detach().t()));
   REQUIRE(torch::equal(load(dir / "seq", "activation", "0/aten::relu", 0), torch::relu(x)));
   // Only top-level ops: aten::t's own internals are not recorded.
   const auto lines = tt_test::read_lines(dir / "index.jsonl");

@@ -35,7 +35,7 @@ class TapPointAccess {
 };
 
 /// The part of `TapPoint::tap_output` that runs on a step that captures.
-at::Tensor tap_capture(const TapBinding& binding, at::Tensor out);
+at::Tensor tap_capture(const TapBinding& binding, at::Tensor out, const std::string& suffix);
 
 /// `inner`, run through a tap point: what `tap_sequential()` puts in a
 /// Sequential's list of modules in place of a child. `inner` if it is one.

@@ -11,19 +11,23 @@
 namespace tensortap {
 namespace detail {
 
-at::Tensor tap_capture(const TapBinding& b, at::Tensor x) {
+at::Tensor tap_capture(const TapBinding& b, at::Tensor x, const std::string& suffix) {
   Core& core = *b.core;
   const bool want_act = core.active(Kind::Activation);
   const bool want_grad =
       core.active(Kind::ActivationGrad) && x.requires_grad() && at::GradMode::is_enabled();
   if (!want_act && !want_grad) return x;
   const std::int64_t step = core.current_step();
-  if (want_act) core.record(Kind::Activation, b.name, x, step);
+  // Built only for a tuple's element: a plain output allocates nothing here.
+  std::string with_suffix;
+  if (!suffix.empty()) with_suffix = b.name + suffix;
+  const std::string& full = suffix.empty() ? b.name : with_suffix;
+  if (want_act) core.record(Kind::Activation, full, x, step);
   if (!want_grad) return x;
   // The hook goes on a view, not on x: x may be a leaf or be used elsewhere,
   // and what we want is the gradient of what flows on from the tap point.
   at::Tensor y = x.view_as(x);
-  y.register_hook([core = b.core, name = core.repeat_name(Kind::ActivationGrad, b.name, step),
+  y.register_hook([core = b.core, name = core.repeat_name(Kind::ActivationGrad, full, step),
                    step](const at::Tensor& grad) {
     try {
       core->record_as(Kind::ActivationGrad, name, grad, step);
@@ -144,7 +148,7 @@ TapPoint::TapPoint(const TapPoint&) {}
 
 TapPoint::~TapPoint() = default;
 
-torch::Tensor TapPoint::tap_output(torch::Tensor out, bool training) const {
+torch::Tensor TapPoint::tap_output(torch::Tensor out, bool training, const std::string& suffix) const {
   // Unbound: the one load.
   if (bindings_.load(std::memory_order_relaxed) == nullptr) return out;
   const detail::Reading reading(readers_);
@@ -158,7 +162,7 @@ torch::Tensor TapPoint::tap_output(torch::Tensor out, bool training) const {
       const detail::OpQuiet quiet;
       // Each recorder hooks the view the previous one returned: every one
       // gets the gradient of what flows on.
-      out = detail::tap_capture(*b, out);
+      out = detail::tap_capture(*b, out, suffix);
     } catch (...) {
       b->core->hook_failed(std::current_exception());
     }

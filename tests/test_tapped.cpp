@@ -1,0 +1,348 @@
+// Tapped<M> over every torch::nn module whose forward returns a tensor (or a
+// tuple of them): same parameter and buffer names, same outputs, same
+// gradients as the plain module, and the output captured.
+#include <functional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <tensortap/tensortap.h>
+
+#include "helpers.h"
+
+using tensortap::Options;
+using tt_test::TempDir;
+namespace nn = torch::nn;
+
+namespace {
+
+std::vector<std::string> keys(const torch::OrderedDict<std::string, torch::Tensor>& d) {
+  std::vector<std::string> out;
+  for (const auto& item : d) out.push_back(item.key());
+  return out;
+}
+
+// Every floating-point tensor in `out`, flattened (tuples included).
+void tensors_of(const torch::Tensor& t, std::vector<torch::Tensor>& out) { out.push_back(t); }
+template <class... T>
+void tensors_of(const std::tuple<T...>& t, std::vector<torch::Tensor>& out) {
+  std::apply([&](const auto&... e) { (tensors_of(e, out), ...); }, t);
+}
+
+// The sum of every floating output times fixed weights: a loss whose
+// gradient reaches each output differently.
+torch::Tensor loss_of(const std::vector<torch::Tensor>& outs) {
+  torch::Tensor loss = torch::zeros({});
+  for (const auto& o : outs)
+    if (o.defined() && o.is_floating_point() && o.requires_grad())
+      loss = loss + (o * torch::linspace(-1, 1, o.numel()).reshape(o.sizes())).sum();
+  return loss;
+}
+
+// Inputs: fresh leaves each call, float ones requiring grad.
+using Inputs = std::function<std::vector<torch::Tensor>()>;
+
+torch::Tensor leaf(std::vector<std::int64_t> shape) {
+  return torch::randn(shape).requires_grad_(true);
+}
+
+struct Parent : nn::Module {};
+
+template <class M, std::size_t... I>
+auto call_with(M& module, std::vector<torch::Tensor>& in, std::index_sequence<I...>) {
+  return module(in[I]...);
+}
+
+template <class Holder, std::size_t N, class... Ctor>
+void check(const std::string& label, const Inputs& make_inputs, Ctor... ctor) {
+  INFO("module " << label);
+  torch::manual_seed(1);
+  Holder plain(ctor...);
+  torch::manual_seed(1);
+  tensortap::Tapped<Holder> tapped(ctor...);
+  // Same names, so a checkpoint of one loads into the other.
+  REQUIRE(keys(plain->named_parameters()) == keys(tapped->named_parameters()));
+  REQUIRE(keys(plain->named_buffers()) == keys(tapped->named_buffers()));
+  for (const auto& p : plain->named_parameters()) REQUIRE(torch::equal(p.value(), tapped->named_parameters()[p.key()]));
+
+  TempDir dir;
+  auto parent = std::make_shared<Parent>();
+  parent->register_module("m", tapped.ptr());
+  auto rec = tensortap::watch(*parent, Options(dir.path));
+  rec->step(0);
+
+  torch::manual_seed(2);
+  auto in_plain = make_inputs();
+  torch::manual_seed(2);
+  auto in_tapped = make_inputs();
+  const auto call = [](auto& module, std::vector<torch::Tensor>& in) {
+    return call_with(module, in, std::make_index_sequence<N>{});
+  };
+  torch::manual_seed(3);  // dropout and friends draw the same numbers
+  auto out_plain = call(plain, in_plain);
+  torch::manual_seed(3);
+  auto out_tapped = call(tapped, in_tapped);
+  std::vector<torch::Tensor> op, ot;
+  tensors_of(out_plain, op);
+  tensors_of(out_tapped, ot);
+  REQUIRE(op.size() == ot.size());
+  for (std::size_t i = 0; i < op.size(); ++i) REQUIRE(torch::allclose(op[i], ot[i], 1e-6, 1e-6, /*equal_nan=*/true));
+  for (const auto& b : plain->named_buffers()) REQUIRE(torch::allclose(b.value(), tapped->named_buffers()[b.key()]));
+
+  const auto lp = loss_of(op), lt = loss_of(ot);
+  if (lp.requires_grad()) {
+    lp.backward();
+    lt.backward();
+    for (std::size_t i = 0; i < in_plain.size(); ++i)
+      if (in_plain[i].grad().defined()) REQUIRE(torch::allclose(in_plain[i].grad(), in_tapped[i].grad(), 1e-5, 1e-6));
+    for (const auto& p : plain->named_parameters())
+      if (p.value().grad().defined())
+        REQUIRE(torch::allclose(p.value().grad(), tapped->named_parameters()[p.key()].grad(), 1e-5, 1e-6));
+  }
+  rec->close();
+  // The output is captured: one record per tensor of the output, named
+  // "m", or "m.0", "m.1.0"... for a tuple.
+  const auto lines = tt_test::read_lines(dir / "index.jsonl");
+  std::size_t activations = 0;
+  for (const auto& l : lines) activations += l.find("\"kind\":\"activation\"") != std::string::npos;
+  REQUIRE(activations == ot.size());
+  REQUIRE(rec->stats().errors == 0);
+}
+
+}  // namespace
+
+TEST_CASE("Tapped<M> wraps every torch::nn module that returns a tensor", "[hooks][tapped]") {
+  const Inputs x4 = [] { return std::vector<torch::Tensor>{leaf({2, 3, 4, 4})}; };
+  const Inputs x3 = [] { return std::vector<torch::Tensor>{leaf({2, 3, 6})}; };
+  const Inputs x5 = [] { return std::vector<torch::Tensor>{leaf({2, 3, 4, 4, 4})}; };
+  const Inputs x2 = [] { return std::vector<torch::Tensor>{leaf({4, 3})}; };
+
+  // Activations.
+  check<nn::ELU, 1>("ELU", x4);
+  check<nn::SELU, 1>("SELU", x4);
+  check<nn::Hardshrink, 1>("Hardshrink", x4);
+  check<nn::Hardtanh, 1>("Hardtanh", x4);
+  check<nn::LeakyReLU, 1>("LeakyReLU", x4);
+  check<nn::LogSigmoid, 1>("LogSigmoid", x4);
+  check<nn::Softmax, 1>("Softmax", x4, 1);
+  check<nn::Softmin, 1>("Softmin", x4, 1);
+  check<nn::LogSoftmax, 1>("LogSoftmax", x4, 1);
+  check<nn::Softmax2d, 1>("Softmax2d", x4);
+  check<nn::PReLU, 1>("PReLU", x4);
+  check<nn::ReLU, 1>("ReLU", x4);
+  check<nn::ReLU6, 1>("ReLU6", x4);
+  check<nn::RReLU, 1>("RReLU", x4);
+  check<nn::CELU, 1>("CELU", x4);
+  check<nn::GLU, 1>("GLU", x4);
+  check<nn::GELU, 1>("GELU", x4);
+  check<nn::SiLU, 1>("SiLU", x4);
+  check<nn::Mish, 1>("Mish", x4);
+  check<nn::Sigmoid, 1>("Sigmoid", x4);
+  check<nn::Softplus, 1>("Softplus", x4);
+  check<nn::Softshrink, 1>("Softshrink", x4);
+  check<nn::Softsign, 1>("Softsign", x4);
+  check<nn::Tanh, 1>("Tanh", x4);
+  check<nn::Tanhshrink, 1>("Tanhshrink", x4);
+  check<nn::Threshold, 1>("Threshold", x4, 0.1, 20.0);
+  check<nn::Identity, 1>("Identity", x4);
+
+  // Convolutions, 1-3 d, plain and transposed (whose forward has a default argument).
+  check<nn::Conv1d, 1>("Conv1d", x3, 3, 2, 3);
+  check<nn::Conv2d, 1>("Conv2d", x4, 3, 2, 3);
+  check<nn::Conv3d, 1>("Conv3d", x5, 3, 2, 3);
+  check<nn::ConvTranspose1d, 1>("ConvTranspose1d", x3, 3, 2, 3);
+  check<nn::ConvTranspose2d, 1>("ConvTranspose2d", x4, 3, 2, 3);
+  check<nn::ConvTranspose3d, 1>("ConvTranspose3d", x5, 3, 2, 3);
+
+  // Normalization (training mode: running statistics move, and must move alike).
+  check<nn::BatchNorm1d, 1>("BatchNorm1d", x2, 3);
+  check<nn::BatchNorm2d, 1>("BatchNorm2d", x4, 3);
+  check<nn::BatchNorm3d, 1>("BatchNorm3d", x5, 3);
+  check<nn::InstanceNorm1d, 1>("InstanceNorm1d", x3, nn::InstanceNorm1dOptions(3).affine(true).track_running_stats(true));
+  check<nn::InstanceNorm2d, 1>("InstanceNorm2d", x4, nn::InstanceNorm2dOptions(3).affine(true).track_running_stats(true));
+  check<nn::InstanceNorm3d, 1>("InstanceNorm3d", x5, nn::InstanceNorm3dOptions(3).affine(true).track_running_stats(true));
+  check<nn::LayerNorm, 1>("LayerNorm", x4, nn::LayerNormOptions({4}));
+  check<nn::GroupNorm, 1>("GroupNorm", x4, 1, 3);
+  check<nn::LocalResponseNorm, 1>("LocalResponseNorm", x4, 2);
+  check<nn::CrossMapLRN2d, 1>("CrossMapLRN2d", x4, 3);
+
+  // Dropout.
+  check<nn::Dropout, 1>("Dropout", x4, 0.5);
+  check<nn::Dropout2d, 1>("Dropout2d", x4, 0.5);
+  check<nn::Dropout3d, 1>("Dropout3d", x5, 0.5);
+  check<nn::AlphaDropout, 1>("AlphaDropout", x4, 0.5);
+  check<nn::FeatureAlphaDropout, 1>("FeatureAlphaDropout", x4, 0.5);
+
+  // Embeddings (integer input).
+  const Inputs ids = [] { return std::vector<torch::Tensor>{torch::randint(0, 10, {2, 3})}; };
+  check<nn::Embedding, 1>("Embedding", ids, 10, 4);
+  check<nn::EmbeddingBag, 1>("EmbeddingBag", ids, 10, 4);  // offsets and weights by default
+
+  // Linear and friends.
+  const Inputs x24 = [] { return std::vector<torch::Tensor>{leaf({2, 4})}; };
+  check<nn::Linear, 1>("Linear", x24, 4, 2);
+  check<nn::Bilinear, 2>("Bilinear", [] { return std::vector<torch::Tensor>{leaf({2, 4}), leaf({2, 3})}; }, 4, 3, 2);
+  check<nn::Flatten, 1>("Flatten", x4);
+  check<nn::Unflatten, 1>("Unflatten", x2, nn::UnflattenOptions(1, {3, 1}));
+
+  // Pooling.
+  check<nn::AvgPool1d, 1>("AvgPool1d", x3, 2);
+  check<nn::AvgPool2d, 1>("AvgPool2d", x4, 2);
+  check<nn::AvgPool3d, 1>("AvgPool3d", x5, 2);
+  check<nn::MaxPool1d, 1>("MaxPool1d", x3, 2);
+  check<nn::MaxPool2d, 1>("MaxPool2d", x4, 2);
+  check<nn::MaxPool3d, 1>("MaxPool3d", x5, 2);
+  check<nn::AdaptiveAvgPool1d, 1>("AdaptiveAvgPool1d", x3, 2);
+  check<nn::AdaptiveAvgPool2d, 1>("AdaptiveAvgPool2d", x4, 2);
+  check<nn::AdaptiveAvgPool3d, 1>("AdaptiveAvgPool3d", x5, 2);
+  check<nn::AdaptiveMaxPool1d, 1>("AdaptiveMaxPool1d", x3, 2);
+  check<nn::AdaptiveMaxPool2d, 1>("AdaptiveMaxPool2d", x4, 2);
+  check<nn::AdaptiveMaxPool3d, 1>("AdaptiveMaxPool3d", x5, 2);
+  check<nn::LPPool1d, 1>("LPPool1d", x3, nn::LPPool1dOptions(2, 2));
+  check<nn::LPPool2d, 1>("LPPool2d", x4, nn::LPPool2dOptions(2, 2));
+  check<nn::FractionalMaxPool2d, 1>("FractionalMaxPool2d", x4, nn::FractionalMaxPool2dOptions(2).output_size(2));
+  check<nn::FractionalMaxPool3d, 1>("FractionalMaxPool3d", x5, nn::FractionalMaxPool3dOptions(2).output_size(2));
+  // Unpooling takes the indices (and a defaulted output size).
+  check<nn::MaxUnpool1d, 2>("MaxUnpool1d", [] {
+    auto [v, i] = torch::max_pool1d_with_indices(torch::randn({2, 3, 6}), {2});
+    return std::vector<torch::Tensor>{v.detach().requires_grad_(true), i};
+  }, 2);
+  check<nn::MaxUnpool2d, 2>("MaxUnpool2d", [] {
+    auto [v, i] = torch::max_pool2d_with_indices(torch::randn({2, 3, 4, 4}), {2, 2});
+    return std::vector<torch::Tensor>{v.detach().requires_grad_(true), i};
+  }, 2);
+  check<nn::MaxUnpool3d, 2>("MaxUnpool3d", [] {
+    auto [v, i] = torch::max_pool3d_with_indices(torch::randn({2, 3, 4, 4, 4}), {2, 2, 2});
+    return std::vector<torch::Tensor>{v.detach().requires_grad_(true), i};
+  }, 2);
+
+  // Padding.
+  check<nn::ReflectionPad1d, 1>("ReflectionPad1d", x3, 1);
+  check<nn::ReflectionPad2d, 1>("ReflectionPad2d", x4, 1);
+  check<nn::ReflectionPad3d, 1>("ReflectionPad3d", x5, 1);
+  check<nn::ReplicationPad1d, 1>("ReplicationPad1d", x3, 1);
+  check<nn::ReplicationPad2d, 1>("ReplicationPad2d", x4, 1);
+  check<nn::ReplicationPad3d, 1>("ReplicationPad3d", x5, 1);
+  check<nn::ZeroPad2d, 1>("ZeroPad2d", x4, 1);
+  check<nn::ConstantPad1d, 1>("ConstantPad1d", x3, nn::ConstantPad1dOptions(1, 0.5));
+  check<nn::ConstantPad2d, 1>("ConstantPad2d", x4, nn::ConstantPad2dOptions(1, 0.5));
+  check<nn::ConstantPad3d, 1>("ConstantPad3d", x5, nn::ConstantPad3dOptions(1, 0.5));
+
+  // Shape shuffles, folds, upsampling, distances.
+  check<nn::PixelShuffle, 1>("PixelShuffle", [] { return std::vector<torch::Tensor>{leaf({1, 4, 2, 2})}; }, nn::PixelShuffleOptions(2));
+  check<nn::PixelUnshuffle, 1>("PixelUnshuffle", [] { return std::vector<torch::Tensor>{leaf({1, 1, 4, 4})}; }, nn::PixelUnshuffleOptions(2));
+  check<nn::Unfold, 1>("Unfold", x4, nn::UnfoldOptions({2, 2}));
+  check<nn::Fold, 1>("Fold", [] { return std::vector<torch::Tensor>{leaf({1, 12, 9})}; },
+                     nn::FoldOptions({4, 4}, {2, 2}));
+  check<nn::Upsample, 1>("Upsample", x4,
+                         nn::UpsampleOptions().scale_factor(std::vector<double>{2.0, 2.0}).mode(torch::kNearest));
+  const Inputs pair = [] { return std::vector<torch::Tensor>{leaf({4, 3}), leaf({4, 3})}; };
+  check<nn::CosineSimilarity, 2>("CosineSimilarity", pair);
+  check<nn::PairwiseDistance, 2>("PairwiseDistance", pair);
+
+  // Recurrent cells and layers; tuples are captured element by element.
+  const Inputs seq = [] { return std::vector<torch::Tensor>{leaf({5, 2, 4})}; };
+  check<nn::RNNCell, 1>("RNNCell", [] { return std::vector<torch::Tensor>{leaf({2, 4})}; }, 4, 3);
+  check<nn::GRUCell, 1>("GRUCell", [] { return std::vector<torch::Tensor>{leaf({2, 4})}; }, 4, 3);
+  check<nn::LSTMCell, 1>("LSTMCell", [] { return std::vector<torch::Tensor>{leaf({2, 4})}; }, 4, 3);
+  check<nn::RNN, 1>("RNN", seq, 4, 3);
+  check<nn::GRU, 1>("GRU", seq, 4, 3);
+  check<nn::LSTM, 1>("LSTM", seq, 4, 3);
+  check<nn::MultiheadAttention, 3>("MultiheadAttention", [] {
+    return std::vector<torch::Tensor>{leaf({5, 2, 4}), leaf({5, 2, 4}), leaf({5, 2, 4})};
+  }, 4, 2);
+
+  // Transformers.
+  check<nn::TransformerEncoderLayer, 1>("TransformerEncoderLayer", seq, nn::TransformerEncoderLayerOptions(4, 2).dim_feedforward(8));
+  check<nn::TransformerDecoderLayer, 2>("TransformerDecoderLayer", [] {
+    return std::vector<torch::Tensor>{leaf({5, 2, 4}), leaf({3, 2, 4})};
+  }, nn::TransformerDecoderLayerOptions(4, 2).dim_feedforward(8));
+  check<nn::TransformerEncoder, 1>("TransformerEncoder", seq,
+                                   nn::TransformerEncoderOptions(nn::TransformerEncoderLayerOptions(4, 2).dim_feedforward(8), 2));
+  check<nn::TransformerDecoder, 2>("TransformerDecoder", [] {
+    return std::vector<torch::Tensor>{leaf({5, 2, 4}), leaf({3, 2, 4})};
+  }, nn::TransformerDecoderOptions(nn::TransformerDecoderLayerOptions(4, 2).dim_feedforward(8), 2));
+  check<nn::Transformer, 2>("Transformer", [] {
+    return std::vector<torch::Tensor>{leaf({5, 2, 4}), leaf({3, 2, 4})};
+  }, nn::TransformerOptions(4, 2, 1, 1).dim_feedforward(8));
+
+  // Losses: a tensor from several inputs.
+  const Inputs reg = [] { return std::vector<torch::Tensor>{leaf({4, 3}), torch::randn({4, 3})}; };
+  check<nn::L1Loss, 2>("L1Loss", reg);
+  check<nn::MSELoss, 2>("MSELoss", reg);
+  check<nn::SmoothL1Loss, 2>("SmoothL1Loss", reg);
+  check<nn::HuberLoss, 2>("HuberLoss", reg);
+  check<nn::SoftMarginLoss, 2>("SoftMarginLoss", reg);
+  check<nn::KLDivLoss, 2>("KLDivLoss", reg);
+  check<nn::PoissonNLLLoss, 2>("PoissonNLLLoss", reg);
+  check<nn::BCEWithLogitsLoss, 2>("BCEWithLogitsLoss", [] {
+    return std::vector<torch::Tensor>{leaf({4, 3}), torch::rand({4, 3})};
+  });
+  check<nn::MultiLabelSoftMarginLoss, 2>("MultiLabelSoftMarginLoss", [] {
+    return std::vector<torch::Tensor>{leaf({4, 3}), torch::randint(0, 2, {4, 3}).to(torch::kFloat)};
+  });
+  check<nn::BCELoss, 2>("BCELoss", [] {
+    return std::vector<torch::Tensor>{torch::rand({4, 3}).clamp(0.05, 0.95).requires_grad_(true), torch::rand({4, 3})};
+  });
+  check<nn::HingeEmbeddingLoss, 2>("HingeEmbeddingLoss", [] {
+    return std::vector<torch::Tensor>{leaf({4, 3}), torch::randint(0, 2, {4, 3}).to(torch::kFloat) * 2 - 1};
+  });
+  const Inputs classes = [] { return std::vector<torch::Tensor>{leaf({4, 3}), torch::randint(0, 3, {4})}; };
+  check<nn::CrossEntropyLoss, 2>("CrossEntropyLoss", classes);
+  check<nn::MultiMarginLoss, 2>("MultiMarginLoss", classes);
+  check<nn::NLLLoss, 2>("NLLLoss", [] {
+    return std::vector<torch::Tensor>{torch::log_softmax(torch::randn({4, 3}), 1).detach().requires_grad_(true),
+                                      torch::randint(0, 3, {4})};
+  });
+  check<nn::MultiLabelMarginLoss, 2>("MultiLabelMarginLoss", [] {
+    return std::vector<torch::Tensor>{leaf({2, 4}), torch::tensor({{3, 0, -1, 1}, {0, 1, 2, 3}}, torch::kLong)};
+  });
+  const Inputs triple = [] { return std::vector<torch::Tensor>{leaf({4, 3}), leaf({4, 3}), leaf({4, 3})}; };
+  check<nn::TripletMarginLoss, 3>("TripletMarginLoss", triple);
+  check<nn::TripletMarginWithDistanceLoss, 3>("TripletMarginWithDistanceLoss", triple);
+  check<nn::CosineEmbeddingLoss, 3>("CosineEmbeddingLoss", [] {
+    return std::vector<torch::Tensor>{leaf({4, 3}), leaf({4, 3}), torch::tensor({1.0f, -1.0f, 1.0f, -1.0f})};
+  });
+  check<nn::MarginRankingLoss, 3>("MarginRankingLoss", [] {
+    return std::vector<torch::Tensor>{leaf({4}), leaf({4}), torch::tensor({1.0f, -1.0f, 1.0f, -1.0f})};
+  });
+  check<nn::CTCLoss, 4>("CTCLoss", [] {
+    return std::vector<torch::Tensor>{torch::log_softmax(torch::randn({6, 2, 4}), 2).detach().requires_grad_(true),
+                                      torch::randint(1, 4, {2, 3}), torch::full({2}, 6, torch::kLong),
+                                      torch::full({2}, 3, torch::kLong)};
+  });
+}
+
+TEST_CASE("Tapped<M> keeps the module's behaviour in a Sequential, with eval(), clone() and a checkpoint",
+          "[hooks][tapped]") {
+  // A transposed convolution has a defaulted forward argument: inside a
+  // Sequential, it must still be callable with one.
+  nn::Sequential seq(tensortap::Tapped<nn::ConvTranspose2d>(nn::ConvTranspose2dOptions(3, 2, 3)),
+                     tensortap::Tapped<nn::BatchNorm2d>(2), nn::ReLU());
+  auto out = seq->forward(torch::randn({2, 3, 4, 4}));
+  REQUIRE(out.sizes() == torch::IntArrayRef({2, 2, 6, 6}));
+  // eval() reaches the wrapped BatchNorm: its running statistics stop moving.
+  auto bn = seq->ptr<tensortap::TappedImpl<nn::BatchNorm2dImpl>>(1);
+  seq->eval();
+  REQUIRE_FALSE(bn->inner().is_training());
+  const auto mean = bn->named_buffers()["running_mean"].clone();
+  seq->forward(torch::randn({2, 3, 4, 4}));
+  REQUIRE(torch::equal(mean, bn->named_buffers()["running_mean"]));
+  // A checkpoint of the tapped model loads into a plain one.
+  TempDir dir;
+  torch::save(seq, dir / "ckpt.pt");
+  nn::Sequential plain(nn::ConvTranspose2d(nn::ConvTranspose2dOptions(3, 2, 3)), nn::BatchNorm2d(2), nn::ReLU());
+  torch::load(plain, dir / "ckpt.pt");
+  for (const auto& p : seq->named_parameters()) REQUIRE(torch::equal(p.value(), plain->named_parameters()[p.key()]));
+  for (const auto& b : seq->named_buffers()) REQUIRE(torch::equal(b.value(), plain->named_buffers()[b.key()]));
+  // A clone is a plain module with the same values.
+  auto copy = std::dynamic_pointer_cast<nn::BatchNorm2dImpl>(bn->clone());
+  REQUIRE(copy != nullptr);
+  REQUIRE(torch::equal(copy->running_mean, bn->named_buffers()["running_mean"]));
+  std::ostringstream printed;
+  printed << *bn;
+  REQUIRE(printed.str().find("tensortap::Tapped(torch::nn::BatchNorm2d") == 0);
+}
