@@ -1,6 +1,7 @@
 #include <tensortap/watch.h>
 
 #include <algorithm>
+#include <unordered_set>
 
 #include <ATen/ATen.h>
 
@@ -30,6 +31,9 @@ class ParamWatcher final : public Watcher {
     at::Tensor acc;
     std::int64_t acc_step = -1;
     bool pending = false;
+    // The step in which record_grads() recorded this parameter: its
+    // end-of-step record is not written, and later passes are not added.
+    std::int64_t taken_step = -1;
   };
 
   explicit ParamWatcher(std::shared_ptr<Core> core)
@@ -43,6 +47,11 @@ class ParamWatcher final : public Watcher {
     e.name = std::move(name);
     e.param = std::move(param);
     entries_.push_back(std::move(e));
+  }
+
+  void add_buffer(std::string name, at::Tensor buffer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_.emplace_back(std::move(name), std::move(buffer));
   }
 
   // Registers the gradient hooks; `self` is this watcher.
@@ -72,6 +81,8 @@ class ParamWatcher final : public Watcher {
     std::lock_guard<std::mutex> lock(mu_);
     if (i >= entries_.size()) return;  // detached meanwhile
     Entry& e = entries_[i];
+    // record_grads() took this step's gradient as the optimizer applied it.
+    if (e.taken_step == step) return;
     if (per_backward_) {
       // One record per backward pass (micro-batch): name, name#1, ...
       core_->record(Kind::Grad, e.name, grad, step);
@@ -93,15 +104,43 @@ class ParamWatcher final : public Watcher {
   }
 
   void on_step_begin(std::int64_t step) override {
-    if (!core_->active(Kind::Param)) return;
+    const bool params = core_->active(Kind::Param), buffers = core_->active(Kind::Buffer);
+    if (!params && !buffers) return;
     std::lock_guard<std::mutex> lock(mu_);
     std::exception_ptr first;
-    for (const Entry& e : entries_) {
+    const auto record = [&](Kind kind, const std::string& name, const at::Tensor& t) {
       try {
-        core_->record(Kind::Param, e.name, e.param, step);
+        core_->record(kind, name, t, step);
       } catch (...) {
         if (!first) first = std::current_exception();
       }
+    };
+    if (params)
+      for (const Entry& e : entries_) record(Kind::Param, e.name, e.param);
+    if (buffers)
+      for (const auto& [name, b] : buffers_)
+        if (b.defined()) record(Kind::Buffer, name, b);
+    if (first) std::rethrow_exception(first);
+  }
+
+  void record_grads(const std::unordered_set<const void*>& params, std::int64_t step) override {
+    if (!core_->active(Kind::Grad)) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    std::exception_ptr first;
+    for (Entry& e : entries_) {
+      if (params.count(e.param.unsafeGetTensorImpl()) == 0) continue;
+      const at::Tensor& grad = e.param.grad();
+      // Exactly what the optimizer is about to apply; none at all (a
+      // parameter no loss reached) is no record, as with step().
+      if (grad.defined()) {
+        try {
+          core_->record(Kind::Grad, e.name, grad.is_sparse() ? grad.to_dense() : grad, step);
+        } catch (...) {
+          if (!first) first = std::current_exception();
+        }
+      }
+      e.taken_step = step;
+      e.pending = false;
     }
     if (first) std::rethrow_exception(first);
   }
@@ -138,6 +177,7 @@ class ParamWatcher final : public Watcher {
     // Dropping the entries frees the accumulators and the references to the
     // parameters; a hook still running sees the index out of range.
     entries_.clear();
+    buffers_.clear();
   }
 
  private:
@@ -145,6 +185,7 @@ class ParamWatcher final : public Watcher {
   const bool per_backward_;
   std::mutex mu_;
   std::vector<Entry> entries_;
+  std::vector<std::pair<std::string, at::Tensor>> buffers_;
   bool any_pending_ = false;
 };
 
@@ -190,6 +231,7 @@ std::string full_name(const std::string& prefix, const std::string& path) {
 void attach(torch::nn::Module& module, const std::shared_ptr<Core>& core, const std::string& prefix) {
   const KindSet kinds = core->options().kinds();
   const bool want_params = kinds.contains(Kind::Grad) || kinds.contains(Kind::Param);
+  const bool want_buffers = kinds.contains(Kind::Buffer);
   const bool want_taps = kinds.contains(Kind::Activation) || kinds.contains(Kind::ActivationGrad);
 
   // First find everything, and claim it, so that a watch() that fails
@@ -199,6 +241,12 @@ void attach(torch::nn::Module& module, const std::shared_ptr<Core>& core, const 
     for (const auto& item : module.named_parameters(/*recurse=*/true)) {
       std::string name = full_name(prefix, item.key());
       if (core->selected(name)) params.emplace_back(std::move(name), item.value());
+    }
+  std::vector<std::pair<std::string, at::Tensor>> buffers;
+  if (want_buffers)
+    for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+      std::string name = full_name(prefix, item.key());
+      if (core->selected(name)) buffers.emplace_back(std::move(name), item.value());
     }
   struct Point {
     std::shared_ptr<torch::nn::Module> owner;
@@ -236,12 +284,14 @@ void attach(torch::nn::Module& module, const std::shared_ptr<Core>& core, const 
   }
   std::vector<Core::Claim> claims;
   for (const auto& [name, t] : params) claims.push_back({t.unsafeGetTensorImpl(), Kind::Grad, name});
+  for (const auto& [name, t] : buffers) claims.push_back({t.unsafeGetTensorImpl(), Kind::Buffer, name});
   for (const Point& p : points) claims.push_back({p.point, Kind::Activation, p.name});
   core->claim(claims);
 
-  if (want_params) {
+  if (want_params || want_buffers) {
     auto watcher = std::make_shared<ParamWatcher>(core);
     for (auto& [name, t] : params) watcher->add(std::move(name), std::move(t));
+    for (auto& [name, t] : buffers) watcher->add_buffer(std::move(name), std::move(t));
     if (kinds.contains(Kind::Grad)) watcher->hook_all(watcher);
     core->add_watcher(watcher);
   }

@@ -26,8 +26,6 @@ constexpr std::size_t kMaxChunkBytes = std::size_t{1} << 30;           // HDF5 c
 // Steps share a word with the kind bits (see Core::state_).
 constexpr std::int64_t kMaxStep = std::int64_t{1} << 47;
 
-constexpr Kind kAllKinds[] = {Kind::Activation, Kind::ActivationGrad, Kind::Param, Kind::Grad, Kind::Tensor};
-
 // The kinds `step` samples, as KindSet bits.
 std::uint64_t sampled_bits(const Options& o, std::int64_t step) {
   if (step < o.start()) return 0;
@@ -202,9 +200,52 @@ std::string Core::next_name(NameState& state, Kind kind, const std::string& name
   return candidate.substr(1);
 }
 
+namespace {
+
+// Recorder::scope() names, innermost last, with the core each belongs to.
+thread_local std::vector<std::pair<const Core*, std::string>> t_scopes;
+
+}  // namespace
+
+void Core::push_scope(const std::string& name) {
+  if (name.empty()) throw Error("tensortap: Recorder::scope(\"\"): a scope needs a name");
+  t_scopes.emplace_back(this, name);
+}
+
+void Core::pop_scope() noexcept {
+  for (auto it = t_scopes.rbegin(); it != t_scopes.rend(); ++it)
+    if (it->first == this) {
+      t_scopes.erase(std::next(it).base());
+      return;
+    }
+}
+
+std::string Core::scoped(Kind kind, const std::string& name) const {
+  if (t_scopes.empty() || (kind != Kind::Activation && kind != Kind::ActivationGrad && kind != Kind::Tensor))
+    return name;
+  std::string out;
+  for (const auto& [core, scope] : t_scopes)
+    if (core == this) out += scope + "/";
+  return out + name;
+}
+
 std::string Core::repeat_name(Kind kind, const std::string& name, std::int64_t step) {
   std::lock_guard<std::mutex> lock(names_mu_);
+  if (!t_scopes.empty()) {
+    const std::string full = scoped(kind, name);
+    return next_name(names_[full], kind, full, step);
+  }
   return next_name(names_[name], kind, name, step);
+}
+
+void Core::record_grads(const std::unordered_set<const void*>& params) {
+  if (closed()) throw Error(fmt::format("tensortap: record_grads() after close() of run '{}'", info_.run_dir));
+  const std::int64_t step = current_step();
+  if (step < 0)
+    throw Error("tensortap: record_grads() before the first step(): call Recorder::step(s) at the start of each "
+                "iteration");
+  std::lock_guard<std::mutex> lock(control_mu_);
+  for (auto& w : watchers_) w->record_grads(params, step);
 }
 
 void Core::check_capturable(Kind kind, const std::string& name, const at::Tensor& t,
@@ -362,7 +403,11 @@ void Core::capture(const std::string& name, const at::Tensor& tensor) {
   }
   const std::int64_t step = current_step();
   std::string record_name;
-  {
+  if (!t_scopes.empty()) {
+    // Inside a scope: selected by the caller's name, named by the scoped one.
+    if (!selected(name)) return;
+    record_name = repeat_name(Kind::Tensor, name, step);
+  } else {
     // Selection and the repeat suffix: one lock, one lookup.
     std::lock_guard<std::mutex> lock(names_mu_);
     NameState& state = names_[name];
@@ -542,7 +587,7 @@ void Core::claim(const std::vector<Claim>& claims) {
   std::unordered_set<std::string> names;
   std::unordered_set<const void*> objects;
   for (const Claim& c : claims) {
-    const char* what = c.kind == Kind::Grad ? "parameter" : "tap point";
+    const char* what = c.kind == Kind::Grad ? "parameter" : c.kind == Kind::Buffer ? "buffer" : "tap point";
     if (auto it = claimed_objects_.find(c.object); it != claimed_objects_.end())
       throw Error(fmt::format("tensortap: watch(): the {} '{}' is already watched by this recorder (as '{}', run "
                               "'{}'); watching a module twice would record everything twice",

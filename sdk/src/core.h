@@ -34,6 +34,13 @@ class Watcher {
   /// After the step that was current ended (at the next `step()` or at
   /// `close()`), before the recorder stops writing.
   virtual void on_step_end() {}
+  /// Records, as kind `grad` in `step`, the current `.grad()` of each
+  /// watched parameter in `params` (TensorImpl addresses), and leaves them
+  /// out of the step's end-of-step gradient records.
+  virtual void record_grads(const std::unordered_set<const void*>& params, std::int64_t step) {
+    (void)params;
+    (void)step;
+  }
   /// Removes every hook; no hook calls the recorder afterwards.
   virtual void detach() noexcept = 0;
 };
@@ -73,6 +80,9 @@ class Core {
   void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
     record_as(kind, repeat_name(kind, name, step), tensor, step);
   }
+  /// `name` inside this thread's scopes (Recorder::scope) for kinds that
+  /// scopes rename; `name` itself otherwise.
+  std::string scoped(Kind kind, const std::string& name) const;
   /// As `record()`, under a name already given its repeat suffix.
   void record_as(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step);
   /// What a hook does with an exception of its own: it never escapes into
@@ -85,6 +95,9 @@ class Core {
   std::string repeat_name(Kind kind, const std::string& name, std::int64_t step);
 
   // The Recorder's methods.
+  void record_grads(const std::unordered_set<const void*>& params);
+  void push_scope(const std::string& name);
+  void pop_scope() noexcept;
   void step(std::int64_t step);
   void capture(const std::string& name, const at::Tensor& tensor);
   void flush();
@@ -100,8 +113,8 @@ class Core {
   /// Adds a watcher; it is detached on close.
   void add_watcher(std::shared_ptr<Watcher> watcher);
 
-  /// Something a watch() call hooks: a parameter (kind Grad) or a tap point
-  /// (kind Activation), and the name it is recorded under.
+  /// Something a watch() call hooks: a parameter (kind Grad), a buffer
+  /// (kind Buffer) or a tap point (kind Activation), and its name.
   struct Claim {
     const void* object;
     Kind kind;
@@ -178,7 +191,7 @@ class Core {
       int next = 0;
     };
     std::int8_t selected = -1;  // -1: not looked up yet
-    std::array<std::array<Count, 2>, 5> counts{};  // [kind][slot]
+    std::array<std::array<Count, 2>, kKindCount> counts{};  // [kind][slot]
   };
   // Names with a '#' given out in the current and the previous step, kind
   // byte first: the only ones a repeat's "name#k" can collide with (a name

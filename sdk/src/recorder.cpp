@@ -1,6 +1,9 @@
 #include <tensortap/recorder.h>
 
 #include <cstdio>
+#include <unordered_set>
+
+#include <torch/optim/optimizer.h>
 
 #include "sdk/src/core.h"
 
@@ -13,6 +16,7 @@ const char* kind_name(Kind kind) {
     case Kind::Param: return "param";
     case Kind::Grad: return "grad";
     case Kind::Tensor: return "tensor";
+    case Kind::Buffer: return "buffer";
   }
   return "unknown";
 }
@@ -36,6 +40,22 @@ void Recorder::capture(const std::string& name, const at::Tensor& tensor) { core
 bool Recorder::sampled(Kind kind) const { return core_->active(kind); }
 
 std::int64_t Recorder::current_step() const { return core_->current_step(); }
+
+void Recorder::record_grads(const torch::optim::Optimizer& optimizer) {
+  std::unordered_set<const void*> params;
+  for (const auto& group : optimizer.param_groups())
+    for (const at::Tensor& p : group.params()) params.insert(p.unsafeGetTensorImpl());
+  core_->record_grads(params);
+}
+
+Recorder::Scope Recorder::scope(const std::string& name) {
+  core_->push_scope(name);
+  return Scope(core_.get());
+}
+
+Recorder::Scope::~Scope() {
+  if (core_ != nullptr) core_->pop_scope();
+}
 
 void Recorder::flush() { core_->flush(); }
 

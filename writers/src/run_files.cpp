@@ -99,14 +99,14 @@ void write_run_json(const Dir& dir, const Options& o, const RunInfo& info) {
   append_json_string(j, o.exclude());
   j += ",\n    \"kinds\": [";
   bool first = true;
-  for (Kind k : {Kind::Activation, Kind::ActivationGrad, Kind::Param, Kind::Grad, Kind::Tensor}) {
+  for (Kind k : kAllKinds) {
     if (!o.kinds().contains(k)) continue;
     j += fmt::format("{}\"{}\"", first ? "" : ", ", kind_name(k));
     first = false;
   }
   j += "],\n    \"every_by_kind\": {";
   first = true;
-  for (Kind k : {Kind::Activation, Kind::ActivationGrad, Kind::Param, Kind::Grad, Kind::Tensor}) {
+  for (Kind k : kAllKinds) {
     j += fmt::format("{}\"{}\": {}", first ? "" : ", ", kind_name(k), o.every(k));
     first = false;
   }

@@ -65,10 +65,20 @@ enum class Kind : std::uint8_t {
   Grad = 3,
   /// Any tensor given to `Recorder::capture()`.
   Tensor = 4,
+  /// A module's buffer (`named_buffers()`, e.g. BatchNorm's `running_mean`)
+  /// when a step begins.
+  Buffer = 5,
 };
 
+/// How many kinds there are.
+constexpr std::size_t kKindCount = 6;
+
+/// Every kind, in the order tensortap lists them.
+constexpr Kind kAllKinds[kKindCount] = {Kind::Activation, Kind::ActivationGrad, Kind::Param,
+                                        Kind::Buffer,     Kind::Grad,           Kind::Tensor};
+
 /// The name of a kind as it appears on disk: "activation", "activation_grad",
-/// "param", "grad", "tensor".
+/// "param", "buffer", "grad", "tensor".
 const char* kind_name(Kind kind);
 
 /// A set of kinds.
@@ -79,14 +89,16 @@ const char* kind_name(Kind kind);
 /// ```
 class KindSet {
  public:
-  /// Every kind but `Param`: weights are large and wanted rarely.
+  /// Every kind but `Param` and `Buffer`: weights are large and wanted rarely.
   KindSet() : KindSet{Kind::Activation, Kind::ActivationGrad, Kind::Grad, Kind::Tensor} {}
   KindSet(std::initializer_list<Kind> kinds) {
     for (Kind k : kinds) bits_ |= bit(k);
   }
-  /// Every kind, `Param` included.
+  /// Every kind, `Param` and `Buffer` included.
   static KindSet all() {
-    return {Kind::Activation, Kind::ActivationGrad, Kind::Param, Kind::Grad, Kind::Tensor};
+    KindSet s{};
+    for (Kind k : kAllKinds) s.bits_ |= bit(k);
+    return s;
   }
   bool contains(Kind k) const { return (bits_ & bit(k)) != 0; }
   std::uint32_t bits() const { return bits_; }
@@ -167,7 +179,7 @@ struct Options {
   TORCH_ARG(std::string, include) = "";
   /// Names to skip: an ECMAScript regex searched in the name; empty = none.
   TORCH_ARG(std::string, exclude) = "";
-  /// Which kinds to capture. `Param` is off by default.
+  /// Which kinds to capture. `Param` and `Buffer` are off by default.
   TORCH_ARG(KindSet, kinds) = KindSet();
   /// Size of each of the two host staging buffers, in bytes. The training
   /// thread fills one while the writer thread drains the other, so staging
@@ -228,7 +240,7 @@ struct Options {
 
  private:
   // Per-kind periods set by every(Kind, n); 0 = use every().
-  std::array<std::int64_t, 5> every_kind_{};
+  std::array<std::int64_t, kKindCount> every_kind_{};
 };
 
 }  // namespace tensortap

@@ -15,6 +15,14 @@ namespace detail {
 class Core;
 }  // namespace detail
 
+}  // namespace tensortap
+
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
+namespace tensortap {
+
 /// Counters of a recorder, as of the call.
 struct Stats {
   /// Records handed to the pipeline (sampled and selected, not dropped).
@@ -75,6 +83,52 @@ class Recorder {
   /// cannot be stored (undefined, sparse, quantized, meta, no NumPy dtype),
   /// before the first `step()`, and after `close()`.
   void capture(const std::string& name, const at::Tensor& tensor);
+
+  /// Records, as kind `grad`, the gradient each watched parameter that
+  /// `optimizer` holds has now: exactly what its `step()` is about to
+  /// apply. Call it just before `optimizer.step()`. In loops with several
+  /// optimizers (a GAN, actor-critic), a step's end-of-step `grad` record,
+  /// the sum of all its backward passes, is not what each optimizer
+  /// applied; once `record_grads` has recorded a parameter in a step, no
+  /// end-of-step record is written for it, and later backward passes in
+  /// the step are not added. Does nothing on a step that does not sample
+  /// gradients. Throws `Error` before the first `step()` and after
+  /// `close()`.
+  ///
+  /// Example:
+  /// ```
+  /// d_loss.backward();
+  /// rec->record_grads(d_opt);   // what d_opt applies
+  /// d_opt.step();
+  /// g_loss.backward();          // reaches D's parameters again: not recorded
+  /// ```
+  void record_grads(const torch::optim::Optimizer& optimizer);
+
+  /// Names a phase of the loop: while the returned object lives, records of
+  /// kinds `activation`, `activation_grad` and `tensor` made on this thread
+  /// are named `<name>/<their name>` (scopes nest: `outer/inner/...`). Tells
+  /// apart a module run several times in a step, which would otherwise be
+  /// `N`, `N#1`, `N#2`.
+  ///
+  /// Example:
+  /// ```
+  /// { auto s = rec->scope("real"); d_real = disc->forward(real); }   // "real/0", "real/1", ...
+  /// { auto s = rec->scope("fake"); d_fake = disc->forward(fake); }   // "fake/0", ...
+  /// ```
+  class Scope {
+   public:
+    Scope(Scope&& other) noexcept : core_(other.core_) { other.core_ = nullptr; }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    Scope& operator=(Scope&&) = delete;
+    ~Scope();
+
+   private:
+    friend class Recorder;
+    explicit Scope(detail::Core* core) : core_(core) {}
+    detail::Core* core_;
+  };
+  [[nodiscard]] Scope scope(const std::string& name);
 
   /// Whether the current step is sampled for `kind`. Lets a caller skip work
   /// that only feeds a capture.
