@@ -5,6 +5,9 @@
 //   reliability_proc fill DIR continue|stop STEPS
 //       captures 64 KiB a step into a small filesystem until it is full;
 //       prints one line: "steps <s> stopped <0|1> error <what step() or close() threw>"
+//   reliability_proc fill_hdf5 DIR STEPS
+//       the same in an HDF5 run, and a name never seen before every step, so
+//       new datasets are created after the disk filled; same output line
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -32,8 +35,12 @@ static int crash(const std::string& dir, bool hdf5) {
   }
 }
 
-static int fill(const std::string& dir, bool stop, int64_t steps) {
-  tensortap::Recorder rec(Options(dir).on_error(stop ? tensortap::OnError::Stop : tensortap::OnError::Continue));
+static int fill(const std::string& dir, bool stop, int64_t steps, bool hdf5) {
+  tensortap::Recorder rec(Options(dir)
+                              .on_error(stop ? tensortap::OnError::Stop : tensortap::OnError::Continue)
+                              .format(hdf5 ? tensortap::Format::Hdf5 : tensortap::Format::Npy)
+                              // One row a chunk: the disk fills row by row, not at the first chunk.
+                              .hdf5(tensortap::Hdf5Options().chunk_bytes(64 << 10)));
   int64_t s = 0;
   bool stopped = false;
   std::string error;
@@ -41,6 +48,7 @@ static int fill(const std::string& dir, bool stop, int64_t steps) {
     for (; s < steps; ++s) {
       rec.step(s);
       rec.capture("x", at::full({16384}, static_cast<double>(s)));  // 64 KiB
+      if (hdf5) rec.capture("new" + std::to_string(s), at::full({64}, static_cast<double>(s)));
       // With Stop, let the writer catch up so the error surfaces at the next
       // step() (flush() itself rethrows it: not what is tested here); with
       // Continue, training does not look at all.
@@ -67,7 +75,8 @@ static int fill(const std::string& dir, bool stop, int64_t steps) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "crash" && argc == 4) return crash(argv[2], std::string(argv[3]) == "hdf5");
-  if (mode == "fill" && argc == 5) return fill(argv[2], std::string(argv[3]) == "stop", std::atoll(argv[4]));
+  if (mode == "fill" && argc == 5) return fill(argv[2], std::string(argv[3]) == "stop", std::atoll(argv[4]), false);
+  if (mode == "fill_hdf5" && argc == 4) return fill(argv[2], false, std::atoll(argv[3]), true);
   std::fprintf(stderr, "usage: reliability_proc crash DIR npy|hdf5 | fill DIR continue|stop STEPS\n");
   return 2;
 }

@@ -148,6 +148,36 @@ class DiskFullTest(unittest.TestCase):
         self.assertEqual(info["records"] + info["errors"], 40)
         print(f"\ndisk full/continue: {info['records']} written, {info['errors']} failed, training finished")
 
+    def test_hdf5_new_names_after_full(self):
+        # A name first seen after the disk filled makes the HDF5 writer create
+        # datasets on a full disk: that must neither abort the process nor
+        # leave run.json counting rows the index cannot reach.
+        # Each new name's datasets take a chunk of their own: a larger disk,
+        # so that it fills part way through the run.
+        subprocess.run(["umount", self.fs], capture_output=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", self.fs], check=True)
+        run = os.path.join(self.fs, "run")
+        p = subprocess.run([PROC, "fill_hdf5", run, "200"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("steps 200 ", p.stdout)
+        reports = [line for line in p.stderr.splitlines() if line.startswith("tensortap: error:")]
+        self.assertEqual(len(reports), 1, p.stderr)
+        with open(os.path.join(run, "run.json")) as f:
+            info = json.load(f)
+        records = check_index(run)
+        self.assertTrue(info["closed"])
+        self.assertEqual(info["records"], len(records))
+        self.assertGreater(info["records"], 40)  # the disk filled part way, not at once
+        self.assertGreaterEqual(info["errors"], 1)
+        self.assertEqual(info["records"] + info["errors"], 400)  # every capture accounted for
+        # Every indexed record reads back with its values.
+        r = tensortap.open(run)
+        for rec in r.records:
+            a = r.load(rec["name"], rec["step"], rec["kind"])
+            np.testing.assert_array_equal(a, np.full(a.shape, rec["step"], np.float32))
+        r.close()
+        print(f"\ndisk full/hdf5 with new names: {info['records']} indexed and readable, {info['errors']} failed")
+
     def test_stop(self):
         done, stopped, error, info = self.fill("stop")
         self.assertTrue(stopped)

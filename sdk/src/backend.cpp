@@ -30,13 +30,24 @@ void Backend::stop() {
   std::lock_guard<std::mutex> lock(batch_mu_);
   stopped_ = true;
   flush_stats(/*durable=*/true);
+  bool closed = true;
   try {
     writer_->close();
   } catch (...) {
     fail(nullptr, current_error());
+    closed = false;
   }
-  // After close() everything written is durable.
-  write_index();
+  // After close() everything written is durable and may be indexed; if it
+  // failed, records not yet indexed may not be readable: they failed.
+  if (closed) {
+    write_index();
+  } else if (pending_records_ > 0) {
+    fail(nullptr, fmt::format("{} record(s) not durable when the file failed to close", pending_records_),
+         pending_records_);
+    pending_index_.clear();
+    pending_records_ = 0;
+    pending_bytes_ = 0;
+  }
   // A closed run holds no file: one recorder per epoch must not run the
   // process out of descriptors while the model (and its taps) lives on.
   writer_.reset();
@@ -81,9 +92,7 @@ void Backend::write_index() noexcept {
   } catch (...) {
     // The index was cut back to its whole lines: these records are on disk
     // but no reader can find them. Each counts as failed.
-    const std::string what = current_error();
-    errors_.fetch_add(pending_records_ - 1, std::memory_order_relaxed);
-    fail(nullptr, fmt::format("{} ({} record(s) not indexed)", what, pending_records_));
+    fail(nullptr, fmt::format("{} ({} record(s) not indexed)", current_error(), pending_records_), pending_records_);
   }
   pending_index_.clear();
   pending_records_ = 0;
@@ -103,9 +112,10 @@ std::string Backend::first_error() const {
   return first_error_;
 }
 
-void Backend::fail(const RecordMeta* meta, const std::string& what) noexcept {
+void Backend::fail(const RecordMeta* meta, const std::string& what, std::int64_t lost) noexcept {
   try {
-    errors_.fetch_add(1, std::memory_order_relaxed);
+    errors_.fetch_add(lost, std::memory_order_relaxed);
+    any_failure_.store(true, std::memory_order_release);
     std::string msg = meta == nullptr
                           ? what
                           : fmt::format("{} (record '{}', kind {}, step {})", what, meta->name,

@@ -45,6 +45,8 @@ class Backend {
 
   std::int64_t records() const { return records_.load(std::memory_order_relaxed); }
   std::int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
+  /// Records captured that will never be readable: written + errors is
+  /// every record captured, once the writer has stopped.
   std::int64_t errors() const { return errors_.load(std::memory_order_relaxed); }
   std::int64_t stats_rows() const { return stats_rows_.load(std::memory_order_relaxed); }
   std::int64_t dumps() const { return dumps_.load(std::memory_order_acquire); }
@@ -52,9 +54,12 @@ class Backend {
   std::int64_t flight_dropped() const { return flight_dropped_.load(std::memory_order_relaxed); }
   /// The first failure's message, or "" if none.
   std::string first_error() const;
-  /// Counts a failure that happened elsewhere (in a hook) like one of the
-  /// writer's own: reported once on stderr, rethrown by flush() and close().
-  void report(const std::string& what) noexcept { fail(nullptr, what); }
+  /// Whether anything failed: a record, or a write of the run's files.
+  bool failed() const { return any_failure_.load(std::memory_order_acquire); }
+  /// Reports a failure that happened elsewhere (in a hook) like one of the
+  /// writer's own: printed once on stderr, rethrown by flush() and close(),
+  /// and counted as `lost` records that failed.
+  void report(const std::string& what, std::int64_t lost = 1) noexcept { fail(nullptr, what, lost); }
 
  private:
   void run() noexcept;
@@ -73,7 +78,11 @@ class Backend {
   void write_index() noexcept;
   // A record is complete at `location`: its index line waits for write_index().
   void written(const RecordMeta& meta, const std::string& location);
-  void fail(const RecordMeta* meta, const std::string& what) noexcept;
+  // A failure: `lost` records are lost by it (those counted in errors()),
+  // 1 for a record's own failure, 0 for a file-level one whose records are
+  // counted when their fate is known.
+  void fail(const RecordMeta* meta, const std::string& what, std::int64_t lost) noexcept;
+  void fail(const RecordMeta* meta, const std::string& what) noexcept { fail(meta, what, meta != nullptr ? 1 : 0); }
   // The message of the exception being handled, whatever its type.
   static std::string current_error();
 
@@ -110,6 +119,7 @@ class Backend {
   std::atomic<std::int64_t> records_{0};
   std::atomic<std::int64_t> bytes_{0};
   std::atomic<std::int64_t> errors_{0};
+  std::atomic<bool> any_failure_{false};
   std::atomic<std::int64_t> stats_rows_{0};
   std::atomic<std::int64_t> dumps_{0};
   std::atomic<std::int64_t> flight_dropped_{0};

@@ -375,7 +375,11 @@ void Core::hook_failed(std::exception_ptr error) noexcept {
     what = e.what();
   } catch (...) {
   }
-  if (backend_) backend_->report(what);
+  if (backend_) {
+    // A record a hook could not hand over: captured, and failed.
+    captured_.fetch_add(1, std::memory_order_relaxed);
+    backend_->report(what);
+  }
   if (options_.on_error() == OnError::Stop) {
     stopped_.store(true, std::memory_order_relaxed);
     state_.fetch_and(~kBitsMask, std::memory_order_relaxed);
@@ -384,7 +388,7 @@ void Core::hook_failed(std::exception_ptr error) noexcept {
 
 void Core::check_stopped() {
   if (options_.on_error() != OnError::Stop || !capturing()) return;
-  if (!stopped_.load(std::memory_order_relaxed) && backend_->errors() == 0) return;
+  if (!stopped_.load(std::memory_order_relaxed) && !backend_->failed()) return;
   stopped_.store(true, std::memory_order_relaxed);
   state_.fetch_and(~kBitsMask, std::memory_order_relaxed);
   throw Error(fmt::format("tensortap: run '{}': capture stopped after an error (Options::on_error(Stop)): {}",
@@ -478,9 +482,9 @@ void Core::dumped(const DumpInfo& dump) noexcept {
     info_.dumps.push_back(dump);
     write_run_json(run_dir_->dir(), options_, info_);
   } catch (const std::exception& e) {
-    backend_->report(e.what());
+    backend_->report(e.what(), 0);
   } catch (...) {
-    backend_->report("cannot rewrite run.json after a dump");
+    backend_->report("cannot rewrite run.json after a dump", 0);
   }
 }
 
@@ -505,11 +509,14 @@ void Core::dump() {
   if (auto ticket = staging_.reserve(std::move(slot), /*may_drop=*/false)) staging_.commit(*ticket, true);
 }
 
+std::string Core::failure_message(std::int64_t errors, const std::string& first) const {
+  if (errors == 0) return fmt::format("tensortap: run '{}': {}", info_.run_dir, first);
+  return fmt::format("tensortap: run '{}': {} record(s) failed; first: {}", info_.run_dir, errors, first);
+}
+
 void Core::rethrow_background_error() const {
   const std::string err = backend_->first_error();
-  if (!err.empty())
-    throw Error(fmt::format("tensortap: run '{}': {} record(s) failed; first: {}", info_.run_dir,
-                            backend_->errors(), err));
+  if (!err.empty()) throw Error(failure_message(backend_->errors(), err));
 }
 
 void Core::flush() {
@@ -562,9 +569,7 @@ void Core::close() {
     // The last write: let go of the directory and its lock.
     run_dir_->release();
   }
-  if (info_.stats.errors > 0)
-    close_error_ = fmt::format("tensortap: run '{}': {} record(s) failed; first: {}", info_.run_dir,
-                               info_.stats.errors, info_.first_error);
+  if (!info_.first_error.empty()) close_error_ = failure_message(info_.stats.errors, info_.first_error);
   if (!close_error_.empty()) throw Error(close_error_);
 }
 

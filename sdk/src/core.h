@@ -131,6 +131,8 @@ class Core {
   // With OnError::Stop, throws once an error stopped capture.
   void check_stopped();
   void rethrow_background_error() const;
+  // What flush() and close() throw after a background failure.
+  std::string failure_message(std::int64_t errors, const std::string& first) const;
   // Full-tensor bits in the low byte, statistics bits in the next one.
   std::uint64_t plan(std::int64_t step) const;
   // What the flight recorder's dumps mean for the step about to begin.

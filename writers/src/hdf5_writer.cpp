@@ -1,7 +1,10 @@
 #include "writers/src/hdf5_writer.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <chrono>
@@ -27,7 +30,16 @@ std::mutex& hdf5_mutex() {
 }
 
 constexpr hsize_t kMaxRowsPerChunk = 256;
+// Free space kept beyond what a write needs (see check_space()).
+constexpr std::uint64_t kHeadroomBytes = std::uint64_t{4} << 20;
 constexpr hsize_t kStepsChunk = 256;
+
+// A failure of the HDF5 library itself (as opposed to a record it refuses):
+// the file's state is in doubt from then on.
+class Hdf5Failure : public Error {
+ public:
+  using Error::Error;
+};
 
 // Runs `f`, turning an HDF5 failure into an Error that names the file, the
 // object and what was being done.
@@ -36,7 +48,7 @@ auto wrap(const std::string& file, const std::string& object, const char* action
   try {
     return f();
   } catch (const H5::Exception& e) {
-    throw Error(fmt::format("tensortap: HDF5: cannot {} '{}' in '{}': {} ({})", action, object, file,
+    throw Hdf5Failure(fmt::format("tensortap: HDF5: cannot {} '{}' in '{}': {} ({})", action, object, file,
                             e.getDetailMsg(), e.getFuncName()));
   }
 }
@@ -151,13 +163,22 @@ class Hdf5Sink final : public RecordSink {
 
   void append(const void* data, std::size_t n) override {
     std::lock_guard<std::mutex> lock(hdf5_mutex());
-    // New names in a batch between two chunks close the datasets.
-    w_.ensure_open(s_);
-    wrap(w_.path_, s_.group + "/data", "write", [&] { write_range(static_cast<const char*>(data), n / elem_); });
+    w_.guarded([&] {
+      w_.check_open();
+      // New names in a batch between two chunks close the datasets.
+      w_.ensure_open(s_);
+      wrap(w_.path_, s_.group + "/data", "write", [&] { write_range(static_cast<const char*>(data), n / elem_); });
+    });
   }
 
   std::string finish() override {
     std::lock_guard<std::mutex> lock(hdf5_mutex());
+    return w_.guarded([&] { return finish_locked(); });
+  }
+
+ private:
+  std::string finish_locked() {
+    w_.check_open();
     w_.ensure_open(s_);
     if (written_ * elem_ != meta_.nbytes)
       throw Error(fmt::format("tensortap: HDF5: record '{}' in '{}' is {} bytes short", meta_.name, w_.path_,
@@ -186,7 +207,6 @@ class Hdf5Sink final : public RecordSink {
     return loc;
   }
 
- private:
   // Writes `count` elements that continue the record's C-order element
   // stream at `written_`, as the few rectangular blocks that range covers
   // (at most two per axis), so chunks of a large tensor go straight to the
@@ -260,11 +280,45 @@ void Hdf5Writer::drop_file() noexcept {
   for (auto& [key, s] : series_) release(s);
   series_.clear();
   try {
-    if (file_) file_->close();
-  } catch (const H5::Exception&) {
-    // Closing failed (a full disk): the handle is let go all the same.
+    close_file();
+  } catch (...) {
+  }
+}
+
+void Hdf5Writer::close_file() {
+  if (!file_) return;
+  try {
+    wrap(path_, "/", "close", [&] { file_->close(); });
+  } catch (const Error&) {
+    // The H5File's destructor would close the half-closed file again,
+    // which crashes inside HDF5 1.10: let the object go undestroyed.
+    (void)file_.release();
+    throw;
   }
   file_.reset();
+}
+
+bool Hdf5Writer::is_library_failure(const Error& e) noexcept { return dynamic_cast<const Hdf5Failure*>(&e) != nullptr; }
+
+void Hdf5Writer::give_up(const std::string& why) noexcept {
+  // After a failure inside the library the file is no longer written: a
+  // failed flush leaves HDF5 1.10's metadata cache unable to close the file
+  // (and closing it again, as the library does at exit, crashes). That is
+  // why check_space() keeps HDF5 from running out of room in the first place.
+  if (broken_.empty()) broken_ = why;
+}
+
+void Hdf5Writer::check_space(std::uint64_t bytes) const {
+  struct statvfs st {};
+  if (::fstatvfs(fd_.fd(), &st) != 0) return;  // unknown: let the write say
+  const std::uint64_t free = static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
+  const std::uint64_t need = bytes + options_.chunk_bytes() + kHeadroomBytes;
+  if (free < need)
+    throw OsError(fmt::format("tensortap: HDF5: not writing to '{}': {} bytes free on its file system, {} needed "
+                              "(the record, a chunk and {} of headroom: HDF5 1.10 cannot recover from a full disk, "
+                              "so tensortap stops short of one) (errno {})",
+                              path_, free, need, kHeadroomBytes, ENOSPC),
+                  ENOSPC);
 }
 
 void Hdf5Writer::release(Series& s) noexcept {
@@ -325,11 +379,15 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
       fresh.push_back(m);
   }
   if (fresh.empty()) return;
+  check_open();
+  // Each new series allocates a first chunk, and reopening the file costs
+  // room of its own.
+  check_space(fresh.size() * options_.chunk_bytes());
   // Leave SWMR mode: only appends are allowed in it. The other series'
   // datasets are reopened when their next record comes, not here: the time
   // outside SWMR, and a new name's cost, do not grow with the names there are.
   for (auto& [key, s] : series_) release(s);
-  wrap(path_, "/", "close", [&] { file_->close(); });
+  close_file();
   // From here to start_swmr() a crash leaves a file that SWMR readers
   // cannot open (h5clear -s repairs it): this span is what must stay short.
   const auto left_swmr = std::chrono::steady_clock::now();
@@ -395,7 +453,7 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
 void Hdf5Writer::prepare(const std::vector<const RecordMeta*>& records) {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   H5::Exception::dontPrint();
-  create_series(records);
+  guarded([&] { create_series(records); });
 }
 
 Hdf5Writer::Series& Hdf5Writer::series_of(const RecordMeta& meta) {
@@ -413,18 +471,22 @@ Hdf5Writer::Series& Hdf5Writer::series_of(const RecordMeta& meta) {
 
 std::unique_ptr<RecordSink> Hdf5Writer::begin(const RecordMeta& meta) {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
-  if (!file_) throw Error(fmt::format("tensortap: HDF5: '{}' is closed after an earlier failure", path_));
-  Series& s = series_of(meta);
-  ensure_open(s);
-  return std::make_unique<Hdf5Sink>(*this, s, meta);
+  return guarded([&] {
+    check_open();
+    check_space(meta.nbytes);
+    Series& s = series_of(meta);
+    ensure_open(s);
+    return std::unique_ptr<RecordSink>(std::make_unique<Hdf5Sink>(*this, s, meta));
+  });
 }
 
 bool Hdf5Writer::sync(bool force) {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   if (!dirty_) return true;
+  check_open();
   if (!force && steps_since_flush_ < options_.flush_every()) return false;
   // In SWMR mode a flush is what makes the new rows visible to readers.
-  wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); });
+  guarded([&] { wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); }); });
   dirty_ = false;
   steps_since_flush_ = 0;
   // More records of the same step may come in later batches: they count as
@@ -435,19 +497,30 @@ bool Hdf5Writer::sync(bool force) {
 
 void Hdf5Writer::close() {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
-  if (!file_) return;
+  if (!file_) {
+    fd_ = File();
+    return;
+  }
+  if (!broken_.empty()) {
+    // After a failure, closing would fail inside HDF5 and leave it to
+    // crash at exit (see give_up()): the file is let go unclosed. Rows
+    // flushed before the failure are readable; later ones may not be.
+    for (auto& [key, s] : series_) release(s);
+    series_.clear();
+    (void)file_.release();
+    fd_ = File();
+    throw Error(fmt::format("tensortap: HDF5: '{}' was left unclosed after an earlier failure: {}", path_, broken_));
+  }
   // Every HDF5 object dies here, under the lock: their destructors call the
   // library too.
   for (auto& [key, s] : series_) release(s);
   series_.clear();
   try {
-    wrap(path_, "/", "close", [&] { file_->close(); });
+    close_file();
   } catch (...) {
-    file_.reset();
     fd_ = File();
     throw;
   }
-  file_.reset();
   fd_ = File();
 }
 

@@ -69,6 +69,29 @@ class Hdf5Writer final : public Writer {
   void start_swmr();
   void create_series(const std::vector<const RecordMeta*>& records);
   void ensure_open(Series& s);
+  // Throws if an earlier failure closed the file.
+  void check_open() const {
+    if (!file_ || !broken_.empty())
+      throw Error("tensortap: HDF5: '" + path_ + "' is no longer written after an earlier failure: " + broken_);
+  }
+  // Runs `f`; after a failure of the HDF5 library in it the file is no
+  // longer written (see give_up()); the failure is rethrown.
+  template <class F>
+  auto guarded(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const Error& e) {
+      if (is_library_failure(e)) give_up(e.what());
+      throw;
+    }
+  }
+  static bool is_library_failure(const Error& e) noexcept;
+  void give_up(const std::string& why) noexcept;
+  // Throws OsError (ENOSPC) when the file system has too little room left
+  // to write `bytes` without risking a full disk inside HDF5.
+  void check_space(std::uint64_t bytes) const;
+  // Closes the file once; a failed close is never retried (see give_up()).
+  void close_file();
   static void release(Series& s) noexcept;
   void drop_file() noexcept;
   Series& series_of(const RecordMeta& meta);
@@ -78,6 +101,8 @@ class Hdf5Writer final : public Writer {
   std::string path_;
   std::string open_path_;
   File fd_;
+  // Why the file was closed early, once it was.
+  std::string broken_;
   Hdf5Options options_;
   std::unique_ptr<H5::H5File> file_;
   std::map<std::string, Series> series_;
