@@ -234,7 +234,7 @@ TEST_CASE("a NaN at a known step dumps exactly the k steps before it and that st
   REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"w\"").size() == 6);
   const std::string run_json = tt_test::read_file(dir / "run.json");
   REQUIRE_THAT(run_json, Catch::Contains("{\"step\": 50, \"reason\": \"nan\", \"steps\": [45,46,47,48,49,50], "
-                                         "\"kind\": \"tensor\", \"name\": \"loss\"}"));
+                                         "\"kind\": \"tensor\", \"name\": \"loss\", \"trigger\": {\"kind\": \"non_finite\"}}"));
   // The file holds the value captured at its step.
   REQUIRE(at::equal(tensortap::load_npy(dir / "npy/tensor/w/00000047.npy"), at::full({16}, 47.0f)));
   REQUIRE(rec.stats().dumps == 1);

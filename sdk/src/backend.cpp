@@ -9,11 +9,12 @@
 namespace tensortap::detail {
 
 Backend::Backend(Staging& staging, std::unique_ptr<Writer> writer, std::unique_ptr<LinesFile> index,
-                 const Options& options, const Dir& dir, std::function<void(const DumpInfo&)> on_dump)
+                 const Options& options, const Dir& dir, std::function<void(const DumpRecord&)> on_dump)
     : staging_(staging),
       writer_(std::move(writer)),
       index_(std::move(index)),
       stats_(dir),
+      triggers_(options),
       after_dump_(options.after_dump()),
       on_dump_(std::move(on_dump)) {
   if (options.flight_recorder() > 0)
@@ -146,7 +147,29 @@ void Backend::finish_stats(const RecordMeta& meta, const TensorStats& stats) {
     stats_.append(meta.kind, meta.name, meta.step, stats);
     stats_rows_.fetch_add(1, std::memory_order_relaxed);
   }
-  if (const char* reason = nonfinite_reason(stats)) trigger(meta.step, reason, &meta);
+  if (triggers_.empty()) return;
+  // A full tensor the flight recorder holds, on a step without statistics
+  // rows, is only scanned for NaN and Inf: the other rules keep one value
+  // per statistics step.
+  TensorSummary s;
+  s.step = meta.step;
+  s.kind = meta.kind;
+  s.name = meta.name;
+  s.min = stats.min;
+  s.max = stats.max;
+  s.mean = stats.mean;
+  s.std = stats.std;
+  s.norm = stats.norm;
+  s.nan = stats.nan;
+  s.posinf = stats.posinf;
+  s.neginf = stats.neginf;
+  s.zeros = stats.zeros;
+  s.numel = stats.numel;
+  std::string error;
+  std::optional<DumpRecord> fired = triggers_.evaluate(s, /*only_non_finite=*/!meta.stats_row, error);
+  // A predicate that threw: an error under on_error, its rule off.
+  if (!error.empty()) fail(nullptr, error, 0);
+  if (fired) trigger(std::move(*fired));
 }
 
 void Backend::keep(HeldRecord record) {
@@ -162,12 +185,16 @@ void Backend::keep(HeldRecord record) {
   if (!ring_->hold(std::move(record))) flight_dropped_.fetch_add(1, std::memory_order_relaxed);
 }
 
-void Backend::trigger(std::int64_t step, const char* reason, const RecordMeta* cause) {
-  if (!ring_ || halted_) return;
+void Backend::trigger(DumpRecord dump) {
+  if (!ring_) {
+    // No flight recorder: the trigger only marks the run.
+    on_dump_(dump);
+    dumps_.fetch_add(1, std::memory_order_release);
+    return;
+  }
+  if (halted_) return;
+  const std::int64_t step = dump.step;
   std::vector<HeldRecord> held = ring_->take(step);
-  DumpInfo dump;
-  dump.step = step;
-  dump.reason = reason;
   dump.steps.push_back(step);
   std::vector<const RecordMeta*> metas;
   for (const HeldRecord& r : held) {
@@ -176,10 +203,6 @@ void Backend::trigger(std::int64_t step, const char* reason, const RecordMeta* c
   }
   std::sort(dump.steps.begin(), dump.steps.end());
   dump.steps.erase(std::unique(dump.steps.begin(), dump.steps.end()), dump.steps.end());
-  if (cause != nullptr) {
-    dump.kind = kind_name(cause->kind);
-    dump.name = cause->name;
-  }
   window_lo_ = dump.steps.front();
   window_hi_ = dump.steps.back();
   try {
@@ -218,7 +241,11 @@ void Backend::write_slot(const Slot& slot, const char* base) {
   const bool whole = slot.first && slot.last;
   try {
     if (meta.dump) {
-      trigger(meta.step, "user", nullptr);
+      DumpRecord user;
+      user.step = meta.step;
+      user.trigger = "user";
+      user.reason = "user";
+      trigger(std::move(user));
       return;
     }
     if (meta.stats_vector) {

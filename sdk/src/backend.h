@@ -13,6 +13,7 @@
 #include "sdk/src/flight.h"
 #include "sdk/src/staging.h"
 #include "sdk/src/stats.h"
+#include "sdk/src/triggers.h"
 #include "writers/src/run_files.h"
 #include "writers/src/stats_file.h"
 #include "writers/src/writer.h"
@@ -31,7 +32,7 @@ class Backend {
   /// `on_dump` is called on the writer thread after each flight-recorder
   /// dump is on disk; it must not throw.
   Backend(Staging& staging, std::unique_ptr<Writer> writer, std::unique_ptr<LinesFile> index,
-          const Options& options, const Dir& dir, std::function<void(const DumpInfo&)> on_dump);
+          const Options& options, const Dir& dir, std::function<void(const DumpRecord&)> on_dump);
   ~Backend();
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
@@ -70,9 +71,10 @@ class Backend {
   // A whole record the flight recorder got: written (inside a dump's
   // window), held, or let go (capture stopped after a dump).
   void keep(HeldRecord record);
-  // Writes the held steps and opens a window for what is still to come of
-  // the trigger's step.
-  void trigger(std::int64_t step, const char* reason, const RecordMeta* cause);
+  // A rule fired (or dump() was called): writes the held steps and opens a
+  // window for what is still to come of the trigger's step; without a
+  // flight recorder, only marks the run.
+  void trigger(DumpRecord dump);
   void write_whole(const RecordMeta& meta, const char* data, std::size_t nbytes);
   void flush_stats(bool durable) noexcept;
   void write_index() noexcept;
@@ -96,6 +98,7 @@ class Backend {
   // Statistics of records whose chunks are still arriving.
   std::unordered_map<std::uint64_t, StatsAccumulator> accumulating_;
   StatsFile stats_;
+  Triggers triggers_;
   // The flight recorder (null when off), the records it is assembling from
   // chunks, and the window [lo, hi] of steps the last dump covers: their
   // records still to come are written, not held.
@@ -105,7 +108,7 @@ class Backend {
   AfterDump after_dump_;
   // After a dump that stops capture: later records are let go.
   bool halted_ = false;
-  std::function<void(const DumpInfo&)> on_dump_;
+  std::function<void(const DumpRecord&)> on_dump_;
   // Index lines of records not yet durable (see Writer::sync()), and what
   // they count: a record counts as written once its line is in the index,
   // so run.json's counts are what a reader can reach.

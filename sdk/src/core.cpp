@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "sdk/src/stats.h"
+#include "sdk/src/triggers.h"
 #include "writers/src/dtypes.h"
 
 namespace tensortap::detail {
@@ -46,6 +47,7 @@ std::uint64_t stats_bits(const Options& o, std::int64_t step) {
 }
 
 void validate(const Options& o) {
+  validate_triggers(o);
   if (o.stats_every() < 0)
     throw Error(fmt::format("tensortap: Options::stats_every({}) must be 0 (off) or more", o.stats_every()));
   if (o.flight_recorder() < 0)
@@ -133,6 +135,7 @@ Core::Core(Options options)
       max_dims_why_(options_.format() == Format::Hdf5
                         ? "an HDF5 run stores at most 31 dimensions (a dataset has at most 32 axes, one of them the row)"
                         : "a .npy file NumPy can read has at most 32 dimensions"),
+      scan_non_finite_(options_.flight_recorder() > 0 && Triggers(options_).checks_non_finite()),
       staging_(options_.buffer_bytes(), options_.overflow(), cuda_staging_memory()) {
   place(options_, info_);
   const auto& only = options_.ranks();
@@ -149,7 +152,7 @@ Core::Core(Options options)
   write_run_json(dir, options_, info_);
   auto index = std::make_unique<LinesFile>(dir, "index.jsonl");
   backend_ = std::make_unique<Backend>(staging_, std::move(writer), std::move(index), options_, dir,
-                                       [this](const DumpInfo& d) { dumped(d); });
+                                       [this](const DumpRecord& d) { dumped(d); });
   // Device memory that snapshots may hold, per GPU: as much as host staging.
   cuda_ = make_cuda_engine(staging_, 2 * options_.buffer_bytes(),
                            [b = backend_.get()](const std::string& what) { b->report(what); });
@@ -309,7 +312,7 @@ void Core::record_as(Kind kind, std::string name, const at::Tensor& tensor, std:
   meta->write = full;
   meta->stats_row = stats;
   meta->stats_vector = stats_vector;
-  meta->check = full && options_.flight_recorder() > 0;
+  meta->check = full && scan_non_finite_;
   const std::uint64_t id = next_record_.fetch_add(1, std::memory_order_relaxed);
   const bool may_drop = options_.overflow() == Overflow::DropNewest;
 
@@ -461,22 +464,35 @@ void Core::after_dumps() {
   const std::int64_t dumps = backend_->dumps();
   if (dumps == dumps_seen_) return;
   dumps_seen_ = dumps;
-  if (options_.after_dump() == AfterDump::Continue) return;
-  full_halted_.store(true, std::memory_order_relaxed);
-  if (options_.after_dump() != AfterDump::Throw) return;
-  DumpInfo last;
+  DumpRecord last;
   {
     std::lock_guard<std::mutex> lock(info_mu_);
+    // What the loop sees until the next step() (Recorder::dumps()).
+    seen_dumps_ = info_.dumps;
     if (!info_.dumps.empty()) last = info_.dumps.back();
   }
-  throw Error(fmt::format("tensortap: run '{}': the flight recorder dumped steps {} after {} at step {}{} "
-                          "(Options::after_dump(Throw))",
-                          info_.run_dir, fmt::join(last.steps, ", "),
-                          last.reason == "user" ? std::string("Recorder::dump()") : "a " + last.reason,
-                          last.step, last.name.empty() ? "" : fmt::format(" in {} '{}'", last.kind, last.name)));
+  if (options_.after_dump() == AfterDump::Continue) return;
+  // Without a flight recorder a trigger only marks the run: only Throw acts.
+  const bool marked_only = options_.flight_recorder() <= 0;
+  if (!marked_only) full_halted_.store(true, std::memory_order_relaxed);
+  if (options_.after_dump() != AfterDump::Throw) return;
+  std::string why = last.trigger == "user" ? std::string("Recorder::dump()")
+                    : last.trigger == "non_finite" ? "a " + last.reason
+                                                   : fmt::format("Trigger::{}", last.trigger);
+  if (last.window > 0) why += fmt::format(" (value {} against a median of {})", last.value, last.median);
+  throw Error(fmt::format("tensortap: run '{}': {} after {} at step {}{} (Options::after_dump(Throw))", info_.run_dir,
+                          marked_only ? std::string("a trigger fired")
+                                      : fmt::format("the flight recorder dumped steps {}", fmt::join(last.steps, ", ")),
+                          why, last.step,
+                          last.name.empty() ? "" : fmt::format(" in {} '{}'", kind_name(last.kind), last.name)));
 }
 
-void Core::dumped(const DumpInfo& dump) noexcept {
+std::vector<DumpRecord> Core::dumps() const {
+  std::lock_guard<std::mutex> lock(info_mu_);
+  return seen_dumps_;
+}
+
+void Core::dumped(const DumpRecord& dump) noexcept {
   try {
     std::lock_guard<std::mutex> lock(info_mu_);
     info_.dumps.push_back(dump);
@@ -561,6 +577,7 @@ void Core::close() {
     info_.end_time = utc_now();
     info_.stats = stats();
     info_.first_error = backend_->first_error();
+    seen_dumps_ = info_.dumps;
     try {
       write_run_json(run_dir_->dir(), options_, info_);
     } catch (const std::exception& e) {

@@ -104,6 +104,7 @@ class Core {
   void close();
   void dump();
   Stats stats() const;
+  std::vector<DumpRecord> dumps() const;
   const Options& options() const { return options_; }
   /// Where and as which rank this process writes.
   const RunInfo& info() const { return info_; }
@@ -138,7 +139,7 @@ class Core {
   // What the flight recorder's dumps mean for the step about to begin.
   void after_dumps();
   // Called by the writer thread after a dump.
-  void dumped(const DumpInfo& dump) noexcept;
+  void dumped(const DumpRecord& dump) noexcept;
 
   const Options options_;
   // Matched without backtracking: a hostile pattern or name cannot hang or
@@ -151,6 +152,9 @@ class Core {
   // The most dimensions the run's format can store, and why.
   const std::int64_t max_dims_;
   const char* const max_dims_why_;
+  // Whether full tensors the flight recorder holds are scanned for NaN and
+  // Inf (the non_finite trigger).
+  const bool scan_non_finite_;
 
   // The current step and which kinds it samples, in one word so a hook on
   // another thread never pairs one step's number with another's sampling:
@@ -170,6 +174,8 @@ class Core {
   std::atomic<bool> full_halted_{false};
   // Dumps that step() has acted on.
   std::int64_t dumps_seen_ = 0;
+  // The dumps as of the last step() (Recorder::dumps()); info_mu_.
+  std::vector<DumpRecord> seen_dumps_;
 
   // step(), close() and the watcher list.
   std::mutex control_mu_;
@@ -211,7 +217,7 @@ class Core {
 
   // info_'s dumps and its rewrites of run.json (the writer thread adds
   // dumps while training runs).
-  std::mutex info_mu_;
+  mutable std::mutex info_mu_;
   RunInfo info_;
   // The run directory, open and locked from construction to close; before
   // backend_, whose writers write through it.

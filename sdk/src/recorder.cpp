@@ -65,6 +65,8 @@ void Recorder::dump() { core_->dump(); }
 
 Stats Recorder::stats() const { return core_->stats(); }
 
+std::vector<DumpRecord> Recorder::dumps() const { return core_->dumps(); }
+
 const Options& Recorder::options() const { return core_->options(); }
 
 const std::string& Recorder::run_dir() const { return core_->info().run_dir; }

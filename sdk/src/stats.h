@@ -48,12 +48,4 @@ at::Tensor device_stats(const at::Tensor& t);
 /// Reads a statistics vector back.
 TensorStats stats_from_vector(const double* v);
 
-/// Whether `s` should trip the flight recorder, and as what: "nan", "inf",
-/// or nullptr.
-inline const char* nonfinite_reason(const TensorStats& s) {
-  if (s.nan > 0) return "nan";
-  if (s.posinf > 0 || s.neginf > 0) return "inf";
-  return nullptr;
-}
-
 }  // namespace tensortap::detail

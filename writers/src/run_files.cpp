@@ -4,6 +4,7 @@
 #include <sys/file.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <chrono>
 #include <ctime>
@@ -31,6 +32,9 @@ constexpr std::uint64_t kRunJsonReserve = 16384;
 // The lock a writer holds on its run directory (see RunDir). It stays after
 // the run: removing it could let a third writer in while a second waits.
 constexpr const char* kLockName = ".tensortap.lock";
+
+// A double as JSON: NaN and infinities, which JSON lacks, as null.
+std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
 
 }  // namespace
 
@@ -134,12 +138,16 @@ void write_run_json(const Dir& dir, const Options& o, const RunInfo& info) {
   j += fmt::format("  \"start_time\": \"{}\",\n", info.start_time);
   j += "  \"dumps\": [";
   for (std::size_t i = 0; i < info.dumps.size(); ++i) {
-    const DumpInfo& d = info.dumps[i];
+    const DumpRecord& d = info.dumps[i];
     j += fmt::format("{}\n    {{\"step\": {}, \"reason\": \"{}\", \"steps\": ", i ? "," : "", d.step, d.reason);
     append_json_ints(j, d.steps);
-    if (!d.name.empty()) {
-      j += fmt::format(", \"kind\": \"{}\", \"name\": ", d.kind);
+    if (d.trigger != "user") {
+      j += fmt::format(", \"kind\": \"{}\", \"name\": ", kind_name(d.kind));
       append_json_string(j, d.name);
+      j += fmt::format(", \"trigger\": {{\"kind\": \"{}\"", d.trigger);
+      if (d.window > 0) j += fmt::format(", \"factor\": {}, \"window\": {}", d.factor, d.window);
+      j += "}";
+      if (d.window > 0) j += fmt::format(", \"value\": {}, \"median\": {}", json_number(d.value), json_number(d.median));
     }
     j += "}";
   }

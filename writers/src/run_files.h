@@ -11,18 +11,6 @@
 
 namespace tensortap::detail {
 
-/// One dump of the flight recorder, as run.json lists it under "dumps".
-struct DumpInfo {
-  /// The step of the trigger.
-  std::int64_t step = 0;
-  /// "nan", "inf" or "user".
-  std::string reason;
-  /// The steps written, ascending: the held ones and `step`.
-  std::vector<std::int64_t> steps;
-  /// The record whose statistics tripped it (not for "user").
-  std::string kind, name;
-};
-
 /// What run.json says.
 struct RunInfo {
   /// Where this rank writes (the options' dir, or its rank<r>/ below it).
@@ -34,7 +22,8 @@ struct RunInfo {
   bool closed = false;
   Stats stats;
   std::string first_error;
-  std::vector<DumpInfo> dumps;
+  /// The flight recorder's dumps and the triggers' marks.
+  std::vector<DumpRecord> dumps;
 };
 
 /// The names tensortap writes in a run directory, and only those:

@@ -10,6 +10,9 @@
 
 #include <torch/arg.h>
 
+#include <tensortap/kinds.h>
+#include <tensortap/trigger.h>
+
 namespace tensortap {
 
 /// The file format of a run.
@@ -51,61 +54,6 @@ enum class AfterDump {
   /// Throw `Error` from the next `step()`, naming the step and the reason:
   /// training stops at an iteration boundary.
   Throw,
-};
-
-/// What a record is.
-enum class Kind : std::uint8_t {
-  /// What flows through a `Tap`.
-  Activation = 0,
-  /// The gradient of what flows through a `Tap`.
-  ActivationGrad = 1,
-  /// A parameter's values when a step begins.
-  Param = 2,
-  /// A parameter's gradient, accumulated over the step's backward passes.
-  Grad = 3,
-  /// Any tensor given to `Recorder::capture()`.
-  Tensor = 4,
-  /// A module's buffer (`named_buffers()`, e.g. BatchNorm's `running_mean`)
-  /// when a step begins.
-  Buffer = 5,
-};
-
-/// How many kinds there are.
-constexpr std::size_t kKindCount = 6;
-
-/// Every kind, in the order tensortap lists them.
-constexpr Kind kAllKinds[kKindCount] = {Kind::Activation, Kind::ActivationGrad, Kind::Param,
-                                        Kind::Buffer,     Kind::Grad,           Kind::Tensor};
-
-/// The name of a kind as it appears on disk: "activation", "activation_grad",
-/// "param", "buffer", "grad", "tensor".
-const char* kind_name(Kind kind);
-
-/// A set of kinds.
-///
-/// Example:
-/// ```
-/// tensortap::KindSet only_grads{tensortap::Kind::Grad};
-/// ```
-class KindSet {
- public:
-  /// Every kind but `Param` and `Buffer`: weights are large and wanted rarely.
-  KindSet() : KindSet{Kind::Activation, Kind::ActivationGrad, Kind::Grad, Kind::Tensor} {}
-  KindSet(std::initializer_list<Kind> kinds) {
-    for (Kind k : kinds) bits_ |= bit(k);
-  }
-  /// Every kind, `Param` and `Buffer` included.
-  static KindSet all() {
-    KindSet s{};
-    for (Kind k : kAllKinds) s.bits_ |= bit(k);
-    return s;
-  }
-  bool contains(Kind k) const { return (bits_ & bit(k)) != 0; }
-  std::uint32_t bits() const { return bits_; }
-  static std::uint32_t bit(Kind k) { return 1u << static_cast<unsigned>(k); }
-
- private:
-  std::uint32_t bits_ = 0;
 };
 
 /// Settings of the HDF5 writer (`Format::Hdf5`).
@@ -232,8 +180,23 @@ struct Options {
   /// The most host memory the flight recorder holds; the oldest held steps
   /// are let go first when a step would exceed it.
   TORCH_ARG(std::size_t, flight_recorder_bytes) = std::size_t{256} << 20;
-  /// What happens after the flight recorder dumped.
+  /// What happens after the flight recorder dumped. Without a flight
+  /// recorder a trigger only marks the run, and only `Throw` applies.
   TORCH_ARG(AfterDump, after_dump) = AfterDump::StopCapture;
+
+ public:
+  /// Dumps the flight recorder (or, without one, marks the run in
+  /// run.json) when `trigger` fires; give it several times for several
+  /// rules. Without any, the flight recorder dumps on NaN or Inf
+  /// (`Trigger::non_finite()`). Rules other than non_finite need
+  /// `stats_every`.
+  Options& dump_on(Trigger trigger) {
+    triggers_.push_back(std::move(trigger));
+    return *this;
+  }
+  /// The rules given to `dump_on()`.
+  const std::vector<Trigger>& triggers() const { return triggers_; }
+
   /// Capture only on these ranks (e.g. `{0}`); empty captures on all. On the
   /// other ranks the recorder creates nothing and its hooks do nothing.
   TORCH_ARG(std::vector<std::int64_t>, ranks) = {};
@@ -241,6 +204,7 @@ struct Options {
  private:
   // Per-kind periods set by every(Kind, n); 0 = use every().
   std::array<std::int64_t, kKindCount> every_kind_{};
+  std::vector<Trigger> triggers_;
 };
 
 }  // namespace tensortap

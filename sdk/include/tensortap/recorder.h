@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -156,6 +157,13 @@ class Recorder {
 
   /// The counters so far.
   Stats stats() const;
+
+  /// The flight recorder's dumps and the triggers' marks, as of the last
+  /// `step()`: a loop can check at the top of each iteration whether a rule
+  /// fired (to checkpoint, or lower the learning rate) and see the same
+  /// list until the next `step()`. A rule is evaluated on the writer
+  /// thread, so it shows up at a `step()` after the step that fired it.
+  std::vector<DumpRecord> dumps() const;
 
   /// The options the recorder was made with.
   const Options& options() const;
