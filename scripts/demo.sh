@@ -13,3 +13,6 @@ PYTHONPATH="$ROOT/python" "$(numpy_python)" -m tensortap inspect runs/demo --che
 # A run that blows up, caught by the flight recorder.
 ./build/examples/train_blowup runs/blowup | tail -3
 PYTHONPATH="$ROOT/python" "$(numpy_python)" examples/plot_blowup.py runs/blowup runs/blowup/plots
+# A loss spike that recovers, caught by the spike trigger.
+./build/examples/train_spike runs/spike | tail -2
+PYTHONPATH="$ROOT/python" "$(numpy_python)" examples/plot_spike.py runs/spike runs/spike/plots
