@@ -42,8 +42,8 @@ namespace {
 
 // Stats: statistics of every parameter gradient at every step, no full
 // tensors (issue "Statistics and a NaN flight recorder": target 3%).
-enum class Mode { Off, Every100, All, Stats, Naive };
-constexpr Mode kModes[] = {Mode::Off, Mode::Every100, Mode::All, Mode::Stats, Mode::Naive};
+enum class Mode { Off, Every100, All, Stats, StatsTriggers, Naive };
+constexpr Mode kModes[] = {Mode::Off, Mode::Every100, Mode::All, Mode::Stats, Mode::StatsTriggers, Mode::Naive};
 
 const char* mode_name(Mode m) {
   switch (m) {
@@ -51,6 +51,7 @@ const char* mode_name(Mode m) {
     case Mode::Every100: return "every100";
     case Mode::All: return "all";
     case Mode::Stats: return "stats";
+    case Mode::StatsTriggers: return "stats_triggers";
     case Mode::Naive: return "naive_cpp";
   }
   return "?";
@@ -143,6 +144,16 @@ Timing train(const Plan& plan, Mode mode, const bench::Batches& batches, const s
     rec = tensortap::watch(*model, tensortap::Options(dir).every(mode == Mode::All ? 1 : 100));
   if (mode == Mode::Stats)
     rec = tensortap::watch(*model, tensortap::Options(dir).every(0).stats_every(1).kinds({tensortap::Kind::Grad}));
+  // The same statistics with three rules evaluated on each of them.
+  if (mode == Mode::StatsTriggers)
+    rec = tensortap::watch(*model, tensortap::Options(dir)
+                                       .every(0)
+                                       .stats_every(1)
+                                       .kinds({tensortap::Kind::Grad})
+                                       .dump_on(tensortap::Trigger::non_finite())
+                                       .dump_on(tensortap::Trigger::norm_jump(1e6, 20))
+                                       .dump_on(tensortap::Trigger::when(
+                                           [](const tensortap::TensorSummary& st) { return st.max > 1e30; })));
   bench::Probe probe;
   if (mode == Mode::Naive) {
     peer = std::make_unique<NaivePeer>(dir, *model);
