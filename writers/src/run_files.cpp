@@ -128,6 +128,18 @@ void write_run_json(const Dir& dir, const Options& o, const RunInfo& info) {
                    o.buffer_bytes(), overflow_name(o.overflow()), o.overwrite() ? "true" : "false");
   j += fmt::format(",\n    \"stats_every\": {},\n    \"flight_recorder\": {},\n    \"flight_recorder_bytes\": {},\n    \"after_dump\": \"{}\"",
                    o.stats_every(), o.flight_recorder(), o.flight_recorder_bytes(), after_dump_name(o.after_dump()));
+  j += ",\n    \"dump_on\": [";
+  for (std::size_t i = 0; i < o.triggers().size(); ++i) {
+    const Trigger& t = o.triggers()[i];
+    j += fmt::format("{}{{\"kind\": \"{}\"", i ? ", " : "", t.type_name());
+    if (t.type() == Trigger::Type::Spike) {
+      j += ", \"name\": ";
+      append_json_string(j, t.name());
+    }
+    if (t.window() > 0) j += fmt::format(", \"factor\": {}, \"window\": {}", t.factor(), t.window());
+    j += fmt::format(", \"cooldown\": {}}}", t.cooldown());
+  }
+  j += "]";
   if (o.format() == Format::Hdf5) {
     const Hdf5Options& h = o.hdf5();
     j += fmt::format(",\n    \"hdf5\": {{\"deflate\": {}, \"shuffle\": {}, \"chunk_bytes\": {}, \"flush_every\": {}}}",
