@@ -1,0 +1,424 @@
+// Regression tests for an adversarial review: each case broke tensortap
+// before its fix (a hang, a heap overflow, writes outside the run directory,
+// lost or mixed data). tests/README.md lists them with what they do now.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <tensortap/tensortap.h>
+
+#include "helpers.h"
+#include "writers/src/file.h"
+#include "writers/src/run_files.h"
+
+using tensortap::Format;
+using tensortap::Options;
+using tensortap::Overflow;
+using tensortap::Recorder;
+using tt_test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const tensortap::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Runs `f` on its own thread; a run that does not end within `seconds` is a
+// hang: the test fails and the process ends (the stuck threads cannot be
+// joined).
+void must_end(const std::function<void()>& f, int seconds, const std::string& what) {
+  auto done = std::async(std::launch::async, f);
+  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
+    FAIL_CHECK(what << " did not end within " << seconds << " s: a hang");
+    std::_Exit(1);
+  }
+  done.get();
+}
+
+std::size_t open_descriptors() {
+  std::size_t n = 0;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+std::size_t index_size(const std::string& run) { return tt_test::read_lines(run + "/index.jsonl").size(); }
+
+struct Cwd {
+  std::string saved = fs::current_path().string();
+  ~Cwd() { fs::current_path(saved); }
+};
+
+struct NetImpl : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  tensortap::Tap out;
+  NetImpl() {
+    fc = register_module("fc", torch::nn::Linear(3, 2));
+    out = register_module("out", tensortap::Tap());
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return out(fc(x)); }
+};
+TORCH_MODULE(Net);
+
+}  // namespace
+
+TEST_CASE("close() never hangs while another thread is inside capture()", "[sdk][hostile]") {
+  std::mt19937 rng(7);
+  for (const std::int64_t elements : {std::int64_t{16} << 10, std::int64_t{2} << 20}) {  // 64 KiB, 8 MiB
+    for (int trial = 0; trial < 10; ++trial) {
+      INFO("tensors of " << elements * 4 << " bytes, trial " << trial);
+      TempDir dir;
+      auto rec = std::make_shared<Recorder>(Options(dir.path).buffer_bytes(std::size_t{256} << 20));
+      rec->step(0);
+      std::atomic<bool> stop{false};
+      const auto t = torch::ones({elements});
+      std::thread capturer([&] {
+        try {
+          while (!stop.load()) rec->capture("x", t);
+        } catch (const tensortap::Error&) {
+          // capture() after close() says so: the run is over.
+        }
+      });
+      const int wait_ms = static_cast<int>(rng() % 31);
+      must_end(
+          [&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+            rec->close();
+            stop = true;
+            capturer.join();
+          },
+          60, "close()");
+      // Everything committed before or during close is written and indexed.
+      const auto s = rec->stats();
+      REQUIRE(s.errors == 0);
+      REQUIRE(s.records == s.captured);
+      REQUIRE(static_cast<std::int64_t>(index_size(dir.path)) == s.records);
+    }
+  }
+}
+
+TEST_CASE("size options are bounded, with the value and the limit in the error", "[sdk][hostile]") {
+  TempDir dir;
+  const auto max = std::numeric_limits<std::size_t>::max();
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).buffer_bytes(max)}; }),
+               Catch::Contains("buffer_bytes(18446744073709551615)") && Catch::Contains("1099511627776"));
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).flight_recorder_bytes(max)}; }),
+               Catch::Contains("flight_recorder_bytes") && Catch::Contains("281474976710656"));
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).hdf5(tensortap::Hdf5Options().chunk_bytes(max))}; }),
+               Catch::Contains("chunk_bytes") && Catch::Contains("1073741824"));
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).steps({3, -1})}; }), Catch::Contains("-1"));
+  // Nothing was created by the refused ones.
+  REQUIRE_FALSE(fs::exists(dir / "run.json"));
+}
+
+TEST_CASE("a tensor with more dimensions than the format stores is refused at capture()", "[sdk][hostile]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path)};
+  rec.step(0);
+  REQUIRE_THAT(error_of([&] { rec.capture("deep", torch::ones(std::vector<std::int64_t>(33, 1))); }),
+               Catch::Contains("'deep'") && Catch::Contains("32 dimensions"));
+  rec.capture("ok", torch::ones(std::vector<std::int64_t>(32, 1)));
+  rec.close();
+  REQUIRE(rec.stats().records == 1);
+#ifdef TENSORTAP_HAVE_HDF5
+  TempDir h5;
+  Recorder hrec{Options(h5.path).format(Format::Hdf5)};
+  hrec.step(0);
+  REQUIRE_THAT(error_of([&] { hrec.capture("deep", torch::ones(std::vector<std::int64_t>(32, 1))); }),
+               Catch::Contains("'deep'") && Catch::Contains("31 dimensions"));
+  hrec.capture("ok", torch::ones(std::vector<std::int64_t>(31, 1)));
+  hrec.close();
+  REQUIRE(hrec.stats().records == 1);
+  REQUIRE(hrec.stats().errors == 0);
+#endif
+}
+
+TEST_CASE("index lines stay whole when an append fails part way", "[writers][hostile]") {
+  TempDir dir;
+  const auto d = tensortap::detail::Dir::open(dir.path, false);
+  tensortap::detail::LinesFile lines(d, "index.jsonl");
+  lines.append("{\"a\":1}\n{\"b\":2}\n");
+  // A file size limit just above what is there makes the next large append
+  // short, then fail: a full disk in miniature.
+  rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 64;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  std::string err;
+  try {
+    lines.append(std::string(200, 'x') + "\n");
+  } catch (const tensortap::Error& e) {
+    err = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, old_handler);
+  REQUIRE_THAT(err, Catch::Contains("index.jsonl"));
+  REQUIRE(tt_test::read_file(dir / "index.jsonl") == "{\"a\":1}\n{\"b\":2}\n");
+  lines.append("{\"c\":3}\n");
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl") == std::vector<std::string>{"{\"a\":1}", "{\"b\":2}", "{\"c\":3}"});
+}
+
+TEST_CASE("two writers cannot share a run directory", "[sdk][hostile]") {
+  TempDir dir;
+  {
+    Recorder first{Options(dir.path)};
+    REQUIRE_THAT(error_of([&] { Recorder second{Options(dir.path).overwrite(true)}; }),
+                 Catch::Contains(dir.path) && Catch::Contains("in use by another recorder"));
+    first.step(0);
+    first.capture("x", torch::ones({2}));
+  }
+  // Once the first has closed, overwrite replaces its run.
+  Recorder third{Options(dir.path).overwrite(true)};
+  third.close();
+  // Started together, exactly one of two wins, every time.
+  for (int trial = 0; trial < 50; ++trial) {
+    TempDir race;
+    std::atomic<int> won{0}, lost{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t)
+      threads.emplace_back([&] {
+        try {
+          Recorder r{Options(race.path)};
+          ++won;
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        } catch (const tensortap::Error&) {
+          ++lost;
+        }
+      });
+    for (auto& t : threads) t.join();
+    REQUIRE(won == 1);
+    REQUIRE(lost == 1);
+  }
+}
+
+TEST_CASE("overwrite removes every file tensortap writes, and only those", "[sdk][hostile]") {
+  TempDir dir;
+  {
+    Recorder old{Options(dir.path).stats_every(1)};
+    old.step(0);
+    old.capture("a", torch::ones({2}));
+  }
+  REQUIRE(fs::exists(dir / "stats.npy"));
+  std::ofstream(dir / "notes.txt") << "mine";
+  {
+    Recorder fresh{Options(dir.path).overwrite(true)};
+    fresh.step(0);
+    fresh.capture("b", torch::ones({2}));
+  }
+  REQUIRE_FALSE(fs::exists(dir / "stats.npy"));
+  REQUIRE_FALSE(fs::exists(dir / "stats_series.jsonl"));
+  REQUIRE_FALSE(fs::exists(dir / "npy/tensor/a"));
+  REQUIRE(tt_test::read_file(dir / "notes.txt") == "mine");
+  // Without overwrite, a file of tensortap's name in a directory with no run is refused.
+  TempDir stray;
+  std::ofstream(stray / "stats.npy") << "not ours";
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(stray.path)}; }),
+               Catch::Contains("stats.npy") && Catch::Contains("in the way"));
+  REQUIRE(tt_test::read_file(stray / "stats.npy") == "not ours");
+}
+
+TEST_CASE("a closed recorder holds no file descriptor while the model lives on", "[sdk][hostile]") {
+  Net net;
+  const std::size_t before = open_descriptors();
+  std::vector<std::shared_ptr<Recorder>> kept;
+  std::vector<std::unique_ptr<TempDir>> dirs;
+  for (int i = 0; i < 100; ++i) {
+    dirs.push_back(std::make_unique<TempDir>());
+    Options o(dirs.back()->path);
+    o.stats_every(1);
+#ifdef TENSORTAP_HAVE_HDF5
+    if (i % 2 == 1) o.format(Format::Hdf5);
+#endif
+    auto rec = tensortap::watch(*net, o);
+    rec->step(0);
+    (net->forward(torch::randn({2, 3})) * 2).sum().backward();
+    rec->close();
+    kept.push_back(rec);
+  }
+  REQUIRE(open_descriptors() == before);
+}
+
+TEST_CASE("a relative run directory stays where it was when the process changes directory", "[sdk][hostile]") {
+  TempDir a, b;
+  Cwd restore;
+  fs::current_path(a.path);
+  Recorder rec{Options("run_rel")};
+  fs::current_path(b.path);
+  rec.step(0);
+  rec.capture("x", torch::ones({2}));
+  rec.close();
+  REQUIRE(tt_test::read_file(a / "run_rel/run.json").find("\"closed\": true") != std::string::npos);
+  REQUIRE(fs::exists(a / "run_rel/npy/tensor/x/00000000.npy"));
+  REQUIRE(index_size(a / "run_rel") == 1);
+  REQUIRE(fs::is_empty(b.path));
+}
+
+TEST_CASE("links planted in a run directory are never followed", "[sdk][hostile]") {
+  TempDir outside;
+  std::ofstream(outside / "sentinel") << "keep";
+  fs::create_directories(outside / "dir");
+  const std::vector<std::string> planted = {"npy", "stats.npy", "stats_series.jsonl"
+#ifdef TENSORTAP_HAVE_HDF5
+                                            ,
+                                            "tensors.h5"
+#endif
+  };
+  for (const auto& name : planted) {
+    INFO("a link at " << name);
+    TempDir run;
+    fs::create_symlink(name == "npy" ? outside / "dir" : outside / "sentinel", run / name);
+    Options o(run.path);
+    o.stats_every(1);
+    if (name == "tensors.h5") o.format(Format::Hdf5);
+    REQUIRE_THAT(error_of([&] { Recorder r{o}; }), Catch::Contains(name) && Catch::Contains("in the way"));
+    // With overwrite the link itself goes, never what it points to.
+    {
+      Recorder r{o.overwrite(true)};
+      r.step(0);
+      r.capture("x", torch::ones({2}));
+    }
+    REQUIRE_FALSE(fs::is_symlink(run / name));
+    REQUIRE(tt_test::read_file(outside / "sentinel") == "keep");
+    REQUIRE(fs::is_empty(outside / "dir"));
+  }
+  // A link at the temporary run.json is written through is replaced, not followed.
+  TempDir run;
+  fs::create_symlink(outside / "sentinel", run / ".run.json.tmp");
+  { Recorder r{Options(run.path)}; }
+  REQUIRE(tt_test::read_file(outside / "sentinel") == "keep");
+  REQUIRE(tt_test::read_file(run / "run.json").find("\"closed\": true") != std::string::npos);
+  // A name's directory turned into a link during the run: that record fails,
+  // nothing lands outside.
+  TempDir live;
+  Recorder rec{Options(live.path)};
+  rec.step(0);
+  rec.capture("y", torch::ones({2}));
+  rec.flush();
+  fs::create_symlink(outside / "dir", live / "npy/tensor/x");
+  rec.step(1);
+  rec.capture("x", torch::ones({2}));
+  REQUIRE_THAT(error_of([&] { rec.flush(); }), Catch::Contains("symbolic link"));
+  REQUIRE(fs::is_empty(outside / "dir"));
+  REQUIRE(rec.stats().errors == 1);
+  REQUIRE_THAT(error_of([&] { rec.close(); }), Catch::Contains("symbolic link"));
+  // save_npy()'s temporary is never followed either.
+  TempDir user;
+  fs::create_symlink(outside / "sentinel", user / ".w.npy.tmp");
+  tensortap::save_npy(user / "w.npy", torch::ones({3}));
+  REQUIRE(tt_test::read_file(outside / "sentinel") == "keep");
+  REQUIRE(torch::equal(tensortap::load_npy(user / "w.npy"), torch::ones({3})));
+}
+
+TEST_CASE("names that are not UTF-8 stay distinct from real characters", "[sdk][hostile]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path)};
+  rec.step(0);
+  rec.capture("\xC3", torch::zeros({1}));
+  rec.capture("\xC3\x83", torch::ones({1}));  // "Ã"
+  rec.close();
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"\\udcc3\"").size() == 1);
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"\xC3\x83\"").size() == 1);
+  REQUIRE(rec.stats().records == 2);
+}
+
+TEST_CASE("stress: captures, steps, flushes and a close at a random moment always end, and add up",
+          "[sdk][hostile][slow]") {
+  const std::vector<std::string> names = {"a", "b", "c", "a/b", "long"};
+  int runs = 0;
+  for (const Format format : {Format::Npy,
+#ifdef TENSORTAP_HAVE_HDF5
+                              Format::Hdf5
+#endif
+       }) {
+    for (const Overflow overflow : {Overflow::Block, Overflow::DropNewest}) {
+      for (unsigned seed = 0; seed < 30; ++seed) {
+        INFO("format " << static_cast<int>(format) << " overflow " << static_cast<int>(overflow) << " seed " << seed);
+        TempDir dir;
+        auto rec = std::make_shared<Recorder>(
+            Options(dir.path).format(format).overflow(overflow).buffer_bytes(64 << 10).stats_every(3));
+        rec->step(0);
+        std::atomic<bool> stop{false};
+        std::atomic<std::int64_t> next_step{1};
+        std::vector<std::thread> threads;
+        for (int t = 0; t < 3; ++t)
+          threads.emplace_back([&, t] {
+            std::mt19937 rng(seed * 31 + static_cast<unsigned>(t));
+            while (!stop) {
+              const auto n = static_cast<std::int64_t>(1 + rng() % (64 << 10));  // 4 B to 256 KiB
+              try {
+                rec->capture(names[rng() % names.size()], torch::full({n}, static_cast<float>(t)));
+              } catch (const tensortap::Error&) {
+                // After close(): the run is over, as the message says.
+              }
+            }
+          });
+        threads.emplace_back([&] {
+          while (!stop) {
+            try {
+              rec->step(next_step++);
+            } catch (const tensortap::Error&) {
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+          }
+        });
+        threads.emplace_back([&] {
+          while (!stop) {
+            try {
+              rec->flush();
+            } catch (const tensortap::Error&) {
+            }
+          }
+        });
+        std::mt19937 rng(seed);
+        const int wait_ms = static_cast<int>(rng() % 50);
+        must_end(
+            [&] {
+              std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+              rec->close();
+              stop = true;
+              for (auto& t : threads) t.join();
+            },
+            120, "a stressed run");
+        const auto s = rec->stats();
+        REQUIRE(s.errors == 0);
+        REQUIRE(s.records == s.captured);  // captured = written + errors; dropped apart
+        if (overflow == Overflow::Block) REQUIRE(s.dropped == 0);
+        REQUIRE(static_cast<std::int64_t>(index_size(dir.path)) == s.records);
+        if (format == Format::Npy)
+          for (const auto& line : tt_test::read_lines(dir / "index.jsonl")) {
+            const auto at = line.find("\"file\":\"") + 8;
+            REQUIRE(fs::exists(dir / line.substr(at, line.find('"', at) - at)));
+          }
+        ++runs;
+      }
+    }
+  }
+  REQUIRE(runs >= 60);
+}
