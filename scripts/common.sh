@@ -40,6 +40,18 @@ numpy_python() {
   return 1
 }
 
+# Installs the reader for the Python that sees Debian's NumPy, so that
+# `tensortap inspect RUN` works as a command whatever `python3` on PATH is.
+# Offline: no index, no build isolation (Debian's setuptools builds it).
+install_reader() {
+  local py
+  py=$(numpy_python)
+  PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 "$py" -m pip install -q --no-deps --no-build-isolation \
+    --break-system-packages "$ROOT/python" 2>&1 | grep -v "Running pip as the 'root' user" || true
+  rm -rf "$ROOT/python/build" "$ROOT"/python/*.egg-info
+  "$py" -c "import tensortap" || { echo "tensortap: the reader did not install for $py" >&2; return 1; }
+}
+
 # configure_and_build BUILD_DIR [cmake args...]
 configure_and_build() {
   local dir=$1

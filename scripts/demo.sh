@@ -4,6 +4,7 @@
 # run that blows up, and what the flight recorder caught.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 install_missing $CORE_PACKAGES
+install_reader
 configure_and_build "$ROOT/build" -DTENSORTAP_BUILD_EXAMPLES=ON -DTENSORTAP_BUILD_TESTS=OFF -DTENSORTAP_BUILD_BENCH=OFF
 cd "$ROOT"
 ./build/examples/train_mlp runs/demo 300 10

@@ -14,6 +14,7 @@ import argparse
 import math
 import os
 import re
+import signal
 import sys
 import warnings
 
@@ -149,7 +150,10 @@ def check(run, out=None, found=()):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python3 -m tensortap", description=__doc__.splitlines()[0])
+    # `tensortap inspect RUN | head` ends quietly, like any other command.
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    parser = argparse.ArgumentParser(prog="tensortap", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="summarize a run directory")
     p.add_argument("run", help="the run directory")
