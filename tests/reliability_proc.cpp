@@ -1,7 +1,9 @@
 // Training-like processes for test_reliability.py.
-//   reliability_proc crash DIR npy|hdf5
+//   reliability_proc crash DIR npy|hdf5 [new_names]
 //       captures every step until killed: tensors of 1 KiB to 1 MiB, several
-//       names, a repeat, bfloat16; prints "step N" now and then
+//       names, a repeat, bfloat16; prints "step N" now and then. With
+//       new_names, no 1 MiB tensor but a name never seen before every step
+//       ("new<step>"), so an HDF5 writer often dies while out of SWMR mode
 //   reliability_proc fill DIR continue|stop STEPS
 //       captures 64 KiB a step into a small filesystem until it is full;
 //       prints one line: "steps <s> stopped <0|1> error <what step() or close() threw>"
@@ -18,16 +20,18 @@
 
 using tensortap::Options;
 
-static int crash(const std::string& dir, bool hdf5) {
+static int crash(const std::string& dir, bool hdf5, bool new_names) {
   tensortap::Recorder rec(Options(dir).format(hdf5 ? tensortap::Format::Hdf5 : tensortap::Format::Npy)
                               .buffer_bytes(1 << 20));
   for (int64_t s = 0;; ++s) {
     rec.step(s);
     rec.capture("small", at::full({256}, static_cast<double>(s)));
     rec.capture("small", at::full({256}, static_cast<double>(-s)));  // small#1
-    rec.capture("large", at::full({512, 512}, static_cast<double>(s)));  // 1 MiB: streamed in chunks
+    if (!new_names)  // with new names, the writer's time goes to making datasets
+      rec.capture("large", at::full({512, 512}, static_cast<double>(s)));  // 1 MiB: streamed in chunks
     rec.capture("bf16", at::full({64}, static_cast<double>(s % 128)).to(at::kBFloat16));  // exact in bfloat16
     rec.capture("ids", at::arange(s, s + 100, at::kLong));
+    if (new_names) rec.capture("new" + std::to_string(s), at::full({64}, static_cast<double>(s)));
     if (s % 20 == 0) {
       std::printf("step %lld\n", static_cast<long long>(s));
       std::fflush(stdout);
@@ -74,9 +78,10 @@ static int fill(const std::string& dir, bool stop, int64_t steps, bool hdf5) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "crash" && argc == 4) return crash(argv[2], std::string(argv[3]) == "hdf5");
+  if (mode == "crash" && (argc == 4 || (argc == 5 && std::string(argv[4]) == "new_names")))
+    return crash(argv[2], std::string(argv[3]) == "hdf5", argc == 5);
   if (mode == "fill" && argc == 5) return fill(argv[2], std::string(argv[3]) == "stop", std::atoll(argv[4]), false);
   if (mode == "fill_hdf5" && argc == 4) return fill(argv[2], false, std::atoll(argv[3]), true);
-  std::fprintf(stderr, "usage: reliability_proc crash DIR npy|hdf5 | fill DIR continue|stop STEPS\n");
+  std::fprintf(stderr, "usage: reliability_proc crash DIR npy|hdf5 [new_names] | fill DIR continue|stop STEPS\n");
   return 2;
 }

@@ -464,5 +464,89 @@ class RunJsonTest(TempCase):
         self.assertIn("check: 1 records, 1 problems", out)
 
 
+class KilledHdf5WriterTest(TempCase):
+    """tensors.h5 left with its consistency flags set by a writer killed out
+    of SWMR mode: HDF5 alone refuses such a file to every reader."""
+
+    def killed_writer(self, hold_lock=False):
+        import h5py
+
+        os.makedirs(self.run_dir)
+        path = os.path.join(self.run_dir, "tensors.h5")
+        # A child makes the file as tensortap's writer does (latest format),
+        # flushes a row, and is killed with the file open for writing.
+        pid = os.fork()
+        if pid == 0:
+            try:
+                f = h5py.File(path, "w", libver="latest")
+                f.create_dataset("/grad/w/data", data=np.stack([value(0), value(1)]), maxshape=(None, 2, 3))
+                f.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            finally:
+                os._exit(1)
+        os.waitpid(pid, 0)
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(12)[11], 1, "the killed writer left the write-access flag set")
+        make_run(self.run_dir, [line(record(s, file="tensors.h5", dataset="/grad/w/data", row=s)) for s in (0, 1)])
+        holder = None
+        if hold_lock:  # a live writer: a process holding the run directory's lock
+            holder = subprocess.Popen([sys.executable, "-c", "import fcntl,sys,time\n"
+                                       "f=open(sys.argv[1],'w'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+                                       "print('locked', flush=True); time.sleep(60)",
+                                       os.path.join(self.run_dir, ".tensortap.lock")], stdout=subprocess.PIPE, text=True)
+            self.assertEqual(holder.stdout.readline().strip(), "locked")
+            self.addCleanup(holder.wait)
+            self.addCleanup(holder.kill)
+        return path
+
+    def test_dead_writer_is_read_as_of_its_last_flush(self):
+        path = self.killed_writer()
+        with open(path, "rb") as f:
+            before = f.read()
+        run = tensortap.open(self.run_dir)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", tensortap.RunWarning)
+            np.testing.assert_array_equal(run.load("w", 1, "grad"), value(1))
+            np.testing.assert_array_equal(run.series("w", "grad"), np.stack([value(0), value(1)]))
+        run.close()
+        self.assertEqual([str(w.message).count("killed?") for w in caught], [1])
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), before, "the reader wrote to the run")
+
+    def test_live_writer_is_waited_for_then_named(self):
+        from tensortap import _hdf5
+
+        path = self.killed_writer(hold_lock=True)
+        self.assertTrue(_hdf5.writer_alive(self.run_dir))
+        old, _hdf5.WAIT_FOR_WRITER_S = _hdf5.WAIT_FOR_WRITER_S, 0.2
+        try:
+            run = tensortap.open(self.run_dir)
+            with self.assertRaisesRegex(tensortap.RunError, "writer is alive.*out of SWMR mode"):
+                run.load("w", 0, "grad")
+        finally:
+            _hdf5.WAIT_FOR_WRITER_S = old
+        self.assertFalse(_hdf5.writer_alive(self.tmp))
+
+    def test_not_hdf5_is_a_run_error_naming_the_file(self):
+        os.makedirs(self.run_dir)
+        with open(os.path.join(self.run_dir, "tensors.h5"), "wb") as f:
+            f.write(b"\x89HDF\r\n\x1a\n" + b"\xff" * 100)
+        make_run(self.run_dir, [line(record(0, file="tensors.h5", dataset="/grad/w/data", row=0))])
+        with self.assertRaisesRegex(tensortap.RunError, "tensors.h5: HDF5 cannot open it"):
+            tensortap.open(self.run_dir).load("w", 0, "grad")
+
+    def test_lookup3_is_hdf5s_checksum(self):
+        import h5py
+        from tensortap import _hdf5
+
+        path = os.path.join(self.tmp, "clean.h5")
+        with h5py.File(path, "w", libver="latest") as f:
+            f["x"] = np.arange(3)
+        with open(path, "rb") as f:
+            head = f.read(48)
+        self.assertEqual(_hdf5.lookup3(head[:44]), int.from_bytes(head[44:], "little"))
+        self.assertEqual(_hdf5.lookup3(b""), 0xDEADBEEF)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import time
 import unittest
+import warnings
 
 import numpy as np
 
@@ -22,6 +23,7 @@ import tensortap
 PROC = os.environ.get("TT_RELIABILITY_PROC", "build/tests/reliability_proc")
 TRIALS_NPY = int(os.environ.get("TT_CRASH_TRIALS", "20"))
 TRIALS_H5 = int(os.environ.get("TT_CRASH_TRIALS_H5", "5"))
+TRIALS_H5_NEW = int(os.environ.get("TT_CRASH_TRIALS_H5_NEW", "10"))
 NUMPY = {"float32": np.float32, "int64": np.int64, "bfloat16": np.float32}
 
 
@@ -36,6 +38,8 @@ def expected(name, step, shape):
         return np.full(shape, step % 128, np.float32)
     if name == "ids":
         return np.arange(step, step + 100, dtype=np.int64)
+    if name == f"new{step}":
+        return np.full(shape, step, np.float32)
     raise AssertionError(name)
 
 
@@ -62,12 +66,13 @@ class CrashTest(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def run_trials(self, fmt, trials):
+    def run_trials(self, fmt, trials, new_names=False):
         rng = random.Random(1234)
-        verified = 0
+        verified = left_open = 0
         for t in range(trials):
             run = os.path.join(self.tmp, f"{fmt}{t}")
-            p = subprocess.Popen([PROC, "crash", run, fmt], stdout=subprocess.PIPE, text=True)
+            p = subprocess.Popen([PROC, "crash", run, fmt] + (["new_names"] if new_names else []),
+                                 stdout=subprocess.PIPE, text=True)
             self.assertEqual(p.stdout.readline().strip(), "step 0")
             time.sleep(rng.uniform(0.02, 0.6))
             p.send_signal(signal.SIGKILL)
@@ -76,6 +81,13 @@ class CrashTest(unittest.TestCase):
                 self.assertFalse(json.load(f)["closed"])
             records = check_index(run)
             r = tensortap.open(run)
+            # A writer killed out of SWMR mode (a new name's datasets being
+            # made) is read with a RunWarning, never refused.
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", tensortap.RunWarning)
+                for rec in records[:1]:
+                    r.load(rec["name"], rec["step"], rec["kind"], mmap=False)
+            left_open += any("killed?" in str(w.message) for w in caught)
             for rec in records:
                 a = r.load(rec["name"], rec["step"], rec["kind"], mmap=False)
                 self.assertEqual(list(a.shape), rec["shape"])
@@ -91,13 +103,21 @@ class CrashTest(unittest.TestCase):
                             a = np.load(os.path.join(d, name))
                             self.assertEqual(os.path.getsize(os.path.join(d, name)) % 64, a.nbytes % 64)
             verified += len(records)
-        print(f"\ncrash/{fmt}: {trials} SIGKILLs, {verified} indexed records verified, 0 lost or corrupt")
+        tag = fmt + (" with a new name every step" if new_names else "")
+        print(f"\ncrash/{tag}: {trials} SIGKILLs, {verified} indexed records verified, 0 lost or corrupt"
+              + (f"; {left_open} killed out of SWMR mode, read with a RunWarning" if fmt == "hdf5" else ""))
+        return left_open
 
     def test_sigkill_npy(self):
         self.run_trials("npy", TRIALS_NPY)
 
     def test_sigkill_hdf5(self):
         self.run_trials("hdf5", TRIALS_H5)
+
+    def test_sigkill_hdf5_new_names(self):
+        # Before the reader cleared a dead writer's flags, any trial killed
+        # out of SWMR mode failed with "file is already open for write".
+        self.run_trials("hdf5", TRIALS_H5_NEW, new_names=True)
 
 
 class DiskFullTest(unittest.TestCase):

@@ -507,9 +507,6 @@ def _read_stats_table(path):
 
 
 def _open_h5(path):
-    import h5py  # only HDF5 runs need it
+    from . import _hdf5  # only HDF5 runs need it (and h5py)
 
-    try:
-        return h5py.File(path, "r", swmr=True)
-    except (OSError, ValueError):
-        return h5py.File(path, "r")
+    return _hdf5.open_h5(path, RunError, RunWarning)
