@@ -5,7 +5,12 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # Debian packages tensortap builds, tests and demos with.
 CORE_PACKAGES="cmake g++ make ninja-build libtorch-dev libfmt-dev catch2 libbenchmark-dev
-  libhdf5-dev python3 python3-numpy python3-h5py python3-matplotlib python3-pip python3-setuptools libgloo-dev"
+  libhdf5-dev python3 python3-numpy python3-h5py python3-matplotlib python3-pip python3-setuptools libgloo-dev
+  python3-pandas python3-xarray python3-dask python3-tqdm"
+
+# What only the tests need: a real browser that renders `tensortap report`'s
+# page (tests/test_analysis.py).
+TEST_PACKAGES="chromium chromium-driver python3-selenium"
 
 # Debian packages the GPU machine (no network, PyTorch's LibTorch) needs to
 # build tensortap's tests and benchmarks: scripts/fetch_debs.sh downloads

@@ -17,3 +17,6 @@ PYTHONPATH="$ROOT/python" "$(numpy_python)" examples/plot_blowup.py runs/blowup 
 # A loss spike that recovers, caught by the spike trigger.
 ./build/examples/train_spike runs/spike | tail -2
 PYTHONPATH="$ROOT/python" "$(numpy_python)" examples/plot_spike.py runs/spike runs/spike/plots
+# The same run in pandas, and as one page to open in a browser.
+PYTHONPATH="$ROOT/python" "$(numpy_python)" examples/analyse_with_pandas.py runs/spike 20
+PYTHONPATH="$ROOT/python" "$(numpy_python)" -m tensortap report runs/spike -o runs/spike/report.html

@@ -10,6 +10,9 @@
     run.records                                   # the index, one dict per record
     st = run.stats("fc1.weight", "grad")          # {"step": [...], "min": [...], "nan": [...], ...}
     run.dumps                                     # the flight recorder's dumps (run.json)
+    run.index_frame(), run.stats_frame()          # pandas DataFrames (python3-pandas)
+    run.series("hidden", "activation", lazy=True) # a dask array, read when computed (python3-dask)
+    run.to_xarray("grad", lazy=True)              # an xarray Dataset (python3-xarray)
 
 A run written by several ranks (rank<r>/ directories) opens as one: pass
 rank=r to look at one rank; series() without a rank stacks them all on a
@@ -25,6 +28,7 @@ import json
 import os
 import re
 import stat
+import threading
 import warnings
 
 import numpy as np
@@ -84,6 +88,7 @@ class Run:
             for rs in by_rank.values():
                 rs.sort(key=lambda rec: rec["step"])
         self._h5 = {}
+        self._h5_lock = threading.Lock()
 
     def __repr__(self):
         return f"tensortap.Run({self.path!r}, {len(self.records)} records)"
@@ -121,9 +126,15 @@ class Run:
         raise KeyError(f"{self.path}: no {kind} record of {name!r} at step {step}"
                        + (f" on rank {rank}" if rank is not None else ""))
 
-    def series(self, name, kind, rank=None):
+    def series(self, name, kind, rank=None, lazy=False):
         """Every captured step of `name` stacked into one array: [n_steps, *shape];
-        on a multi-rank run without `rank`, [n_ranks, n_steps, *shape]."""
+        on a multi-rank run without `rank`, [n_ranks, n_steps, *shape]. With
+        lazy=True, a dask array of the same shape, one chunk per record, read
+        (memory-mapped where the format allows) only when computed."""
+        if lazy:
+            from . import frames
+
+            return frames.lazy_series(self, name, kind, rank)
         by_rank = self._lookup(name, kind)
         if rank is None and self.ranks:
             per_rank = [self._stack(self._rank_records(by_rank, name, kind, r), name, kind) for r in self.ranks]
@@ -201,6 +212,31 @@ class Run:
         rows = rows[np.argsort(rows["step"], kind="stable")]
         return {"step": rows["step"].copy(), **{f: rows[f].copy() for f in STATS_FIELDS}}
 
+    def index_frame(self):
+        """A pandas.DataFrame of the index, one row per record: step, kind, name,
+        dtype, shape, bytes, rank, file, dataset and row (HDF5)."""
+        from . import frames
+
+        return frames.index_frame(self)
+
+    def stats_frame(self):
+        """A pandas.DataFrame of the statistics of every rank: step, rank, kind,
+        name, min, max, mean, std, norm, nan, posinf, neginf, zeros, numel; kind
+        and name categorical. One kind's frame is ready for
+        df.pivot(index="step", columns="name", values="norm")."""
+        from . import frames
+
+        return frames.stats_frame(self)
+
+    def to_xarray(self, kind, names=None, lazy=False):
+        """An xarray.Dataset of one kind: a variable per name (all, or `names`)
+        over a shared "step" coordinate, a "rank" dimension on multi-rank runs,
+        the tensortap dtype and original name in each variable's attrs;
+        dask-backed with lazy=True."""
+        from . import frames
+
+        return frames.to_xarray(self, kind, names, lazy)
+
     def close(self):
         """Closes HDF5 files this run opened."""
         for f in self._h5.values():
@@ -232,7 +268,9 @@ class Run:
         return by_rank[rank]
 
     def _stack(self, recs, name, kind):
-        arrays = [self._read(rec, mmap=False) for rec in recs]
+        from ._optional import progress
+
+        arrays = [self._read(rec, mmap=False) for rec in progress(recs, desc=f"reading {name}")]
         shapes = sorted({a.shape for a in arrays})
         if len(shapes) > 1:
             raise RunError(f"{name!r} ({kind}) changes shape between steps: {shapes}; use load() per step")
@@ -244,9 +282,10 @@ class Run:
         """The array of one record of self.records."""
         path = _resolve(rec)
         if "dataset" in rec:
-            f = self._h5.get(path)
-            if f is None:
-                f = self._h5[path] = _open_h5(path)
+            with self._h5_lock:  # dask reads records from several threads
+                f = self._h5.get(path)
+                if f is None:
+                    f = self._h5[path] = _open_h5(path)
             # A row is padded to the largest shape of its series: the index's
             # shape says which corner is this record.
             ds = f[rec["dataset"]]

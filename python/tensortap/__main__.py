@@ -1,6 +1,7 @@
-"""python3 -m tensortap: summarize a run, or check it.
+"""python3 -m tensortap: summarize a run, check it, or write a report page.
 
     python3 -m tensortap inspect RUN_DIR [--check]
+    python3 -m tensortap report RUN_DIR [-o report.html] [--steps 0,100,200] [--histograms 6]
 
 The summary lists kinds, names, the steps captured, shapes, dtypes, bytes,
 dropped records and whether the run was closed cleanly. --check also opens
@@ -8,146 +9,19 @@ every file the index names and compares its shape and dtype with the index;
 the exit status is 1 if any does not match or cannot be read, or if a damaged
 line of the index or the statistics was skipped, or the statistics cannot be
 read. A run that cannot be opened at all exits with 2.
+
+report writes one self-contained HTML page (figures and data inline, no
+network): the summary, gradient norms, activation histograms, heatmaps of
+statistics and the flight recorder's dumps (tensortap/report.py).
 """
 
 import argparse
-import math
-import os
-import re
 import signal
 import sys
 import warnings
 
-import numpy as np
-
-from . import NUMPY_DTYPES, Run, RunError, RunWarning
-
-# Names and paths come from the run's files: printed raw, a planted escape
-# sequence would drive the terminal. A name's bytes that are not UTF-8 come
-# as lone surrogates U+DC80..U+DCFF (tensortap writes them so); they are
-# shown as the byte they stand for.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def _escape(ch):
-    code = ord(ch)
-    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def _safe(value):
-    return _CONTROL.sub(lambda m: _escape(m.group()), str(value))
-
-
-def _human(n):
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def _nbytes(rec):
-    # Python integers: the index's shape is not trusted to fit in int64 products.
-    return math.prod(rec["shape"]) * np.dtype(NUMPY_DTYPES.get(rec["dtype"], "uint8")).itemsize
-
-
-def summarize(run, out=None):
-    """Prints the summary; returns the problems it met (statistics that cannot be read)."""
-    out = out if out is not None else sys.stdout
-    problems = []
-    info = run.info
-    opts = info.get("options", {})
-    if not isinstance(opts, dict):
-        opts = {}
-    print(f"run {_safe(run.path)}", file=out)
-    print(f"  tensortap {_safe(info.get('tensortap_version', '?'))}, torch {_safe(info.get('torch_version', '?'))}, "
-          f"format {_safe(opts.get('format', '?'))}, started {_safe(info.get('start_time', '?'))}", file=out)
-    if run.ranks:
-        print(f"  ranks {run.ranks} (world size {_safe(info.get('world_size', '?'))})", file=out)
-    for rank, i in sorted(run.infos.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
-        where = "" if rank is None else f"rank {rank}: "
-        if i.get("closed"):
-            print(f"  {where}closed cleanly: {_safe(i.get('records', 0))} records, {_safe(i.get('bytes', 0))} bytes, "
-                  f"{_safe(i.get('dropped', 0))} dropped, {_safe(i.get('errors', 0))} errors", file=out)
-        else:
-            print(f"  {where}NOT closed (crashed, killed, or still running)", file=out)
-    rows = []
-    for kind in run.kinds():
-        for name in run.names(kind):
-            recs = [r for r in run.records if r["kind"] == kind and r["name"] == name]
-            steps = sorted({r["step"] for r in recs})
-            shapes = sorted({tuple(r["shape"]) for r in recs})
-            dtypes = sorted({r["dtype"] for r in recs})
-            shape = str(shapes[0]) if len(shapes) == 1 else f"{len(shapes)} shapes"
-            rows.append((kind, _safe(name), str(len(steps)), f"{steps[0]}..{steps[-1]}", shape,
-                         _safe(",".join(dtypes)), _human(sum(_nbytes(r) for r in recs))))
-    header = ("kind", "name", "steps", "first..last", "shape", "dtype", "bytes")
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    for row in [header] + rows:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
-    total = sum(_nbytes(r) for r in run.records)
-    print(f"  total: {len(run.records)} records, {_human(total)}", file=out)
-    for r in [None] if not run.ranks else run.ranks:
-        where = "" if r is None else f"rank {r}: "
-        # No stats.npy is a run made without statistics, not a problem.
-        if not os.path.exists(os.path.join(run._dirs[r], "stats.npy")):
-            continue
-        try:
-            table, series = run.stats_table(rank=r)
-        except RunError as e:
-            problems.append(f"{where}statistics cannot be read: {_safe(e)}")
-            print(f"  {problems[-1]}", file=out)
-            continue
-        bad = table[(table["nan"] + table["posinf"] + table["neginf"]) > 0]
-        first = f", first non-finite at step {bad['step'].min()}" if len(bad) else ", all finite"
-        print(f"  {where}statistics: {len(table)} rows of {len(series)} tensors{first}", file=out)
-    for d in run.dumps:
-        where = "" if d.get("rank") is None else f"rank {d['rank']}: "
-        cause = f" in {_safe(d.get('kind', '?'))} {_safe(d['name'])}" if "name" in d else ""
-        steps = d.get("steps")
-        span = f"steps {_safe(steps[0])}..{_safe(steps[-1])}" if isinstance(steps, list) and steps else "no steps"
-        print(f"  {where}flight recorder dump at step {_safe(d.get('step', '?'))} "
-              f"({_safe(d.get('reason', '?'))}{cause}): {span}", file=out)
-    return problems
-
-
-def check(run, out=None, found=()):
-    """Opens every indexed file; returns the number of problems, counting those
-    already `found` (damaged lines skipped, statistics that cannot be read)."""
-    out = out if out is not None else sys.stdout
-    problems = 0
-    for problem in found:
-        print(f"  BAD {problem}", file=out)
-        problems += 1
-    for rec in run.records:
-        where = f"{rec['kind']} {rec['name']!r} step {rec['step']}" + (f" rank {rec['rank']}" if "rank" in rec else "")
-        file = _safe(rec["file"])
-        try:
-            # This record, not the first with its name and step: a planted
-            # duplicate must be checked too.
-            a = run._read(rec, mmap=False)
-        except RunError as e:
-            print(f"  BAD {where}: {_safe(e)}", file=out)
-            problems += 1
-            continue
-        except Exception as e:  # noqa: BLE001 - every failure is a finding
-            print(f"  BAD {where}: cannot read {file}: {_safe(e)}", file=out)
-            problems += 1
-            continue
-        try:
-            want_dtype = np.dtype(NUMPY_DTYPES.get(rec["dtype"], rec["dtype"]))
-        except Exception:  # noqa: BLE001 - a dtype NumPy does not know matches nothing
-            want_dtype = None
-        if list(a.shape) != rec["shape"] or a.dtype != want_dtype:
-            print(f"  BAD {where}: {file} holds {a.dtype}{list(a.shape)}, "
-                  f"the index says {_safe(rec['dtype'])}{rec['shape']}", file=out)
-            problems += 1
-    leftovers = [os.path.join(d, f) for d, _, fs in os.walk(run.path) for f in fs if f.endswith(".tmp")]
-    for f in leftovers:
-        print(f"  note: unfinished temporary file {_safe(f)} (a crash mid-write; not indexed)", file=out)
-    print(f"  check: {len(run.records)} records, {problems} problems", file=out)
-    return problems
-
+from . import Run, RunError, RunWarning
+from .summary import _safe, check, summarize
 
 def main(argv=None):
     # `tensortap inspect RUN | head` ends quietly, like any other command.
@@ -158,7 +32,15 @@ def main(argv=None):
     p = sub.add_parser("inspect", help="summarize a run directory")
     p.add_argument("run", help="the run directory")
     p.add_argument("--check", action="store_true", help="read every indexed file and verify shape and dtype")
+    p = sub.add_parser("report", help="write a self-contained HTML page about a run")
+    p.add_argument("run", help="the run directory")
+    p.add_argument("-o", "--output", default="report.html", help="the page to write (default: report.html)")
+    p.add_argument("--steps", help="steps of the activation histograms, e.g. 0,100,200 "
+                   "(default: first, middle and last)")
+    p.add_argument("--histograms", type=int, default=6, help="at most this many activations get histograms")
     args = parser.parse_args(argv)
+    if args.command == "report":
+        return _report(args)
     with warnings.catch_warnings(record=True) as caught:
         # Every damaged line, even one a warning filter already showed once.
         warnings.simplefilter("always", RunWarning)
@@ -178,6 +60,27 @@ def main(argv=None):
         if not issubclass(w.category, RunWarning):
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     return 1 if failed else 0
+
+
+def _report(args):
+    from .report import write_report
+
+    steps = None
+    if args.steps:
+        try:
+            steps = [int(s) for s in args.steps.split(",") if s.strip()]
+        except ValueError:
+            print(f"tensortap: --steps wants integers separated by commas, not {_safe(args.steps)!r}", file=sys.stderr)
+            return 2
+    out = args.output
+    try:
+        with Run(args.run) as run:
+            write_report(run, out, steps=steps, histograms=max(0, args.histograms))
+    except (RunError, OSError, ValueError, ImportError) as e:
+        print(f"tensortap: {_safe(e)}", file=sys.stderr)
+        return 2
+    print(f"tensortap: wrote {_safe(out)}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,345 @@
+"""`tensortap report RUN`: one self-contained HTML page about a run.
+
+Every figure is a PNG inside the page (data: URLs) and the data behind the
+tables is in it as JSON: the file opens from disk, with no network. Sections:
+the summary `inspect` prints, gradient norms per parameter over steps,
+activation histograms at chosen steps, heatmaps of log10 norm (names x steps)
+per kind, and the flight recorder's dumps with the steps before each. A
+multi-rank run shows its ranks side by side in every figure.
+
+Figures are drawn with matplotlib (python3-matplotlib); statistics come from
+the run's statistics table when it has one (Options::stats_every), and are
+otherwise computed from the records.
+"""
+
+import base64
+import html
+import io
+import json
+import math
+
+import numpy as np
+
+from ._optional import need, progress
+from .summary import summarize
+
+# Enough lines to see the spread; the rest are drawn faint, unlabeled.
+LABELED_LINES = 8
+# A heatmap taller than this many names shows every k-th label.
+HEATMAP_LABELS = 40
+
+
+def write_report(run, out_path, steps=None, histograms=6, title=None):
+    """Writes the page for `run` to `out_path`. `steps`: the steps whose
+    activation histograms are drawn (default: first, middle, last);
+    `histograms`: at most this many activations get one."""
+    page = _Page(title or f"tensortap report: {run.path}")
+    text = io.StringIO()
+    summarize(run, out=text)
+    page.section("Summary", f"<pre>{html.escape(text.getvalue())}</pre>")
+
+    stats = _stats(run)
+    _grad_norms(page, run, stats)
+    _histograms(page, run, steps, histograms)
+    _heatmaps(page, run, stats)
+    _dumps(page, run, stats)
+    page.data = {"run": run.path, "ranks": run.ranks, "records": len(run.records), "kinds": run.kinds(),
+                 "dumps": run.dumps}
+    with open(out_path, "w", encoding="utf-8") as f:
+        f.write(page.render())
+    return out_path
+
+
+# -- data ----------------------------------------------------------------
+
+def _stats(run):
+    """The statistics frame, or None for a run without statistics."""
+    from . import RunError
+
+    try:
+        return run.stats_frame()
+    except RunError:
+        return None
+
+
+def _ranks(run):
+    return run.ranks if run.ranks else [None]
+
+
+def _norm_series(run, stats, kind, rank):
+    """{name: (steps, norms)} of `kind` on `rank`: from the statistics table, or
+    from the records when the run has none."""
+    out = {}
+    if stats is not None:
+        rows = stats[stats["kind"] == kind]
+        if rank is not None:
+            rows = rows[rows["rank"] == rank]
+        for name, g in rows.groupby("name", observed=True, sort=True):
+            out[str(name)] = (g["step"].to_numpy(), g["norm"].to_numpy(dtype=np.float64))
+        if out:
+            return out
+    names = run.names(kind)
+    recs = [r for n in names for r in run._by_key[(kind, n)].get(rank, [])]
+    norms = {}
+    for rec in progress(recs, desc=f"{kind} norms"):
+        a = np.asarray(run._read(rec, mmap=True), dtype=np.float64)
+        finite = a[np.isfinite(a)]
+        norms.setdefault(rec["name"], []).append((rec["step"], float(np.sqrt(np.sum(finite * finite)))))
+    for name, pairs in norms.items():
+        pairs.sort()
+        out[name] = (np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
+    return out
+
+
+# -- figures -------------------------------------------------------------
+
+def _pyplot():
+    matplotlib = need("matplotlib", "python3-matplotlib", "tensortap report")
+    matplotlib.use("Agg")  # no display: a file
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _text(s):
+    """A name from a user's model as matplotlib text: "$" is not TeX, and a
+    leading "_" does not hide a legend entry."""
+    s = str(s).replace("$", r"\$")
+    return " " + s if s.startswith("_") else s
+
+
+def _width(cols):
+    return max(10.0, 6.5 * cols)
+
+
+def _columns(run):
+    """Titles of the side-by-side panels: one per rank."""
+    return [("" if r is None else f"rank {r}", r) for r in _ranks(run)]
+
+
+def _grad_norms(page, run, stats):
+    if "grad" not in run.kinds() and (stats is None or not (stats["kind"] == "grad").any()):
+        page.section("Gradient norms", "<p>No gradients were captured (kind <code>grad</code>).</p>")
+        return
+    plt = _pyplot()
+    from matplotlib.collections import LineCollection
+
+    cols = _columns(run)
+    fig, axes = plt.subplots(1, len(cols), figsize=(_width(len(cols)), 4.2), squeeze=False, sharey=True)
+    for ax, (label, rank) in zip(axes[0], cols):
+        series = _norm_series(run, stats, "grad", rank)
+        # The largest final norms are labeled; the others form a faint band.
+        order = sorted(series, key=lambda n: -np.nanmax(series[n][1]) if len(series[n][1]) else 0)
+        faint = [np.column_stack(series[n]) for n in order[LABELED_LINES:] if len(series[n][0])]
+        if faint:
+            ax.add_collection(LineCollection(faint, colors="0.75", linewidths=0.6))
+        for name in order[:LABELED_LINES]:
+            ax.plot(*series[name], linewidth=1.3, label=_text(name))
+        ax.set_yscale("log")
+        ax.autoscale()
+        ax.set_xlabel("step")
+        ax.set_title(f"{label}  ({len(series)} parameters)".strip(), fontsize=10)
+        if order:
+            ax.legend(fontsize=7, loc="best", title=None if len(order) <= LABELED_LINES
+                      else f"largest {LABELED_LINES} of {len(order)}", title_fontsize=7)
+    axes[0][0].set_ylabel("L2 norm of the gradient")
+    page.section("Gradient norms per parameter", page.figure(fig, "gradient norms per parameter over steps"))
+    plt.close(fig)
+
+
+def _histogram_steps(run, names, steps):
+    have = sorted({rec["step"] for n in names for rs in run._by_key[("activation", n)].values() for rec in rs})
+    if steps:
+        return [s for s in steps if s in have], have
+    if not have:
+        return [], have
+    return sorted({have[0], have[len(have) // 2], have[-1]}), have
+
+
+def _histograms(page, run, steps, limit):
+    names = run.names("activation")
+    if not names:
+        page.section("Activation histograms", "<p>No activations were captured.</p>")
+        return
+    shown = names[:limit]
+    chosen, have = _histogram_steps(run, shown, steps)
+    if not chosen:
+        page.section("Activation histograms", f"<p>None of the steps asked for ({html.escape(str(steps))}) has "
+                     f"activations; steps with activations: {html.escape(_span(have))}.</p>")
+        return
+    plt = _pyplot()
+    cols = _columns(run)
+    fig, axes = plt.subplots(len(shown), len(cols), figsize=(_width(len(cols)), 2.1 * len(shown)), squeeze=False)
+    colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(chosen)))
+    for i, name in enumerate(progress(shown, desc="histograms", minimum=10)):
+        for j, (label, rank) in enumerate(cols):
+            ax = axes[i][j]
+            by_step = {rec["step"]: rec for rec in run._by_key[("activation", name)].get(rank, [])}
+            arrays = [(s, np.asarray(run._read(by_step[s], mmap=True), dtype=np.float64).ravel())
+                      for s in chosen if s in by_step]
+            finite = [a[np.isfinite(a)] for _, a in arrays]
+            if not any(len(a) for a in finite):
+                ax.text(0.5, 0.5, "not captured at these steps", ha="center", va="center", transform=ax.transAxes)
+            else:
+                lo = min(a.min() for a in finite if len(a))
+                hi = max(a.max() for a in finite if len(a))
+                bins = np.linspace(lo, hi if hi > lo else lo + 1, 61)
+                for (s, _), a, c in zip(arrays, finite, colors):
+                    ax.hist(a, bins=bins, histtype="step", color=c, label=f"step {s}", log=True)
+                ax.legend(fontsize=7)
+            ax.set_title(_text(f"{name}  {label}".strip()), fontsize=9)
+    fig.tight_layout()
+    more = f" (the first {limit} of {len(names)} names)" if len(names) > limit else ""
+    page.section("Activation histograms",
+                 f"<p>Steps {html.escape(', '.join(map(str, chosen)))}{more}; log counts.</p>"
+                 + page.figure(fig, "activation histograms at chosen steps"))
+    plt.close(fig)
+
+
+def _heatmaps(page, run, stats):
+    if stats is None:
+        page.section("Statistics heatmaps", "<p>The run has no statistics table "
+                     "(<code>Options::stats_every</code>); the heatmaps are drawn from it.</p>")
+        return
+    plt = _pyplot()
+    parts = []
+    cols = _columns(run)
+    for kind in [k for k in stats["kind"].cat.categories if (stats["kind"] == k).any()]:
+        rows = stats[stats["kind"] == kind]
+        names = sorted(rows["name"].unique().astype(str))
+        steps = np.sort(rows["step"].unique())
+        height = min(12.0, 1.6 + 0.16 * len(names))
+        fig, axes = plt.subplots(1, len(cols), figsize=(_width(len(cols)), height), squeeze=False)
+        row_of = {n: i for i, n in enumerate(names)}
+        for ax, (label, rank) in zip(axes[0], cols):
+            part = rows if rank is None else rows[rows["rank"] == rank]
+            grid = np.full((len(names), len(steps)), np.nan)
+            r = np.array([row_of[str(n)] for n in part["name"]], dtype=np.int64)
+            c = np.searchsorted(steps, part["step"].to_numpy())
+            with np.errstate(divide="ignore"):
+                grid[r, c] = np.log10(part["norm"].to_numpy(dtype=np.float64))
+            grid[~np.isfinite(grid)] = np.nan
+            im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis",
+                           extent=(steps[0] - 0.5, steps[-1] + 0.5, len(names) - 0.5, -0.5))
+            every = max(1, math.ceil(len(names) / HEATMAP_LABELS))
+            ax.set_yticks(range(0, len(names), every))
+            ax.set_yticklabels([_text(n) for n in names[::every]], fontsize=7)
+            ax.set_xlabel("step")
+            ax.set_title(f"{kind}: log10 L2 norm  {label}".strip(), fontsize=10)
+            fig.colorbar(im, ax=ax, fraction=0.04)
+        fig.tight_layout()
+        parts.append(page.figure(fig, f"heatmap of log10 norm, {kind}, names by steps"))
+        plt.close(fig)
+    page.section("Statistics heatmaps", "<p>log10 of each tensor's L2 norm; blank where not taken or zero.</p>"
+                 + "".join(parts))
+
+
+def _dumps(page, run, stats):
+    dumps = run.dumps
+    if not dumps:
+        page.section("Flight recorder dumps", "<p>No dumps.</p>")
+        return
+    rows = []
+    for d in dumps:
+        steps = d.get("steps") if isinstance(d.get("steps"), list) else []
+        trigger = d.get("trigger") if isinstance(d.get("trigger"), dict) else {}
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
+            d.get("rank", ""), d.get("step", "?"), trigger.get("kind", d.get("reason", "?")),
+            f"{d.get('kind', '')} {d.get('name', '')}".strip(), _num(d.get("value")), _num(d.get("median")),
+            _span(steps))) + "</tr>")
+    table = ("<table><tr><th>rank</th><th>step</th><th>trigger</th><th>tensor</th><th>value</th><th>median</th>"
+             "<th>steps written</th></tr>" + "".join(rows) + "</table>")
+    figures = []
+    if stats is not None:
+        plt = _pyplot()
+        for d in dumps:
+            figure = _dump_figure(plt, page, stats, d)
+            if figure:
+                figures.append(figure)
+    page.section("Flight recorder dumps", table + "".join(figures))
+
+
+def _dump_figure(plt, page, stats, d):
+    """The tensor that fired the dump, over the steps before it and the
+    window it wrote."""
+    if "name" not in d or not isinstance(d.get("step"), int):
+        return None
+    rows = stats[(stats["name"] == d["name"]) & (stats["kind"] == d.get("kind"))]
+    if d.get("rank") is not None:
+        rows = rows[rows["rank"] == d["rank"]]
+    written = d.get("steps") if isinstance(d.get("steps"), list) else []
+    written = [s for s in written if isinstance(s, int)]
+    steps = written or [d["step"]]
+    first = min(steps)
+    before = max(len(steps), 20)
+    rows = rows[(rows["step"] >= first - before) & (rows["step"] <= d["step"] + 5)]
+    if rows.empty:
+        return None
+    field = "mean" if (rows["numel"] == 1).all() else "norm"
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    ax.plot(rows["step"], rows[field], marker=".", linewidth=1)
+    if written:  # none without a flight recorder: the dump is a mark in run.json
+        ax.axvspan(first - 0.5, max(written) + 0.5, color="tab:orange", alpha=0.15, label="steps written")
+    ax.axvline(d["step"], color="tab:red", linewidth=1, label=f"dump at step {d['step']}")
+    if isinstance(d.get("median"), (int, float)):
+        ax.axhline(d["median"], color="0.5", linestyle="--", linewidth=1, label="median")
+    ax.set_xlabel("step")
+    ax.set_ylabel(_text(f"{field} of {d['name']}"))
+    where = "" if d.get("rank") is None else f" (rank {d['rank']})"
+    ax.set_title(_text(f"{d.get('reason', 'dump')}: {d.get('kind', '')} {d['name']}{where}"), fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = page.figure(fig, f"the steps before the dump at step {d['step']}")
+    plt.close(fig)
+    return out
+
+
+def _num(v):
+    return f"{v:.6g}" if isinstance(v, float) else ("" if v is None else str(v))
+
+
+def _span(steps):
+    if not steps:
+        return "none"
+    return f"{steps[0]}..{steps[-1]} ({len(steps)} steps)" if len(steps) > 1 else str(steps[0])
+
+
+# -- the page --------------------------------------------------------------
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 1400px; padding: 0 1rem;
+       color: #222; background: #fff; }
+h1 { font-size: 1.4rem; word-break: break-all; }
+h2 { font-size: 1.15rem; border-bottom: 1px solid #ddd; padding-bottom: .2rem; margin-top: 2rem; }
+pre { background: #f6f6f6; padding: .8rem; overflow-x: auto; font-size: .8rem; }
+img.figure { display: block; max-width: 100%; height: auto; margin: .6rem 0; }
+table { border-collapse: collapse; font-size: .85rem; }
+td, th { border: 1px solid #ccc; padding: .2rem .5rem; text-align: left; }
+"""
+
+
+class _Page:
+    def __init__(self, title):
+        self.title = title
+        self.sections = []
+        self.data = {}
+
+    def section(self, heading, body):
+        anchor = heading.lower().replace(" ", "-")
+        self.sections.append(f'<section id="{anchor}"><h2>{html.escape(heading)}</h2>{body}</section>')
+
+    @staticmethod
+    def figure(fig, alt):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90)
+        data = base64.b64encode(buf.getvalue()).decode("ascii")
+        return f'<img class="figure" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+    def render(self):
+        # "</" inside the JSON would end the script element early.
+        data = json.dumps(self.data, default=str).replace("</", "<\\/")
+        return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+                f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+                f"<title>{html.escape(self.title)}</title><style>{_STYLE}</style></head>\n<body>"
+                f"<h1>{html.escape(self.title)}</h1>\n" + "\n".join(self.sections)
+                + f'\n<script type="application/json" id="tensortap-data">{data}</script>\n</body></html>\n')

@@ -1,0 +1,395 @@
+"""The reader where analysis happens: pandas frames, dask arrays, xarray
+Datasets, and the report page, checked in headless Chromium. On the runs
+analysis_runs wrote (npy, HDF5, two ranks), every value is compared with the
+eager NumPy reader.
+
+    TT_ANALYSIS_DIR=build/tests/analysis PYTHONPATH=python /usr/bin/python3 tests/test_analysis.py
+"""
+
+import contextlib
+import io
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+import numpy as np
+
+import tensortap
+from tensortap import __main__ as cli
+from tensortap import _optional
+
+RUNS = os.environ.get("TT_ANALYSIS_DIR", "build/tests/analysis")
+ROOT = os.environ.get("TT_ROOT", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FORMATS = [f for f in ("npy", "hdf5", "ranks") if os.path.isdir(os.path.join(RUNS, f))]
+ITEMSIZE = {"float32": 4, "float64": 8, "int64": 8, "bfloat16": 2}
+
+
+def runs():
+    for fmt in FORMATS:
+        yield fmt, tensortap.open(os.path.join(RUNS, fmt))
+
+
+class FramesTest(unittest.TestCase):
+    def test_the_runs_are_there(self):
+        self.assertIn("npy", FORMATS)
+        self.assertIn("ranks", FORMATS)
+
+    def test_index_frame_is_the_index(self):
+        for fmt, run in runs():
+            with self.subTest(fmt=fmt), run:
+                df = run.index_frame()
+                self.assertEqual(len(df), len(run.records))
+                self.assertEqual(list(df.columns)[:7], ["step", "kind", "name", "dtype", "shape", "bytes", "rank"])
+                self.assertEqual(str(df["kind"].dtype), "category")
+                for row, rec in zip(df.itertuples(index=False), run.records):
+                    self.assertEqual((row.step, row.kind, row.name, row.dtype, row.shape, row.file),
+                                     (rec["step"], rec["kind"], rec["name"], rec["dtype"], tuple(rec["shape"]),
+                                      rec["file"]))
+                    self.assertEqual(row.bytes, math.prod(rec["shape"]) * ITEMSIZE[rec["dtype"]])
+                    self.assertEqual(row.rank, rec.get("rank", 0))
+                    if fmt == "hdf5":
+                        self.assertEqual((row.dataset, row.row), (rec["dataset"], rec["row"]))
+                    else:
+                        self.assertIsNone(row.dataset)
+                if fmt == "ranks":
+                    self.assertEqual(sorted(df["rank"].unique()), [0, 1])
+                # What a user does with it: bytes per kind.
+                per_kind = df.groupby("kind", observed=True)["bytes"].sum()
+                self.assertEqual(int(per_kind.sum()), int(df["bytes"].sum()))
+
+    def test_stats_frame_equals_the_statistics(self):
+        for fmt, run in runs():
+            with self.subTest(fmt=fmt), run:
+                df = run.stats_frame()
+                self.assertEqual(list(df.columns), ["step", "rank", "kind", "name", *tensortap.STATS_FIELDS])
+                self.assertEqual(str(df["kind"].dtype), "category")
+                self.assertEqual(str(df["name"].dtype), "category")
+                ranks = run.ranks or [None]
+                rows = 0
+                for r in ranks:
+                    table, series = run.stats_table(rank=r)
+                    rows += len(table)
+                    for kind, name in series.values():
+                        want = run.stats(name, kind, rank=r)
+                        got = df[(df["kind"] == kind) & (df["name"] == name) & (df["rank"] == (r or 0))]
+                        np.testing.assert_array_equal(got["step"].to_numpy(), want["step"])
+                        for f in tensortap.STATS_FIELDS:
+                            np.testing.assert_array_equal(got[f].to_numpy(), want[f], err_msg=f"{kind} {name} {f}")
+                self.assertEqual(len(df), rows)
+                # One kind, one rank: ready for pivot, a column per name.
+                grads = df[(df["kind"] == "grad") & (df["rank"] == (ranks[0] or 0))]
+                wide = grads.pivot(index="step", columns="name", values="norm")
+                self.assertEqual(sorted(map(str, wide.columns)), run.names("grad"))
+                self.assertEqual(list(wide.index), list(range(60)))
+                np.testing.assert_array_equal(wide["fc1.weight"].to_numpy(),
+                                              run.stats("fc1.weight", "grad", rank=ranks[0])["norm"])
+
+    def test_lazy_series_equals_the_eager_one(self):
+        import dask.array as da
+
+        for fmt, run in runs():
+            with self.subTest(fmt=fmt), run:
+                for kind in run.kinds():
+                    for name in run.names(kind):
+                        lazy = run.series(name, kind, lazy=True)
+                        self.assertIsInstance(lazy, da.Array)
+                        eager = run.series(name, kind)
+                        self.assertEqual(lazy.shape, eager.shape, f"{kind} {name}")
+                        self.assertEqual(lazy.dtype, eager.dtype, f"{kind} {name}")
+                        # One chunk per record.
+                        steps_axis = 1 if run.ranks else 0
+                        self.assertEqual(lazy.numblocks[steps_axis], len(run.steps(name, kind)))
+                        np.testing.assert_array_equal(lazy.compute(), eager, err_msg=f"{fmt} {kind} {name}")
+                if run.ranks:
+                    np.testing.assert_array_equal(run.series("fc2.weight", "grad", rank=1, lazy=True).compute(),
+                                                  run.series("fc2.weight", "grad", rank=1))
+
+    def test_lazy_series_reads_nothing_until_computed(self):
+        src = os.path.join(RUNS, "npy")
+        with tempfile.TemporaryDirectory() as tmp:
+            run_dir = os.path.join(tmp, "run")
+            shutil.copytree(src, run_dir)
+            run = tensortap.open(run_dir)
+            s = run.series("hidden", "activation", lazy=True)
+            # Remove the files: building the array must not have read them.
+            shutil.rmtree(os.path.join(run_dir, "npy", "activation", "hidden"))
+            self.assertEqual(s.shape[0], len(run.steps("hidden", "activation")))
+            with self.assertRaises(FileNotFoundError):
+                s.compute()
+
+    def test_to_xarray(self):
+        for fmt, run in runs():
+            for lazy in (False, True):
+                with self.subTest(fmt=fmt, lazy=lazy):
+                    ds = run.to_xarray("grad", lazy=lazy)
+                    self.assertEqual(sorted(ds.data_vars), run.names("grad"))
+                    self.assertEqual(list(ds["step"].values), run.steps("fc1.weight", "grad"))
+                    for name in run.names("grad"):
+                        var = ds[name]
+                        self.assertEqual(var.attrs["name"], name)
+                        self.assertEqual(var.attrs["dtype"], "float32")
+                        self.assertEqual(var.dims[0], "rank" if run.ranks else "step")
+                        if lazy:
+                            self.assertEqual(type(var.data).__module__.split(".")[0], "dask")
+                        np.testing.assert_array_equal(var.values, run.series(name, "grad"))
+                    if run.ranks:
+                        self.assertEqual(list(ds["rank"].values), [0, 1])
+            # Names captured at different steps share one step axis, NaN where absent.
+            ds = run.to_xarray("tensor", names=["loss"])
+            self.assertEqual(list(ds.data_vars), ["loss"])
+            run.close()
+
+    def test_missing_packages_name_the_debian_package(self):
+        saved = {m: sys.modules.get(m) for m in ("pandas", "xarray", "dask", "dask.array")}
+        try:
+            for module, package, call in (
+                    ("pandas", "python3-pandas", lambda r: r.index_frame()),
+                    ("xarray", "python3-xarray", lambda r: r.to_xarray("grad")),
+                    ("dask.array", "python3-dask", lambda r: r.series("hidden", "activation", lazy=True))):
+                sys.modules[module] = None  # import fails as if not installed
+                with self.subTest(module=module), tensortap.open(os.path.join(RUNS, "npy")) as run:
+                    with self.assertRaisesRegex(ImportError, f"apt install {package}"):
+                        call(run)
+                sys.modules.pop(module)
+                if saved[module] is not None:
+                    sys.modules[module] = saved[module]
+        finally:
+            for m, mod in saved.items():
+                if mod is not None:
+                    sys.modules[m] = mod
+
+    def test_the_core_reader_imports_none_of_them(self):
+        code = ("import sys, tensortap; r = tensortap.open(sys.argv[1]); r.series('hidden', 'activation'); "
+                "r.stats('loss', 'tensor'); "
+                "print(sorted(m for m in ('pandas', 'xarray', 'dask', 'matplotlib', 'tqdm') if m in sys.modules))")
+        out = subprocess.run([sys.executable, "-c", code, os.path.join(RUNS, "npy")], capture_output=True, text=True,
+                             check=True).stdout
+        self.assertEqual(out.strip(), "[]")
+
+
+class LargerThanMemoryTest(unittest.TestCase):
+    """A reduction over a run larger than the memory the process may use."""
+
+    def test_lazy_mean_under_a_memory_limit(self):
+        steps, shape = 40, (1024, 2048)  # 8 MiB a step, 320 MiB in all
+        limit = 200 << 20  # private memory the child may have beyond what it has at start
+        with tempfile.TemporaryDirectory() as tmp:
+            run_dir = os.path.join(tmp, "big")
+            os.makedirs(os.path.join(run_dir, "npy", "activation", "x"))
+            lines = []
+            for s in range(steps):
+                rel = f"npy/activation/x/{s:08d}.npy"
+                a = np.lib.format.open_memmap(os.path.join(run_dir, rel), mode="w+", dtype=np.float32, shape=shape)
+                a[:] = s
+                a.flush()
+                del a
+                lines.append(json.dumps({"step": s, "kind": "activation", "name": "x", "dtype": "float32",
+                                         "shape": list(shape), "file": rel}))
+            with open(os.path.join(run_dir, "index.jsonl"), "w") as f:
+                f.write("\n".join(lines) + "\n")
+            with open(os.path.join(run_dir, "run.json"), "w") as f:
+                json.dump({"format_version": 1, "closed": True, "options": {"format": "npy"}}, f)
+            child = textwrap.dedent(f"""
+                import resource, sys
+                import numpy as np, dask, dask.array, tensortap
+                # RLIMIT_DATA counts private memory (heap and anonymous maps),
+                # not read-only maps of files: what loading the run would take.
+                used = int(open("/proc/self/status").read().split("VmData:")[1].split()[0]) * 1024
+                resource.setrlimit(resource.RLIMIT_DATA, (used + {limit}, used + {limit}))
+                run = tensortap.open(sys.argv[1])
+                s = run.series("x", "activation", lazy=True)
+                mean = s.mean(axis=(1, 2)).compute(scheduler="threads", num_workers=2)
+                assert np.array_equal(mean, np.arange({steps}, dtype=np.float32)), mean
+                print("lazy ok", float(s.mean().compute()))
+                try:
+                    run.series("x", "activation")
+                    print("eager fit")
+                except MemoryError:
+                    print("eager MemoryError")
+            """)
+            out = subprocess.run([sys.executable, "-c", child, run_dir], capture_output=True, text=True)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("lazy ok 19.5", out.stdout)
+            # The run does not fit: the eager reader fails under the same limit.
+            self.assertIn("eager MemoryError", out.stdout)
+
+
+class ProgressTest(unittest.TestCase):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    def test_progress_only_on_a_terminal_and_long_work(self):
+        items = list(range(500))
+        self.assertIs(_optional.progress(items), items)  # stderr is not a terminal here
+        err = self.Tty()
+        with contextlib.redirect_stderr(err):
+            short = items[:10]
+            self.assertIs(_optional.progress(short), short)  # too little work for a bar
+            self.assertEqual(list(_optional.progress(items, desc="checking")), items)
+        self.assertIn("checking", err.getvalue())
+
+
+class ReportTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="tensortap-report-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def report(self, fmt, *extra):
+        out = os.path.join(self.tmp, f"{fmt}.html")
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = cli.main(["report", os.path.join(RUNS, fmt), "-o", out, *extra])
+        self.assertEqual(rc, 0)
+        with open(out, encoding="utf-8") as f:
+            return out, f.read()
+
+    def test_page_is_self_contained_and_complete(self):
+        for fmt in FORMATS:
+            with self.subTest(fmt=fmt):
+                _, page = self.report(fmt)
+                for section in ("Summary", "Gradient norms per parameter", "Activation histograms",
+                                "Statistics heatmaps", "Flight recorder dumps"):
+                    self.assertIn(f"<h2>{section}</h2>", page)
+                # Nothing fetched: every src and href is inline.
+                self.assertEqual([u for u in re.findall(r'(?:src|href)="([^"]*)"', page)
+                                  if not u.startswith("data:")], [])
+                self.assertNotRegex(page, r"https?://")
+                images = re.findall(r'<img class="figure"', page)
+                # norms, histograms, a heatmap per kind with statistics, the dump's steps
+                self.assertGreaterEqual(len(images), 3 + 5)
+                data = json.loads(re.search(r'<script type="application/json" id="tensortap-data">(.*?)</script>',
+                                            page, re.S).group(1))
+                self.assertEqual(len(data["dumps"]), 1 if fmt != "ranks" else 2)
+                self.assertEqual(data["dumps"][0]["step"], 40)
+                self.assertIn("spike", page)
+                if fmt == "ranks":
+                    self.assertIn("rank 1", page)
+
+    def test_chosen_steps_and_bad_ones(self):
+        _, page = self.report("npy", "--steps", "0,57")
+        self.assertIn("Steps 0, 57", page)
+        _, page = self.report("npy", "--steps", "1")
+        self.assertIn("None of the steps asked for", page)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.assertEqual(cli.main(["report", os.path.join(RUNS, "npy"), "--steps", "x"]), 2)
+            self.assertEqual(cli.main(["report", os.path.join(self.tmp, "nope"), "-o", os.path.join(self.tmp, "o")]), 2)
+        self.assertIn("--steps wants integers", err.getvalue())
+
+    def browser(self):
+        try:
+            from selenium import webdriver
+            from selenium.webdriver.chrome.service import Service
+        except ImportError:
+            self.fail("the browser test needs python3-selenium (apt install python3-selenium chromium-driver)")
+        for tool, package in (("/usr/bin/chromium", "chromium"), ("/usr/bin/chromedriver", "chromium-driver")):
+            self.assertTrue(os.path.exists(tool), f"the browser test needs {tool}: apt install {package}")
+        opts = webdriver.ChromeOptions()
+        opts.binary_location = "/usr/bin/chromium"
+        for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--window-size=1366,900", f"--user-data-dir={self.tmp}/profile"):
+            opts.add_argument(arg)
+        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+        self.addCleanup(driver.quit)
+        return driver
+
+    def problems(self, driver, path):
+        """What is wrong with the page at `path` as Chromium renders it."""
+        from matplotlib import image as mpimg
+        from selenium.webdriver.common.by import By
+
+        found = []
+        driver.get("file://" + path)
+        figures = driver.find_elements(By.CSS_SELECTOR, "img.figure")
+        if len(figures) < 8:
+            found.append(f"{len(figures)} figures")
+        for i, img in enumerate(figures):
+            alt = img.get_attribute("alt")
+            # Decoded: a broken data: URL has no natural size.
+            complete, natural = driver.execute_script(
+                "return [arguments[0].complete, arguments[0].naturalWidth];", img)
+            if not complete or natural < 100:
+                found.append(f"figure {i} ({alt}) not decoded")
+                continue
+            if not img.is_displayed() or img.size["width"] < 300 or img.size["height"] < 100:
+                found.append(f"figure {i} ({alt}) not visible: {img.size}")
+                continue
+            # As the browser painted it: ink, and colour (lines, heatmaps).
+            driver.execute_script("arguments[0].scrollIntoView();", img)
+            pixels = mpimg.imread(io.BytesIO(img.screenshot_as_png))[..., :3]
+            if (pixels < 0.9).any(axis=2).mean() < 0.02:
+                found.append(f"figure {i} ({alt}) is blank")
+            if (pixels.max(axis=2) - pixels.min(axis=2) > 0.2).mean() < 0.001:
+                found.append(f"figure {i} ({alt}) has no colour")
+        # Readable on a laptop: nothing wider than the window.
+        width = driver.execute_script("return document.documentElement.scrollWidth;")
+        if width > 1366:
+            found.append(f"the page is {width} px wide")
+        for heading in driver.find_elements(By.TAG_NAME, "h2"):
+            if not heading.is_displayed():
+                found.append(f"heading {heading.text!r} hidden")
+        driver.execute_script("window.scrollTo(0, 0);")
+        shot = os.path.join(self.tmp, os.path.basename(path) + ".png")
+        driver.save_screenshot(shot)
+        ink = (mpimg.imread(shot)[..., :3] < 0.9).any(axis=2).mean()
+        if ink < 0.03:
+            found.append(f"the first screen is nearly blank ({ink:.1%} inked)")
+        return found, len(figures), ink
+
+    def test_rendered_in_a_real_browser(self):
+        driver = self.browser()
+        for fmt in ("npy", "ranks"):
+            path, _ = self.report(fmt)
+            found, figures, ink = self.problems(driver, path)
+            self.assertEqual(found, [], fmt)
+            print(f"\nbrowser: {fmt} report: {figures} figures decoded, visible and painted; "
+                  f"{ink:.0%} of the first screen inked")
+
+    def test_the_browser_check_sees_a_broken_page(self):
+        driver = self.browser()
+        path, page = self.report("npy")
+        # One figure's data damaged, another hidden by a style: both are found.
+        first = page.index("base64,") + len("base64,")
+        page = page[:first] + "!!!!" + page[first + 4:]
+        page = page.replace('<img class="figure"', '<img style="display:none" class="figure"', 2)
+        page = page.replace('<img style="display:none" class="figure"', '<img class="figure"', 1)
+        broken = os.path.join(self.tmp, "broken.html")
+        with open(broken, "w", encoding="utf-8") as f:
+            f.write(page)
+        found, _, _ = self.problems(driver, broken)
+        self.assertTrue(any("figure 0" in p and "not decoded" in p for p in found), found)
+        self.assertTrue(any("figure 1" in p and "not visible" in p for p in found), found)
+
+
+class ExampleTest(unittest.TestCase):
+    def test_analyse_with_pandas(self):
+        run_dir = os.path.join(RUNS, "npy")
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "analyse_with_pandas.py"), run_dir,
+                              "3.5"], capture_output=True, text=True, env=dict(os.environ))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        # The same answers from NumPy alone.
+        run = tensortap.open(run_dir)
+        growth = {}
+        for name in run.names("grad"):
+            norm = run.stats(name, "grad")["norm"]
+            growth[name] = norm[-1] / norm[0]
+        fastest = max(growth, key=growth.get)
+        self.assertIn(f"fastest-growing gradient norm: {fastest}", out.stdout)
+        maxima = {n: run.stats(n, "activation") for n in run.names("activation")}
+        crossings = [(int(st["step"][st["max"] > 3.5][0]), n) for n, st in maxima.items() if (st["max"] > 3.5).any()]
+        self.assertTrue(crossings, "the run's activations should pass 3.5")
+        first = min(crossings)
+        self.assertIn(f"first activation max above 3.5: step {first[0]} ({first[1]})", out.stdout)
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
