@@ -26,6 +26,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <vector>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -257,8 +258,13 @@ cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int)
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t) {
-  // Leaked: a stream may still hold a wait on it, as the real runtime allows.
+cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
+  // Kept, not freed: a stream may still hold a wait on it, as the real
+  // runtime allows. Kept reachable, so LeakSanitizer does not report it.
+  static std::mutex mu;
+  static auto* destroyed = new std::vector<cudaEvent_t>();
+  std::lock_guard<std::mutex> lock(mu);
+  destroyed->push_back(event);
   return cudaSuccess;
 }
 
@@ -297,8 +303,10 @@ cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event
   return cudaSuccess;
 }
 
+// Like CUDA's, these accept a zero count with null pointers (std::memcpy
+// does not: UBSan reports it).
 cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind) {
-  std::memcpy(dst, src, count);
+  if (count > 0) std::memcpy(dst, src, count);
   return cudaSuccess;
 }
 
@@ -317,12 +325,14 @@ cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, 
 }
 
 cudaError_t CUDARTAPI cudaMemset(void* p, int value, size_t count) {
-  std::memset(p, value, count);
+  if (count > 0) std::memset(p, value, count);
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t stream) {
-  run_on(stream, [=] { std::memset(p, value, count); });
+  run_on(stream, [=] {
+    if (count > 0) std::memset(p, value, count);
+  });
   return cudaSuccess;
 }
 
