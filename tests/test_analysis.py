@@ -371,6 +371,120 @@ class ReportTest(unittest.TestCase):
         self.assertTrue(any("figure 1" in p and "not visible" in p for p in found), found)
 
 
+class HostileRunTest(unittest.TestCase):
+    """Runs made by hand to break the analysis code: names that are not text,
+    values at the ends of float64, dtypes that change, ranks that disagree,
+    a damaged run.json."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="tensortap-hostile-analysis-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+
+    def make(self, records, ranks=None, **run_json):
+        """A run of `records` (kind, name, step, array[, rank]); with `ranks`,
+        a rank<r>/ per rank."""
+        path = os.path.join(self.tmp, f"run{len(os.listdir(self.tmp))}")
+        for r in (ranks or [None]):
+            d = path if r is None else os.path.join(path, f"rank{r}")
+            os.makedirs(d)
+            info = {"format_version": 1, "closed": True, "options": {"format": "npy"},
+                    "rank": r or 0, "world_size": len(ranks) if ranks else 1}
+            info.update(run_json)
+            lines = []
+            for i, (kind, name, step, a, *rank) in enumerate(records):
+                if (rank[0] if rank else None) != r and ranks:
+                    continue
+                f = f"npy/{i}.npy"
+                os.makedirs(os.path.join(d, "npy"), exist_ok=True)
+                np.save(os.path.join(d, f), a)
+                lines.append(json.dumps({"step": step, "kind": kind, "name": name, "dtype": str(a.dtype),
+                                         "shape": list(a.shape), "file": f}))
+            with open(os.path.join(d, "run.json"), "w") as fh:
+                json.dump(info, fh)
+            with open(os.path.join(d, "index.jsonl"), "w") as fh:
+                fh.write("".join(line + "\n" for line in lines))
+        return path
+
+    def report(self, path):
+        out = os.path.join(self.tmp, "page.html")
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            rc = cli.main(["report", path, "-o", out])
+        self.assertEqual(rc, 0, err.getvalue())
+        with open(out, encoding="utf-8") as f:
+            page = f.read()
+        raw = re.search(r'<script type="application/json" id="tensortap-data">(.*?)</script>', page, re.S).group(1)
+
+        def no_constant(c):
+            raise ValueError(f"{c} in the page's JSON")
+
+        return page, json.loads(raw, parse_constant=no_constant)
+
+    def test_report_of_names_that_are_not_text_and_values_at_the_ends(self):
+        names = ["\udcff\udcfe bytes", "</script><script>alert(1)</script>", "x" * 5000, "tab\tand\x1bescape"]
+        extreme = np.array([1e308, -1e308, np.inf, -np.inf, np.nan, 5e-324], np.float64)
+        records = []
+        for step in (0, 1):
+            for name in names:
+                with np.errstate(over="ignore"):
+                    records.append(("activation", name, step, extreme * (step + 1)))
+            records.append(("grad", "c", step, np.array([1 + 2j, 3 - 4j], np.complex64)))
+        page, data = self.report(self.make(records, dumps=[{"step": 1, "reason": "</script>", "steps": [0, 1]},
+                                                           {"step": "x", "steps": "y"}, 7]))
+        self.assertNotIn("<script>alert", page)
+        self.assertEqual(page.count("</script>"), page.count("<script"))
+        self.assertNotIn("\x1b", page)
+        self.assertIn("Activation histograms", page)
+        self.assertEqual([d.get("reason") for d in data["dumps"]], ["</script>", None])
+        self.assertNotIn("x" * 200, page.split('id="tensortap-data"')[0].split("<pre>")[0])
+
+    def test_lazy_equals_eager_when_the_dtype_changes(self):
+        path = self.make([("tensor", "t", 0, np.arange(3, dtype=np.int32)),
+                          ("tensor", "t", 1, np.array([0.5, 1.5, 2.5], np.float64)),
+                          ("tensor", "t", 2, np.arange(3, dtype=np.uint8))])
+        run = tensortap.open(path)
+        eager, lazy = run.series("t", "tensor"), run.series("t", "tensor", lazy=True)
+        self.assertEqual(lazy.dtype, eager.dtype)
+        np.testing.assert_array_equal(lazy.compute(), eager)
+
+    def test_lazy_blocks_travel_to_other_processes(self):
+        for fmt, run in runs():
+            if fmt == "ranks":
+                continue
+            with self.subTest(fmt=fmt), run:
+                name = run.names("grad")[0]
+                lazy = run.series(name, "grad", lazy=True)
+                np.testing.assert_array_equal(lazy.compute(scheduler="processes", num_workers=2),
+                                              run.series(name, "grad"))
+
+    def test_ranks_that_disagree(self):
+        path = self.make([("grad", "w", 0, np.zeros((2, 3), np.float32), 0),
+                          ("grad", "w", 0, np.zeros((3, 2), np.float32), 1),
+                          ("grad", "only0", 0, np.ones(2, np.float32), 0),
+                          ("grad", "only0", 1, np.ones(2, np.float32), 0)], ranks=[0, 1])
+        run = tensortap.open(path)
+        with self.assertRaisesRegex(tensortap.RunError, "'w' .*different shapes on different ranks"):
+            run.series("w", "grad")
+        with self.assertRaisesRegex(tensortap.RunError, "'w' .*different shapes"):
+            run.series("w", "grad", lazy=True).compute()
+        with self.assertRaisesRegex(tensortap.RunError, "'w' .*changes shape between steps or ranks"):
+            run.to_xarray("grad")
+        ds = run.to_xarray("grad", names="only0")  # a name, not a list of its letters
+        self.assertEqual(list(ds.data_vars), ["only0"])
+        values = ds["only0"].values
+        self.assertEqual(values.shape, (2, 2, 2))
+        np.testing.assert_array_equal(values[0], np.ones((2, 2)))
+        self.assertTrue(np.isnan(values[1]).all(), "a rank without the name is NaN")
+
+    def test_names_that_clash_with_dimensions(self):
+        path = self.make([("tensor", "step", 0, np.zeros(2, np.float32)),
+                          ("tensor", "ok", 0, np.zeros(2, np.float32))])
+        run = tensortap.open(path)
+        with self.assertRaisesRegex(tensortap.RunError, "'step'.*dimensions"):
+            run.to_xarray("tensor")
+        self.assertEqual(list(run.to_xarray("tensor", names=["ok"]).data_vars), ["ok"])
+
+
 class ExampleTest(unittest.TestCase):
     def test_analyse_with_pandas(self):
         run_dir = os.path.join(RUNS, "npy")

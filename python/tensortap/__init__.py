@@ -142,6 +142,9 @@ class Run:
             if any(s != steps[0] for s in steps):
                 raise RunError(f"{name!r} ({kind}) was captured at different steps on different ranks; "
                                "pass rank=")
+            shapes = sorted({a.shape[1:] for a in per_rank})
+            if len(shapes) > 1:
+                raise RunError(f"{name!r} ({kind}) has different shapes on different ranks: {shapes}; pass rank=")
             return np.stack(per_rank)
         return self._stack(self._rank_records(by_rank, name, kind, rank), name, kind)
 
@@ -270,7 +273,7 @@ class Run:
     def _stack(self, recs, name, kind):
         from ._optional import progress
 
-        arrays = [self._read(rec, mmap=False) for rec in progress(recs, desc=f"reading {name}")]
+        arrays = [self._read(rec, mmap=False) for rec in progress(recs, desc=f"reading {_printable(name)}")]
         shapes = sorted({a.shape for a in arrays})
         if len(shapes) > 1:
             raise RunError(f"{name!r} ({kind}) changes shape between steps: {shapes}; use load() per step")
@@ -280,25 +283,31 @@ class Run:
 
     def _read(self, rec, mmap):
         """The array of one record of self.records."""
-        path = _resolve(rec)
-        if "dataset" in rec:
-            with self._h5_lock:  # dask reads records from several threads
-                f = self._h5.get(path)
-                if f is None:
-                    f = self._h5[path] = _open_h5(path)
-            # A row is padded to the largest shape of its series: the index's
-            # shape says which corner is this record.
-            ds = f[rec["dataset"]]
-            if hasattr(ds, "refresh"):
-                ds.refresh()  # rows appended since the file was opened (SWMR)
-            return ds[(rec["row"],) + tuple(slice(0, n) for n in rec["shape"])]
-        # Never pickle: a planted .npy of objects would run code on load.
-        if mmap:
-            try:
-                return np.load(path, mmap_mode="r", allow_pickle=False)
-            except ValueError:  # an empty array cannot be mapped
-                pass
-        return np.load(path, allow_pickle=False)
+        return _read_record(rec, mmap, self._h5, self._h5_lock)
+
+
+def _read_record(rec, mmap, h5_files, h5_lock):
+    """The array of one index record; HDF5 files are opened once into
+    `h5_files` (guarded by `h5_lock`: dask reads from several threads)."""
+    path = _resolve(rec)
+    if "dataset" in rec:
+        with h5_lock:
+            f = h5_files.get(path)
+            if f is None:
+                f = h5_files[path] = _open_h5(path)
+        # A row is padded to the largest shape of its series: the index's
+        # shape says which corner is this record.
+        ds = f[rec["dataset"]]
+        if hasattr(ds, "refresh"):
+            ds.refresh()  # rows appended since the file was opened (SWMR)
+        return ds[(rec["row"],) + tuple(slice(0, n) for n in rec["shape"])]
+    # Never pickle: a planted .npy of objects would run code on load.
+    if mmap:
+        try:
+            return np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError:  # an empty array cannot be mapped
+            pass
+    return np.load(path, allow_pickle=False)
 
 
 def _find_ranks(path):
@@ -336,6 +345,18 @@ def _json_type(value):
 
 def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_int64(value):
+    return _is_int(value) and -(1 << 63) <= value < (1 << 63)
+
+
+def _printable(text):
+    """`text` with control characters and lone surrogates (a name's bytes
+    that are not UTF-8) shown as escapes: safe for a terminal or a page."""
+    from .summary import _safe
+
+    return _safe(text)
 
 
 def _open_regular(path):
@@ -416,6 +437,8 @@ def _record_problem(rec):
         return "no " + ", ".join(f'"{k}"' for k in missing)
     if not _is_int(rec["step"]):
         return f'"step" is {_json_type(rec["step"])}, not an integer'
+    if not _is_int64(rec["step"]):
+        return f'"step" {rec["step"]} is out of the 64-bit range'
     if not isinstance(rec["kind"], str) or rec["kind"] not in KINDS:
         return f'unknown kind {_short(rec["kind"])}'
     for k in ("name", "dtype", "file"):
@@ -429,16 +452,17 @@ def _record_problem(rec):
     # LibTorch counts elements in int64: more is no tensor, and would overflow
     # the byte counts of `inspect`. Stopped early, so that a forged shape of
     # many huge sizes costs no big-number product.
+    # 16 bytes an element at most (complex128): the record's bytes fit too.
     if 0 not in shape:
         numel = 1
         for n in shape:
             numel *= n
-            if numel >= 1 << 63:
-                return '"shape" has 2**63 elements or more'
+            if numel >= 1 << 59:
+                return '"shape" has 2**59 elements or more'
     if "dataset" in rec:
         if not isinstance(rec["dataset"], str):
             return f'"dataset" is {_json_type(rec["dataset"])}, not a string'
-        if not _is_int(rec["row"]) or rec["row"] < 0:
+        if not _is_int64(rec["row"]) or rec["row"] < 0:
             return '"row" is not a row number'
     return None
 
@@ -452,6 +476,8 @@ def _series_problem(line):
         return "no " + ", ".join(f'"{k}"' for k in missing)
     if not _is_int(line["series"]):
         return f'"series" is {_json_type(line["series"])}, not an integer'
+    if not 0 <= line["series"] < (1 << 31):
+        return f'"series" {line["series"]} is not a series number'
     if not isinstance(line["kind"], str) or line["kind"] not in KINDS:
         return f'unknown kind {_short(line["kind"])}'
     if not isinstance(line["name"], str):

@@ -74,10 +74,18 @@ def _report(args):
             return 2
     out = args.output
     try:
-        with Run(args.run) as run:
-            write_report(run, out, steps=steps, histograms=max(0, args.histograms))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RunWarning)
+            with Run(args.run) as run:
+                write_report(run, out, steps=steps, histograms=max(0, args.histograms))
+        for w in caught:  # damaged lines, skipped: said once each, as inspect does
+            if issubclass(w.category, RunWarning):
+                print(f"tensortap: warning: {_safe(w.message)}", file=sys.stderr)
     except (RunError, OSError, ValueError, ImportError) as e:
         print(f"tensortap: {_safe(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - a command prints what failed, not a traceback
+        print(f"tensortap: the report failed: {type(e).__name__}: {_safe(e)}", file=sys.stderr)
         return 2
     print(f"tensortap: wrote {_safe(out)}")
     return 0

@@ -5,30 +5,46 @@ Run.to_xarray() call these; each imports its package only when called.
 """
 
 import math
+import threading
 
 import numpy as np
 
 from ._optional import need
 
+# HDF5 files the lazy arrays' tasks opened, per process: a task carries only
+# its index record, so that dask's process and distributed schedulers can
+# ship it (a Run, with its locks and open files, cannot be pickled).
+_H5_FILES = {}
+_H5_LOCK = threading.Lock()
+
 
 def _rank_of(run, rec):
+    from . import _is_int64
+
     # A single-rank run's records carry no rank: its run.json says which.
     if "rank" in rec:
         return rec["rank"]
     rank = run.info.get("rank", 0)
-    return rank if isinstance(rank, int) and not isinstance(rank, bool) else 0
+    return rank if _is_int64(rank) else 0
 
 
 def _itemsize(dtype):
     from . import NUMPY_DTYPES
 
-    # The bytes as captured: a bfloat16 is two, even though NumPy gets float32.
-    return 2 if dtype == "bfloat16" else np.dtype(NUMPY_DTYPES.get(dtype, "uint8")).itemsize
+    # The bytes as captured: a bfloat16 is two, even though NumPy gets float32
+    # (and the .npy file holds four).
+    if dtype == "bfloat16":
+        return 2
+    try:
+        return np.dtype(NUMPY_DTYPES.get(dtype, dtype)).itemsize
+    except TypeError:
+        return 1  # a dtype NumPy does not know: counted as bytes
 
 
 def index_frame(run):
-    """One row per record: step, kind, name, dtype, shape, bytes, rank, and
-    where the record lives: file, and for HDF5 dataset and row."""
+    """One row per record: step, kind, name, dtype, shape, bytes (as captured:
+    two a bfloat16 element), rank, and where the record lives: file, and for
+    HDF5 dataset and row."""
     from . import KINDS
 
     pd = need("pandas", "python3-pandas", "Run.index_frame()")
@@ -52,19 +68,23 @@ def stats_frame(run):
     """The statistics table of every rank: step, rank, kind, name, min, max,
     mean, std, norm, nan, posinf, neginf, zeros, numel; kind and name are
     categorical. Rows whose series has no name (a damaged stats_series.jsonl
-    line, already warned about) are left out."""
+    line, already warned about) are left out, as are ranks without statistics.
+    One kind and one rank of it pivot to a column per name."""
     from . import KINDS, STATS_FIELDS, RunError
 
     pd = need("pandas", "python3-pandas", "Run.stats_frame()")
     parts = []
     ranks = run.ranks if run.ranks else [None]
     for r in ranks:
+        if run.ranks and not _has_stats(run, r):
+            continue  # a rank without statistics: the others' still count
         table, series = run.stats_table(rank=r)
         ids = np.array(sorted(series), dtype=np.int64)
         table = table[np.isin(table["series"], ids)]
         parts.append((r if r is not None else _rank_of(run, {}), table, ids, series))
     if not parts:
-        raise RunError(f"{run.path}: no statistics")
+        raise RunError(f"{run.path}: no statistics (stats.npy) on any rank; the run was made without "
+                       "Options::stats_every")
     # Categorical columns built from codes: a million rows stay a few
     # integer arrays, never a million Python strings.
     names = sorted({n for _, _, _, series in parts for _, n in series.values()})
@@ -88,6 +108,12 @@ def stats_frame(run):
     return pd.DataFrame(columns)
 
 
+def _has_stats(run, rank):
+    import os
+
+    return os.path.exists(os.path.join(run._dirs[rank], "stats.npy"))
+
+
 def _steps_and_records(run, name, kind, rank):
     recs = run._rank_records(run._lookup(name, kind), name, kind, rank)
     return [rec["step"] for rec in recs], recs
@@ -103,9 +129,25 @@ def _check_one_shape(recs, name, kind):
 
 
 def _numpy_dtype(recs):
+    """The dtype np.stack gives the eager series: every record's, promoted."""
     from . import NUMPY_DTYPES
 
-    return np.dtype(NUMPY_DTYPES.get(recs[0]["dtype"], recs[0]["dtype"])) if recs else np.dtype("float64")
+    if not recs:
+        return np.dtype("float64")
+    return np.result_type(*{np.dtype(NUMPY_DTYPES.get(r["dtype"], r["dtype"])) for r in recs})
+
+
+class _Block:
+    """One record as a dask chunk, [1, *shape]: a plain object that pickles."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __call__(self, rec):
+        from . import _read_record
+
+        a = np.asarray(_read_record(rec, True, _H5_FILES, _H5_LOCK))
+        return a.astype(self.dtype, copy=False)[np.newaxis]
 
 
 def _lazy_stack(run, recs, name, kind):
@@ -119,26 +161,45 @@ def _lazy_stack(run, recs, name, kind):
     if shape is None:
         return da.empty((0,))
     dtype = _numpy_dtype(recs)
-
-    def block(rec):
-        return np.asarray(run._read(rec, mmap=True)).astype(dtype, copy=False)[np.newaxis]
-
-    key = "tensortap-" + tokenize(run.path, id(run), kind, name, [(r.get("rank"), r["step"]) for r in recs])
-    graph = {(key, i) + (0,) * len(shape): (block, rec) for i, rec in enumerate(recs)}
+    block = _Block(dtype)
+    key = "tensortap-" + tokenize(run.path, kind, name, [(r.root, r.lineno) for r in recs])
+    graph = {(key, i) + (0,) * len(shape):
+             (_call_with_record, block, dict(rec, _root=rec.root, _index=rec.index, _lineno=rec.lineno))
+             for i, rec in enumerate(recs)}
     chunks = ((1,) * len(recs),) + tuple((n,) for n in shape)
     return da.Array(HighLevelGraph.from_collections(key, graph, dependencies=()), key, chunks, dtype=dtype)
 
 
-def lazy_series(run, name, kind, rank=None):
-    """Run.series(name, kind, rank, lazy=True)."""
+def _call_with_record(block, fields):
+    """Rebuilds the index record a task carries (a plain dict when shipped to
+    another process) and reads it."""
+    from . import _Record
+
+    fields = dict(fields)
+    rec = _Record({k: v for k, v in fields.items() if not k.startswith("_")})
+    rec.root, rec.index, rec.lineno = fields["_root"], fields["_index"], fields["_lineno"]
+    return block(rec)
+
+
+def _same_over_ranks(run, name, kind, per_rank):
     from . import RunError
 
+    if any(steps != per_rank[0][0] for steps, _ in per_rank):
+        raise RunError(f"{name!r} ({kind}) was captured at different steps on different ranks; pass rank=")
+    shapes = sorted({tuple(r["shape"]) for _, recs in per_rank for r in recs})
+    if len(shapes) > 1:
+        raise RunError(f"{name!r} ({kind}) has different shapes on different ranks or steps: {shapes}; "
+                       "pass rank=, or use load() per step")
+
+
+def lazy_series(run, name, kind, rank=None):
+    """Run.series(name, kind, rank, lazy=True)."""
     if rank is None and run.ranks:
         da = need("dask.array", "python3-dask", "Run.series(lazy=True)")
         per_rank = [_steps_and_records(run, name, kind, r) for r in run.ranks]
-        if any(steps != per_rank[0][0] for steps, _ in per_rank):
-            raise RunError(f"{name!r} ({kind}) was captured at different steps on different ranks; pass rank=")
-        return da.stack([_lazy_stack(run, recs, name, kind) for _, recs in per_rank])
+        _same_over_ranks(run, name, kind, per_rank)
+        dtype = _numpy_dtype([r for _, recs in per_rank for r in recs])
+        return da.stack([_lazy_stack(run, recs, name, kind).astype(dtype) for _, recs in per_rank])
     _, recs = _steps_and_records(run, name, kind, rank)
     return _lazy_stack(run, recs, name, kind)
 
@@ -146,31 +207,62 @@ def lazy_series(run, name, kind, rank=None):
 def to_xarray(run, kind, names=None, lazy=False):
     """An xarray.Dataset of `kind`: one variable per name over a shared `step`
     coordinate (steps a name was not captured at are NaN), with a leading
-    `rank` dimension on a multi-rank run; dask-backed if lazy."""
+    `rank` dimension on a multi-rank run (ranks without the name are NaN);
+    dask-backed if lazy. A tensor's own axes are named "<name>/dim<i>"."""
     from . import KINDS, RunError
 
     xr = need("xarray", "python3-xarray", "Run.to_xarray()")
     pd = need("pandas", "python3-pandas", "Run.to_xarray()")
     if kind not in KINDS:
         raise RunError(f"unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
+    if isinstance(names, str):
+        names = [names]
     names = run.names(kind) if names is None else list(names)
+    dims_of = {name: tuple(f"{name}/dim{i}" for i in range(len(_shape_of(run, name, kind)))) for name in names}
+    taken = {"step", "rank"} | {d for dims in dims_of.values() for d in dims}
+    clash = sorted(n for n in names if n in taken)
+    if clash:
+        raise RunError(f"{kind} names {clash} are also names of the Dataset's dimensions ('step', 'rank', "
+                       "'<name>/dim<i>'); leave them out with names=, or read them with series()")
     variables = {}
     for name in names:
         ranks = run.ranks if run.ranks else [None]
-        arrays = []
+        arrays, present = [], []
+        by_rank = run._lookup(name, kind)
         for r in ranks:
+            if r not in by_rank:
+                continue  # this rank never captured it: NaN there
             steps, recs = _steps_and_records(run, name, kind, r)
-            shape = _check_one_shape(recs, name, kind)
-            dims = ("step",) + tuple(f"{name}/dim{i}" for i in range(len(shape)))
+            if len(set(steps)) != len(steps):
+                dup = sorted({s for s in steps if steps.count(s) > 1})
+                raise RunError(f"{name!r} ({kind}) has several records at steps {dup[:10]}"
+                               + (f" on rank {r}" if r is not None else "") + "; read them with load()")
             data = _lazy_stack(run, recs, name, kind) if lazy else run._stack(recs, name, kind)
-            arrays.append(xr.DataArray(data, dims=dims, coords={"step": np.array(steps, dtype=np.int64)}))
-        if run.ranks:
-            var = xr.concat(arrays, dim=pd.Index(run.ranks, name="rank"), join="outer")
-        else:
-            var = arrays[0]
-        var.attrs = {"name": name, "kind": kind, "dtype": recs[0]["dtype"], "shape": list(shape)}
+            arrays.append(xr.DataArray(data, dims=("step",) + dims_of[name],
+                                       coords={"step": np.array(steps, dtype=np.int64)}))
+            present.append(r)
+        shapes = sorted({a.shape[1:] for a in arrays})
+        if len(shapes) > 1:
+            raise RunError(f"{name!r} ({kind}) has different shapes on different ranks: {shapes}; "
+                           "leave it out with names=")
+        var = xr.concat(arrays, dim=pd.Index(present, name="rank"), join="outer") if run.ranks else arrays[0]
+        var.attrs = {"name": name, "kind": kind, "dtype": recs[0]["dtype"], "shape": list(shapes[0])}
         variables[name] = var
-    ds = xr.Dataset(variables)  # aligns the names' steps (outer join)
-    ds.attrs = {"run": run.path, "kind": kind, "format": str(run.info.get("options", {}).get("format", "?")),
+    ds = xr.Dataset(variables)  # aligns the names' steps and ranks (outer join)
+    if run.ranks:
+        ds = ds.reindex(rank=run.ranks)  # every rank of the run, NaN where none has the names
+    options = run.info.get("options")
+    ds.attrs = {"run": run.path, "kind": kind,
+                "format": str(options.get("format", "?")) if isinstance(options, dict) else "?",
                 "tensortap_version": str(run.info.get("tensortap_version", "?"))}
     return ds
+
+
+def _shape_of(run, name, kind):
+    shapes = sorted({tuple(r["shape"]) for rs in run._lookup(name, kind).values() for r in rs})
+    if len(shapes) > 1:
+        from . import RunError
+
+        raise RunError(f"{name!r} ({kind}) changes shape between steps or ranks: {shapes}; "
+                       "leave it out with names=, or use load() per step")
+    return shapes[0]

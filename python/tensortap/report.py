@@ -17,37 +17,75 @@ import html
 import io
 import json
 import math
+import os
+import tempfile
 
 import numpy as np
 
 from ._optional import need, progress
-from .summary import summarize
+from .summary import _safe, summarize
 
 # Enough lines to see the spread; the rest are drawn faint, unlabeled.
 LABELED_LINES = 8
 # A heatmap taller than this many names shows every k-th label.
 HEATMAP_LABELS = 40
+# Ranks drawn side by side; a larger run shows the first ones and says so.
+MAX_RANK_PANELS = 8
+# Names longer than this are cut in figures (the tables keep them whole).
+FIGURE_NAME_CHARS = 60
 
 
 def write_report(run, out_path, steps=None, histograms=6, title=None):
     """Writes the page for `run` to `out_path`. `steps`: the steps whose
     activation histograms are drawn (default: first, middle, last);
     `histograms`: at most this many activations get one."""
-    page = _Page(title or f"tensortap report: {run.path}")
+    page = _Page(title or f"tensortap report: {_safe(run.path)}")
     text = io.StringIO()
     summarize(run, out=text)
     page.section("Summary", f"<pre>{html.escape(text.getvalue())}</pre>")
 
     stats = _stats(run)
-    _grad_norms(page, run, stats)
-    _histograms(page, run, steps, histograms)
-    _heatmaps(page, run, stats)
-    _dumps(page, run, stats)
-    page.data = {"run": run.path, "ranks": run.ranks, "records": len(run.records), "kinds": run.kinds(),
-                 "dumps": run.dumps}
-    with open(out_path, "w", encoding="utf-8") as f:
-        f.write(page.render())
+    # A figure that cannot be drawn costs its section, not the page.
+    for heading, draw in (("Gradient norms per parameter", lambda: _grad_norms(page, run, stats)),
+                          ("Activation histograms", lambda: _histograms(page, run, steps, histograms)),
+                          ("Statistics heatmaps", lambda: _heatmaps(page, run, stats)),
+                          ("Flight recorder dumps", lambda: _dumps(page, run, stats))):
+        try:
+            draw()
+        except ImportError:
+            raise
+        except Exception as e:  # noqa: BLE001 - reported in the page
+            page.section(heading, f"<p>This section could not be drawn: {html.escape(_safe(f'{type(e).__name__}: {e}'))}</p>")
+    if len(_ranks(run)) > MAX_RANK_PANELS:
+        page.note(f"The run has {len(run.ranks)} ranks; figures show ranks {run.ranks[0]}..{run.ranks[MAX_RANK_PANELS - 1]}.")
+    page.data = _jsonable({"run": run.path, "ranks": run.ranks, "records": len(run.records), "kinds": run.kinds(),
+                           "dumps": run.dumps})
+    content = page.render()
+    # Written whole or not at all: a failed report leaves no empty page behind.
+    directory = os.path.dirname(os.path.abspath(out_path))
+    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(content)
+        os.replace(tmp, out_path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     return out_path
+
+
+def _jsonable(value):
+    """`value` with names made printable and non-finite numbers as null, so
+    that the page's JSON is strict JSON."""
+    if isinstance(value, dict):
+        return {_safe(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, str):
+        return _safe(value)
+    return value
 
 
 # -- data ----------------------------------------------------------------
@@ -64,6 +102,10 @@ def _stats(run):
 
 def _ranks(run):
     return run.ranks if run.ranks else [None]
+
+
+def _panel_ranks(run):
+    return _ranks(run)[:MAX_RANK_PANELS]
 
 
 def _norm_series(run, stats, kind, rank):
@@ -102,10 +144,14 @@ def _pyplot():
 
 
 def _text(s):
-    """A name from a user's model as matplotlib text: "$" is not TeX, and a
-    leading "_" does not hide a legend entry."""
-    s = str(s).replace("$", r"\$")
-    return " " + s if s.startswith("_") else s
+    """A name from a user's model as matplotlib text: printable, cut to a
+    length a figure can hold, "$" not TeX, a leading "_" not hiding a legend
+    entry."""
+    s = _safe(s)
+    if len(s) > FIGURE_NAME_CHARS:
+        s = s[:FIGURE_NAME_CHARS - 1] + "\u2026"
+    s = s.replace("$", r"\$")
+    return " " + s if s.startswith("_") or not s else s
 
 
 def _width(cols):
@@ -114,7 +160,7 @@ def _width(cols):
 
 def _columns(run):
     """Titles of the side-by-side panels: one per rank."""
-    return [("" if r is None else f"rank {r}", r) for r in _ranks(run)]
+    return [("" if r is None else f"rank {r}", r) for r in _panel_ranks(run)]
 
 
 def _grad_norms(page, run, stats):
@@ -161,6 +207,9 @@ def _histograms(page, run, steps, limit):
     if not names:
         page.section("Activation histograms", "<p>No activations were captured.</p>")
         return
+    if limit <= 0:
+        page.section("Activation histograms", "<p>Not asked for (<code>--histograms 0</code>).</p>")
+        return
     shown = names[:limit]
     chosen, have = _histogram_steps(run, shown, steps)
     if not chosen:
@@ -175,15 +224,14 @@ def _histograms(page, run, steps, limit):
         for j, (label, rank) in enumerate(cols):
             ax = axes[i][j]
             by_step = {rec["step"]: rec for rec in run._by_key[("activation", name)].get(rank, [])}
-            arrays = [(s, np.asarray(run._read(by_step[s], mmap=True), dtype=np.float64).ravel())
-                      for s in chosen if s in by_step]
+            arrays = [(s, _values(run._read(by_step[s], mmap=True))) for s in chosen if s in by_step]
             finite = [a[np.isfinite(a)] for _, a in arrays]
             if not any(len(a) for a in finite):
                 ax.text(0.5, 0.5, "not captured at these steps", ha="center", va="center", transform=ax.transAxes)
             else:
                 lo = min(a.min() for a in finite if len(a))
                 hi = max(a.max() for a in finite if len(a))
-                bins = np.linspace(lo, hi if hi > lo else lo + 1, 61)
+                bins = _bins(lo, hi)
                 for (s, _), a, c in zip(arrays, finite, colors):
                     ax.hist(a, bins=bins, histtype="step", color=c, label=f"step {s}", log=True)
                 ax.legend(fontsize=7)
@@ -196,6 +244,24 @@ def _histograms(page, run, steps, limit):
     plt.close(fig)
 
 
+def _values(a):
+    """A record's values as float64 for a histogram: magnitudes if complex."""
+    a = np.asarray(a)
+    if np.iscomplexobj(a):
+        a = np.abs(a)
+    return a.astype(np.float64, copy=False).ravel()
+
+
+def _bins(lo, hi, n=60):
+    """n equal bins from lo to hi, even when hi - lo overflows a double."""
+    if not hi > lo:
+        return np.array([lo - 0.5, lo + 0.5]) if abs(lo) < 1e300 else np.array([lo, lo + abs(lo) * 1e-9 + 1])
+    step = hi / n - lo / n  # no overflow: each term is at most max/n
+    edges = lo + step * np.arange(n + 1)
+    edges[-1] = hi
+    return np.maximum.accumulate(edges)
+
+
 def _heatmaps(page, run, stats):
     if stats is None:
         page.section("Statistics heatmaps", "<p>The run has no statistics table "
@@ -206,6 +272,8 @@ def _heatmaps(page, run, stats):
     cols = _columns(run)
     for kind in [k for k in stats["kind"].cat.categories if (stats["kind"] == k).any()]:
         rows = stats[stats["kind"] == kind]
+        if run.ranks:
+            rows = rows[rows["rank"].isin(_panel_ranks(run))]
         names = sorted(rows["name"].unique().astype(str))
         steps = np.sort(rows["step"].unique())
         height = min(12.0, 1.6 + 0.16 * len(names))
@@ -219,11 +287,15 @@ def _heatmaps(page, run, stats):
             with np.errstate(divide="ignore"):
                 grid[r, c] = np.log10(part["norm"].to_numpy(dtype=np.float64))
             grid[~np.isfinite(grid)] = np.nan
-            im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis",
-                           extent=(steps[0] - 0.5, steps[-1] + 0.5, len(names) - 0.5, -0.5))
+            # A column per step taken, labelled with its step: steps need
+            # not be evenly spaced.
+            im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis")
             every = max(1, math.ceil(len(names) / HEATMAP_LABELS))
             ax.set_yticks(range(0, len(names), every))
             ax.set_yticklabels([_text(n) for n in names[::every]], fontsize=7)
+            ticks = np.unique(np.linspace(0, len(steps) - 1, min(len(steps), 8)).round().astype(int))
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([str(steps[t]) for t in ticks])
             ax.set_xlabel("step")
             ax.set_title(f"{kind}: log10 L2 norm  {label}".strip(), fontsize=10)
             fig.colorbar(im, ax=ax, fraction=0.04)
@@ -243,10 +315,10 @@ def _dumps(page, run, stats):
     for d in dumps:
         steps = d.get("steps") if isinstance(d.get("steps"), list) else []
         trigger = d.get("trigger") if isinstance(d.get("trigger"), dict) else {}
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
+        rows.append("<tr>" + "".join(f"<td>{html.escape(_safe(v))}</td>" for v in (
             d.get("rank", ""), d.get("step", "?"), trigger.get("kind", d.get("reason", "?")),
             f"{d.get('kind', '')} {d.get('name', '')}".strip(), _num(d.get("value")), _num(d.get("median")),
-            _span(steps))) + "</tr>")
+            _span([s for s in steps if isinstance(s, int)]))) + "</tr>")
     table = ("<table><tr><th>rank</th><th>step</th><th>trigger</th><th>tensor</th><th>value</th><th>median</th>"
              "<th>steps written</th></tr>" + "".join(rows) + "</table>")
     figures = []
@@ -262,8 +334,9 @@ def _dumps(page, run, stats):
 def _dump_figure(plt, page, stats, d):
     """The tensor that fired the dump, over the steps before it and the
     window it wrote."""
-    if "name" not in d or not isinstance(d.get("step"), int):
-        return None
+    if not isinstance(d.get("name"), str) or not isinstance(d.get("kind"), str) \
+            or not isinstance(d.get("step"), int) or isinstance(d.get("step"), bool):
+        return None  # a dump with no tensor (Recorder::dump()) or a damaged one: the table shows it
     rows = stats[(stats["name"] == d["name"]) & (stats["kind"] == d.get("kind"))]
     if d.get("rank") is not None:
         rows = rows[rows["rank"] == d["rank"]]
@@ -281,7 +354,7 @@ def _dump_figure(plt, page, stats, d):
     if written:  # none without a flight recorder: the dump is a mark in run.json
         ax.axvspan(first - 0.5, max(written) + 0.5, color="tab:orange", alpha=0.15, label="steps written")
     ax.axvline(d["step"], color="tab:red", linewidth=1, label=f"dump at step {d['step']}")
-    if isinstance(d.get("median"), (int, float)):
+    if isinstance(d.get("median"), (int, float)) and math.isfinite(d["median"]):
         ax.axhline(d["median"], color="0.5", linestyle="--", linewidth=1, label="median")
     ax.set_xlabel("step")
     ax.set_ylabel(_text(f"{field} of {d['name']}"))
@@ -324,6 +397,9 @@ class _Page:
         self.sections = []
         self.data = {}
 
+    def note(self, text):
+        self.sections.insert(1, f"<p><em>{html.escape(text)}</em></p>")
+
     def section(self, heading, body):
         anchor = heading.lower().replace(" ", "-")
         self.sections.append(f'<section id="{anchor}"><h2>{html.escape(heading)}</h2>{body}</section>')
@@ -336,8 +412,9 @@ class _Page:
         return f'<img class="figure" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
     def render(self):
-        # "</" inside the JSON would end the script element early.
-        data = json.dumps(self.data, default=str).replace("</", "<\\/")
+        # No "<" at all inside the script element: "</script" would end it,
+        # "<!--" would change how it is parsed. JSON reads \u003c back as "<".
+        data = json.dumps(self.data, default=str, allow_nan=False).replace("<", "\\u003c")
         return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
                 f'<meta name="viewport" content="width=device-width, initial-scale=1">'
                 f"<title>{html.escape(self.title)}</title><style>{_STYLE}</style></head>\n<body>"
