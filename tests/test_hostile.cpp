@@ -287,7 +287,7 @@ TEST_CASE("links planted in a run directory are never followed", "[sdk][hostile]
   const std::vector<std::string> planted = {"npy", "stats.npy", "stats_series.jsonl"
 #ifdef TENSORTAP_HAVE_HDF5
                                             ,
-                                            "tensors.h5"
+                                            "tensors.h5", ".tensors.h5.journal"
 #endif
   };
   for (const auto& name : planted) {
@@ -296,7 +296,7 @@ TEST_CASE("links planted in a run directory are never followed", "[sdk][hostile]
     fs::create_symlink(name == "npy" ? outside / "dir" : outside / "sentinel", run / name);
     Options o(run.path);
     o.stats_every(1);
-    if (name == "tensors.h5") o.format(Format::Hdf5);
+    if (name.find("tensors.h5") != std::string::npos) o.format(Format::Hdf5);
     REQUIRE_THAT(error_of([&] { Recorder r{o}; }), Catch::Contains(name) && Catch::Contains("in the way"));
     // With overwrite the link itself goes, never what it points to.
     {
@@ -328,6 +328,25 @@ TEST_CASE("links planted in a run directory are never followed", "[sdk][hostile]
   REQUIRE(fs::is_empty(outside / "dir"));
   REQUIRE(rec.stats().errors == 1);
   REQUIRE_THAT(error_of([&] { rec.close(); }), Catch::Contains("symbolic link"));
+#ifdef TENSORTAP_HAVE_HDF5
+  // The HDF5 writer's rollback journal, planted as a link during the run
+  // before a new name comes: replaced, not followed, and gone once the new
+  // name's datasets exist.
+  TempDir h5;
+  Recorder h{Options(h5.path).format(Format::Hdf5)};
+  h.step(0);
+  h.capture("a", torch::ones({2}));
+  h.flush();
+  fs::create_symlink(outside / "sentinel", h5 / ".tensors.h5.journal");
+  h.step(1);
+  h.capture("b", torch::ones({2}));
+  h.flush();
+  REQUIRE_FALSE(fs::exists(fs::symlink_status(h5 / ".tensors.h5.journal")));
+  h.close();
+  REQUIRE(tt_test::read_file(outside / "sentinel") == "keep");
+  REQUIRE(h.stats().errors == 0);
+  REQUIRE(index_size(h5.path) == 2);
+#endif
   // save_npy()'s temporary is never followed either.
   TempDir user;
   fs::create_symlink(outside / "sentinel", user / ".w.npy.tmp");

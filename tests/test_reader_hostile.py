@@ -516,7 +516,7 @@ class KilledHdf5WriterTest(TempCase):
     def test_live_writer_is_waited_for_then_named(self):
         from tensortap import _hdf5
 
-        path = self.killed_writer(hold_lock=True)
+        self.killed_writer(hold_lock=True)
         self.assertTrue(_hdf5.writer_alive(self.run_dir))
         old, _hdf5.WAIT_FOR_WRITER_S = _hdf5.WAIT_FOR_WRITER_S, 0.2
         try:
@@ -526,6 +526,87 @@ class KilledHdf5WriterTest(TempCase):
         finally:
             _hdf5.WAIT_FOR_WRITER_S = old
         self.assertFalse(_hdf5.writer_alive(self.tmp))
+
+    def torn_run_with_journal(self, extra_records=b""):
+        """A run whose tensors.h5 had rows 0 and 1 of w when its writer left
+        SWMR mode, was then torn (every metadata block the span overwrote is
+        garbage on disk), and whose journal holds what those blocks were."""
+        import h5py
+
+        os.makedirs(self.run_dir)
+        path = os.path.join(self.run_dir, "tensors.h5")
+        with h5py.File(path, "w", libver="latest") as f:
+            f.create_dataset("/grad/w/data", data=np.stack([value(0), value(1)]), maxshape=(None, 2, 3))
+        with open(path, "rb") as f:
+            before = f.read()
+        with h5py.File(path, "r+", libver="latest") as f:  # the span: new names, out of SWMR mode
+            for i in range(40):
+                f.create_dataset(f"/grad/new{i}/data", data=np.full((1, 4), i))
+        with open(path, "rb") as f:
+            after = bytearray(f.read())
+        block = 64
+        journal = bytearray(b"TTHDF5J1" + len(before).to_bytes(8, "little"))
+        for at in range(0, len(before), block):
+            old = before[at:at + block]
+            if after[at:at + block] != old:
+                journal += at.to_bytes(8, "little") + len(old).to_bytes(8, "little") + old
+                after[at:at + len(old)] = b"\xee" * len(old)  # torn: never written whole
+        self.assertGreater(len(journal), 16, "the span overwrote nothing: the test proves nothing")
+        with open(path, "wb") as f:
+            f.write(after)
+        with open(os.path.join(self.run_dir, ".tensors.h5.journal"), "wb") as f:
+            f.write(journal + extra_records)
+        make_run(self.run_dir, [line(record(s, file="tensors.h5", dataset="/grad/w/data", row=s)) for s in (0, 1)])
+        return path
+
+    def test_journal_of_a_dead_writer_rolls_the_file_back(self):
+        import h5py
+
+        path = self.torn_run_with_journal()
+        with self.assertRaises(OSError):  # HDF5 alone cannot read the torn file
+            h5py.File(path, "r")
+        with open(path, "rb") as f:
+            on_disk = f.read()
+        run = tensortap.open(self.run_dir)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", tensortap.RunWarning)
+            np.testing.assert_array_equal(run.series("w", "grad"), np.stack([value(0), value(1)]))
+        run.close()
+        self.assertEqual(["rolled back" in str(w.message) for w in caught], [True])
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), on_disk, "the reader wrote to the run")
+
+    def test_journal_record_cut_short_is_ignored_and_the_first_save_wins(self):
+        # A later record over the same bytes (garbage), then one cut short by
+        # the crash: the first saved bytes are what the file held.
+        later = (0).to_bytes(8, "little") + (64).to_bytes(8, "little") + b"\x00" * 64
+        cut = (0).to_bytes(8, "little") + (4096).to_bytes(8, "little") + b"\x01" * 100
+        self.torn_run_with_journal(later + cut)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tensortap.RunWarning)
+            np.testing.assert_array_equal(tensortap.open(self.run_dir).series("w", "grad"),
+                                          np.stack([value(0), value(1)]))
+
+    def test_journal_of_a_live_writer_is_not_rolled_back(self):
+        from tensortap import _hdf5
+
+        self.killed_writer(hold_lock=True)
+        with open(os.path.join(self.run_dir, ".tensors.h5.journal"), "wb") as f:
+            f.write(b"TTHDF5J1" + (10).to_bytes(8, "little"))
+        old, _hdf5.WAIT_FOR_WRITER_S = _hdf5.WAIT_FOR_WRITER_S, 0.2
+        try:
+            with self.assertRaisesRegex(tensortap.RunError, "writer is alive.*out of SWMR mode"):
+                tensortap.open(self.run_dir).load("w", 0, "grad")
+        finally:
+            _hdf5.WAIT_FOR_WRITER_S = old
+
+    def test_journal_planted_as_a_link_is_not_read(self):
+        self.killed_writer()
+        os.symlink("/dev/zero", os.path.join(self.run_dir, ".tensors.h5.journal"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", tensortap.RunWarning)
+            np.testing.assert_array_equal(tensortap.open(self.run_dir).load("w", 1, "grad"), value(1))
+        self.assertEqual(["rolled back" in str(w.message) for w in caught], [False])
 
     def test_not_hdf5_is_a_run_error_naming_the_file(self):
         os.makedirs(self.run_dir)

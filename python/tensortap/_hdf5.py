@@ -2,16 +2,18 @@
 
 The writer keeps tensors.h5 in SWMR mode, which readers open at any time. It
 leaves SWMR mode for a moment whenever a name first appears (HDF5 1.10 cannot
-create a dataset in it). A writer killed in that moment leaves the superblock's
-consistency flags saying "open for write", and HDF5 then refuses the file to
-every reader ("may use h5clear"). What the file holds is still what the writer
-last flushed: every indexed row was flushed before its index line was written,
-and new groups are made only in the metadata cache until the next flush.
+create a dataset in it). In that moment HDF5 overwrites metadata in place, in
+no safe order, so the writer first closes the file (whole on disk) and keeps a
+rollback journal (.tensors.h5.journal, writers/src/hdf5_journal.h) of every
+byte it overwrites below the file's length then. A reader that finds that
+journal and no live writer holding the run directory's lock reads the file as
+it was before the span, without writing to the run: every indexed row was
+flushed before its index line was written, and none is indexed during the span.
+While the writer lives, the reader waits for it to go back to SWMR mode.
 
-So a reader that finds those flags, and no live writer holding the run
-directory's lock, reads the file through a view that shows the flags cleared,
-as `h5clear -s` would, without writing to the run. While the writer lives, it
-waits for the writer to go back to SWMR mode.
+A file left open for writing without a journal (a writer of an older
+tensortap) is read through a view that shows the consistency flags cleared,
+as `h5clear -s` would.
 """
 
 import io
@@ -25,6 +27,8 @@ WAIT_FOR_WRITER_S = 10.0
 
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _LOCK_NAME = ".tensortap.lock"  # RunDir's lock (writers/src/run_files.cpp)
+_JOURNAL_NAME = ".tensors.h5.journal"
+_JOURNAL_MAGIC = b"TTHDF5J1"
 
 
 def open_h5(path, run_error, run_warning):
@@ -32,8 +36,19 @@ def open_h5(path, run_error, run_warning):
     reader's exception and warning classes."""
     import h5py  # only HDF5 runs need it
 
+    directory = os.path.dirname(path)
+    journal_path = os.path.join(directory, _JOURNAL_NAME)
     deadline = time.monotonic() + WAIT_FOR_WRITER_S
     while True:
+        journal = read_journal(journal_path)
+        alive = writer_alive(directory)
+        if journal is not None and not alive:
+            # Killed out of SWMR mode: the file may be torn even where HDF5
+            # would open it. Read it as it was before.
+            limit, patches = journal
+            how = (f"its writer stopped (killed?) while making new names' datasets; reading it as it was before "
+                   f"(rolled back with {_JOURNAL_NAME})")
+            return _open_view(h5py, PatchedView(path, limit, patches), how, path, run_error, run_warning)
         try:
             return h5py.File(path, "r", swmr=True)
         except (OSError, RuntimeError, ValueError):
@@ -44,22 +59,49 @@ def open_h5(path, run_error, run_warning):
             if "already open for write" not in str(e):
                 raise run_error(f"{path}: HDF5 cannot open it: {e}") from None
             refused = e
-        if not writer_alive(os.path.dirname(path)):
+        if not alive:
             break
         if time.monotonic() > deadline:
             raise run_error(f"{path}: its writer is alive and has kept the file out of SWMR mode for "
                             f"{WAIT_FOR_WRITER_S:.0f} s: {refused}")
         time.sleep(0.01)
-    view = FlagsClearedView(path)
+    how = ("its writer stopped (killed?) while the file was open for writing; reading it as of its last flush "
+           "(h5clear -s would clear the flags on disk)")
+    return _open_view(h5py, PatchedView(path), how, path, run_error, run_warning)
+
+
+def _open_view(h5py, view, how, path, run_error, run_warning):
     try:
         f = h5py.File(view, "r")
     except Exception as e:
         view.close()
-        raise run_error(f"{path}: its writer stopped (killed?) with the file open, and it cannot be read even "
-                        f"with the consistency flags cleared: {e}") from None
-    warnings.warn(f"{path}: its writer stopped (killed?) while the file was open for writing; reading it as of its "
-                  f"last flush (h5clear -s would clear the flags on disk)", run_warning, stacklevel=3)
+        raise run_error(f"{path}: {how}, and it cannot be read: {e}") from None
+    warnings.warn(f"{path}: {how}", run_warning, stacklevel=4)
     return f
+
+
+def read_journal(path):
+    """(limit, [(offset, bytes), ...]) from the writer's rollback journal,
+    or None where there is none (an emptied journal is none). A record cut
+    short at the end is left out: the overwrite it preceded never happened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+    if len(data) < 16 or data[:8] != _JOURNAL_MAGIC:
+        return None
+    limit = int.from_bytes(data[8:16], "little")
+    patches, i = [], 16
+    while i + 16 <= len(data):
+        offset = int.from_bytes(data[i:i + 8], "little")
+        n = int.from_bytes(data[i + 8:i + 16], "little")
+        if i + 16 + n > len(data):
+            break
+        patches.append((offset, data[i + 16:i + 16 + n]))
+        i += 16 + n
+    return limit, patches
 
 
 def writer_alive(directory):
@@ -89,32 +131,58 @@ def writer_alive(directory):
     return False
 
 
-class FlagsClearedView(io.RawIOBase):
-    """A read-only file object over an HDF5 file whose superblock (version 2
-    or 3, at offset 0) shows zero consistency flags and a matching checksum.
-    Bytes past the end of a file shorter than the superblock says read as
-    zeros, as space the writer allocated but never wrote."""
+class PatchedView(io.RawIOBase):
+    """A read-only file object over an HDF5 file as it was: `size` bytes
+    long (default: as it is), with `patches` ((offset, bytes), the first
+    one over a byte wins) laid over it, and a superblock (version 2 or 3, at
+    offset 0) that shows zero consistency flags, an end of allocation no
+    earlier than the view's end, and a matching checksum. Bytes past the
+    end of a file shorter than the view read as zeros, as space the writer
+    allocated but never wrote."""
 
-    def __init__(self, path):
+    def __init__(self, path, size=None, patches=()):
         super().__init__()
         self._f = open(path, "rb")
-        head = self._f.read(12)
+        self._size = os.fstat(self._f.fileno()).st_size if size is None else size
+        # Laid in reverse, so that the first patch over a byte is the one left.
+        self._patches = list(reversed(list(patches)))
+        self._head = b""
+        head = self._read_at(0, 12)
         if len(head) < 12 or head[:8] != _SIGNATURE or head[8] not in (2, 3):
             self._f.close()
             raise OSError(f"{path}: not an HDF5 file with a version 2 or 3 superblock at offset 0")
         offsets = head[9]
-        size = 12 + 4 * offsets + 4  # four addresses, then the checksum
-        self._f.seek(0)
-        block = bytearray(self._f.read(size))
-        if len(block) < size:
+        block = bytearray(self._read_at(0, 12 + 4 * offsets + 4))  # four addresses, then the checksum
+        if len(block) < 12 + 4 * offsets + 4:
             self._f.close()
             raise OSError(f"{path}: superblock cut short")
         block[11] = 0
+        # The end-of-allocation address on disk can lag behind objects that
+        # were flushed after it (SWMR readers skip that check, a plain reader
+        # refuses them: "addr overflow"). Raise it to the view's end, as
+        # `h5clear -i` does.
+        eoa_at = slice(12 + 2 * offsets, 12 + 3 * offsets)
+        self._size = max(self._size, int.from_bytes(block[eoa_at], "little"))
+        block[eoa_at] = self._size.to_bytes(offsets, "little")
         block[-4:] = lookup3(bytes(block[:-4])).to_bytes(4, "little")
         self._head = bytes(block)
-        stored_eof = int.from_bytes(block[12 + 2 * offsets:12 + 3 * offsets], "little")
-        self._size = max(os.fstat(self._f.fileno()).st_size, stored_eof)
         self._pos = 0
+
+    def _read_at(self, pos, n):
+        out = bytearray(n)
+        got = self._readinto_at(pos, memoryview(out))
+        return bytes(out[:got])
+
+    def _readinto_at(self, pos, view):
+        n = max(0, min(len(view), self._size - pos))
+        self._f.seek(pos)
+        got = self._f.readinto(view[:n]) or 0
+        view[got:n] = bytes(n - got)  # allocated, never written
+        for offset, data in self._patches + [(0, self._head)]:
+            lo, hi = max(pos, offset), min(pos + n, offset + len(data))
+            if lo < hi:
+                view[lo - pos:hi - pos] = data[lo - offset:hi - offset]
+        return n
 
     def readable(self):
         return True
@@ -131,14 +199,7 @@ class FlagsClearedView(io.RawIOBase):
         return self._pos
 
     def readinto(self, b):
-        view = memoryview(b).cast("B")
-        n = max(0, min(len(view), self._size - self._pos))
-        self._f.seek(self._pos)
-        got = self._f.readinto(view[:n])
-        view[got:n] = bytes(n - got)  # allocated, never written
-        lo, hi = self._pos, min(self._pos + n, len(self._head))
-        if lo < hi:
-            view[0:hi - lo] = self._head[lo:hi]
+        n = self._readinto_at(self._pos, memoryview(b).cast("B"))
         self._pos += n
         return n
 

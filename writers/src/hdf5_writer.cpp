@@ -250,13 +250,11 @@ class Hdf5Sink final : public RecordSink {
 };
 
 Hdf5Writer::Hdf5Writer(const Dir& dir, const Hdf5Options& options)
-    : path_(dir.path_of("tensors.h5")), options_(options) {
+    : path_(dir.path_of("tensors.h5")), journal_(dir), options_(options) {
   // The file is created here, exclusively and never through a link, and
-  // HDF5 opens it through this descriptor's /proc entry: the same file, not
-  // whatever the path names by then. Without /proc, by its path.
+  // HDF5 works on this descriptor: the same file, whatever the path names
+  // by then.
   fd_ = dir.open_file("tensors.h5", O_RDWR | O_CREAT | O_EXCL);
-  const std::string proc = fmt::format("/proc/self/fd/{}", fd_.fd());
-  open_path_ = ::access(proc.c_str(), F_OK) == 0 ? proc : path_;
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   // Failures become exceptions with the file and object named; HDF5's own
   // stack dump on stderr would only repeat them.
@@ -289,6 +287,7 @@ void Hdf5Writer::close_file() {
   if (!file_) return;
   try {
     wrap(path_, "/", "close", [&] { file_->close(); });
+    unflushed_bytes_ = 0;
   } catch (const Error&) {
     // The H5File's destructor would close the half-closed file again,
     // which crashes inside HDF5 1.10: let the object go undestroyed.
@@ -312,13 +311,22 @@ void Hdf5Writer::check_space(std::uint64_t bytes) const {
   struct statvfs st {};
   if (::fstatvfs(fd_.fd(), &st) != 0) return;  // unknown: let the write say
   const std::uint64_t free = static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
-  const std::uint64_t need = bytes + options_.chunk_bytes() + kHeadroomBytes;
+  const std::uint64_t need = bytes + unflushed_bytes_ + options_.chunk_bytes() + kHeadroomBytes;
   if (free < need)
     throw OsError(fmt::format("tensortap: HDF5: not writing to '{}': {} bytes free on its file system, {} needed "
-                              "(the record, a chunk and {} of headroom: HDF5 1.10 cannot recover from a full disk, "
-                              "so tensortap stops short of one) (errno {})",
-                              path_, free, need, kHeadroomBytes, ENOSPC),
+                              "(the record's chunks, {} for chunks not yet flushed, a chunk and {} of headroom: "
+                              "HDF5 1.10 cannot recover from a full disk, so tensortap stops short of one) (errno {})",
+                              path_, free, need, unflushed_bytes_, kHeadroomBytes, ENOSPC),
                   ENOSPC);
+}
+
+std::uint64_t Hdf5Writer::new_chunk_bytes(const Series& s, const RecordMeta& meta, hsize_t row) {
+  if (s.chunk.empty() || row % s.chunk[0] != 0) return 0;
+  std::uint64_t bytes = c10::elementSize(s.stored);
+  for (hsize_t d : s.chunk) bytes *= d;
+  for (std::size_t i = 0; i < meta.shape.size() && i + 1 < s.chunk.size(); ++i)
+    bytes *= (std::max<std::uint64_t>(meta.shape[i], 1) + s.chunk[i + 1] - 1) / s.chunk[i + 1];
+  return bytes;
 }
 
 void Hdf5Writer::release(Series& s) noexcept {
@@ -353,10 +361,10 @@ Hdf5Writer::~Hdf5Writer() {
 
 void Hdf5Writer::open(bool create) {
   wrap(path_, "/", create ? "create" : "reopen", [&] {
-    H5::FileAccPropList fapl;
+    H5::FileAccPropList fapl = journaled_fapl(fd_.fd(), &journal_);
     // SWMR needs the latest file format.
     fapl.setLibverBounds(H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
-    file_ = std::make_unique<H5::H5File>(open_path_, create ? H5F_ACC_TRUNC : H5F_ACC_RDWR,
+    file_ = std::make_unique<H5::H5File>(path_, create ? H5F_ACC_TRUNC : H5F_ACC_RDWR,
                                          H5::FileCreatPropList::DEFAULT, fapl);
   });
 }
@@ -388,65 +396,75 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
   // outside SWMR, and a new name's cost, do not grow with the names there are.
   for (auto& [key, s] : series_) release(s);
   close_file();
-  // From here to start_swmr() a crash leaves a file that SWMR readers
-  // cannot open (h5clear -s repairs it): this span is what must stay short.
+  // Closed, the file on disk is whole. From here until the journal ends,
+  // HDF5 overwrites its metadata in place, in no safe order: the journal
+  // keeps what was there, so a reader can roll a crash in this span back.
   const auto left_swmr = std::chrono::steady_clock::now();
-  open(/*create=*/false);
-  for (const RecordMeta* m : fresh) {
-    const std::string key = key_of(*m);
-    creation_errors_.erase(key);
-    Series s;
-    s.group = key;
-    s.stored = m->stored;
-    s.rank = m->shape.size();
-    s.extent.assign(s.rank + 1, 0);
-    try {
-    wrap(path_, key, "create", [&] {
-      const std::string kind_group = fmt::format("/{}", kind_name(m->kind));
-      if (!file_->nameExists(kind_group)) file_->createGroup(kind_group);
-      H5::Group g = file_->createGroup(key);
-      write_string_attr(g, "name", m->name);
-      write_string_attr(g, "kind", kind_name(m->kind));
-      write_string_attr(g, "dtype", dtype_name(m->dtype));
-      write_ints_attr(g, "shape", m->shape);
-
-      const std::vector<hsize_t> max(s.rank + 1, H5S_UNLIMITED);
-      H5::DSetCreatPropList dcpl;
-      const std::vector<hsize_t> chunk = chunk_dims(m->shape, c10::elementSize(m->stored), options_.chunk_bytes());
-      dcpl.setChunk(static_cast<int>(chunk.size()), chunk.data());
-      if (options_.shuffle()) dcpl.setShuffle();
-      if (options_.deflate() > 0) dcpl.setDeflate(static_cast<unsigned>(options_.deflate()));
-      s.data = g.createDataSet("data", file_type(m->stored),
-                               H5::DataSpace(static_cast<int>(s.rank + 1), s.extent.data(), max.data()), dcpl);
-
-      const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
-      H5::DSetCreatPropList steps_dcpl;
-      steps_dcpl.setChunk(1, &kStepsChunk);
-      const std::int64_t unfinished = -1;
-      steps_dcpl.setFillValue(H5::PredType::NATIVE_INT64, &unfinished);
-      s.steps = g.createDataSet("steps", H5::PredType::STD_I64LE, H5::DataSpace(1, &zero, &unlimited), steps_dcpl);
-      if (s.rank > 0) {
-        const hsize_t dims[2] = {0, s.rank}, maxd[2] = {H5S_UNLIMITED, s.rank}, ch[2] = {kStepsChunk, s.rank};
-        H5::DSetCreatPropList shapes_dcpl;
-        shapes_dcpl.setChunk(2, ch);
-        s.shapes = g.createDataSet("shapes", H5::PredType::STD_I64LE, H5::DataSpace(2, dims, maxd), shapes_dcpl);
-      }
-    });
-    series_.emplace(key, std::move(s));
-    } catch (const Error& e) {
-      // This name fails alone: its records' begin() report why, the others
-      // go on. A half-made group would make the next attempt fail anew.
-      creation_errors_[key] = e.what();
-      release(s);
+  try {
+    journal_.begin(fd_.size());
+    open(/*create=*/false);
+    for (const RecordMeta* m : fresh) {
+      const std::string key = key_of(*m);
+      creation_errors_.erase(key);
+      Series s;
+      s.group = key;
+      s.stored = m->stored;
+      s.rank = m->shape.size();
+      s.extent.assign(s.rank + 1, 0);
       try {
-        if (file_->nameExists(key)) file_->unlink(key);
-      } catch (const H5::Exception&) {
+        wrap(path_, key, "create", [&] {
+          const std::string kind_group = fmt::format("/{}", kind_name(m->kind));
+          if (!file_->nameExists(kind_group)) file_->createGroup(kind_group);
+          H5::Group g = file_->createGroup(key);
+          write_string_attr(g, "name", m->name);
+          write_string_attr(g, "kind", kind_name(m->kind));
+          write_string_attr(g, "dtype", dtype_name(m->dtype));
+          write_ints_attr(g, "shape", m->shape);
+
+          const std::vector<hsize_t> max(s.rank + 1, H5S_UNLIMITED);
+          H5::DSetCreatPropList dcpl;
+          s.chunk = chunk_dims(m->shape, c10::elementSize(m->stored), options_.chunk_bytes());
+          dcpl.setChunk(static_cast<int>(s.chunk.size()), s.chunk.data());
+          if (options_.shuffle()) dcpl.setShuffle();
+          if (options_.deflate() > 0) dcpl.setDeflate(static_cast<unsigned>(options_.deflate()));
+          s.data = g.createDataSet("data", file_type(m->stored),
+                                   H5::DataSpace(static_cast<int>(s.rank + 1), s.extent.data(), max.data()), dcpl);
+
+          const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
+          H5::DSetCreatPropList steps_dcpl;
+          steps_dcpl.setChunk(1, &kStepsChunk);
+          const std::int64_t unfinished = -1;
+          steps_dcpl.setFillValue(H5::PredType::NATIVE_INT64, &unfinished);
+          s.steps = g.createDataSet("steps", H5::PredType::STD_I64LE, H5::DataSpace(1, &zero, &unlimited), steps_dcpl);
+          if (s.rank > 0) {
+            const hsize_t dims[2] = {0, s.rank}, maxd[2] = {H5S_UNLIMITED, s.rank}, ch[2] = {kStepsChunk, s.rank};
+            H5::DSetCreatPropList shapes_dcpl;
+            shapes_dcpl.setChunk(2, ch);
+            s.shapes = g.createDataSet("shapes", H5::PredType::STD_I64LE, H5::DataSpace(2, dims, maxd), shapes_dcpl);
+          }
+        });
+        series_.emplace(key, std::move(s));
+      } catch (const Error& e) {
+        // This name fails alone: its records' begin() report why, the others
+        // go on. A half-made group would make the next attempt fail anew.
+        creation_errors_[key] = e.what();
+        release(s);
+        try {
+          if (file_->nameExists(key)) file_->unlink(key);
+        } catch (const H5::Exception&) {
+        }
       }
     }
+    // Whatever failed above, the series that exist must work again, in SWMR.
+    wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); });
+    start_swmr();
+    journal_.end();
+  } catch (const Error& e) {
+    // The span did not end: nothing more is written (rows indexed later
+    // would be rolled back with it), and the journal stays for readers.
+    give_up(e.what());
+    throw;
   }
-  // Whatever failed above, the series that exist must work again, in SWMR.
-  wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); });
-  start_swmr();
   last_swmr_gap_ = std::chrono::steady_clock::now() - left_swmr;
 }
 
@@ -473,8 +491,10 @@ std::unique_ptr<RecordSink> Hdf5Writer::begin(const RecordMeta& meta) {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   return guarded([&] {
     check_open();
-    check_space(meta.nbytes);
     Series& s = series_of(meta);
+    const std::uint64_t grows = new_chunk_bytes(s, meta, s.next_row);
+    check_space(std::max<std::uint64_t>(grows, meta.nbytes));
+    unflushed_bytes_ += grows;
     ensure_open(s);
     return std::unique_ptr<RecordSink>(std::make_unique<Hdf5Sink>(*this, s, meta));
   });
@@ -487,6 +507,7 @@ bool Hdf5Writer::sync(bool force) {
   if (!force && steps_since_flush_ < options_.flush_every()) return false;
   // In SWMR mode a flush is what makes the new rows visible to readers.
   guarded([&] { wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); }); });
+  unflushed_bytes_ = 0;
   dirty_ = false;
   steps_since_flush_ = 0;
   // More records of the same step may come in later batches: they count as

@@ -11,6 +11,7 @@
 #include <tensortap/options.h>
 
 #include "writers/src/file.h"
+#include "writers/src/hdf5_journal.h"
 #include "writers/src/writer.h"
 
 namespace tensortap::detail {
@@ -30,7 +31,9 @@ namespace tensortap::detail {
 ///
 /// SWMR allows only appends to existing datasets, so the writer leaves SWMR
 /// mode to create the groups of new names (once per batch that brings
-/// any: in practice, the first sampled step) and enters it again.
+/// any: in practice, the first sampled step) and enters it again. A rollback
+/// journal (Hdf5Journal) covers that span, so a crash in it loses nothing
+/// indexed before.
 class Hdf5Writer final : public Writer {
  public:
   /// Creates `tensors.h5` in `dir`.
@@ -57,6 +60,8 @@ class Hdf5Writer final : public Writer {
     hsize_t rows = 0;
     /// The next row to hand out: a record claims its row when it begins.
     hsize_t next_row = 0;
+    /// `data`'s chunk dimensions (rows first).
+    std::vector<hsize_t> chunk;
     H5::DataSet data, steps, shapes;
     /// Whether the datasets above are open (they are closed whenever new
     /// names make the writer leave SWMR mode, and reopened on next use).
@@ -90,6 +95,9 @@ class Hdf5Writer final : public Writer {
   // Throws OsError (ENOSPC) when the file system has too little room left
   // to write `bytes` without risking a full disk inside HDF5.
   void check_space(std::uint64_t bytes) const;
+  // The file space a record in row `row` of `s` may newly take: the chunks
+  // of its row group, when it is the group's first row.
+  static std::uint64_t new_chunk_bytes(const Series& s, const RecordMeta& meta, hsize_t row);
   // Closes the file once; a failed close is never retried (see give_up()).
   void close_file();
   static void release(Series& s) noexcept;
@@ -97,10 +105,12 @@ class Hdf5Writer final : public Writer {
   Series& series_of(const RecordMeta& meta);
   std::string key_of(const RecordMeta& meta) const;
 
-  // The path for messages, and the one HDF5 opens (see the constructor).
+  // The path, for messages.
   std::string path_;
-  std::string open_path_;
+  // The file, created by the constructor; HDF5 reads and writes it through
+  // this descriptor (journaled_fapl()), never by its path.
   File fd_;
+  Hdf5Journal journal_;
   // Why the file was closed early, once it was.
   std::string broken_;
   Hdf5Options options_;
@@ -110,6 +120,10 @@ class Hdf5Writer final : public Writer {
   std::map<std::string, std::string> creation_errors_;
   std::int64_t last_step_ = -1;
   std::int64_t steps_since_flush_ = 0;
+  // File space that records accepted since the last flush may still take:
+  // HDF5 allocates a chunk when its cache writes it, so free space on disk
+  // does not show it yet (check_space() counts it).
+  std::uint64_t unflushed_bytes_ = 0;
   bool dirty_ = false;
   std::chrono::steady_clock::duration last_swmr_gap_{};
 };

@@ -50,8 +50,9 @@ std::string utc_now() {
   return fmt::format("{}.{:03d}Z", buf, ms);
 }
 
-const char* const kRunFileNames[6] = {"run.json", "index.jsonl", "npy", "tensors.h5", "stats.npy",
-                                      "stats_series.jsonl"};
+// The journal is Hdf5Journal::kName, left by an HDF5 writer that was killed.
+const char* const kRunFileNames[7] = {"run.json",  "index.jsonl", "npy", "tensors.h5", ".tensors.h5.journal",
+                                      "stats.npy", "stats_series.jsonl"};
 
 RunDir::RunDir(const std::string& root, const std::string& sub, bool overwrite) {
   Dir top = Dir::open(root, /*create=*/true);

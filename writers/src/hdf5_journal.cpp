@@ -1,0 +1,306 @@
+#include "writers/src/hdf5_journal.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace tensortap::detail {
+namespace {
+
+void put_u64(unsigned char* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+// Reads what `fd` holds at [offset, offset + n); past its end, nothing.
+std::vector<unsigned char> read_at(int fd, std::uint64_t offset, std::uint64_t n) {
+  std::vector<unsigned char> out(n);
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, out.data() + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw_errno("read (to journal)", "tensors.h5", errno);
+    if (r == 0) break;
+    got += static_cast<std::size_t>(r);
+  }
+  out.resize(got);
+  return out;
+}
+
+}  // namespace
+
+void Hdf5Journal::begin(std::uint64_t limit) {
+  saved_.clear();
+  limit_ = limit;
+  // A journal left by an earlier failure, or planted, says nothing about
+  // this span: replaced (a link is removed, never followed).
+  dir_.unlink(kName);
+  File f = dir_.open_file(kName, O_RDWR | O_CREAT | O_EXCL);
+  unsigned char head[16];
+  std::memcpy(head, kMagic, 8);
+  put_u64(head + 8, limit);
+  f.write_all(head, sizeof head);
+  file_ = std::move(f);
+}
+
+void Hdf5Journal::save(int data_fd, std::uint64_t offset, std::uint64_t n) {
+  if (!file_) return;
+  std::uint64_t lo = offset;
+  const std::uint64_t hi = std::min(offset + n, limit_);
+  while (lo < hi) {
+    // The first saved range that ends after lo: skip what it covers.
+    auto it = saved_.upper_bound(lo);
+    if (it != saved_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->second > lo) {
+        lo = prev->second;
+        continue;
+      }
+    }
+    const std::uint64_t end = it == saved_.end() ? hi : std::min(hi, it->first);
+    std::vector<unsigned char> old = read_at(data_fd, lo, end - lo);
+    unsigned char head[16];
+    put_u64(head, lo);
+    put_u64(head + 8, old.size());
+    // One write: a crash leaves the record whole or short, never wrong.
+    file_.write_all(head, sizeof head, old.data(), old.size());
+    saved_[lo] = end;
+    lo = end;
+  }
+}
+
+void Hdf5Journal::end() {
+  if (!file_) return;
+  saved_.clear();
+  file_.truncate(0);
+  file_.close();
+  dir_.unlink(kName);
+}
+
+namespace {
+
+// The driver: POSIX reads and writes of a descriptor the writer opened (so
+// HDF5 never resolves the path again), like HDF5's sec2 driver, plus the
+// journal's save before each write and truncation.
+struct Config {
+  int fd;
+  Hdf5Journal* journal;
+};
+
+struct Driven {
+  H5FD_t pub;  // first: HDF5 sees this part
+  int fd;
+  haddr_t eoa;
+  haddr_t eof;
+  dev_t dev;
+  ino_t ino;
+  Hdf5Journal* journal;
+};
+
+Driven* driven(H5FD_t* f) { return reinterpret_cast<Driven*>(f); }
+const Driven* driven(const H5FD_t* f) { return reinterpret_cast<const Driven*>(f); }
+
+// Puts why on HDF5's error stack, where its own messages go.
+herr_t fail(const char* func, const std::string& why) {
+  H5Epush2(H5E_DEFAULT, __FILE__, func, __LINE__, H5E_ERR_CLS, H5E_VFL, H5E_WRITEERROR, "%s", why.c_str());
+  return -1;
+}
+
+void* fapl_copy(const void* info) {
+  void* p = std::malloc(sizeof(Config));
+  if (p) std::memcpy(p, info, sizeof(Config));
+  return p;
+}
+
+herr_t fapl_free(void* info) {
+  std::free(info);
+  return 0;
+}
+
+H5FD_t* open(const char* /*name*/, unsigned flags, hid_t fapl, haddr_t /*maxaddr*/) {
+  const auto* cfg = static_cast<const Config*>(H5Pget_driver_info(fapl));
+  if (cfg == nullptr) return nullptr;
+  const int fd = ::fcntl(cfg->fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  if (((flags & H5F_ACC_TRUNC) && ::ftruncate(fd, 0) != 0) || ::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return nullptr;
+  }
+  auto* f = new (std::nothrow) Driven{};
+  if (f == nullptr) {
+    ::close(fd);
+    return nullptr;
+  }
+  f->fd = fd;
+  f->eof = static_cast<haddr_t>(st.st_size);
+  f->dev = st.st_dev;
+  f->ino = st.st_ino;
+  f->journal = cfg->journal;
+  return &f->pub;
+}
+
+herr_t close(H5FD_t* file) {
+  Driven* f = driven(file);
+  const int rc = ::close(f->fd);
+  delete f;
+  return rc == 0 ? 0 : -1;
+}
+
+int cmp(const H5FD_t* a, const H5FD_t* b) {
+  const Driven *x = driven(a), *y = driven(b);
+  if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+  if (x->ino != y->ino) return x->ino < y->ino ? -1 : 1;
+  return 0;
+}
+
+herr_t query(const H5FD_t*, unsigned long* flags) {
+  // What sec2 says of itself: SWMR writing needs SUPPORTS_SWMR_IO.
+  if (flags)
+    *flags = H5FD_FEAT_AGGREGATE_METADATA | H5FD_FEAT_ACCUMULATE_METADATA | H5FD_FEAT_DATA_SIEVE |
+             H5FD_FEAT_AGGREGATE_SMALLDATA | H5FD_FEAT_POSIX_COMPAT_HANDLE | H5FD_FEAT_SUPPORTS_SWMR_IO |
+             H5FD_FEAT_DEFAULT_VFD_COMPATIBLE;
+  return 0;
+}
+
+haddr_t get_eoa(const H5FD_t* file, H5FD_mem_t) { return driven(file)->eoa; }
+
+herr_t set_eoa(H5FD_t* file, H5FD_mem_t, haddr_t addr) {
+  driven(file)->eoa = addr;
+  return 0;
+}
+
+haddr_t get_eof(const H5FD_t* file, H5FD_mem_t) { return driven(file)->eof; }
+
+herr_t get_handle(H5FD_t* file, hid_t, void** handle) {
+  *handle = &driven(file)->fd;
+  return 0;
+}
+
+herr_t read(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, void* buf) {
+  const Driven* f = driven(file);
+  auto* p = static_cast<char*>(buf);
+  while (size > 0) {
+    const ssize_t r = ::pread(f->fd, p, size, static_cast<off_t>(addr));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return fail("tensortap_read", fmt::format("read of tensors.h5 failed: {}", std::strerror(errno)));
+    if (r == 0) {
+      std::memset(p, 0, size);  // past the end of the file: zeros, as in sec2
+      break;
+    }
+    p += r;
+    addr += static_cast<haddr_t>(r);
+    size -= static_cast<size_t>(r);
+  }
+  return 0;
+}
+
+herr_t write(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, const void* buf) {
+  Driven* f = driven(file);
+  try {
+    if (f->journal) f->journal->save(f->fd, addr, size);
+  } catch (const std::exception& e) {
+    return fail("tensortap_write", fmt::format("cannot save what a write would overwrite: {}", e.what()));
+  }
+  const auto* p = static_cast<const char*>(buf);
+  const haddr_t end = addr + size;
+  while (size > 0) {
+    const ssize_t w = ::pwrite(f->fd, p, size, static_cast<off_t>(addr));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return fail("tensortap_write", fmt::format("write of tensors.h5 failed: {}", std::strerror(errno)));
+    p += w;
+    addr += static_cast<haddr_t>(w);
+    size -= static_cast<size_t>(w);
+  }
+  f->eof = std::max(f->eof, end);
+  return 0;
+}
+
+herr_t flush(H5FD_t*, hid_t, hbool_t) { return 0; }
+
+herr_t truncate(H5FD_t* file, hid_t, hbool_t) {
+  Driven* f = driven(file);
+  if (f->eoa == f->eof) return 0;
+  try {
+    if (f->journal && f->eoa < f->eof) f->journal->save(f->fd, f->eoa, f->eof - f->eoa);
+  } catch (const std::exception& e) {
+    return fail("tensortap_truncate", fmt::format("cannot save what a truncation would drop: {}", e.what()));
+  }
+  while (::ftruncate(f->fd, static_cast<off_t>(f->eoa)) != 0)
+    if (errno != EINTR)
+      return fail("tensortap_truncate", fmt::format("truncation of tensors.h5 failed: {}", std::strerror(errno)));
+  f->eof = f->eoa;
+  return 0;
+}
+
+herr_t lock(H5FD_t* file, hbool_t rw) {
+  // As sec2: readers (h5py) and this writer exclude each other until the
+  // writer enters SWMR mode, where HDF5 unlocks.
+  if (::flock(driven(file)->fd, (rw ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0 || errno == ENOSYS) return 0;
+  return fail("tensortap_lock", fmt::format("cannot lock tensors.h5: {}", std::strerror(errno)));
+}
+
+herr_t unlock(H5FD_t* file) {
+  if (::flock(driven(file)->fd, LOCK_UN) == 0 || errno == ENOSYS) return 0;
+  return fail("tensortap_unlock", fmt::format("cannot unlock tensors.h5: {}", std::strerror(errno)));
+}
+
+hid_t driver_id() {
+  static hid_t id = [] {
+    static H5FD_class_t c{};
+#if H5_VERSION_GE(1, 13, 2)
+    c.version = H5FD_CLASS_VERSION;  // 1.14's class carries a version and a value
+    c.value = static_cast<H5FD_class_value_t>(0x2B5);  // outside HDF5's own and its test range
+#endif
+    c.name = "tensortap_journaled";
+    c.maxaddr = (static_cast<haddr_t>(1) << 63) - 1;  // off_t's largest
+    c.fc_degree = H5F_CLOSE_WEAK;
+    c.fapl_size = sizeof(Config);
+    c.fapl_copy = fapl_copy;
+    c.fapl_free = fapl_free;
+    c.open = open;
+    c.close = close;
+    c.cmp = cmp;
+    c.query = query;
+    c.get_eoa = get_eoa;
+    c.set_eoa = set_eoa;
+    c.get_eof = get_eof;
+    c.get_handle = get_handle;
+    c.read = read;
+    c.write = write;
+    c.flush = flush;
+    c.truncate = truncate;
+    c.lock = lock;
+    c.unlock = unlock;
+    const H5FD_mem_t map[H5FD_MEM_NTYPES] = H5FD_FLMAP_DICHOTOMY;
+    std::copy(std::begin(map), std::end(map), std::begin(c.fl_map));
+    return H5FDregister(&c);
+  }();
+  return id;
+}
+
+}  // namespace
+
+H5::FileAccPropList journaled_fapl(int fd, Hdf5Journal* journal) {
+  const hid_t id = driver_id();
+  if (id < 0) throw Error("tensortap: HDF5: cannot register tensortap's file driver");
+  H5::FileAccPropList fapl;
+  const Config cfg{fd, journal};
+  fapl.setDriver(id, &cfg);
+  return fapl;
+}
+
+}  // namespace tensortap::detail

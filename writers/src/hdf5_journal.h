@@ -1,0 +1,69 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include <H5Cpp.h>
+
+#include "writers/src/file.h"
+
+namespace tensortap::detail {
+
+/// A rollback journal for `tensors.h5`, kept while the writer is out of SWMR
+/// mode.
+///
+/// In SWMR mode HDF5 orders its writes so that the file on disk is readable
+/// at every moment. Out of it (HDF5 1.10 creates datasets only there) it
+/// overwrites metadata in place, in no useful order: a writer killed then
+/// leaves a group index pointing at blocks never written, and the names
+/// indexed long before are lost with the new one. So the writer closes the
+/// file first (consistent on disk, `limit` bytes long), and this journal
+/// keeps every byte below `limit` that the span overwrites, saved before the
+/// overwrite. Once the file is back in SWMR mode the journal is emptied and
+/// removed. A reader that finds a journal whose writer is dead reads the file
+/// as it was at `limit` (python/tensortap/_hdf5.py).
+///
+/// The file, little endian: "TTHDF5J1", uint64 limit, then records
+/// {uint64 offset, uint64 length, bytes}, each written before the overwrite
+/// it saves. A record cut short by a crash is ignored: its overwrite never
+/// happened. It protects against the process dying (SIGKILL, abort), not
+/// against power loss (nothing is fsynced).
+class Hdf5Journal {
+ public:
+  static constexpr const char* kName = ".tensors.h5.journal";
+  static constexpr char kMagic[9] = "TTHDF5J1";
+
+  explicit Hdf5Journal(const Dir& dir) : dir_(dir) {}
+  // Destroyed before end(), it stays on disk: the file may be torn, and the
+  // journal is what lets a reader read it as it was.
+  Hdf5Journal(const Hdf5Journal&) = delete;
+  Hdf5Journal& operator=(const Hdf5Journal&) = delete;
+
+  /// Starts keeping the bytes below `limit` (never through a link: a planted
+  /// one is replaced).
+  void begin(std::uint64_t limit);
+  bool active() const { return static_cast<bool>(file_); }
+  /// Saves what `data_fd` holds in [offset, offset + n) below the limit and
+  /// not saved before, before the caller overwrites or truncates it.
+  void save(int data_fd, std::uint64_t offset, std::uint64_t n);
+  /// The span is over: empties the journal (a reader then ignores it, should
+  /// the removal fail) and removes it.
+  void end();
+
+ private:
+  const Dir& dir_;
+  File file_;
+  std::uint64_t limit_ = 0;
+  // Ranges saved: start -> end.
+  std::map<std::uint64_t, std::uint64_t> saved_;
+};
+
+/// File access properties that make HDF5 write `fd` (an open `tensors.h5`)
+/// through a POSIX driver that lets `journal` save what each write and
+/// truncation would overwrite. Files it writes are ordinary HDF5 files (no
+/// driver information is stored): h5py opens them with its default driver.
+/// `journal` must outlive the file.
+H5::FileAccPropList journaled_fapl(int fd, Hdf5Journal* journal);
+
+}  // namespace tensortap::detail
