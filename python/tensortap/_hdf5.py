@@ -40,9 +40,11 @@ def open_h5(path, run_error, run_warning):
     journal_path = os.path.join(directory, _JOURNAL_NAME)
     deadline = time.monotonic() + WAIT_FOR_WRITER_S
     while True:
-        journal = read_journal(journal_path)
         alive = writer_alive(directory)
-        if journal is not None and not alive:
+        # Only a dead writer's journal counts: a live writer may end its span
+        # (and write the file again) at any moment. Dead, it stays dead.
+        journal = None if alive else read_journal(journal_path)
+        if journal is not None:
             # Killed out of SWMR mode: the file may be torn even where HDF5
             # would open it. Read it as it was before.
             limit, patches = journal
@@ -56,7 +58,9 @@ def open_h5(path, run_error, run_warning):
         try:
             return h5py.File(path, "r")
         except (OSError, RuntimeError, ValueError) as e:  # h5py's choice varies with the damage
-            if "already open for write" not in str(e):
+            # Out of SWMR mode the writer's superblock says "open for write";
+            # other writers' HDF5 may hold a lock on the file as well.
+            if "already open for write" not in str(e) and "unable to lock file" not in str(e):
                 raise run_error(f"{path}: HDF5 cannot open it: {e}") from None
             refused = e
         if not alive:

@@ -1,7 +1,6 @@
 #include "writers/src/hdf5_journal.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -54,6 +53,7 @@ void Hdf5Journal::begin(std::uint64_t limit) {
   put_u64(head + 8, limit);
   f.write_all(head, sizeof head);
   file_ = std::move(f);
+  length_ = sizeof head;
 }
 
 void Hdf5Journal::save(int data_fd, std::uint64_t offset, std::uint64_t n) {
@@ -76,7 +76,19 @@ void Hdf5Journal::save(int data_fd, std::uint64_t offset, std::uint64_t n) {
     put_u64(head, lo);
     put_u64(head + 8, old.size());
     // One write: a crash leaves the record whole or short, never wrong.
-    file_.write_all(head, sizeof head, old.data(), old.size());
+    try {
+      file_.write_all(head, sizeof head, old.data(), old.size());
+    } catch (...) {
+      // Cut a part-written record off, so that a later one is read from its
+      // start; the overwrite is refused, so no saved byte is missing.
+      try {
+        file_.truncate(length_);
+      } catch (...) {
+        frozen_ = true;  // the journal cannot be trusted: write nothing more
+      }
+      throw;
+    }
+    length_ += sizeof head + old.size();
     saved_[lo] = end;
     lo = end;
   }
@@ -210,13 +222,13 @@ herr_t read(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, void* bu
 
 herr_t write(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, const void* buf) {
   Driven* f = driven(file);
+  if (f->journal && f->journal->frozen()) return 0;  // given up: see Hdf5Journal::freeze()
   try {
     if (f->journal) f->journal->save(f->fd, addr, size);
   } catch (const std::exception& e) {
     return fail("tensortap_write", fmt::format("cannot save what a write would overwrite: {}", e.what()));
   }
   const auto* p = static_cast<const char*>(buf);
-  const haddr_t end = addr + size;
   while (size > 0) {
     const ssize_t w = ::pwrite(f->fd, p, size, static_cast<off_t>(addr));
     if (w < 0 && errno == EINTR) continue;
@@ -224,8 +236,8 @@ herr_t write(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, const v
     p += w;
     addr += static_cast<haddr_t>(w);
     size -= static_cast<size_t>(w);
+    f->eof = std::max(f->eof, addr);
   }
-  f->eof = std::max(f->eof, end);
   return 0;
 }
 
@@ -233,7 +245,7 @@ herr_t flush(H5FD_t*, hid_t, hbool_t) { return 0; }
 
 herr_t truncate(H5FD_t* file, hid_t, hbool_t) {
   Driven* f = driven(file);
-  if (f->eoa == f->eof) return 0;
+  if (f->eoa == f->eof || (f->journal && f->journal->frozen())) return 0;
   try {
     if (f->journal && f->eoa < f->eof) f->journal->save(f->fd, f->eoa, f->eof - f->eoa);
   } catch (const std::exception& e) {
@@ -246,17 +258,11 @@ herr_t truncate(H5FD_t* file, hid_t, hbool_t) {
   return 0;
 }
 
-herr_t lock(H5FD_t* file, hbool_t rw) {
-  // As sec2: readers (h5py) and this writer exclude each other until the
-  // writer enters SWMR mode, where HDF5 unlocks.
-  if (::flock(driven(file)->fd, (rw ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0 || errno == ENOSYS) return 0;
-  return fail("tensortap_lock", fmt::format("cannot lock tensors.h5: {}", std::strerror(errno)));
-}
+// No file lock (see journaled_fapl()); HDF5 still marks the superblock, so
+// plain readers refuse the file while it is out of SWMR mode.
+herr_t lock(H5FD_t*, hbool_t) { return 0; }
 
-herr_t unlock(H5FD_t* file) {
-  if (::flock(driven(file)->fd, LOCK_UN) == 0 || errno == ENOSYS) return 0;
-  return fail("tensortap_unlock", fmt::format("cannot unlock tensors.h5: {}", std::strerror(errno)));
-}
+herr_t unlock(H5FD_t*) { return 0; }
 
 hid_t driver_id() {
   static hid_t id = [] {

@@ -50,11 +50,19 @@ class Hdf5Journal {
   /// The span is over: empties the journal (a reader then ignores it, should
   /// the removal fail) and removes it.
   void end();
+  /// The writer gave the file up: from now on the driver writes nothing to
+  /// it, not even when HDF5 closes it at exit, so the file stays as the
+  /// journal (if any) and the last flush left it.
+  void freeze() noexcept { frozen_ = true; }
+  bool frozen() const noexcept { return frozen_; }
 
  private:
   const Dir& dir_;
   File file_;
   std::uint64_t limit_ = 0;
+  // Bytes of whole records: a record that failed part way is cut off.
+  std::uint64_t length_ = 0;
+  bool frozen_ = false;
   // Ranges saved: start -> end.
   std::map<std::uint64_t, std::uint64_t> saved_;
 };
@@ -63,7 +71,11 @@ class Hdf5Journal {
 /// through a POSIX driver that lets `journal` save what each write and
 /// truncation would overwrite. Files it writes are ordinary HDF5 files (no
 /// driver information is stored): h5py opens them with its default driver.
-/// `journal` must outlive the file.
+/// `journal` must outlive the file, even one left unclosed (HDF5 closes it
+/// at exit). The writer does not lock the file: the run directory's lock
+/// keeps other writers out, and a lock here would let any reader that has
+/// the file open (h5py keeps a shared lock) stop the writer from creating
+/// new names.
 H5::FileAccPropList journaled_fapl(int fd, Hdf5Journal* journal);
 
 }  // namespace tensortap::detail

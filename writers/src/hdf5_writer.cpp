@@ -250,7 +250,7 @@ class Hdf5Sink final : public RecordSink {
 };
 
 Hdf5Writer::Hdf5Writer(const Dir& dir, const Hdf5Options& options)
-    : path_(dir.path_of("tensors.h5")), journal_(dir), options_(options) {
+    : path_(dir.path_of("tensors.h5")), journal_(std::make_unique<Hdf5Journal>(dir)), options_(options) {
   // The file is created here, exclusively and never through a link, and
   // HDF5 works on this descriptor: the same file, whatever the path names
   // by then.
@@ -270,6 +270,7 @@ Hdf5Writer::Hdf5Writer(const Dir& dir, const Hdf5Options& options)
     start_swmr();
   } catch (...) {
     drop_file();  // under the lock: its destructor calls HDF5
+    if (file_leaked_) (void)journal_.release();  // HDF5's exit still reaches it
     throw;
   }
 }
@@ -292,6 +293,8 @@ void Hdf5Writer::close_file() {
     // The H5File's destructor would close the half-closed file again,
     // which crashes inside HDF5 1.10: let the object go undestroyed.
     (void)file_.release();
+    file_leaked_ = true;
+    journal_->freeze();
     throw;
   }
   file_.reset();
@@ -305,6 +308,7 @@ void Hdf5Writer::give_up(const std::string& why) noexcept {
   // (and closing it again, as the library does at exit, crashes). That is
   // why check_space() keeps HDF5 from running out of room in the first place.
   if (broken_.empty()) broken_ = why;
+  journal_->freeze();  // nothing more reaches the file, not even at exit
 }
 
 void Hdf5Writer::check_space(std::uint64_t bytes) const {
@@ -357,11 +361,12 @@ Hdf5Writer::~Hdf5Writer() {
   } catch (...) {
     // close() already failed once and was reported by the backend.
   }
+  if (file_leaked_) (void)journal_.release();  // HDF5's exit still reaches it
 }
 
 void Hdf5Writer::open(bool create) {
   wrap(path_, "/", create ? "create" : "reopen", [&] {
-    H5::FileAccPropList fapl = journaled_fapl(fd_.fd(), &journal_);
+    H5::FileAccPropList fapl = journaled_fapl(fd_.fd(), journal_.get());
     // SWMR needs the latest file format.
     fapl.setLibverBounds(H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
     file_ = std::make_unique<H5::H5File>(path_, create ? H5F_ACC_TRUNC : H5F_ACC_RDWR,
@@ -401,7 +406,7 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
   // keeps what was there, so a reader can roll a crash in this span back.
   const auto left_swmr = std::chrono::steady_clock::now();
   try {
-    journal_.begin(fd_.size());
+    journal_->begin(fd_.size());
     open(/*create=*/false);
     for (const RecordMeta* m : fresh) {
       const std::string key = key_of(*m);
@@ -458,7 +463,7 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
     // Whatever failed above, the series that exist must work again, in SWMR.
     wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); });
     start_swmr();
-    journal_.end();
+    journal_->end();
   } catch (const Error& e) {
     // The span did not end: nothing more is written (rows indexed later
     // would be rolled back with it), and the journal stays for readers.
@@ -494,9 +499,10 @@ std::unique_ptr<RecordSink> Hdf5Writer::begin(const RecordMeta& meta) {
     Series& s = series_of(meta);
     const std::uint64_t grows = new_chunk_bytes(s, meta, s.next_row);
     check_space(std::max<std::uint64_t>(grows, meta.nbytes));
-    unflushed_bytes_ += grows;
     ensure_open(s);
-    return std::unique_ptr<RecordSink>(std::make_unique<Hdf5Sink>(*this, s, meta));
+    auto sink = std::make_unique<Hdf5Sink>(*this, s, meta);
+    unflushed_bytes_ += grows;  // counted once the row is taken
+    return std::unique_ptr<RecordSink>(std::move(sink));
   });
 }
 
@@ -529,6 +535,7 @@ void Hdf5Writer::close() {
     for (auto& [key, s] : series_) release(s);
     series_.clear();
     (void)file_.release();
+    file_leaked_ = true;
     fd_ = File();
     throw Error(fmt::format("tensortap: HDF5: '{}' was left unclosed after an earlier failure: {}", path_, broken_));
   }

@@ -110,7 +110,10 @@ class Hdf5Writer final : public Writer {
   // The file, created by the constructor; HDF5 reads and writes it through
   // this descriptor (journaled_fapl()), never by its path.
   File fd_;
-  Hdf5Journal journal_;
+  // On the heap: a file left unclosed after a failure is closed by HDF5 at
+  // exit through the driver, which still reads it (leaked then, frozen).
+  std::unique_ptr<Hdf5Journal> journal_;
+  bool file_leaked_ = false;
   // Why the file was closed early, once it was.
   std::string broken_;
   Hdf5Options options_;
