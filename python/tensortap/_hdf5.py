@@ -150,7 +150,6 @@ class PatchedView(io.RawIOBase):
         self._size = os.fstat(self._f.fileno()).st_size if size is None else size
         # Laid in reverse, so that the first patch over a byte is the one left.
         self._patches = list(reversed(list(patches)))
-        self._head = b""
         head = self._read_at(0, 12)
         if len(head) < 12 or head[:8] != _SIGNATURE or head[8] not in (2, 3):
             self._f.close()
@@ -169,7 +168,7 @@ class PatchedView(io.RawIOBase):
         self._size = max(self._size, int.from_bytes(block[eoa_at], "little"))
         block[eoa_at] = self._size.to_bytes(offsets, "little")
         block[-4:] = lookup3(bytes(block[:-4])).to_bytes(4, "little")
-        self._head = bytes(block)
+        self._patches.append((0, bytes(block)))  # laid last: the superblock as fixed here
         self._pos = 0
 
     def _read_at(self, pos, n):
@@ -182,7 +181,7 @@ class PatchedView(io.RawIOBase):
         self._f.seek(pos)
         got = self._f.readinto(view[:n]) or 0
         view[got:n] = bytes(n - got)  # allocated, never written
-        for offset, data in self._patches + [(0, self._head)]:
+        for offset, data in self._patches:
             lo, hi = max(pos, offset), min(pos + n, offset + len(data))
             if lo < hi:
                 view[lo - pos:hi - pos] = data[lo - offset:hi - offset]

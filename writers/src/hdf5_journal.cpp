@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
-#include <mutex>
 #include <new>
 #include <vector>
 
@@ -24,19 +23,19 @@ void put_u64(unsigned char* p, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
 }
 
-// Reads what `fd` holds at [offset, offset + n); past its end, nothing.
-std::vector<unsigned char> read_at(int fd, std::uint64_t offset, std::uint64_t n) {
-  std::vector<unsigned char> out(n);
+// Reads up to `n` bytes of `fd` at `offset`, fewer at its end; -1 (errno
+// set) on an error. The journal and the driver both read through it.
+ssize_t read_upto(int fd, void* data, std::size_t n, std::uint64_t offset) {
+  auto* p = static_cast<char*>(data);
   std::size_t got = 0;
   while (got < n) {
-    const ssize_t r = ::pread(fd, out.data() + got, n - got, static_cast<off_t>(offset + got));
+    const ssize_t r = ::pread(fd, p + got, n - got, static_cast<off_t>(offset + got));
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw_errno("read (to journal)", "tensors.h5", errno);
+    if (r < 0) return -1;
     if (r == 0) break;
     got += static_cast<std::size_t>(r);
   }
-  out.resize(got);
-  return out;
+  return static_cast<ssize_t>(got);
 }
 
 }  // namespace
@@ -71,7 +70,10 @@ void Hdf5Journal::save(int data_fd, std::uint64_t offset, std::uint64_t n) {
       }
     }
     const std::uint64_t end = it == saved_.end() ? hi : std::min(hi, it->first);
-    std::vector<unsigned char> old = read_at(data_fd, lo, end - lo);
+    std::vector<unsigned char> old(end - lo);
+    const ssize_t got = read_upto(data_fd, old.data(), old.size(), lo);
+    if (got < 0) throw_errno("read (to journal)", "tensors.h5", errno);
+    old.resize(static_cast<std::size_t>(got));
     unsigned char head[16];
     put_u64(head, lo);
     put_u64(head + 8, old.size());
@@ -203,20 +205,10 @@ herr_t get_handle(H5FD_t* file, hid_t, void** handle) {
 }
 
 herr_t read(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, void* buf) {
-  const Driven* f = driven(file);
-  auto* p = static_cast<char*>(buf);
-  while (size > 0) {
-    const ssize_t r = ::pread(f->fd, p, size, static_cast<off_t>(addr));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return fail("tensortap_read", fmt::format("read of tensors.h5 failed: {}", std::strerror(errno)));
-    if (r == 0) {
-      std::memset(p, 0, size);  // past the end of the file: zeros, as in sec2
-      break;
-    }
-    p += r;
-    addr += static_cast<haddr_t>(r);
-    size -= static_cast<size_t>(r);
-  }
+  const ssize_t got = read_upto(driven(file)->fd, buf, size, addr);
+  if (got < 0) return fail("tensortap_read", fmt::format("read of tensors.h5 failed: {}", std::strerror(errno)));
+  // Past the end of the file: zeros, as in sec2.
+  std::memset(static_cast<char*>(buf) + got, 0, size - static_cast<std::size_t>(got));
   return 0;
 }
 

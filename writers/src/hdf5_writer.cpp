@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/statvfs.h>
-#include <unistd.h>
 
 #include <cerrno>
 
