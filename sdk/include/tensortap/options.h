@@ -10,19 +10,11 @@
 
 #include <torch/arg.h>
 
+#include <tensortap/format.h>
 #include <tensortap/kinds.h>
 #include <tensortap/trigger.h>
 
 namespace tensortap {
-
-/// The file format of a run.
-enum class Format {
-  /// One `.npy` file per record under `npy/<kind>/<name>/<step>.npy`.
-  Npy,
-  /// One `tensors.h5` per run: `/<kind>/<name>/data` grows by a row per
-  /// record. Needs a build with HDF5 (`TENSORTAP_WITH_HDF5`).
-  Hdf5,
-};
 
 /// What happens when both staging buffers are full.
 enum class Overflow {
@@ -54,27 +46,6 @@ enum class AfterDump {
   /// Throw `Error` from the next `step()`, naming the step and the reason:
   /// training stops at an iteration boundary.
   Throw,
-};
-
-/// Settings of the HDF5 writer (`Format::Hdf5`).
-///
-/// Example:
-/// ```
-/// auto opts = tensortap::Options("runs/exp1")
-///                 .format(tensortap::Format::Hdf5)
-///                 .hdf5(tensortap::Hdf5Options().deflate(4).shuffle(true));
-/// ```
-struct Hdf5Options {
-  /// gzip (deflate) level, 1 to 9; 0 stores the data uncompressed.
-  TORCH_ARG(int, deflate) = 0;
-  /// Byte-shuffle before deflate: helps floats compress.
-  TORCH_ARG(bool, shuffle) = false;
-  /// About how many bytes one HDF5 chunk holds. Small records share a chunk
-  /// (up to 256 rows), large ones are split.
-  TORCH_ARG(std::size_t, chunk_bytes) = std::size_t{1} << 20;
-  /// Flush the file (and with it, make the rows visible to SWMR readers and
-  /// safe from a crash) every this many sampled steps.
-  TORCH_ARG(std::int64_t, flush_every) = 1;
 };
 
 /// Settings of a `Recorder`: where it writes, what it captures and when.
