@@ -29,7 +29,7 @@ namespace {
 
 using tensortap::detail::CudaEngine;
 using tensortap::detail::CudaEngineOptions;
-using tensortap::detail::RecordMeta;
+using tensortap::detail::RecordDesc;
 using tensortap::detail::Staging;
 
 constexpr std::size_t kStaging = std::size_t{64} << 20;
@@ -95,7 +95,7 @@ void BM_EngineD2H(benchmark::State& state) {
   CudaEngine engine(staging, options, [&](const std::string& what) {
     if (errors++ == 0) std::fprintf(stderr, "%s\n", what.c_str());
   });
-  auto meta = std::make_shared<RecordMeta>();
+  auto meta = std::make_shared<RecordDesc>();
   meta->name = "x";
   meta->dtype = meta->stored = c10::ScalarType::Float;
   meta->shape = {static_cast<std::int64_t>(size / 4)};

@@ -53,7 +53,7 @@ void BM_NpyWrite(benchmark::State& state, bool sync) {
   const auto run_dir = tensortap::detail::Dir::open(dir.path, false);
   tensortap::detail::NpyWriter writer(run_dir);
   std::vector<char> data(n, 1);
-  tensortap::detail::RecordMeta meta;
+  tensortap::detail::RecordDesc meta;
   meta.name = "x";
   meta.shape = {static_cast<std::int64_t>(n / 4)};
   meta.nbytes = n;
@@ -112,7 +112,7 @@ void BM_Hdf5Write(benchmark::State& state) {
       run_dir, tensortap::Hdf5Options().deflate(static_cast<int>(state.range(1))).shuffle(state.range(1) > 0));
   std::vector<float> data(n / 4);
   for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i % 251);
-  tensortap::detail::RecordMeta meta;
+  tensortap::detail::RecordDesc meta;
   meta.name = "x";
   meta.shape = {static_cast<std::int64_t>(n / 4)};
   meta.nbytes = n;
@@ -142,15 +142,15 @@ void BM_Hdf5NewName(benchmark::State& state) {
   const auto run_dir = tensortap::detail::Dir::open(dir.path, false);
   tensortap::detail::Hdf5Writer writer(run_dir, tensortap::Hdf5Options());
   std::vector<float> data(256, 1.0f);
-  std::vector<tensortap::detail::RecordMeta> metas(static_cast<std::size_t>(names));
-  std::vector<const tensortap::detail::RecordMeta*> all;
+  std::vector<tensortap::detail::RecordDesc> metas(static_cast<std::size_t>(names));
+  std::vector<const tensortap::detail::RecordDesc*> all;
   for (int i = 0; i < names; ++i) {
     metas[i].name = fmt::format("layer{}.weight", i);
     metas[i].shape = {256};
     metas[i].nbytes = 1024;
     all.push_back(&metas[i]);
   }
-  const auto write_row = [&](tensortap::detail::RecordMeta& m, std::int64_t step) {
+  const auto write_row = [&](tensortap::detail::RecordDesc& m, std::int64_t step) {
     m.step = step;
     auto sink = writer.begin(m);
     sink->append(data.data(), 1024);
@@ -166,7 +166,7 @@ void BM_Hdf5NewName(benchmark::State& state) {
     writer.sync(/*force=*/true);
     next_row += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     ++step;
-    tensortap::detail::RecordMeta fresh;
+    tensortap::detail::RecordDesc fresh;
     fresh.name = fmt::format("new{}", step);
     fresh.shape = {256};
     fresh.nbytes = 1024;

@@ -25,7 +25,7 @@ namespace {
 using tensortap::Overflow;
 using tensortap::detail::CudaEngine;
 using tensortap::detail::CudaEngineOptions;
-using tensortap::detail::RecordMeta;
+using tensortap::detail::RecordDesc;
 using tensortap::detail::Staging;
 
 #define CUDA_OK(call) REQUIRE((call) == cudaSuccess)
@@ -56,8 +56,8 @@ std::vector<char> pattern(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
-std::shared_ptr<const RecordMeta> meta_for(std::uint64_t id, std::size_t nbytes) {
-  auto m = std::make_shared<RecordMeta>();
+std::shared_ptr<const RecordDesc> meta_for(std::uint64_t id, std::size_t nbytes) {
+  auto m = std::make_shared<RecordDesc>();
   m->name = "r" + std::to_string(id);
   m->dtype = m->stored = c10::ScalarType::Byte;
   m->shape = {static_cast<std::int64_t>(nbytes)};

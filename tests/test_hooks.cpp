@@ -12,6 +12,7 @@
 #include <tensortap/tensortap.h>
 
 #include "helpers.h"
+#include "sdk/src/front_end.h"
 #include "writers/src/paths.h"
 
 using tensortap::Kind;
@@ -523,10 +524,10 @@ TEST_CASE("watch() refuses a module it watches already, a closed recorder and a 
 TEST_CASE("a closed recorder lets go of the model's tap points", "[hooks][multi]") {
   TempDir dir;
   Net net;
-  std::weak_ptr<tensortap::detail::Core> core;
+  std::weak_ptr<tensortap::detail::FrontEnd> core;
   {
     auto rec = tensortap::watch(*net, Options(dir.path));
-    core = rec->core();
+    core = tensortap::detail::RecorderAccess::front_end(*rec);
     rec->step(0);
     net->forward(torch::randn({2, 3}));
     rec->close();

@@ -29,7 +29,7 @@ void counting_release(void* p) {
 
 Slot slot_of(std::size_t nbytes, std::uint64_t record) {
   Slot s;
-  s.record = record;
+  s.id = record;
   s.nbytes = nbytes;
   return s;
 }

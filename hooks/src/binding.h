@@ -8,13 +8,13 @@
 
 #include <tensortap/tap.h>
 
-#include "sdk/src/core.h"
+#include "sdk/src/front_end.h"
 
 namespace tensortap::detail {
 
 /// What a bound tap point needs: the recorder's core and the point's name.
 struct TapBinding {
-  std::shared_ptr<Core> core;
+  std::shared_ptr<FrontEnd> core;
   std::string name;
 };
 
@@ -27,7 +27,7 @@ struct TapBindings {
 class TapPointAccess {
  public:
   /// Whether `point` feeds `core` already.
-  static bool bound_to(const TapPoint& point, const Core& core);
+  static bool bound_to(const TapPoint& point, const FrontEnd& core);
   /// Makes `point` feed `binding` too.
   static void bind(TapPoint& point, std::shared_ptr<TapBinding> binding);
   /// Stops `point` feeding `binding`; frees replaced lists no forward reads.

@@ -12,7 +12,7 @@ namespace tensortap {
 namespace detail {
 
 at::Tensor tap_capture(const TapBinding& b, at::Tensor x, const std::string& suffix) {
-  Core& core = *b.core;
+  FrontEnd& core = *b.core;
   const bool want_act = core.active(Kind::Activation);
   const bool want_grad =
       core.active(Kind::ActivationGrad) && x.requires_grad() && at::GradMode::is_enabled();
@@ -89,7 +89,7 @@ bool wants_ops(const TapBindings& list) {
 
 }  // namespace
 
-bool TapPointAccess::bound_to(const TapPoint& point, const Core& core) {
+bool TapPointAccess::bound_to(const TapPoint& point, const FrontEnd& core) {
   std::lock_guard<std::mutex> lock(const_cast<TapPoint&>(point).lists_mu_);
   const TapBindings* list = point.bindings_.load(std::memory_order_relaxed);
   if (list == nullptr) return false;

@@ -36,10 +36,10 @@ class ParamWatcher final : public Watcher {
     std::int64_t taken_step = -1;
   };
 
-  explicit ParamWatcher(std::shared_ptr<Core> core)
+  explicit ParamWatcher(std::shared_ptr<FrontEnd> core)
       : core_(std::move(core)), per_backward_(core_->options().grad_per_backward()) {}
 
-  const Core& core() const { return *core_; }
+  const FrontEnd& core() const { return *core_; }
 
   void add(std::string name, at::Tensor param) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -181,7 +181,7 @@ class ParamWatcher final : public Watcher {
   }
 
  private:
-  std::shared_ptr<Core> core_;
+  std::shared_ptr<FrontEnd> core_;
   const bool per_backward_;
   std::mutex mu_;
   std::vector<Entry> entries_;
@@ -228,7 +228,7 @@ std::string full_name(const std::string& prefix, const std::string& path) {
   return prefix.empty() ? path : prefix + "/" + path;
 }
 
-void attach(torch::nn::Module& module, const std::shared_ptr<Core>& core, const std::string& prefix) {
+void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& core, const std::string& prefix) {
   const KindSet kinds = core->options().kinds();
   const bool want_params = kinds.contains(Kind::Grad) || kinds.contains(Kind::Param);
   const bool want_buffers = kinds.contains(Kind::Buffer);
@@ -282,7 +282,7 @@ void attach(torch::nn::Module& module, const std::shared_ptr<Core>& core, const 
       }
     }
   }
-  std::vector<Core::Claim> claims;
+  std::vector<FrontEnd::Claim> claims;
   for (const auto& [name, t] : params) claims.push_back({t.unsafeGetTensorImpl(), Kind::Grad, name});
   for (const auto& [name, t] : buffers) claims.push_back({t.unsafeGetTensorImpl(), Kind::Buffer, name});
   for (const Point& p : points) claims.push_back({p.point, Kind::Activation, p.name});
@@ -312,7 +312,7 @@ std::shared_ptr<Recorder> watch(torch::nn::Module& module, Options options) {
 }
 
 void watch(torch::nn::Module& module, Recorder& recorder, const std::string& prefix) {
-  detail::attach(module, recorder.core(), prefix);
+  detail::attach(module, detail::RecorderAccess::front_end(recorder), prefix);
 }
 
 }  // namespace tensortap

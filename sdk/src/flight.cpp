@@ -1,74 +1,134 @@
 #include "sdk/src/flight.h"
 
 #include <algorithm>
+#include <optional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "writers/src/check.h"
 
 namespace tensortap::detail {
 
-void FlightRing::drop_oldest() {
-  bytes_ -= steps_.front().bytes;
-  steps_.pop_front();
+FlightRecorder::FlightRecorder(const Options& options, Store& store, RunManifest& manifest, Failures& failures)
+    : options_(options),
+      store_(store),
+      manifest_(manifest),
+      failures_(failures),
+      triggers_(options),
+      halts_(options.flight_recorder() > 0 && options.after_dump() != AfterDump::Continue) {
+  if (options.flight_recorder() > 0)
+    ring_ = std::make_unique<FlightRing>(options.flight_recorder(), options.flight_recorder_bytes());
 }
 
-bool FlightRing::hold(HeldRecord record) {
-  const std::int64_t step = record.meta->step;
-  const std::size_t n = record.bytes.size();
-  // Records normally arrive step by step; a late one (a hook on another
-  // thread) still joins its step if that is held.
-  auto it = std::lower_bound(steps_.begin(), steps_.end(), step,
-                             [](const Step& s, std::int64_t v) { return s.step < v; });
-  if (it == steps_.end() || it->step != step) {
-    // Older than every held step, with the window full: outside it.
-    if (it == steps_.begin() && !steps_.empty() && static_cast<std::int64_t>(steps_.size()) > k_) return false;
-    Step fresh;
-    fresh.step = step;
-    steps_.insert(it, std::move(fresh));
-  }
-  it = std::lower_bound(steps_.begin(), steps_.end(), step,
-                        [](const Step& s, std::int64_t v) { return s.step < v; });
-  if (it->bytes + n > budget_) {
-    // It cannot fit even if every other step went: let none go for it.
-    if (it->records.empty()) steps_.erase(it);
-    return false;
-  }
-  // Keep `k` steps before the newest; the budget then lets older steps go
-  // first. The record's own step is never let go for it.
-  while (steps_.front().step != step &&
-         (static_cast<std::int64_t>(steps_.size()) > k_ + 1 || bytes_ + n > budget_))
-    drop_oldest();
-  it = std::lower_bound(steps_.begin(), steps_.end(), step,
-                        [](const Step& s, std::int64_t v) { return s.step < v; });
-  if (bytes_ + n > budget_) {
-    // A late record whose newer steps fill the budget: they stay.
-    if (it->records.empty()) steps_.erase(it);
-    return false;
-  }
-  it->bytes += n;
-  bytes_ += n;
-  it->records.push_back(std::move(record));
-  return true;
+void FlightRecorder::observe(const RecordDesc& record, const TensorStats& stats, bool has_row) {
+  if (triggers_.empty()) return;
+  // A full tensor the flight recorder holds, on a step without statistics
+  // rows, is only scanned for NaN and Inf: the other rules keep one value
+  // per statistics step.
+  TensorSummary s;
+  s.step = record.step;
+  s.kind = record.kind;
+  s.name = record.name;
+  s.min = stats.min;
+  s.max = stats.max;
+  s.mean = stats.mean;
+  s.std = stats.std;
+  s.norm = stats.norm;
+  s.nan = stats.nan;
+  s.posinf = stats.posinf;
+  s.neginf = stats.neginf;
+  s.zeros = stats.zeros;
+  s.numel = stats.numel;
+  std::string error;
+  std::optional<DumpRecord> fired = triggers_.evaluate(s, /*only_non_finite=*/!has_row, error);
+  // A predicate that threw: an error under on_error, its rule off.
+  if (!error.empty()) failures_.add(nullptr, error, 0);
+  if (fired) trigger(std::move(*fired));
 }
 
-std::vector<HeldRecord> FlightRing::take(std::int64_t step) {
-  std::vector<HeldRecord> out;
-  std::int64_t before = 0;
-  for (const Step& s : steps_) before += s.step < step;
-  std::int64_t skip = std::max<std::int64_t>(0, before - k_);
-  for (Step& s : steps_) {
-    if (s.step < step && skip > 0) {
-      --skip;
-      continue;
+void FlightRecorder::keep(HeldRecord held) {
+  const RecordDesc& desc = held.record->desc;
+  if (window_lo_ <= desc.step && desc.step <= window_hi_) {
+    store_.prepare({&desc});
+    store_.write_whole(desc, held.bytes.data(), held.bytes.size());
+    return;
+  }
+  if (halted() && desc.step > window_hi_) return;
+  // Larger than the budget allows next to the rest of its step: dropped
+  // and counted like a record that found staging full.
+  if (!ring_->hold(std::move(held))) dropped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void FlightRecorder::user_dump(std::int64_t step) {
+  DumpRecord user;
+  user.step = step;
+  user.trigger = "user";
+  user.reason = "user";
+  trigger(std::move(user));
+}
+
+void FlightRecorder::trigger(DumpRecord dump) {
+  if (ring_) {
+    if (halted()) return;
+    const std::int64_t step = dump.step;
+    std::vector<HeldRecord> held = ring_->take(step);
+    dump.steps.push_back(step);
+    std::vector<const RecordDesc*> descs;
+    for (const HeldRecord& r : held) {
+      dump.steps.push_back(r.record->desc.step);
+      descs.push_back(&r.record->desc);
     }
-    for (HeldRecord& r : s.records) out.push_back(std::move(r));
+    std::sort(dump.steps.begin(), dump.steps.end());
+    dump.steps.erase(std::unique(dump.steps.begin(), dump.steps.end()), dump.steps.end());
+    window_lo_ = dump.steps.front();
+    window_hi_ = dump.steps.back();
+    store_.prepare(descs);
+    for (const HeldRecord& r : held) store_.write_whole(r.record->desc, r.bytes.data(), r.bytes.size());
+    // What was dumped is made durable before the run says it was.
+    store_.sync(/*force=*/true);
   }
-  steps_.clear();
-  bytes_ = 0;
-  return out;
+  // Without a flight recorder the trigger only marks the run. run.json
+  // lists the dump before step() can see the count and act on it.
+  try {
+    manifest_.add_dump(dump);
+  } catch (...) {
+    failures_.add(nullptr, Failures::current(), 0);
+  }
+  dumps_.fetch_add(1, std::memory_order_release);
 }
 
-std::vector<std::int64_t> FlightRing::steps() const {
-  std::vector<std::int64_t> out;
-  for (const Step& s : steps_) out.push_back(s.step);
-  return out;
+void FlightRecorder::on_step() {
+  const std::int64_t dumps = this->dumps();
+  if (dumps == seen_.load(std::memory_order_relaxed)) return;
+  DumpRecord last;
+  {
+    std::lock_guard<std::mutex> lock(seen_mu_);
+    seen_dumps_ = manifest_.dumps();
+    if (!seen_dumps_.empty()) last = seen_dumps_.back();
+  }
+  seen_.store(dumps, std::memory_order_relaxed);
+  if (options_.after_dump() != AfterDump::Throw) return;
+  // Without a flight recorder a trigger only marks the run: only Throw acts.
+  const bool marked_only = !holds();
+  std::string why = last.trigger == "user" ? std::string("Recorder::dump()")
+                    : last.trigger == "non_finite" ? "a " + last.reason
+                                                   : fmt::format("Trigger::{}", last.trigger);
+  if (last.window > 0) why += fmt::format(" (value {} against a median of {})", last.value, last.median);
+  fail("run '{}': {} after {} at step {}{} (Options::after_dump(Throw))", manifest_.run_dir(),
+       marked_only ? std::string("a trigger fired")
+                   : fmt::format("the flight recorder dumped steps {}", fmt::join(last.steps, ", ")),
+       why, last.step, last.name.empty() ? "" : fmt::format(" in {} '{}'", kind_name(last.kind), last.name));
+}
+
+std::vector<DumpRecord> FlightRecorder::seen() const {
+  std::lock_guard<std::mutex> lock(seen_mu_);
+  return seen_dumps_;
+}
+
+void FlightRecorder::on_close() {
+  std::lock_guard<std::mutex> lock(seen_mu_);
+  seen_dumps_ = manifest_.dumps();
 }
 
 }  // namespace tensortap::detail

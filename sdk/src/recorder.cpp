@@ -5,27 +5,15 @@
 
 #include <torch/optim/optimizer.h>
 
-#include "sdk/src/core.h"
+#include "sdk/src/front_end.h"
 
 namespace tensortap {
 
-const char* kind_name(Kind kind) {
-  switch (kind) {
-    case Kind::Activation: return "activation";
-    case Kind::ActivationGrad: return "activation_grad";
-    case Kind::Param: return "param";
-    case Kind::Grad: return "grad";
-    case Kind::Tensor: return "tensor";
-    case Kind::Buffer: return "buffer";
-  }
-  return "unknown";
-}
-
-Recorder::Recorder(Options options) : core_(std::make_shared<detail::Core>(std::move(options))) {}
+Recorder::Recorder(Options options) : front_(std::make_shared<detail::FrontEnd>(std::move(options))) {}
 
 Recorder::~Recorder() {
   try {
-    core_->close();
+    front_->close();
   } catch (const std::exception& e) {
     // A destructor must not throw; the writer thread already printed the
     // first error, this says the run ended with it.
@@ -33,48 +21,48 @@ Recorder::~Recorder() {
   }
 }
 
-void Recorder::step(std::int64_t step) { core_->step(step); }
+void Recorder::step(std::int64_t step) { front_->step(step); }
 
-void Recorder::capture(const std::string& name, const at::Tensor& tensor) { core_->capture(name, tensor); }
+void Recorder::capture(const std::string& name, const at::Tensor& tensor) { front_->capture(name, tensor); }
 
-bool Recorder::sampled(Kind kind) const { return core_->active(kind); }
+bool Recorder::sampled(Kind kind) const { return front_->active(kind); }
 
-std::int64_t Recorder::current_step() const { return core_->current_step(); }
+std::int64_t Recorder::current_step() const { return front_->current_step(); }
 
 void Recorder::record_grads(const torch::optim::Optimizer& optimizer) {
   std::unordered_set<const void*> params;
   for (const auto& group : optimizer.param_groups())
     for (const at::Tensor& p : group.params()) params.insert(p.unsafeGetTensorImpl());
-  core_->record_grads(params);
+  front_->record_grads(params);
 }
 
 Recorder::Scope Recorder::scope(const std::string& name) {
-  core_->push_scope(name);
-  return Scope(core_.get());
+  front_->push_scope(name);
+  return Scope(front_.get());
 }
 
 Recorder::Scope::~Scope() {
-  if (core_ != nullptr) core_->pop_scope();
+  if (front_ != nullptr) front_->pop_scope();
 }
 
-void Recorder::flush() { core_->flush(); }
+void Recorder::flush() { front_->flush(); }
 
-void Recorder::close() { core_->close(); }
+void Recorder::close() { front_->close(); }
 
-void Recorder::dump() { core_->dump(); }
+void Recorder::dump() { front_->dump(); }
 
-Stats Recorder::stats() const { return core_->stats(); }
+Stats Recorder::stats() const { return front_->stats(); }
 
-std::vector<DumpRecord> Recorder::dumps() const { return core_->dumps(); }
+std::vector<DumpRecord> Recorder::dumps() const { return front_->dumps(); }
 
-const Options& Recorder::options() const { return core_->options(); }
+const Options& Recorder::options() const { return front_->options(); }
 
-const std::string& Recorder::run_dir() const { return core_->info().run_dir; }
+const std::string& Recorder::run_dir() const { return front_->placement().run_dir; }
 
-std::int64_t Recorder::rank() const { return core_->info().rank; }
+std::int64_t Recorder::rank() const { return front_->placement().rank; }
 
-std::int64_t Recorder::world_size() const { return core_->info().world_size; }
+std::int64_t Recorder::world_size() const { return front_->placement().world_size; }
 
-bool Recorder::capturing() const { return core_->capturing(); }
+bool Recorder::capturing() const { return front_->capturing(); }
 
 }  // namespace tensortap

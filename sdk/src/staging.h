@@ -11,16 +11,16 @@
 
 #include <tensortap/options.h>
 
-#include "writers/src/writer.h"
+#include "sdk/src/record.h"
 
 namespace tensortap::detail {
 
 /// One piece of a record in a staging buffer. A record larger than a buffer
-/// is split into chunks that share `meta` and `record`.
+/// is split into chunks that share `record` and `id`.
 struct Slot {
-  std::shared_ptr<const RecordMeta> meta;
+  std::shared_ptr<const Record> record;
   /// Identifies the record across its chunks.
-  std::uint64_t record = 0;
+  std::uint64_t id = 0;
   /// Where the bytes are in the buffer.
   std::size_t offset = 0;
   std::size_t nbytes = 0;

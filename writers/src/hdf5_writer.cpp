@@ -133,7 +133,7 @@ std::vector<hsize_t> chunk_dims(const std::vector<std::int64_t>& shape, std::siz
 // One record being written into row `row_` of its series.
 class Hdf5Sink final : public RecordSink {
  public:
-  Hdf5Sink(Hdf5Writer& w, Hdf5Writer::Series& s, const RecordMeta& meta)
+  Hdf5Sink(Hdf5Writer& w, Hdf5Writer::Series& s, const RecordDesc& meta)
       : w_(w), s_(s), meta_(meta), row_(s.next_row), elem_(c10::elementSize(meta.stored)) {
     if (meta.shape.size() != s.rank)
       throw Error(fmt::format("tensortap: HDF5: record '{}' (kind {}, step {}) has shape of rank {}, but '{}/data' "
@@ -242,7 +242,7 @@ class Hdf5Sink final : public RecordSink {
 
   Hdf5Writer& w_;
   Hdf5Writer::Series& s_;
-  RecordMeta meta_;
+  RecordDesc meta_;
   hsize_t row_;
   std::size_t elem_;
   std::uint64_t written_ = 0;
@@ -323,7 +323,7 @@ void Hdf5Writer::check_space(std::uint64_t bytes) const {
                   ENOSPC);
 }
 
-std::uint64_t Hdf5Writer::new_chunk_bytes(const Series& s, const RecordMeta& meta, hsize_t row) {
+std::uint64_t Hdf5Writer::new_chunk_bytes(const Series& s, const RecordDesc& meta, hsize_t row) {
   if (s.chunk.empty() || row % s.chunk[0] != 0) return 0;
   std::uint64_t bytes = c10::elementSize(s.stored);
   for (hsize_t d : s.chunk) bytes *= d;
@@ -378,16 +378,16 @@ void Hdf5Writer::start_swmr() {
     throw Error(fmt::format("tensortap: HDF5: cannot start SWMR writing of '{}'", path_));
 }
 
-std::string Hdf5Writer::key_of(const RecordMeta& meta) const {
+std::string Hdf5Writer::key_of(const RecordDesc& meta) const {
   return fmt::format("/{}/{}", kind_name(meta.kind), encode_name(meta.name));
 }
 
-void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
-  std::vector<const RecordMeta*> fresh;
-  for (const RecordMeta* m : records) {
+void Hdf5Writer::create_series(const std::vector<const RecordDesc*>& records) {
+  std::vector<const RecordDesc*> fresh;
+  for (const RecordDesc* m : records) {
     const std::string key = key_of(*m);
     if (series_.count(key) == 0 &&
-        std::none_of(fresh.begin(), fresh.end(), [&](const RecordMeta* f) { return key_of(*f) == key; }))
+        std::none_of(fresh.begin(), fresh.end(), [&](const RecordDesc* f) { return key_of(*f) == key; }))
       fresh.push_back(m);
   }
   if (fresh.empty()) return;
@@ -407,7 +407,7 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
   try {
     journal_->begin(fd_.size());
     open(/*create=*/false);
-    for (const RecordMeta* m : fresh) {
+    for (const RecordDesc* m : fresh) {
       const std::string key = key_of(*m);
       creation_errors_.erase(key);
       Series s;
@@ -472,13 +472,13 @@ void Hdf5Writer::create_series(const std::vector<const RecordMeta*>& records) {
   last_swmr_gap_ = std::chrono::steady_clock::now() - left_swmr;
 }
 
-void Hdf5Writer::prepare(const std::vector<const RecordMeta*>& records) {
+void Hdf5Writer::prepare(const std::vector<const RecordDesc*>& records) {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   H5::Exception::dontPrint();
   guarded([&] { create_series(records); });
 }
 
-Hdf5Writer::Series& Hdf5Writer::series_of(const RecordMeta& meta) {
+Hdf5Writer::Series& Hdf5Writer::series_of(const RecordDesc& meta) {
   const std::string key = key_of(meta);
   auto it = series_.find(key);
   if (it == series_.end()) {
@@ -491,7 +491,7 @@ Hdf5Writer::Series& Hdf5Writer::series_of(const RecordMeta& meta) {
   return it->second;
 }
 
-std::unique_ptr<RecordSink> Hdf5Writer::begin(const RecordMeta& meta) {
+std::unique_ptr<RecordSink> Hdf5Writer::begin(const RecordDesc& meta) {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   return guarded([&] {
     check_open();

@@ -40,8 +40,8 @@ class Hdf5Writer final : public Writer {
   Hdf5Writer(const Dir& dir, const Hdf5Options& options);
   ~Hdf5Writer() override;
 
-  void prepare(const std::vector<const RecordMeta*>& records) override;
-  std::unique_ptr<RecordSink> begin(const RecordMeta& meta) override;
+  void prepare(const std::vector<const RecordDesc*>& records) override;
+  std::unique_ptr<RecordSink> begin(const RecordDesc& meta) override;
   bool sync(bool force) override;
   void close() override;
   /// How long the last creation of new names kept the file outside SWMR
@@ -72,7 +72,7 @@ class Hdf5Writer final : public Writer {
   friend class Hdf5Sink;
   void open(bool create);
   void start_swmr();
-  void create_series(const std::vector<const RecordMeta*>& records);
+  void create_series(const std::vector<const RecordDesc*>& records);
   void ensure_open(Series& s);
   // Throws if an earlier failure closed the file.
   void check_open() const {
@@ -97,13 +97,13 @@ class Hdf5Writer final : public Writer {
   void check_space(std::uint64_t bytes) const;
   // The file space a record in row `row` of `s` may newly take: the chunks
   // of its row group, when it is the group's first row.
-  static std::uint64_t new_chunk_bytes(const Series& s, const RecordMeta& meta, hsize_t row);
+  static std::uint64_t new_chunk_bytes(const Series& s, const RecordDesc& meta, hsize_t row);
   // Closes the file once; a failed close is never retried (see give_up()).
   void close_file();
   static void release(Series& s) noexcept;
   void drop_file() noexcept;
-  Series& series_of(const RecordMeta& meta);
-  std::string key_of(const RecordMeta& meta) const;
+  Series& series_of(const RecordDesc& meta);
+  std::string key_of(const RecordDesc& meta) const;
 
   // The path, for messages.
   std::string path_;

@@ -49,7 +49,7 @@ class NpySink final : public RecordSink {
 
 }  // namespace
 
-std::unique_ptr<RecordSink> NpyWriter::begin(const RecordMeta& meta) {
+std::unique_ptr<RecordSink> NpyWriter::begin(const RecordDesc& meta) {
   const std::string rel_dir = fmt::format("npy/{}/{}", kind_name(meta.kind), encode_name(meta.name));
   const bool create = made_.count(rel_dir) == 0;
   Dir dir = dir_.sub(rel_dir, create);

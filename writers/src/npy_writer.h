@@ -13,7 +13,7 @@ namespace tensortap::detail {
 class NpyWriter final : public Writer {
  public:
   explicit NpyWriter(const Dir& dir) : dir_(dir) {}
-  std::unique_ptr<RecordSink> begin(const RecordMeta& meta) override;
+  std::unique_ptr<RecordSink> begin(const RecordDesc& meta) override;
   void close() override {}
 
  private:

@@ -196,7 +196,7 @@ void write_run_json(const Dir& dir, const Options& o, const RunInfo& info) {
   }
 }
 
-void append_index_line(std::string& out, const RecordMeta& meta, const std::string& location) {
+void append_index_line(std::string& out, const RecordDesc& meta, const std::string& location) {
   out += fmt::format("{{\"step\":{},\"kind\":\"{}\",\"name\":", meta.step, kind_name(meta.kind));
   append_json_string(out, meta.name);
   out += fmt::format(",\"dtype\":\"{}\",\"shape\":", dtype_name(meta.dtype));

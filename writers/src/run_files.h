@@ -61,7 +61,7 @@ void write_run_json(const Dir& dir, const Options& options, const RunInfo& info)
 std::string utc_now();
 
 /// The line index.jsonl gets for a record written at `location`.
-void append_index_line(std::string& out, const RecordMeta& meta, const std::string& location);
+void append_index_line(std::string& out, const RecordDesc& meta, const std::string& location);
 
 /// A file of JSON lines (`index.jsonl`, `stats_series.jsonl`) opened for
 /// appending. Lines are written with one write() per batch; a batch that

@@ -14,8 +14,10 @@ namespace tensortap::detail {
 
 class Dir;
 
-/// What the writer needs to know of a record besides its bytes.
-struct RecordMeta {
+/// A record as the writers see it: what it is and the shape of its bytes.
+/// What the pipeline does with it (store, hold, statistics) is sdk's
+/// (sdk/src/record.h); a writer only ever stores.
+struct RecordDesc {
   Kind kind = Kind::Tensor;
   /// The record's name, with its `#k` repeat suffix.
   std::string name;
@@ -27,21 +29,6 @@ struct RecordMeta {
   std::vector<std::int64_t> shape;
   /// Bytes of data, C order.
   std::uint64_t nbytes = 0;
-
-  // What the writer thread does with the bytes. The format writers see only
-  // records with `write` set.
-  /// Store the tensor (or hold it in the flight recorder).
-  bool write = true;
-  /// Append a row of its statistics to the run's table.
-  bool stats_row = false;
-  /// Compute its statistics even without a row: the flight recorder looks
-  /// for NaN and Inf in every tensor it holds.
-  bool check = false;
-  /// The bytes are not the tensor but its statistics vector (kStatsVectorSize
-  /// float64 values), computed on the tensor's device.
-  bool stats_vector = false;
-  /// Not a record: `Recorder::dump()` was called in `step`. No bytes.
-  bool dump = false;
 };
 
 /// One record being written. Its bytes arrive in order, in one or more
@@ -64,8 +51,8 @@ class Writer {
   /// Announces the records of a batch before their `begin()`, so a format
   /// can create what they need at once. Must not throw for one bad record:
   /// its `begin()` reports it.
-  virtual void prepare(const std::vector<const RecordMeta*>& records) { (void)records; }
-  virtual std::unique_ptr<RecordSink> begin(const RecordMeta& meta) = 0;
+  virtual void prepare(const std::vector<const RecordDesc*>& records) { (void)records; }
+  virtual std::unique_ptr<RecordSink> begin(const RecordDesc& meta) = 0;
   /// Called after each batch, and with `force` by `Recorder::flush()`.
   /// Returns whether every record finished so far is durable (a crash cannot
   /// lose it): only then may their index lines be written. With `force` it

@@ -13,7 +13,8 @@
 namespace tensortap {
 
 namespace detail {
-class Core;
+class FrontEnd;
+struct RecorderAccess;
 }  // namespace detail
 
 }  // namespace tensortap
@@ -118,7 +119,7 @@ class Recorder {
   /// ```
   class Scope {
    public:
-    Scope(Scope&& other) noexcept : core_(other.core_) { other.core_ = nullptr; }
+    Scope(Scope&& other) noexcept : front_(other.front_) { other.front_ = nullptr; }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
     Scope& operator=(Scope&&) = delete;
@@ -126,8 +127,8 @@ class Recorder {
 
    private:
     friend class Recorder;
-    explicit Scope(detail::Core* core) : core_(core) {}
-    detail::Core* core_;
+    explicit Scope(detail::FrontEnd* front) : front_(front) {}
+    detail::FrontEnd* front_;
   };
   [[nodiscard]] Scope scope(const std::string& name);
 
@@ -178,11 +179,10 @@ class Recorder {
   /// False on a rank that `Options::ranks` leaves out: nothing is captured.
   bool capturing() const;
 
-  /// Internal: the shared state hooks hold on to.
-  const std::shared_ptr<detail::Core>& core() const { return core_; }
-
  private:
-  std::shared_ptr<detail::Core> core_;
+  // watch() reaches the front end through detail::RecorderAccess.
+  friend struct detail::RecorderAccess;
+  std::shared_ptr<detail::FrontEnd> front_;
 };
 
 }  // namespace tensortap

@@ -24,7 +24,7 @@ namespace {
 
 std::atomic<std::uint64_t> g_captures{0};
 
-std::string describe(const RecordMeta& meta, const at::Tensor& t) {
+std::string describe(const RecordDesc& meta, const at::Tensor& t) {
   return fmt::format("'{}' (kind {}, step {}, {})", meta.name, kind_name(meta.kind), meta.step, describe_tensor(t));
 }
 
@@ -69,13 +69,13 @@ std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t devic
   return std::make_shared<CudaEngine>(staging, options, std::move(report));
 }
 
-bool cuda_capture(CudaEngine& engine, std::shared_ptr<const RecordMeta> meta, const at::Tensor& tensor,
+bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, const at::Tensor& tensor,
                   bool may_drop, std::uint64_t record_id) {
   const c10::Device device = tensor.device();
   if (!device.is_cuda() || !device.has_index())
-    throw Error(fmt::format("tensortap: cuda_capture() of {}, which is not on a CUDA device", describe(*meta, tensor)));
-  const c10::ScalarType stored = meta->stored;
-  const auto nbytes = static_cast<std::size_t>(meta->nbytes);
+    throw Error(fmt::format("tensortap: cuda_capture() of {}, which is not on a CUDA device", describe(record->desc, tensor)));
+  const c10::ScalarType stored = record->desc.stored;
+  const auto nbytes = static_cast<std::size_t>(record->desc.nbytes);
   // Autograd runs a CUDA backward on its own thread, with the op's stream
   // current there: the current stream of the tensor's device is the one its
   // producer used, whatever thread this is.
@@ -87,13 +87,13 @@ bool cuda_capture(CudaEngine& engine, std::shared_ptr<const RecordMeta> meta, co
   if (cudaStreamIsCapturing(stream, &graph) != cudaSuccess) cudaGetLastError();
   if (graph != cudaStreamCaptureStatusNone)
     throw Error(fmt::format("tensortap: cannot capture {} while its stream is being captured into a CUDA graph",
-                            describe(*meta, tensor)));
+                            describe(record->desc, tensor)));
 
   std::optional<CudaEngine::Snapshot> snap;
   try {
     snap = engine.reserve(device.index(), nbytes, may_drop);
   } catch (const std::exception& e) {
-    throw Error(fmt::format("tensortap: cannot capture {}: {}", describe(*meta, tensor), e.what()));
+    throw Error(fmt::format("tensortap: cannot capture {}: {}", describe(record->desc, tensor), e.what()));
   }
   if (!snap) return false;
 
@@ -116,10 +116,10 @@ bool cuda_capture(CudaEngine& engine, std::shared_ptr<const RecordMeta> meta, co
   } catch (const std::exception& e) {
     own.reset();
     engine.cancel(*snap, stream, std::move(release));
-    throw Error(fmt::format("tensortap: cannot snapshot {} on its device: {}", describe(*meta, tensor), e.what()));
+    throw Error(fmt::format("tensortap: cannot snapshot {} on its device: {}", describe(record->desc, tensor), e.what()));
   }
   own.reset();  // `release` holds it now
-  engine.submit(*snap, stream, std::move(meta), record_id, c10::elementSize(stored), std::move(release));
+  engine.submit(*snap, stream, std::move(record), record_id, c10::elementSize(stored), std::move(release));
   g_captures.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

@@ -14,7 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "sdk/src/staging.h"
-#include "writers/src/writer.h"
+#include "sdk/src/record.h"
 
 namespace tensortap::detail {
 
@@ -32,20 +32,20 @@ HostMemory cuda_staging_memory();
 /// or the machine no CUDA device. `device_bytes` bounds the device memory
 /// that snapshots hold on each device (one tensor larger than that may be
 /// held besides, per device). `report` receives the copier thread's
-/// failures (`Backend::report`); it must not throw. Creates no thread and
+/// failures (`Failures::add`); it must not throw. Creates no thread and
 /// touches no device until the first CUDA capture.
 std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t device_bytes,
                                              std::function<void(const std::string&)> report);
 
-/// Captures CUDA tensor `tensor` as the record `meta` describes
-/// (`meta->stored`, `meta->nbytes` and the rest filled in as for a CPU
+/// Captures CUDA tensor `tensor` as the record `record` describes
+/// (`record->desc.stored`, `record->desc.nbytes` and the rest filled in as for a CPU
 /// tensor): snapshots it on its device, in order on the device's current
 /// stream, and queues the snapshot for the copier. Never synchronizes with
 /// the device. Returns true once queued; false when refused: the device
 /// memory budget is full and `may_drop` (Overflow::DropNewest), or the
 /// engine is stopped. With `may_drop` false it waits for room instead.
 /// Throws `Error` naming the record when the snapshot cannot be taken.
-bool cuda_capture(CudaEngine& engine, std::shared_ptr<const RecordMeta> meta, const at::Tensor& tensor,
+bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, const at::Tensor& tensor,
                   bool may_drop, std::uint64_t record_id);
 
 /// Returns when every CUDA capture so far is in host staging (call it
@@ -53,7 +53,7 @@ bool cuda_capture(CudaEngine& engine, std::shared_ptr<const RecordMeta> meta, co
 void cuda_flush(CudaEngine& engine);
 
 /// Moves what is queued into staging, ends the copier thread and frees the
-/// device memory. Call it before the writer (`Backend::stop()`) stops.
+/// device memory. Call it before the writer (`WriterThread::stop()`) stops.
 void cuda_stop(CudaEngine& engine);
 
 /// CUDA tensors this process has queued through an engine: lets tests check

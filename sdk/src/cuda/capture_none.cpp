@@ -18,10 +18,10 @@ std::shared_ptr<CudaEngine> make_cuda_engine(Staging&, std::size_t, std::functio
   return nullptr;
 }
 
-bool cuda_capture(CudaEngine&, std::shared_ptr<const RecordMeta> meta, const at::Tensor& tensor, bool,
+bool cuda_capture(CudaEngine&, std::shared_ptr<const Record> record, const at::Tensor& tensor, bool,
                   std::uint64_t) {
   throw Error(fmt::format("tensortap: cannot capture '{}' ({}): tensortap was built without its CUDA engine",
-                          meta->name, describe_tensor(tensor)));
+                          record->desc.name, describe_tensor(tensor)));
 }
 
 void cuda_flush(CudaEngine&) {}

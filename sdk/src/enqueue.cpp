@@ -1,0 +1,140 @@
+#include "sdk/src/enqueue.h"
+
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include <ATen/ATen.h>
+
+#include "sdk/src/cuda/capture.h"
+#include "sdk/src/snapshot.h"
+#include "sdk/src/stats.h"
+#include "writers/src/check.h"
+#include "writers/src/dtypes.h"
+
+namespace tensortap::detail {
+
+void copy_into(char* dst, const at::Tensor& src, c10::ScalarType stored, std::size_t nbytes) {
+  if (nbytes == 0) return;
+  if (is_byte_copy(src, stored)) {
+    std::memcpy(dst, src.data_ptr(), nbytes);
+    return;
+  }
+  at::from_blob(dst, src.sizes(), at::TensorOptions().dtype(stored)).copy_(src);
+}
+
+Enqueue::Enqueue(const Options& options, Staging& staging, bool holds, bool scans)
+    : staging_(staging),
+      may_drop_(options.overflow() == Overflow::DropNewest),
+      holds_(holds),
+      scans_(scans),
+      // HDF5 datasets have at most 32 axes, one of them the row; NumPy 1.x
+      // reads at most 32 axes.
+      max_dims_(options.format() == Format::Hdf5 ? 31 : 32),
+      max_dims_why_(options.format() == Format::Hdf5
+                        ? "an HDF5 run stores at most 31 dimensions (a dataset has at most 32 axes, one of them the row)"
+                        : "a .npy file NumPy can read has at most 32 dimensions") {}
+
+void Enqueue::check(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const {
+  const char* why = nullptr;
+  if (!t.defined()) why = "the tensor is undefined";
+  else if (t.layout() != at::kStrided) why = "only dense (strided) tensors can be stored; call .to_dense() first";
+  else if (t.is_quantized()) why = "quantized tensors cannot be stored; call .dequantize() first";
+  else if (t.is_meta()) why = "meta tensors have no data";
+  else if (dtype_info(t.scalar_type()) == nullptr) why = "NumPy has no dtype for it";
+  else if (t.dim() > max_dims_) why = max_dims_why_;
+  if (why != nullptr)
+    fail("cannot capture '{}' (kind {}, step {}): {} ({})", name, kind_name(kind), step, why, describe_tensor(t));
+}
+
+Enqueue::Result Enqueue::tensor(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step, bool full,
+                                bool stats_row) {
+  // Statistics only, of a tensor off the host: reduce it on its own device
+  // and send the ten numbers down the same path as a tensor.
+  const bool stats_vector = !full && !tensor.device().is_cpu();
+  at::Tensor src = stats_vector ? device_stats(tensor) : tensor;
+  const DtypeInfo& info = *dtype_info(src.scalar_type());
+  // Only ATen ops need autograd off; the common case, a memcpy of a CPU
+  // tensor, runs none (and the guard's two thread-local switches were 5% of
+  // a small capture).
+  std::optional<at::NoGradGuard> no_grad;
+  if (!src.device().is_cpu() || !is_byte_copy(src, info.stored)) no_grad.emplace();
+  // CUDA goes through the engine, without a host sync (for a statistics
+  // vector: queued behind the reductions on the current stream). Devices
+  // without an engine come to the host synchronously.
+  const bool on_engine = src.is_cuda() && engine_ != nullptr;
+  if (!src.device().is_cpu() && !on_engine) src = src.to(at::kCPU);
+
+  auto record = std::make_shared<Record>();
+  RecordDesc& desc = record->desc;
+  desc.kind = kind;
+  desc.name = std::move(name);
+  desc.step = step;
+  desc.dtype = src.scalar_type();
+  desc.stored = info.stored;
+  desc.shape = src.sizes().vec();
+  desc.nbytes = static_cast<std::uint64_t>(src.numel()) * c10::elementSize(info.stored);
+  record->op = full ? (holds_ ? Op::Hold : Op::Store) : stats_vector ? Op::StatsVector : Op::Stats;
+  record->stats_row = stats_row;
+  record->scan = full && scans_;
+  const std::uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  const std::uint64_t nbytes = desc.nbytes;
+
+  if (on_engine) return cuda_capture(*engine_, record, src, may_drop_, id) ? Result::Queued : Result::Dropped;
+
+  if (nbytes <= staging_.capacity()) {
+    Slot slot;
+    slot.record = std::move(record);
+    slot.id = id;
+    slot.nbytes = nbytes;
+    auto ticket = staging_.reserve(std::move(slot), may_drop_);
+    if (!ticket) return Result::Dropped;
+    try {
+      copy_into(ticket->dst, src, info.stored, nbytes);
+    } catch (...) {
+      staging_.commit(*ticket, false);
+      throw;
+    }
+    staging_.commit(*ticket, true);
+    return Result::Queued;
+  }
+
+  // Larger than a buffer: stream it through in chunks of whole elements, as
+  // large as the room in the filling buffer allows. It may be dropped only
+  // before its first chunk; once started, it waits for room so that no half
+  // record is ever written.
+  const at::Tensor flat = src.to(info.stored).contiguous().resolve_conj().resolve_neg();
+  const char* bytes = static_cast<const char*>(flat.data_ptr());
+  const std::size_t unit = c10::elementSize(info.stored);
+  std::shared_ptr<const Record> shared = std::move(record);
+  for (std::uint64_t off = 0; off < nbytes;) {
+    Slot slot;
+    slot.record = shared;
+    slot.id = id;
+    slot.nbytes = static_cast<std::size_t>(nbytes - off);
+    slot.first = off == 0;
+    auto ticket = staging_.reserve(std::move(slot), may_drop_ && off == 0, unit);
+    // Either dropped before its first chunk, or cut off by close(): the
+    // writer discards the chunks it already has.
+    if (!ticket) return Result::Dropped;
+    std::memcpy(ticket->dst, bytes + off, ticket->nbytes);
+    staging_.commit(*ticket, true);
+    off += ticket->nbytes;
+  }
+  return Result::Queued;
+}
+
+void Enqueue::dump_marker(std::int64_t step) {
+  // A marker in the pipeline, after every record captured before the call:
+  // the writer thread dumps what it holds when it gets there.
+  auto record = std::make_shared<Record>();
+  record->desc.step = step;
+  record->op = Op::Dump;
+  Slot slot;
+  slot.record = std::move(record);
+  slot.id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  slot.nbytes = 0;
+  if (auto ticket = staging_.reserve(std::move(slot), /*may_drop=*/false)) staging_.commit(*ticket, true);
+}
+
+}  // namespace tensortap::detail

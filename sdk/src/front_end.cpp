@@ -1,0 +1,252 @@
+#include "sdk/src/front_end.h"
+
+#include <algorithm>
+
+#include "sdk/src/cuda/capture.h"
+#include "sdk/src/output.h"
+#include "sdk/src/triggers.h"
+#include "writers/src/check.h"
+
+namespace tensortap::detail {
+namespace {
+
+const Options& validated(const Options& options) {
+  validate(options);
+  return options;
+}
+
+// Whether full tensors the flight recorder holds are scanned for NaN and
+// Inf (the non_finite trigger).
+bool scans_non_finite(const Options& o) { return o.flight_recorder() > 0 && Triggers(o).checks_non_finite(); }
+
+}  // namespace
+
+FrontEnd::FrontEnd(Options options)
+    : options_(validated(options)),
+      placement_(place(options_)),
+      sampling_(options_),
+      staging_(options_.buffer_bytes(), options_.overflow(), cuda_staging_memory()),
+      enqueue_(options_, staging_, options_.flight_recorder() > 0, scans_non_finite(options_)) {
+  const auto& only = options_.ranks();
+  // A rank left out captures nothing and creates nothing: no directory, no
+  // thread, no memory. Its hooks see no sampled step.
+  if (!only.empty() && std::find(only.begin(), only.end(), placement_.rank) == only.end()) return;
+  back_ = std::make_unique<Output>(options_, placement_, staging_, failures_);
+  enqueue_.use_engine(back_->engine());
+}
+
+FrontEnd::~FrontEnd() {
+  try {
+    close();
+  } catch (...) {
+    // The writer thread already reported it on stderr.
+  }
+}
+
+bool FrontEnd::full_halted() const { return back_ != nullptr && back_->flight().capture_halted(); }
+
+void FrontEnd::record_as(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step) {
+  if (closed()) return;
+  enqueue_.check(kind, name, tensor, step);
+  const std::uint64_t plan = sampling_.plan(step, capturing(), full_halted());
+  const bool full = Sampling::full(plan, kind);
+  const bool stats = Sampling::stats(plan, kind);
+  if (!full && !stats) return;
+  switch (enqueue_.tensor(kind, std::move(name), tensor, step, full, stats)) {
+    case Enqueue::Result::Queued:
+      captured_.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case Enqueue::Result::Dropped:
+      // Refused after close() is not a drop: the run had ended.
+      if (!closed()) dropped_.fetch_add(1, std::memory_order_relaxed);
+      break;
+  }
+}
+
+void FrontEnd::capture(const std::string& name, const at::Tensor& tensor) {
+  if (!active(Kind::Tensor)) {
+    TENSORTAP_CHECK(!closed(), "capture('{}') after close() of run '{}'", name, placement_.run_dir);
+    TENSORTAP_CHECK(current_step() >= 0,
+                    "capture('{}') before the first step(): call Recorder::step(s) at the start of each iteration",
+                    name);
+    return;
+  }
+  const std::int64_t step = current_step();
+  std::optional<std::string> record_name = names_.capture_name(name, step, sampling_);
+  if (record_name) record_as(Kind::Tensor, std::move(*record_name), tensor, step);
+}
+
+void FrontEnd::record_grads(const std::unordered_set<const void*>& params) {
+  TENSORTAP_CHECK(!closed(), "record_grads() after close() of run '{}'", placement_.run_dir);
+  const std::int64_t step = current_step();
+  TENSORTAP_CHECK(step >= 0,
+                  "record_grads() before the first step(): call Recorder::step(s) at the start of each iteration");
+  std::lock_guard<std::mutex> lock(control_mu_);
+  for (auto& w : watchers_) w->record_grads(params, step);
+}
+
+void FrontEnd::hook_failed(std::exception_ptr error) noexcept {
+  std::string what = "unknown error in a hook";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  if (capturing()) {
+    // A record a hook could not hand over: captured, and failed.
+    captured_.fetch_add(1, std::memory_order_relaxed);
+    failures_.add(nullptr, what, 1);
+  }
+  if (options_.on_error() == OnError::Stop) {
+    stopped_.store(true, std::memory_order_relaxed);
+    sampling_.stop();
+  }
+}
+
+void FrontEnd::check_stopped() {
+  if (options_.on_error() != OnError::Stop || !capturing()) return;
+  if (!stopped_.load(std::memory_order_relaxed) && !failures_.any()) return;
+  stopped_.store(true, std::memory_order_relaxed);
+  sampling_.stop();
+  fail("run '{}': capture stopped after an error (Options::on_error(Stop)): {}", placement_.run_dir,
+       failures_.first());
+}
+
+void FrontEnd::step(std::int64_t step) {
+  std::lock_guard<std::mutex> lock(control_mu_);
+  TENSORTAP_CHECK(!closed(), "step({}) after close() of run '{}'", step, placement_.run_dir);
+  const std::int64_t previous = current_step();
+  TENSORTAP_CHECK(step >= 0, "step({}): steps must not be negative", step);
+  TENSORTAP_CHECK(step < kMaxStep, "step({}): steps must be below 2^47", step);
+  TENSORTAP_CHECK(step > previous, "step({}) after step({}): steps must increase", step, previous);
+  check_stopped();
+  if (capturing()) back_->flight().on_step();
+  sampling_.begin(step, capturing(), full_halted());
+  // Watchers run hooks' work (committing gradients, snapshotting
+  // parameters): their failures are hook failures, and every watcher runs.
+  const auto guarded = [&](auto&& f) {
+    try {
+      f();
+    } catch (...) {
+      hook_failed(std::current_exception());
+    }
+  };
+  if (previous >= 0)
+    for (auto& w : watchers_) guarded([&] { w->on_step_end(); });
+  for (auto& w : watchers_) guarded([&] { w->on_step_begin(step); });
+  // The last step's records go to the writer now, in one wake-up.
+  if (capturing()) staging_.kick();
+  check_stopped();
+}
+
+std::vector<DumpRecord> FrontEnd::dumps() const { return capturing() ? back_->flight().seen() : std::vector<DumpRecord>{}; }
+
+void FrontEnd::dump() {
+  TENSORTAP_CHECK(options_.flight_recorder() > 0,
+                  "Recorder::dump() needs the flight recorder: set Options::flight_recorder(k)");
+  TENSORTAP_CHECK(!closed(), "dump() after close() of run '{}'", placement_.run_dir);
+  const std::int64_t step = current_step();
+  TENSORTAP_CHECK(step >= 0, "dump() before the first step()");
+  if (!capturing()) return;
+  enqueue_.dump_marker(step);
+}
+
+std::string FrontEnd::failure_message(std::int64_t errors, const std::string& first) const {
+  if (errors == 0) return fmt::format("tensortap: run '{}': {}", placement_.run_dir, first);
+  return fmt::format("tensortap: run '{}': {} record(s) failed; first: {}", placement_.run_dir, errors, first);
+}
+
+void FrontEnd::flush() {
+  if (!capturing()) return;
+  back_->flush(/*index=*/!closed());
+  const std::string err = failures_.first();
+  if (!err.empty()) throw Error(failure_message(failures_.lost(), err));
+}
+
+void FrontEnd::close() {
+  std::lock_guard<std::mutex> closing(close_mu_);
+  if (closed()) {
+    if (!close_error_.empty()) throw Error(close_error_);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(control_mu_);
+    // Commit the last step's gradients while captures are still accepted.
+    if (current_step() >= 0)
+      for (auto& w : watchers_) {
+        try {
+          w->on_step_end();
+        } catch (...) {
+          hook_failed(std::current_exception());
+        }
+      }
+    sampling_.stop();
+    closed_.store(true, std::memory_order_release);
+    for (auto& w : watchers_) w->detach();
+    watchers_.clear();
+  }
+  if (!capturing()) return;
+  back_->stop();
+  // Hooks (Taps above all) may keep this object alive as long as the model:
+  // give the staging memory back now.
+  staging_.free_memory();
+  const Stats final_stats = stats();
+  const std::string first_error = failures_.first();
+  try {
+    back_->close(final_stats, first_error);
+  } catch (const std::exception& e) {
+    close_error_ = e.what();
+  }
+  if (!first_error.empty()) close_error_ = failure_message(final_stats.errors, first_error);
+  if (!close_error_.empty()) throw Error(close_error_);
+}
+
+Stats FrontEnd::stats() const {
+  Stats s;
+  if (!capturing()) return s;
+  s.captured = captured_.load(std::memory_order_relaxed);
+  s.records = back_->records();
+  s.bytes = back_->bytes();
+  s.dropped = dropped_.load(std::memory_order_relaxed) + back_->flight().dropped();
+  s.errors = failures_.lost();
+  s.stats_rows = back_->stats_rows();
+  s.dumps = back_->flight().dumps();
+  return s;
+}
+
+void FrontEnd::claim(const std::vector<Claim>& claims) {
+  std::lock_guard<std::mutex> lock(control_mu_);
+  TENSORTAP_CHECK(!closed(), "watch() on the closed recorder of run '{}'", placement_.run_dir);
+  std::unordered_set<std::string> names;
+  std::unordered_set<const void*> objects;
+  for (const Claim& c : claims) {
+    const char* what = c.kind == Kind::Grad ? "parameter" : c.kind == Kind::Buffer ? "buffer" : "tap point";
+    if (auto it = claimed_objects_.find(c.object); it != claimed_objects_.end())
+      fail("watch(): the {} '{}' is already watched by this recorder (as '{}', run '{}'); watching a module twice "
+           "would record everything twice",
+           what, c.name, it->second, placement_.run_dir);
+    std::string key(1, static_cast<char>(c.kind));
+    key += c.name;
+    // Within one call a tied weight may appear under two names; across
+    // calls, one name for two objects would mix their records.
+    if (objects.insert(c.object).second && claimed_names_.count(key) != 0)
+      fail("watch(): a {} named '{}' is already watched by this recorder (run '{}'); give the second module a "
+           "prefix: tensortap::watch(module, recorder, \"G\")",
+           what, c.name, placement_.run_dir);
+    names.insert(std::move(key));
+  }
+  for (const Claim& c : claims) claimed_objects_.emplace(c.object, c.name);
+  claimed_names_.insert(names.begin(), names.end());
+}
+
+void FrontEnd::add_watcher(std::shared_ptr<Watcher> watcher) {
+  std::lock_guard<std::mutex> lock(control_mu_);
+  if (closed()) {
+    watcher->detach();
+    return;
+  }
+  watchers_.push_back(std::move(watcher));
+}
+
+}  // namespace tensortap::detail

@@ -1,0 +1,164 @@
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <tensortap/options.h>
+#include <tensortap/recorder.h>
+
+#include "sdk/src/enqueue.h"
+#include "sdk/src/failures.h"
+#include "sdk/src/names.h"
+#include "sdk/src/sampling.h"
+#include "sdk/src/settings.h"
+#include "sdk/src/staging.h"
+
+namespace tensortap::detail {
+
+class Output;
+
+/// Something hooked into a model on the recorder's behalf (parameter hooks,
+/// Tap bindings). The recorder tells it when steps begin and end, and
+/// detaches it on close.
+class Watcher {
+ public:
+  virtual ~Watcher() = default;
+  /// After `step` became current.
+  virtual void on_step_begin(std::int64_t step) { (void)step; }
+  /// After the step that was current ended (at the next `step()` or at
+  /// `close()`), before the recorder stops writing.
+  virtual void on_step_end() {}
+  /// Records, as kind `grad` in `step`, the current `.grad()` of each
+  /// watched parameter in `params` (TensorImpl addresses), and leaves them
+  /// out of the step's end-of-step gradient records.
+  virtual void record_grads(const std::unordered_set<const void*>& params, std::int64_t step) {
+    (void)params;
+    (void)step;
+  }
+  /// Removes every hook; no hook calls the recorder afterwards.
+  virtual void detach() noexcept = 0;
+};
+
+/// The pipeline's front end, behind a Recorder: what hooks and the training
+/// loop call. It decides what is captured (Sampling, NameTable), snapshots
+/// it (Enqueue), applies the error policy, and drives the run's lifecycle;
+/// the back side (the run's files, the writer thread, the copier, the
+/// flight recorder) is `Output`.
+/// Hooks hold it by shared_ptr, so it outlives a Recorder that is destroyed
+/// while a model still has a hook: such a hook finds it closed and does
+/// nothing.
+class FrontEnd {
+ public:
+  explicit FrontEnd(Options options);
+  ~FrontEnd();
+  FrontEnd(const FrontEnd&) = delete;
+  FrontEnd& operator=(const FrontEnd&) = delete;
+
+  // The hot path's first half: inline, one relaxed load when not sampled.
+  /// False before the first step, on steps not sampled, for kinds not
+  /// captured, and after close.
+  bool active(Kind kind) const noexcept { return sampling_.active(kind); }
+  bool selected(const std::string& name) const { return sampling_.selected(name); }
+  bool taps_sequential_child(const std::string& path) const { return sampling_.taps_sequential_child(path); }
+  std::int64_t current_step() const noexcept { return sampling_.current_step(); }
+  bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
+
+  /// Snapshots `tensor` and queues it as record `name` (or `name#k` for the
+  /// k-th repeat in `step`). Throws `Error` for tensors that cannot be
+  /// stored. Does nothing once closed: a late hook must not fail.
+  void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
+    record_as(kind, names_.repeat_name(kind, name, step), tensor, step);
+  }
+  /// As `record()`, under a name already given its repeat suffix.
+  void record_as(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step);
+  std::string repeat_name(Kind kind, const std::string& name, std::int64_t step) {
+    return names_.repeat_name(kind, name, step);
+  }
+  std::string scoped(Kind kind, const std::string& name) const { return names_.scoped(kind, name); }
+  /// What a hook does with an exception of its own: it never escapes into
+  /// autograd or the training loop. It is counted and reported once, and
+  /// with `OnError::Stop` capture stops and the next `step()` throws.
+  void hook_failed(std::exception_ptr error) noexcept;
+
+  // The Recorder's methods.
+  void record_grads(const std::unordered_set<const void*>& params);
+  void push_scope(const std::string& name) { names_.push_scope(name); }
+  void pop_scope() noexcept { names_.pop_scope(); }
+  void step(std::int64_t step);
+  void capture(const std::string& name, const at::Tensor& tensor);
+  void flush();
+  void close();
+  void dump();
+  Stats stats() const;
+  std::vector<DumpRecord> dumps() const;
+  const Options& options() const { return options_; }
+  /// Where and as which rank this process writes.
+  const Placement& placement() const { return placement_; }
+  /// False on a rank `Options::ranks` leaves out.
+  bool capturing() const { return back_ != nullptr; }
+
+  /// Adds a watcher; it is detached on close.
+  void add_watcher(std::shared_ptr<Watcher> watcher);
+
+  /// Something a watch() call hooks: a parameter (kind Grad), a buffer
+  /// (kind Buffer) or a tap point (kind Activation), and its name.
+  struct Claim {
+    const void* object;
+    Kind kind;
+    std::string name;
+  };
+  /// Takes `claims` for one watch() call, or none of them: throws `Error`
+  /// if the recorder is closed, if an object is watched already (a module
+  /// watched twice would record everything twice), or if a name is taken by
+  /// another object of its kind.
+  void claim(const std::vector<Claim>& claims);
+
+ private:
+  // With OnError::Stop, throws once an error stopped capture.
+  void check_stopped();
+  // What flush() and close() throw after a background failure.
+  std::string failure_message(std::int64_t errors, const std::string& first) const;
+  bool full_halted() const;
+
+  const Options options_;
+  const Placement placement_;
+  Sampling sampling_;
+  NameTable names_;
+  Failures failures_;
+  std::atomic<bool> closed_{false};
+  std::atomic<bool> stopped_{false};
+  std::atomic<std::int64_t> captured_{0};
+  std::atomic<std::int64_t> dropped_{0};
+
+  // step(), close() and the watcher list.
+  std::mutex control_mu_;
+  // Held for the whole of close(), so a second close() returns only once
+  // the first has finished, with the same error.
+  std::mutex close_mu_;
+  std::string close_error_;
+  std::vector<std::shared_ptr<Watcher>> watchers_;
+  // What watch() calls hooked: object -> name, and kind byte + name.
+  std::unordered_map<const void*, std::string> claimed_objects_;
+  std::unordered_set<std::string> claimed_names_;
+
+  Staging staging_;
+  Enqueue enqueue_;
+  // The writer thread and the run's files; null on a rank left out.
+  std::unique_ptr<Output> back_;
+};
+
+/// How watch() (hooks/) reaches a Recorder's front end; not for users.
+struct RecorderAccess {
+  static const std::shared_ptr<FrontEnd>& front_end(const Recorder& recorder) { return recorder.front_; }
+};
+
+}  // namespace tensortap::detail

@@ -1,0 +1,70 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <tensortap/options.h>
+#include <tensortap/recorder.h>
+
+#include "sdk/src/failures.h"
+#include "sdk/src/flight.h"
+#include "sdk/src/manifest.h"
+#include "sdk/src/settings.h"
+#include "sdk/src/staging.h"
+#include "sdk/src/store.h"
+#include "sdk/src/writer_thread.h"
+#include "writers/src/run_files.h"
+#include "writers/src/stats_file.h"
+
+namespace tensortap::detail {
+
+class CudaEngine;
+
+/// The back side of one run: its directory (open and locked from
+/// construction to close), run.json, the records' files, the statistics
+/// table, the flight recorder, the writer thread and, with CUDA, the
+/// copier. The front end owns one on every rank that captures.
+class Output {
+ public:
+  /// Opens the directory, writes run.json and starts the writer thread.
+  /// Throws `Error` naming the path. `options`, `staging` and `failures`
+  /// must outlive it.
+  Output(const Options& options, const Placement& placement, Staging& staging, Failures& failures);
+  /// Stops (see `stop()`).
+  ~Output();
+  Output(const Output&) = delete;
+  Output& operator=(const Output&) = delete;
+
+  FlightRecorder& flight() { return *flight_; }
+  const FlightRecorder& flight() const { return *flight_; }
+  /// The copier, or null without CUDA (build or device).
+  CudaEngine* engine() const { return cuda_.get(); }
+
+  /// Returns when everything queued so far is through the writer thread;
+  /// with `index`, also durable and indexed.
+  void flush(bool index);
+  /// Moves what the copier holds to staging, drains it, ends both threads
+  /// and closes the files.
+  void stop();
+  /// After `stop()`: rewrites run.json as closed with `stats`, and lets go
+  /// of the directory and its lock. Throws `Error`.
+  void close(const Stats& stats, const std::string& first_error);
+
+  std::int64_t records() const { return store_->records(); }
+  std::int64_t bytes() const { return store_->bytes(); }
+  std::int64_t stats_rows() const { return thread_->stats_rows(); }
+
+ private:
+  Staging& staging_;
+  std::unique_ptr<RunDir> run_dir_;
+  RunManifest manifest_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<StatsFile> stats_;
+  std::unique_ptr<FlightRecorder> flight_;
+  std::unique_ptr<WriterThread> thread_;
+  // Last, so stopped first: its copier thread feeds staging and reports to
+  // the failures. Null without CUDA (build or device).
+  std::shared_ptr<CudaEngine> cuda_;
+};
+
+}  // namespace tensortap::detail
