@@ -18,6 +18,7 @@
 #include "sdk/src/backend.h"
 #include "sdk/src/cuda/capture.h"
 #include "sdk/src/pattern.h"
+#include "sdk/src/run_json.h"
 #include "sdk/src/staging.h"
 #include "writers/src/run_files.h"
 
