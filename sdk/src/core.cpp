@@ -147,9 +147,9 @@ Core::Core(Options options)
   run_dir_ = std::make_unique<RunDir>(options_.dir(), info_.world_size > 1 ? fmt::format("rank{}", info_.rank) : "",
                                       options_.overwrite());
   const Dir& dir = run_dir_->dir();
-  auto writer = make_writer(options_, dir);
+  auto writer = make_writer(options_.format(), options_.hdf5(), dir);
   info_.start_time = utc_now();
-  write_run_json(dir, options_, info_);
+  write_run_json(dir, run_json(options_, info_));
   auto index = std::make_unique<LinesFile>(dir, "index.jsonl");
   backend_ = std::make_unique<Backend>(staging_, std::move(writer), std::move(index), options_, dir,
                                        [this](const DumpRecord& d) { dumped(d); });
@@ -496,7 +496,7 @@ void Core::dumped(const DumpRecord& dump) noexcept {
   try {
     std::lock_guard<std::mutex> lock(info_mu_);
     info_.dumps.push_back(dump);
-    write_run_json(run_dir_->dir(), options_, info_);
+    write_run_json(run_dir_->dir(), run_json(options_, info_));
   } catch (const std::exception& e) {
     backend_->report(e.what(), 0);
   } catch (...) {
@@ -579,7 +579,7 @@ void Core::close() {
     info_.first_error = backend_->first_error();
     seen_dumps_ = info_.dumps;
     try {
-      write_run_json(run_dir_->dir(), options_, info_);
+      write_run_json(run_dir_->dir(), run_json(options_, info_));
     } catch (const std::exception& e) {
       close_error_ = e.what();
     }
