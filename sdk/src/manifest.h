@@ -7,8 +7,8 @@
 #include <tensortap/options.h>
 #include <tensortap/recorder.h>
 
+#include "sdk/src/run_json.h"
 #include "writers/src/file.h"
-#include "writers/src/run_files.h"
 
 namespace tensortap::detail {
 

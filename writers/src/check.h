@@ -5,6 +5,7 @@
 // LibTorch. Messages say what was expected and what came, and name the path,
 // tensor, dtype or shape involved.
 
+#include <system_error>
 #include <utility>
 
 #include <fmt/format.h>
@@ -13,10 +14,18 @@
 
 namespace tensortap::detail {
 
-/// Throws `Error("tensortap: " + the formatted message)`.
-template <typename... Args>
+/// Throws `Error("tensortap: " + the formatted message)`, or `E`, a kind of
+/// `Error` a caller tells apart (`fail<Hdf5Failure>(...)`).
+template <typename E = Error, typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {
-  throw Error("tensortap: " + fmt::format(format, std::forward<Args>(args)...));
+  throw E("tensortap: " + fmt::format(format, std::forward<Args>(args)...));
+}
+
+/// Throws `Error("tensortap: " + the formatted message, code)`: for failures
+/// the OS reported, so callers can act on the code (a full disk) as well.
+template <typename... Args>
+[[noreturn]] void fail(std::error_code code, fmt::format_string<Args...> format, Args&&... args) {
+  throw Error("tensortap: " + fmt::format(format, std::forward<Args>(args)...), code);
 }
 
 }  // namespace tensortap::detail

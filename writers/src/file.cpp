@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "writers/src/check.h"
 
 namespace tensortap::detail {
 namespace {
@@ -31,9 +34,9 @@ std::vector<std::string> components(const std::string& rel) {
 
 void check_relative(const std::string& rel, const std::string& where) {
   if (rel.empty() || rel.front() == '/')
-    throw Error(fmt::format("tensortap: '{}' is not a path inside the run directory '{}'", rel, where));
+    fail("'{}' is not a path inside the run directory '{}'", rel, where);
   for (const std::string& c : components(rel))
-    if (c == "..") throw Error(fmt::format("tensortap: '{}' leaves the run directory '{}'", rel, where));
+    if (c == "..") fail("'{}' leaves the run directory '{}'", rel, where);
 }
 
 // openat() that resolves `rel` strictly below `dirfd` and through no link at
@@ -126,8 +129,8 @@ void remove_tree(int dirfd, const std::string& name, const std::string& path) {
 }  // namespace
 
 void throw_errno(const std::string& action, const std::string& path, int err) {
-  throw OsError(fmt::format("tensortap: cannot {} '{}': {} (errno {})", action, path, std::strerror(err), err),
-                err);
+  fail(std::error_code(err, std::system_category()), "cannot {} '{}': {} (errno {})", action, path,
+       std::strerror(err), err);
 }
 
 File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) { other.fd_ = -1; }
@@ -187,18 +190,22 @@ void File::pwrite_all(const void* data, std::size_t n, std::uint64_t offset) {
 }
 
 void File::pread_all(void* data, std::size_t n, std::uint64_t offset) const {
+  if (pread_upto(data, n, offset) != n) fail("'{}' ended early (truncated?)", path_);
+}
+
+std::size_t File::pread_upto(void* data, std::size_t n, std::uint64_t offset) const {
   char* p = static_cast<char*>(data);
-  while (n > 0) {
-    const ssize_t got = ::pread(fd_, p, n, static_cast<off_t>(offset));
-    if (got < 0) {
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd_, p + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0) {
       if (errno == EINTR) continue;
       throw_errno("read", path_, errno);
     }
-    if (got == 0) throw Error(fmt::format("tensortap: '{}' ended early (truncated?)", path_));
-    p += got;
-    n -= static_cast<std::size_t>(got);
-    offset += static_cast<std::uint64_t>(got);
+    if (r == 0) break;
+    got += static_cast<std::size_t>(r);
   }
+  return got;
 }
 
 void File::datasync() {
@@ -210,10 +217,27 @@ void File::truncate(std::uint64_t size) {
     if (errno != EINTR) throw_errno("truncate", path_, errno);
 }
 
-std::uint64_t File::size() const {
+std::uint64_t File::size() const { return static_cast<std::uint64_t>(status().st_size); }
+
+struct stat File::status() const {
   struct stat st {};
   if (::fstat(fd_, &st) != 0) throw_errno("stat", path_, errno);
-  return static_cast<std::uint64_t>(st.st_size);
+  return st;
+}
+
+File File::dup() const {
+  const int fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) throw_errno("duplicate the descriptor of", path_, errno);
+  return File(fd, path_);
+}
+
+bool File::try_lock() {
+  while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EWOULDBLOCK) return false;
+    throw_errno("lock", path_, errno);
+  }
+  return true;
 }
 
 bool File::reserve(std::uint64_t size) noexcept {
@@ -228,8 +252,17 @@ void File::close() {
   if (::close(fd) != 0 && errno != EINTR) throw_errno("write", path_, errno);
 }
 
+File File::open(const std::string& path, int flags) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) throw_errno((flags & O_CREAT) != 0 ? "create" : "open", path, errno);
+  return File(fd, path);
+}
+
 Dir Dir::open(const std::string& path, bool create) {
-  if (path.empty()) throw Error("tensortap: the run directory is empty");
+  if (path.empty()) fail("the run directory is empty");
   if (create) {
     std::string partial;
     for (std::size_t i = 0; i <= path.size(); ++i) {
@@ -266,9 +299,9 @@ Dir Dir::sub(const std::string& rel, bool create) const {
   if (fd < 0) {
     const int err = errno;
     if (err == ELOOP || err == EXDEV || err == ENOTDIR)
-      throw Error(fmt::format("tensortap: '{}' is a symbolic link or not a directory; tensortap does not "
-                              "follow links inside a run directory",
-                              path_of(rel)));
+      fail("'{}' is a symbolic link or not a directory; tensortap does not "
+           "follow links inside a run directory",
+           path_of(rel));
     throw_errno("open directory", path_of(rel), err);
   }
   Dir d;
@@ -282,9 +315,9 @@ File Dir::open_file(const std::string& rel, int flags, mode_t mode) const {
   if (fd < 0) {
     const int err = errno;
     if (err == ELOOP || err == EXDEV)
-      throw Error(fmt::format("tensortap: '{}' is (or lies under) a symbolic link; tensortap does not "
-                              "follow links inside a run directory",
-                              path_of(rel)));
+      fail("'{}' is (or lies under) a symbolic link; tensortap does not "
+           "follow links inside a run directory",
+           path_of(rel));
     throw_errno((flags & O_CREAT) != 0 ? "create" : "open", path_of(rel), err);
   }
   return File(fd, path_of(rel));

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstddef>
@@ -10,28 +11,22 @@
 
 namespace tensortap::detail {
 
-/// An error of the operating system on a path: the message names the action,
-/// the path and errno's text; `os_error()` keeps errno itself, so a caller
-/// can tell ENOSPC from EACCES without parsing text.
-class OsError : public Error {
- public:
-  OsError(const std::string& what, int err) : Error(what), err_(err) {}
-  int os_error() const noexcept { return err_; }
-
- private:
-  int err_;
-};
-
-/// Throws `OsError` for a failed system call on `path`, with errno's text.
+/// Throws `Error` for a failed system call on `path`: the message names the
+/// action, the path and errno's text, and `code()` keeps errno itself.
 [[noreturn]] void throw_errno(const std::string& action, const std::string& path, int err);
 
 /// An open file descriptor and the path it was opened as (for messages),
-/// closed when destroyed. Every call retries on EINTR and throws `OsError`
-/// naming the path.
+/// closed when destroyed. The one owner of descriptors in tensortap, and the
+/// one place that retries on EINTR and on short reads and writes. Every call
+/// throws `Error` naming the path, with errno as its `code()`.
 class File {
  public:
   File() = default;
+  /// Takes ownership of `fd`.
   File(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  /// Opens `path` as given, links followed: for a path the user chose.
+  /// Files of a run are opened through its `Dir` instead.
+  static File open(const std::string& path, int flags);
   File(File&& other) noexcept;
   File& operator=(File&& other) noexcept;
   ~File();
@@ -49,9 +44,18 @@ class File {
   void pwrite_all(const void* data, std::size_t n, std::uint64_t offset);
   /// Reads exactly `n` bytes at `offset`; a short file is an error.
   void pread_all(void* data, std::size_t n, std::uint64_t offset) const;
+  /// Reads `n` bytes at `offset`, fewer where the file ends; returns how many.
+  std::size_t pread_upto(void* data, std::size_t n, std::uint64_t offset) const;
   void datasync();
   void truncate(std::uint64_t size);
   std::uint64_t size() const;
+  /// fstat() of the file.
+  struct stat status() const;
+  /// A second descriptor of the same open file (offset and locks shared).
+  File dup() const;
+  /// Takes an exclusive advisory lock (flock), which the kernel drops when
+  /// the descriptor closes or the process dies; false if another holds it.
+  bool try_lock();
   /// Reserves blocks up to `size` without changing the file's size, so a
   /// later write up to it needs no free space. Best effort: false where the
   /// file system cannot.

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <hdf5.h>
 
@@ -11,31 +10,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
-#include <new>
+#include <memory>
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "writers/src/check.h"
 
 namespace tensortap::detail {
 namespace {
 
 void put_u64(unsigned char* p, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-
-// Reads up to `n` bytes of `fd` at `offset`, fewer at its end; -1 (errno
-// set) on an error. The journal and the driver both read through it.
-ssize_t read_upto(int fd, void* data, std::size_t n, std::uint64_t offset) {
-  auto* p = static_cast<char*>(data);
-  std::size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::pread(fd, p + got, n - got, static_cast<off_t>(offset + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return -1;
-    if (r == 0) break;
-    got += static_cast<std::size_t>(r);
-  }
-  return static_cast<ssize_t>(got);
 }
 
 }  // namespace
@@ -55,7 +41,7 @@ void Hdf5Journal::begin(std::uint64_t limit) {
   length_ = sizeof head;
 }
 
-void Hdf5Journal::save(int data_fd, std::uint64_t offset, std::uint64_t n) {
+void Hdf5Journal::save(const File& data, std::uint64_t offset, std::uint64_t n) {
   if (!file_) return;
   std::uint64_t lo = offset;
   const std::uint64_t hi = std::min(offset + n, limit_);
@@ -71,9 +57,7 @@ void Hdf5Journal::save(int data_fd, std::uint64_t offset, std::uint64_t n) {
     }
     const std::uint64_t end = it == saved_.end() ? hi : std::min(hi, it->first);
     std::vector<unsigned char> old(end - lo);
-    const ssize_t got = read_upto(data_fd, old.data(), old.size(), lo);
-    if (got < 0) throw_errno("read (to journal)", "tensors.h5", errno);
-    old.resize(static_cast<std::size_t>(got));
+    old.resize(data.pread_upto(old.data(), old.size(), lo));
     unsigned char head[16];
     put_u64(head, lo);
     put_u64(head + 8, old.size());
@@ -108,15 +92,18 @@ namespace {
 
 // The driver: POSIX reads and writes of a descriptor the writer opened (so
 // HDF5 never resolves the path again), like HDF5's sec2 driver, plus the
-// journal's save before each write and truncation.
+// journal's save before each write and truncation. HDF5 calls it from C:
+// nothing may throw out of it.
 struct Config {
-  int fd;
+  const File* file;
   Hdf5Journal* journal;
 };
 
-struct Driven {
-  H5FD_t pub;  // first: HDF5 sees this part
-  int fd;
+// HDF5 sees the base; the driver's callbacks cast back to the whole.
+struct Driven : H5FD_t {
+  File file;
+  // The descriptor, where get_handle() can point to it (as sec2's handle).
+  int handle;
   haddr_t eoa;
   haddr_t eof;
   dev_t dev;
@@ -124,11 +111,11 @@ struct Driven {
   Hdf5Journal* journal;
 };
 
-Driven* driven(H5FD_t* f) { return reinterpret_cast<Driven*>(f); }
-const Driven* driven(const H5FD_t* f) { return reinterpret_cast<const Driven*>(f); }
+Driven* driven(H5FD_t* f) { return static_cast<Driven*>(f); }
+const Driven* driven(const H5FD_t* f) { return static_cast<const Driven*>(f); }
 
 // Puts why on HDF5's error stack, where its own messages go.
-herr_t fail(const char* func, const std::string& why) {
+herr_t push_error(const char* func, const std::string& why) {
   H5Epush2(H5E_DEFAULT, __FILE__, func, __LINE__, H5E_ERR_CLS, H5E_VFL, H5E_WRITEERROR, "%s", why.c_str());
   return -1;
 }
@@ -147,31 +134,31 @@ herr_t fapl_free(void* info) {
 H5FD_t* open(const char* /*name*/, unsigned flags, hid_t fapl, haddr_t /*maxaddr*/) {
   const auto* cfg = static_cast<const Config*>(H5Pget_driver_info(fapl));
   if (cfg == nullptr) return nullptr;
-  const int fd = ::fcntl(cfg->fd, F_DUPFD_CLOEXEC, 0);
-  if (fd < 0) return nullptr;
-  struct stat st {};
-  if (((flags & H5F_ACC_TRUNC) && ::ftruncate(fd, 0) != 0) || ::fstat(fd, &st) != 0) {
-    ::close(fd);
+  try {
+    auto f = std::make_unique<Driven>();
+    f->file = cfg->file->dup();
+    if (flags & H5F_ACC_TRUNC) f->file.truncate(0);
+    const struct stat st = f->file.status();
+    f->handle = f->file.fd();
+    f->eoa = 0;
+    f->eof = static_cast<haddr_t>(st.st_size);
+    f->dev = st.st_dev;
+    f->ino = st.st_ino;
+    f->journal = cfg->journal;
+    return f.release();
+  } catch (const std::exception&) {
     return nullptr;
   }
-  auto* f = new (std::nothrow) Driven{};
-  if (f == nullptr) {
-    ::close(fd);
-    return nullptr;
-  }
-  f->fd = fd;
-  f->eof = static_cast<haddr_t>(st.st_size);
-  f->dev = st.st_dev;
-  f->ino = st.st_ino;
-  f->journal = cfg->journal;
-  return &f->pub;
 }
 
 herr_t close(H5FD_t* file) {
-  Driven* f = driven(file);
-  const int rc = ::close(f->fd);
-  delete f;
-  return rc == 0 ? 0 : -1;
+  std::unique_ptr<Driven> f(driven(file));
+  try {
+    f->file.close();
+  } catch (const std::exception&) {
+    return -1;
+  }
+  return 0;
 }
 
 int cmp(const H5FD_t* a, const H5FD_t* b) {
@@ -200,15 +187,19 @@ herr_t set_eoa(H5FD_t* file, H5FD_mem_t, haddr_t addr) {
 haddr_t get_eof(const H5FD_t* file, H5FD_mem_t) { return driven(file)->eof; }
 
 herr_t get_handle(H5FD_t* file, hid_t, void** handle) {
-  *handle = &driven(file)->fd;
+  *handle = &driven(file)->handle;
   return 0;
 }
 
 herr_t read(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, void* buf) {
-  const ssize_t got = read_upto(driven(file)->fd, buf, size, addr);
-  if (got < 0) return fail("tensortap_read", fmt::format("read of tensors.h5 failed: {}", std::strerror(errno)));
+  std::size_t got = 0;
+  try {
+    got = driven(file)->file.pread_upto(buf, size, addr);
+  } catch (const Error& e) {
+    return push_error("tensortap_read", fmt::format("read of tensors.h5 failed: {}", e.code().message()));
+  }
   // Past the end of the file: zeros, as in sec2.
-  std::memset(static_cast<char*>(buf) + got, 0, size - static_cast<std::size_t>(got));
+  std::memset(static_cast<char*>(buf) + got, 0, size - got);
   return 0;
 }
 
@@ -216,20 +207,16 @@ herr_t write(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, const v
   Driven* f = driven(file);
   if (f->journal && f->journal->frozen()) return 0;  // given up: see Hdf5Journal::freeze()
   try {
-    if (f->journal) f->journal->save(f->fd, addr, size);
+    if (f->journal) f->journal->save(f->file, addr, size);
   } catch (const std::exception& e) {
-    return fail("tensortap_write", fmt::format("cannot save what a write would overwrite: {}", e.what()));
+    return push_error("tensortap_write", fmt::format("cannot save what a write would overwrite: {}", e.what()));
   }
-  const auto* p = static_cast<const char*>(buf);
-  while (size > 0) {
-    const ssize_t w = ::pwrite(f->fd, p, size, static_cast<off_t>(addr));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return fail("tensortap_write", fmt::format("write of tensors.h5 failed: {}", std::strerror(errno)));
-    p += w;
-    addr += static_cast<haddr_t>(w);
-    size -= static_cast<size_t>(w);
-    f->eof = std::max(f->eof, addr);
+  try {
+    f->file.pwrite_all(buf, size, addr);
+  } catch (const Error& e) {
+    return push_error("tensortap_write", fmt::format("write of tensors.h5 failed: {}", e.code().message()));
   }
+  f->eof = std::max<haddr_t>(f->eof, addr + size);
   return 0;
 }
 
@@ -239,13 +226,15 @@ herr_t truncate(H5FD_t* file, hid_t, hbool_t) {
   Driven* f = driven(file);
   if (f->eoa == f->eof || (f->journal && f->journal->frozen())) return 0;
   try {
-    if (f->journal && f->eoa < f->eof) f->journal->save(f->fd, f->eoa, f->eof - f->eoa);
+    if (f->journal && f->eoa < f->eof) f->journal->save(f->file, f->eoa, f->eof - f->eoa);
   } catch (const std::exception& e) {
-    return fail("tensortap_truncate", fmt::format("cannot save what a truncation would drop: {}", e.what()));
+    return push_error("tensortap_truncate", fmt::format("cannot save what a truncation would drop: {}", e.what()));
   }
-  while (::ftruncate(f->fd, static_cast<off_t>(f->eoa)) != 0)
-    if (errno != EINTR)
-      return fail("tensortap_truncate", fmt::format("truncation of tensors.h5 failed: {}", std::strerror(errno)));
+  try {
+    f->file.truncate(f->eoa);
+  } catch (const Error& e) {
+    return push_error("tensortap_truncate", fmt::format("truncation of tensors.h5 failed: {}", e.code().message()));
+  }
   f->eof = f->eoa;
   return 0;
 }
@@ -292,11 +281,11 @@ hid_t driver_id() {
 
 }  // namespace
 
-H5::FileAccPropList journaled_fapl(int fd, Hdf5Journal* journal) {
+H5::FileAccPropList journaled_fapl(const File& file, Hdf5Journal* journal) {
   const hid_t id = driver_id();
-  if (id < 0) throw Error("tensortap: HDF5: cannot register tensortap's file driver");
+  if (id < 0) fail("HDF5: cannot register tensortap's file driver");
   H5::FileAccPropList fapl;
-  const Config cfg{fd, journal};
+  const Config cfg{&file, journal};
   fapl.setDriver(id, &cfg);
   return fapl;
 }

@@ -44,9 +44,9 @@ class Hdf5Journal {
   /// one is replaced).
   void begin(std::uint64_t limit);
   bool active() const { return static_cast<bool>(file_); }
-  /// Saves what `data_fd` holds in [offset, offset + n) below the limit and
+  /// Saves what `data` holds in [offset, offset + n) below the limit and
   /// not saved before, before the caller overwrites or truncates it.
-  void save(int data_fd, std::uint64_t offset, std::uint64_t n);
+  void save(const File& data, std::uint64_t offset, std::uint64_t n);
   /// The span is over: empties the journal (a reader then ignores it, should
   /// the removal fail) and removes it.
   void end();
@@ -67,7 +67,8 @@ class Hdf5Journal {
   std::map<std::uint64_t, std::uint64_t> saved_;
 };
 
-/// File access properties that make HDF5 write `fd` (an open `tensors.h5`)
+/// File access properties that make HDF5 write `file` (an open `tensors.h5`,
+/// through a descriptor of its own)
 /// through a POSIX driver that lets `journal` save what each write and
 /// truncation would overwrite. Files it writes are ordinary HDF5 files (no
 /// driver information is stored): h5py opens them with its default driver.
@@ -76,6 +77,6 @@ class Hdf5Journal {
 /// keeps other writers out, and a lock here would let any reader that has
 /// the file open (h5py keeps a shared lock) stop the writer from creating
 /// new names.
-H5::FileAccPropList journaled_fapl(int fd, Hdf5Journal* journal);
+H5::FileAccPropList journaled_fapl(const File& file, Hdf5Journal* journal);
 
 }  // namespace tensortap::detail

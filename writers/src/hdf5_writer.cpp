@@ -16,117 +16,12 @@
 #include "writers/src/dtypes.h"
 #include "writers/src/json.h"
 #include "writers/src/paths.h"
-#include "writers/src/versions.h"
 
 namespace tensortap::detail {
 namespace {
 
-// The HDF5 library Debian ships is not thread-safe, and two recorders have
-// two writer threads: every HDF5 call in the process goes through this lock.
-std::mutex& hdf5_mutex() {
-  static std::mutex mu;
-  return mu;
-}
-
-constexpr hsize_t kMaxRowsPerChunk = 256;
 // Free space kept beyond what a write needs (see check_space()).
 constexpr std::uint64_t kHeadroomBytes = std::uint64_t{4} << 20;
-constexpr hsize_t kStepsChunk = 256;
-
-// A failure of the HDF5 library itself (as opposed to a record it refuses):
-// the file's state is in doubt from then on.
-class Hdf5Failure : public Error {
- public:
-  using Error::Error;
-};
-
-// Runs `f`, turning an HDF5 failure into an Error that names the file, the
-// object and what was being done.
-template <class F>
-auto wrap(const std::string& file, const std::string& object, const char* action, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const H5::Exception& e) {
-    throw Hdf5Failure(fmt::format("tensortap: HDF5: cannot {} '{}' in '{}': {} ({})", action, object, file,
-                            e.getDetailMsg(), e.getFuncName()));
-  }
-}
-
-// The file type of each stored dtype, the way h5py writes (and reads) it.
-H5::DataType file_type(c10::ScalarType t) {
-  using c10::ScalarType;
-  switch (t) {
-    case ScalarType::Bool: {
-      // h5py's bool: an int8 enum of FALSE and TRUE.
-      H5::EnumType e(H5::PredType::NATIVE_INT8);
-      std::int8_t f = 0, v = 1;
-      e.insert("FALSE", &f);
-      e.insert("TRUE", &v);
-      return e;
-    }
-    case ScalarType::Byte: return H5::PredType::STD_U8LE;
-    case ScalarType::Char: return H5::PredType::STD_I8LE;
-    case ScalarType::Short: return H5::PredType::STD_I16LE;
-    case ScalarType::Int: return H5::PredType::STD_I32LE;
-    case ScalarType::Long: return H5::PredType::STD_I64LE;
-    case ScalarType::Half: {
-      // HDF5 1.10 has no predefined half: build IEEE binary16 as h5py does.
-      H5::FloatType h(H5::PredType::IEEE_F32LE);
-      h.setFields(15, 10, 5, 0, 10);
-      h.setSize(2);
-      h.setEbias(15);
-      return h;
-    }
-    case ScalarType::Float: return H5::PredType::IEEE_F32LE;
-    case ScalarType::Double: return H5::PredType::IEEE_F64LE;
-    case ScalarType::ComplexFloat:
-    case ScalarType::ComplexDouble: {
-      // h5py's complex: a compound of `r` and `i`.
-      const bool f32 = t == ScalarType::ComplexFloat;
-      const H5::PredType& part = f32 ? H5::PredType::IEEE_F32LE : H5::PredType::IEEE_F64LE;
-      H5::CompType c(static_cast<std::size_t>(f32 ? 8 : 16));
-      c.insertMember("r", 0, part);
-      c.insertMember("i", f32 ? 4 : 8, part);
-      return c;
-    }
-    default:
-      throw Error(fmt::format("tensortap: HDF5 cannot store dtype {}", c10::toString(t)));
-  }
-}
-
-void write_string_attr(H5::H5Object& obj, const char* name, const std::string& value) {
-  H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
-  type.setCset(H5T_CSET_UTF8);
-  H5::Attribute a = obj.createAttribute(name, type, H5::DataSpace(H5S_SCALAR));
-  a.write(type, value);
-}
-
-void write_ints_attr(H5::H5Object& obj, const char* name, const std::vector<std::int64_t>& v) {
-  const hsize_t n = v.size();
-  H5::DataSpace space = n == 0 ? H5::DataSpace(H5S_NULL) : H5::DataSpace(1, &n);
-  H5::Attribute a = obj.createAttribute(name, H5::PredType::STD_I64LE, space);
-  if (n != 0) a.write(H5::PredType::NATIVE_INT64, v.data());
-}
-
-// Chunk dims for rows of `shape`: about `target` bytes, at most 256 rows,
-// halving the largest axis of a row that alone exceeds the target.
-std::vector<hsize_t> chunk_dims(const std::vector<std::int64_t>& shape, std::size_t elem, std::size_t target) {
-  std::vector<hsize_t> inner;
-  for (std::int64_t d : shape) inner.push_back(static_cast<hsize_t>(std::max<std::int64_t>(d, 1)));
-  auto bytes = [&] {
-    hsize_t b = elem;
-    for (hsize_t d : inner) b *= d;
-    return b;
-  };
-  while (bytes() > target) {
-    auto it = std::max_element(inner.begin(), inner.end());
-    if (it == inner.end() || *it == 1) break;
-    *it = (*it + 1) / 2;
-  }
-  std::vector<hsize_t> dims{std::clamp<hsize_t>(target / bytes(), 1, kMaxRowsPerChunk)};
-  dims.insert(dims.end(), inner.begin(), inner.end());
-  return dims;
-}
 
 }  // namespace
 
@@ -136,13 +31,13 @@ class Hdf5Sink final : public RecordSink {
   Hdf5Sink(Hdf5Writer& w, Hdf5Writer::Series& s, const RecordDesc& meta)
       : w_(w), s_(s), meta_(meta), row_(s.next_row), elem_(c10::elementSize(meta.stored)) {
     if (meta.shape.size() != s.rank)
-      throw Error(fmt::format("tensortap: HDF5: record '{}' (kind {}, step {}) has shape of rank {}, but '{}/data' "
-                              "in '{}' holds rank {}; a name keeps its rank in an HDF5 run",
-                              meta.name, kind_name(meta.kind), meta.step, meta.shape.size(), s.group, w.path_, s.rank));
+      fail("HDF5: record '{}' (kind {}, step {}) has shape of rank {}, but '{}/data' "
+           "in '{}' holds rank {}; a name keeps its rank in an HDF5 run",
+           meta.name, kind_name(meta.kind), meta.step, meta.shape.size(), s.group, w.path_, s.rank);
     if (meta.stored != s.stored)
-      throw Error(fmt::format("tensortap: HDF5: record '{}' (kind {}, step {}) is {}, but '{}/data' in '{}' is {}",
-                              meta.name, kind_name(meta.kind), meta.step, dtype_name(meta.dtype), s.group, w.path_,
-                              dtype_name(s.stored)));
+      fail("HDF5: record '{}' (kind {}, step {}) is {}, but '{}/data' in '{}' is {}",
+           meta.name, kind_name(meta.kind), meta.step, dtype_name(meta.dtype), s.group, w.path_,
+           dtype_name(s.stored));
     std::vector<hsize_t> extent = s.extent;
     extent[0] = std::max<hsize_t>(extent[0], row_ + 1);
     for (std::size_t i = 0; i < s.rank; ++i)
@@ -180,8 +75,8 @@ class Hdf5Sink final : public RecordSink {
     w_.check_open();
     w_.ensure_open(s_);
     if (written_ * elem_ != meta_.nbytes)
-      throw Error(fmt::format("tensortap: HDF5: record '{}' in '{}' is {} bytes short", meta_.name, w_.path_,
-                              meta_.nbytes - written_ * elem_));
+      fail("HDF5: record '{}' in '{}' is {} bytes short", meta_.name, w_.path_,
+           meta_.nbytes - written_ * elem_);
     wrap(w_.path_, s_.group + "/steps", "write", [&] {
       H5::DataSpace fs = s_.steps.getSpace();
       const hsize_t one = 1;
@@ -194,7 +89,6 @@ class Hdf5Sink final : public RecordSink {
         s_.shapes.write(meta_.shape.data(), H5::PredType::NATIVE_INT64, H5::DataSpace(1, &count[1]), ss);
       }
     });
-    s_.rows = std::max<hsize_t>(s_.rows, row_ + 1);
     w_.dirty_ = true;
     if (meta_.step != w_.last_step_) {
       w_.last_step_ = meta_.step;
@@ -260,12 +154,7 @@ Hdf5Writer::Hdf5Writer(const Dir& dir, const Hdf5Options& options)
   H5::Exception::dontPrint();
   try {
     open(/*create=*/true);
-    wrap(path_, "/", "write attributes of", [&] {
-      H5::Group root = file_->openGroup("/");
-      write_string_attr(root, "tensortap_version", kTensortapVersion);
-      write_string_attr(root, "torch_version", kTorchVersion);
-      write_ints_attr(root, "format_version", {kFormatVersion});
-    });
+    wrap(path_, "/", "write attributes of", [&] { write_file_attributes(*file_); });
     start_swmr();
   } catch (...) {
     drop_file();  // under the lock: its destructor calls HDF5
@@ -316,20 +205,11 @@ void Hdf5Writer::check_space(std::uint64_t bytes) const {
   const std::uint64_t free = static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
   const std::uint64_t need = bytes + unflushed_bytes_ + options_.chunk_bytes() + kHeadroomBytes;
   if (free < need)
-    throw OsError(fmt::format("tensortap: HDF5: not writing to '{}': {} bytes free on its file system, {} needed "
-                              "(the record's chunks, {} for chunks not yet flushed, a chunk and {} of headroom: "
-                              "HDF5 1.10 cannot recover from a full disk, so tensortap stops short of one) (errno {})",
-                              path_, free, need, unflushed_bytes_, kHeadroomBytes, ENOSPC),
-                  ENOSPC);
-}
-
-std::uint64_t Hdf5Writer::new_chunk_bytes(const Series& s, const RecordDesc& meta, hsize_t row) {
-  if (s.chunk.empty() || row % s.chunk[0] != 0) return 0;
-  std::uint64_t bytes = c10::elementSize(s.stored);
-  for (hsize_t d : s.chunk) bytes *= d;
-  for (std::size_t i = 0; i < meta.shape.size() && i + 1 < s.chunk.size(); ++i)
-    bytes *= (std::max<std::uint64_t>(meta.shape[i], 1) + s.chunk[i + 1] - 1) / s.chunk[i + 1];
-  return bytes;
+    fail(std::error_code(ENOSPC, std::system_category()),
+         "HDF5: not writing to '{}': {} bytes free on its file system, {} needed (the record's chunks, {} for "
+         "chunks not yet flushed, a chunk and {} of headroom: HDF5 1.10 cannot recover from a full disk, so "
+         "tensortap stops short of one) (errno {})",
+         path_, free, need, unflushed_bytes_, kHeadroomBytes, ENOSPC);
 }
 
 void Hdf5Writer::release(Series& s) noexcept {
@@ -365,7 +245,7 @@ Hdf5Writer::~Hdf5Writer() {
 
 void Hdf5Writer::open(bool create) {
   wrap(path_, "/", create ? "create" : "reopen", [&] {
-    H5::FileAccPropList fapl = journaled_fapl(fd_.fd(), journal_.get());
+    H5::FileAccPropList fapl = journaled_fapl(fd_, journal_.get());
     // SWMR needs the latest file format.
     fapl.setLibverBounds(H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
     file_ = std::make_unique<H5::H5File>(path_, create ? H5F_ACC_TRUNC : H5F_ACC_RDWR,
@@ -375,7 +255,7 @@ void Hdf5Writer::open(bool create) {
 
 void Hdf5Writer::start_swmr() {
   if (H5Fstart_swmr_write(file_->getId()) < 0)
-    throw Error(fmt::format("tensortap: HDF5: cannot start SWMR writing of '{}'", path_));
+    fail("HDF5: cannot start SWMR writing of '{}'", path_);
 }
 
 std::string Hdf5Writer::key_of(const RecordDesc& meta) const {
@@ -416,37 +296,7 @@ void Hdf5Writer::create_series(const std::vector<const RecordDesc*>& records) {
       s.rank = m->shape.size();
       s.extent.assign(s.rank + 1, 0);
       try {
-        wrap(path_, key, "create", [&] {
-          const std::string kind_group = fmt::format("/{}", kind_name(m->kind));
-          if (!file_->nameExists(kind_group)) file_->createGroup(kind_group);
-          H5::Group g = file_->createGroup(key);
-          write_string_attr(g, "name", m->name);
-          write_string_attr(g, "kind", kind_name(m->kind));
-          write_string_attr(g, "dtype", dtype_name(m->dtype));
-          write_ints_attr(g, "shape", m->shape);
-
-          const std::vector<hsize_t> max(s.rank + 1, H5S_UNLIMITED);
-          H5::DSetCreatPropList dcpl;
-          s.chunk = chunk_dims(m->shape, c10::elementSize(m->stored), options_.chunk_bytes());
-          dcpl.setChunk(static_cast<int>(s.chunk.size()), s.chunk.data());
-          if (options_.shuffle()) dcpl.setShuffle();
-          if (options_.deflate() > 0) dcpl.setDeflate(static_cast<unsigned>(options_.deflate()));
-          s.data = g.createDataSet("data", file_type(m->stored),
-                                   H5::DataSpace(static_cast<int>(s.rank + 1), s.extent.data(), max.data()), dcpl);
-
-          const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
-          H5::DSetCreatPropList steps_dcpl;
-          steps_dcpl.setChunk(1, &kStepsChunk);
-          const std::int64_t unfinished = -1;
-          steps_dcpl.setFillValue(H5::PredType::NATIVE_INT64, &unfinished);
-          s.steps = g.createDataSet("steps", H5::PredType::STD_I64LE, H5::DataSpace(1, &zero, &unlimited), steps_dcpl);
-          if (s.rank > 0) {
-            const hsize_t dims[2] = {0, s.rank}, maxd[2] = {H5S_UNLIMITED, s.rank}, ch[2] = {kStepsChunk, s.rank};
-            H5::DSetCreatPropList shapes_dcpl;
-            shapes_dcpl.setChunk(2, ch);
-            s.shapes = g.createDataSet("shapes", H5::PredType::STD_I64LE, H5::DataSpace(2, dims, maxd), shapes_dcpl);
-          }
-        });
+        wrap(path_, key, "create", [&] { create_series_group(*file_, *m, options_, s); });
         series_.emplace(key, std::move(s));
       } catch (const Error& e) {
         // This name fails alone: its records' begin() report why, the others
@@ -486,8 +336,8 @@ Hdf5Writer::Series& Hdf5Writer::series_of(const RecordDesc& meta) {
     it = series_.find(key);
   }
   if (it == series_.end())
-    throw Error(fmt::format("tensortap: HDF5: no dataset for record '{}' (kind {}, step {}) in '{}': {}", meta.name,
-                            kind_name(meta.kind), meta.step, path_, creation_errors_[key]));
+    fail("HDF5: no dataset for record '{}' (kind {}, step {}) in '{}': {}", meta.name,
+         kind_name(meta.kind), meta.step, path_, creation_errors_[key]);
   return it->second;
 }
 
@@ -496,7 +346,7 @@ std::unique_ptr<RecordSink> Hdf5Writer::begin(const RecordDesc& meta) {
   return guarded([&] {
     check_open();
     Series& s = series_of(meta);
-    const std::uint64_t grows = new_chunk_bytes(s, meta, s.next_row);
+    const std::uint64_t grows = new_chunk_bytes(s, meta.shape, s.next_row);
     check_space(std::max<std::uint64_t>(grows, meta.nbytes));
     ensure_open(s);
     auto sink = std::make_unique<Hdf5Sink>(*this, s, meta);
@@ -536,7 +386,7 @@ void Hdf5Writer::close() {
     (void)file_.release();
     file_leaked_ = true;
     fd_ = File();
-    throw Error(fmt::format("tensortap: HDF5: '{}' was left unclosed after an earlier failure: {}", path_, broken_));
+    fail("HDF5: '{}' was left unclosed after an earlier failure: {}", path_, broken_);
   }
   // Every HDF5 object dies here, under the lock: their destructors call the
   // library too.

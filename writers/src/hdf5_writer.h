@@ -8,10 +8,12 @@
 
 #include <H5Cpp.h>
 
-#include <tensortap/options.h>
+#include <tensortap/format.h>
 
+#include "writers/src/check.h"
 #include "writers/src/file.h"
 #include "writers/src/hdf5_journal.h"
+#include "writers/src/hdf5_layout.h"
 #include "writers/src/writer.h"
 
 namespace tensortap::detail {
@@ -48,25 +50,7 @@ class Hdf5Writer final : public Writer {
   /// mode (for the benchmark).
   std::chrono::steady_clock::duration last_swmr_gap() const { return last_swmr_gap_; }
 
-  /// One `/<kind>/<name>` group.
-  struct Series {
-    std::string group;
-    c10::ScalarType stored;
-    std::size_t rank;
-    /// The extent of `data`: rows, then the largest shape seen.
-    std::vector<hsize_t> extent;
-    /// Rows finished (the extent of `steps` may be larger: rows in flight,
-    /// or left by a record that failed, whose step stays -1).
-    hsize_t rows = 0;
-    /// The next row to hand out: a record claims its row when it begins.
-    hsize_t next_row = 0;
-    /// `data`'s chunk dimensions (rows first).
-    std::vector<hsize_t> chunk;
-    H5::DataSet data, steps, shapes;
-    /// Whether the datasets above are open (they are closed whenever new
-    /// names make the writer leave SWMR mode, and reopened on next use).
-    bool open = true;
-  };
+  using Series = Hdf5Series;
 
  private:
   friend class Hdf5Sink;
@@ -77,7 +61,7 @@ class Hdf5Writer final : public Writer {
   // Throws if an earlier failure closed the file.
   void check_open() const {
     if (!file_ || !broken_.empty())
-      throw Error("tensortap: HDF5: '" + path_ + "' is no longer written after an earlier failure: " + broken_);
+      fail("HDF5: '{}' is no longer written after an earlier failure: {}", path_, broken_);
   }
   // Runs `f`; after a failure of the HDF5 library in it the file is no
   // longer written (see give_up()); the failure is rethrown.
@@ -92,12 +76,9 @@ class Hdf5Writer final : public Writer {
   }
   static bool is_library_failure(const Error& e) noexcept;
   void give_up(const std::string& why) noexcept;
-  // Throws OsError (ENOSPC) when the file system has too little room left
+  // Throws Error (code ENOSPC) when the file system has too little room left
   // to write `bytes` without risking a full disk inside HDF5.
   void check_space(std::uint64_t bytes) const;
-  // The file space a record in row `row` of `s` may newly take: the chunks
-  // of its row group, when it is the group's first row.
-  static std::uint64_t new_chunk_bytes(const Series& s, const RecordDesc& meta, hsize_t row);
   // Closes the file once; a failed close is never retried (see give_up()).
   void close_file();
   static void release(Series& s) noexcept;

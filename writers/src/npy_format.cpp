@@ -1,5 +1,6 @@
 #include "writers/src/npy_format.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -175,14 +176,17 @@ std::string npy_descr(c10::ScalarType stored) {
   return fmt::format("{}{}", order, info->numpy);
 }
 
-std::string npy_header(std::string_view descr, const std::vector<std::int64_t>& shape) {
-  std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
-                                 descr, shape_tuple(shape));
+namespace {
+
+// The header around `descr`, the Python literal of the dtype.
+std::string header_of(std::string_view descr, const std::vector<std::int64_t>& shape, std::size_t min_size) {
+  std::string dict =
+      fmt::format("{{'descr': {}, 'fortran_order': False, 'shape': {}, }}", descr, shape_tuple(shape));
   // Version 1.0 stores the header length in 16 bits, 2.0 in 32.
   for (int version = 1; version <= 2; ++version) {
     const size_t len_bytes = version == 1 ? 2 : 4;
     const size_t prefix = kMagicLen + 2 + len_bytes;
-    size_t total = prefix + dict.size() + 1;  // +1 for the closing '\n'
+    size_t total = std::max(prefix + dict.size() + 1, min_size);  // +1 for the closing '\n'
     total = (total + kAlign - 1) / kAlign * kAlign;
     const size_t header_len = total - prefix;
     if (version == 1 && header_len > 0xFFFF) continue;
@@ -196,6 +200,23 @@ std::string npy_header(std::string_view descr, const std::vector<std::int64_t>& 
     return out;
   }
   throw Error("npy header too long");
+}
+
+}  // namespace
+
+std::string npy_header(std::string_view descr, const std::vector<std::int64_t>& shape, std::size_t min_size) {
+  return header_of(fmt::format("'{}'", descr), shape, min_size);
+}
+
+std::string npy_header(const std::vector<NpyField>& fields, const std::vector<std::int64_t>& shape,
+                       std::size_t min_size) {
+  std::string descr = "[";
+  for (const NpyField& f : fields) {
+    if (descr.size() > 1) descr += ", ";
+    descr += fmt::format("('{}', '{}')", f.name, f.descr);
+  }
+  descr += "]";
+  return header_of(descr, shape, min_size);
 }
 
 std::uint64_t npy_header_end(std::string_view prefix, std::uint64_t file_size, const std::string& what) {

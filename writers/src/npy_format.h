@@ -15,7 +15,20 @@ namespace tensortap::detail {
 /// magic, version, header length, the header dict and its padding. Format
 /// 1.0, or 2.0 when the header does not fit 1.0's 16-bit length. Its size is
 /// a multiple of 64, so the data that follows is 64-byte aligned.
-std::string npy_header(std::string_view descr, const std::vector<std::int64_t>& shape);
+/// With `min_size`, the header takes at least that many bytes: one that is
+/// rewritten in place as its shape grows keeps its size.
+std::string npy_header(std::string_view descr, const std::vector<std::int64_t>& shape, std::size_t min_size = 0);
+
+/// One field of a structured dtype: its name and NumPy type string ("<f8").
+struct NpyField {
+  std::string name;
+  std::string descr;
+};
+
+/// `npy_header()` for a structured dtype of these fields, in this order,
+/// packed (no padding between them): NumPy reads it as a record array.
+std::string npy_header(const std::vector<NpyField>& fields, const std::vector<std::int64_t>& shape,
+                       std::size_t min_size = 0);
 
 /// The NumPy type string of `stored` in this machine's byte order ("<f4").
 std::string npy_descr(c10::ScalarType stored);

@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -30,9 +29,8 @@ void read_exact(const detail::File& f, void* dst, std::uint64_t n, std::uint64_t
     const auto step = static_cast<std::size_t>(std::min<std::uint64_t>(n, 1u << 30));
     try {
       f.pread_all(p, step, offset);
-    } catch (const detail::OsError&) {
-      throw;
-    } catch (const Error&) {
+    } catch (const Error& e) {
+      if (e.code()) throw;  // the OS's error, with the path: as it is
       throw Error(fmt::format("{}: file ended early (truncated?)", what));
     }
     p += step;
@@ -75,11 +73,8 @@ at::Tensor load_npy(const std::string& path, const LoadOptions& options) {
 namespace {
 
 at::Tensor load(const std::string& path, const LoadOptions& options, const std::string& what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) detail::throw_errno("open", path, errno);
-  const detail::File f(fd, path);
-  struct stat st {};
-  if (::fstat(f.fd(), &st) != 0) detail::throw_errno("stat", path, errno);
+  const detail::File f = detail::File::open(path, O_RDONLY);
+  const struct stat st = f.status();
   if (!S_ISREG(st.st_mode)) throw Error(fmt::format("{}: not a regular file", what));
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
 

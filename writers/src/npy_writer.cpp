@@ -4,6 +4,7 @@
 
 #include <tensortap/error.h>
 
+#include "writers/src/check.h"
 #include "writers/src/file.h"
 #include "writers/src/json.h"
 #include "writers/src/npy_format.h"
@@ -20,7 +21,7 @@ class NpySink final : public RecordSink {
 
   void append(const void* data, std::size_t n) override {
     if (n > left_)
-      throw Error(fmt::format("tensortap: record '{}' got more bytes than its shape holds", file_.path()));
+      fail("record '{}' got more bytes than its shape holds", file_.path());
     left_ -= n;
     // The header goes out with the first chunk: one system call for a small record.
     file_.write(header_.data(), header_.size(), data, n);
@@ -30,7 +31,7 @@ class NpySink final : public RecordSink {
   std::string finish() override {
     if (!header_.empty()) file_.write(header_.data(), header_.size());
     if (left_ != 0)
-      throw Error(fmt::format("tensortap: record '{}' is {} bytes short", file_.path(), left_));
+      fail("record '{}' is {} bytes short", file_.path(), left_);
     file_.commit();
     std::string loc = "\"file\":";
     append_json_string(loc, rel_);

@@ -1,30 +1,12 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
-#include <vector>
-
-#include <tensortap/options.h>
-#include <tensortap/recorder.h>
 
 #include "writers/src/file.h"
 #include "writers/src/writer.h"
 
 namespace tensortap::detail {
-
-/// What run.json says.
-struct RunInfo {
-  /// Where this rank writes (the options' dir, or its rank<r>/ below it).
-  std::string run_dir;
-  std::int64_t rank = 0;
-  std::int64_t world_size = 1;
-  std::string start_time;
-  std::string end_time;
-  bool closed = false;
-  Stats stats;
-  std::string first_error;
-  /// The flight recorder's dumps and the triggers' marks.
-  std::vector<DumpRecord> dumps;
-};
 
 /// The names tensortap writes in a run directory, and only those:
 /// `Options::overwrite` removes them, and a directory that holds one of them
@@ -52,10 +34,11 @@ class RunDir {
   File lock_;
 };
 
-/// Rewrites `run.json` in `dir` atomically. On a full disk, where no
-/// temporary fits, the file is rewritten in place, in blocks reserved for
-/// that when it was written.
-void write_run_json(const Dir& dir, const Options& options, const RunInfo& info);
+/// Rewrites `run.json` in `dir` atomically with `json`, its whole text.
+/// On a full disk, where no temporary fits, the file is rewritten in place,
+/// in blocks reserved for that when it was written. What the text says is
+/// the recorder's to render.
+void write_run_json(const Dir& dir, const std::string& json);
 
 /// The current UTC time as ISO 8601 ("2026-11-21T05:45:00.123Z").
 std::string utc_now();

@@ -4,10 +4,11 @@
 
 #include <fmt/format.h>
 
+#include "writers/src/check.h"
 #include "writers/src/file.h"
-#include "writers/src/run_files.h"
 #include "writers/src/json.h"
 #include "writers/src/npy_format.h"
+#include "writers/src/run_files.h"
 
 namespace tensortap::detail {
 namespace {
@@ -27,24 +28,16 @@ static_assert(sizeof(Row) == 12 * 8, "a stats row is twelve 8-byte fields");
 constexpr std::size_t kHeaderBytes = 512;
 
 std::string header(std::int64_t rows) {
-  const std::string i8 = npy_descr(c10::kLong), f8 = npy_descr(c10::kDouble);
-  std::string descr = "[";
-  const char* ints[] = {"step", "series"};
-  const char* floats[] = {"min", "max", "mean", "std", "norm"};
-  const char* counts[] = {"nan", "posinf", "neginf", "zeros", "numel"};
-  for (const char* f : ints) descr += fmt::format("('{}', '{}'), ", f, i8);
-  for (const char* f : floats) descr += fmt::format("('{}', '{}'), ", f, f8);
-  for (const char* f : counts) descr += fmt::format("('{}', '{}'), ", f, i8);
-  descr.resize(descr.size() - 2);
-  descr += "]";
-  std::string dict = fmt::format("{{'descr': {}, 'fortran_order': False, 'shape': ({},), }}", descr, rows);
-  std::string h("\x93NUMPY\x01\x00", 8);
-  const std::size_t len = kHeaderBytes - 10;
-  h.push_back(static_cast<char>(len & 0xFF));
-  h.push_back(static_cast<char>(len >> 8));
-  dict.append(len - dict.size() - 1, ' ');
-  dict.push_back('\n');
-  return h + dict;
+  static const std::vector<NpyField> fields = [] {
+    const std::string i8 = npy_descr(c10::kLong), f8 = npy_descr(c10::kDouble);
+    return std::vector<NpyField>{{"step", i8},   {"series", i8}, {"min", f8},    {"max", f8},
+                                 {"mean", f8},   {"std", f8},    {"norm", f8},   {"nan", i8},
+                                 {"posinf", i8}, {"neginf", i8}, {"zeros", i8},  {"numel", i8}};
+  }();
+  std::string h = npy_header(fields, {rows}, kHeaderBytes);
+  // A longer header would move the rows already written.
+  TENSORTAP_CHECK(h.size() == kHeaderBytes, "stats.npy's header takes {} bytes, not {}", h.size(), kHeaderBytes);
+  return h;
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 #include <string>
 #include <unordered_map>
 
-#include <tensortap/options.h>
+#include <tensortap/kinds.h>
 
 #include "writers/src/file.h"
 

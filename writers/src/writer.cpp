@@ -4,6 +4,7 @@
 
 #include <tensortap/error.h>
 
+#include "writers/src/check.h"
 #include "writers/src/file.h"
 #include "writers/src/npy_writer.h"
 #ifdef TENSORTAP_HAVE_HDF5
@@ -12,20 +13,21 @@
 
 namespace tensortap::detail {
 
-std::unique_ptr<Writer> make_writer(const Options& options, const Dir& dir) {
-  switch (options.format()) {
+std::unique_ptr<Writer> make_writer(Format format, const Hdf5Options& hdf5, const Dir& dir) {
+  switch (format) {
     case Format::Npy:
       return std::make_unique<NpyWriter>(dir);
     case Format::Hdf5:
 #ifdef TENSORTAP_HAVE_HDF5
-      return std::make_unique<Hdf5Writer>(dir, options.hdf5());
+      return std::make_unique<Hdf5Writer>(dir, hdf5);
 #else
+      (void)hdf5;
       break;
 #endif
   }
-  throw Error(fmt::format("tensortap: run '{}': Format::Hdf5 is not available: this tensortap was built "
-                          "without HDF5 (TENSORTAP_WITH_HDF5=OFF or libhdf5-dev missing); use Format::Npy",
-                          dir.path()));
+  fail("run '{}': Format::Hdf5 is not available: this tensortap was built "
+       "without HDF5 (TENSORTAP_WITH_HDF5=OFF or libhdf5-dev missing); use Format::Npy",
+       dir.path());
 }
 
 }  // namespace tensortap::detail

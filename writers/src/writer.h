@@ -8,7 +8,8 @@
 
 #include <c10/core/ScalarType.h>
 
-#include <tensortap/options.h>
+#include <tensortap/format.h>
+#include <tensortap/kinds.h>
 
 namespace tensortap::detail {
 
@@ -65,8 +66,8 @@ class Writer {
   virtual void close() = 0;
 };
 
-/// The writer `options.format()` asks for, writing under `dir` (which must
-/// outlive it).
-std::unique_ptr<Writer> make_writer(const Options& options, const Dir& dir);
+/// The writer of `format` (with `hdf5`'s settings for `Format::Hdf5`),
+/// writing under `dir` (which must outlive it).
+std::unique_ptr<Writer> make_writer(Format format, const Hdf5Options& hdf5, const Dir& dir);
 
 }  // namespace tensortap::detail

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
 namespace tensortap {
 
@@ -9,7 +10,14 @@ namespace tensortap {
 /// the tensor name, dtype and shape, and the OS error where there is one.
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  /// `code` is the OS error (std::system_category) when one caused it, so a
+  /// caller can tell ENOSPC from EACCES without parsing the message.
+  explicit Error(const std::string& what, std::error_code code = {}) : std::runtime_error(what), code_(code) {}
+  /// The OS error behind this one; empty (false) when there was none.
+  std::error_code code() const noexcept { return code_; }
+
+ private:
+  std::error_code code_;
 };
 
 }  // namespace tensortap

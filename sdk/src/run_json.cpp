@@ -1,0 +1,114 @@
+#include "sdk/src/run_json.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "writers/src/json.h"
+#include "writers/src/versions.h"
+
+namespace tensortap::detail {
+namespace {
+
+const char* format_name(Format f) { return f == Format::Npy ? "npy" : "hdf5"; }
+const char* overflow_name(Overflow o) { return o == Overflow::Block ? "block" : "drop_newest"; }
+const char* after_dump_name(AfterDump a) {
+  return a == AfterDump::Continue ? "continue" : a == AfterDump::Throw ? "throw" : "stop_capture";
+}
+
+// A double as JSON: NaN and infinities, which JSON lacks, as null.
+std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
+
+}  // namespace
+
+std::string run_json(const Options& o, const RunInfo& info) {
+  std::string j = "{\n";
+  j += fmt::format("  \"format_version\": {},\n", kFormatVersion);
+  j += fmt::format("  \"tensortap_version\": \"{}\",\n", kTensortapVersion);
+  j += fmt::format("  \"torch_version\": \"{}\",\n", kTorchVersion);
+  j += "  \"options\": {\n    \"dir\": ";
+  append_json_string(j, o.dir());
+  j += fmt::format(",\n    \"format\": \"{}\",\n    \"every\": {},\n    \"start\": {},\n    \"stop\": {},\n",
+                   format_name(o.format()), o.every(), o.start(), o.stop());
+  j += "    \"include\": ";
+  append_json_string(j, o.include());
+  j += ",\n    \"exclude\": ";
+  append_json_string(j, o.exclude());
+  j += ",\n    \"kinds\": [";
+  bool first = true;
+  for (Kind k : kAllKinds) {
+    if (!o.kinds().contains(k)) continue;
+    j += fmt::format("{}\"{}\"", first ? "" : ", ", kind_name(k));
+    first = false;
+  }
+  j += "],\n    \"every_by_kind\": {";
+  first = true;
+  for (Kind k : kAllKinds) {
+    j += fmt::format("{}\"{}\": {}", first ? "" : ", ", kind_name(k), o.every(k));
+    first = false;
+  }
+  j += "},\n    \"steps\": ";
+  append_json_ints(j, o.steps());
+  j += ",\n    \"ranks\": ";
+  append_json_ints(j, o.ranks());
+  j += fmt::format(",\n    \"capture_eval\": {},\n    \"grad_per_backward\": {},\n    \"capture_ops\": {}",
+                   o.capture_eval() ? "true" : "false", o.grad_per_backward() ? "true" : "false",
+                   o.capture_ops() ? "true" : "false");
+  j += fmt::format(",\n    \"on_error\": \"{}\"", o.on_error() == OnError::Stop ? "stop" : "continue");
+  j += ",\n    \"tap_sequential\": ";
+  append_json_string(j, o.tap_sequential());
+  j += fmt::format(",\n    \"buffer_bytes\": {},\n    \"overflow\": \"{}\",\n    \"overwrite\": {}",
+                   o.buffer_bytes(), overflow_name(o.overflow()), o.overwrite() ? "true" : "false");
+  j += fmt::format(",\n    \"stats_every\": {},\n    \"flight_recorder\": {},\n    \"flight_recorder_bytes\": {},\n    \"after_dump\": \"{}\"",
+                   o.stats_every(), o.flight_recorder(), o.flight_recorder_bytes(), after_dump_name(o.after_dump()));
+  j += ",\n    \"dump_on\": [";
+  for (std::size_t i = 0; i < o.triggers().size(); ++i) {
+    const Trigger& t = o.triggers()[i];
+    j += fmt::format("{}{{\"kind\": \"{}\"", i ? ", " : "", t.type_name());
+    if (t.type() == Trigger::Type::Spike) {
+      j += ", \"name\": ";
+      append_json_string(j, t.name());
+    }
+    if (t.window() > 0) j += fmt::format(", \"factor\": {}, \"window\": {}", t.factor(), t.window());
+    j += fmt::format(", \"cooldown\": {}}}", t.cooldown());
+  }
+  j += "]";
+  if (o.format() == Format::Hdf5) {
+    const Hdf5Options& h = o.hdf5();
+    j += fmt::format(",\n    \"hdf5\": {{\"deflate\": {}, \"shuffle\": {}, \"chunk_bytes\": {}, \"flush_every\": {}}}",
+                     h.deflate(), h.shuffle() ? "true" : "false", h.chunk_bytes(), h.flush_every());
+  }
+  j += "\n  },\n";
+  j += fmt::format("  \"rank\": {},\n  \"world_size\": {},\n", info.rank, info.world_size);
+  j += fmt::format("  \"start_time\": \"{}\",\n", info.start_time);
+  j += "  \"dumps\": [";
+  for (std::size_t i = 0; i < info.dumps.size(); ++i) {
+    const DumpRecord& d = info.dumps[i];
+    j += fmt::format("{}\n    {{\"step\": {}, \"reason\": \"{}\", \"steps\": ", i ? "," : "", d.step, d.reason);
+    append_json_ints(j, d.steps);
+    if (d.trigger != "user") {
+      j += fmt::format(", \"kind\": \"{}\", \"name\": ", kind_name(d.kind));
+      append_json_string(j, d.name);
+      j += fmt::format(", \"trigger\": {{\"kind\": \"{}\"", d.trigger);
+      if (d.window > 0) j += fmt::format(", \"factor\": {}, \"window\": {}", d.factor, d.window);
+      j += "}";
+      if (d.window > 0) j += fmt::format(", \"value\": {}, \"median\": {}", json_number(d.value), json_number(d.median));
+    }
+    j += "}";
+  }
+  j += info.dumps.empty() ? "],\n" : "\n  ],\n";
+  if (info.closed) {
+    j += fmt::format("  \"end_time\": \"{}\",\n", info.end_time);
+    j += fmt::format("  \"records\": {},\n  \"bytes\": {},\n  \"dropped\": {},\n  \"errors\": {},\n",
+                     info.stats.records, info.stats.bytes, info.stats.dropped, info.stats.errors);
+    if (!info.first_error.empty()) {
+      j += "  \"first_error\": ";
+      append_json_string(j, info.first_error.substr(0, 2000));  // run.json keeps its size
+      j += ",\n";
+    }
+  }
+  j += fmt::format("  \"closed\": {}\n}}\n", info.closed ? "true" : "false");
+  return j;
+}
+
+}  // namespace tensortap::detail

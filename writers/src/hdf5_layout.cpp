@@ -1,0 +1,147 @@
+#include "writers/src/hdf5_layout.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "writers/src/dtypes.h"
+#include "writers/src/versions.h"
+
+namespace tensortap::detail {
+namespace {
+
+constexpr hsize_t kMaxRowsPerChunk = 256;
+constexpr hsize_t kStepsChunk = 256;
+
+// The file type of each stored dtype, the way h5py writes (and reads) it.
+H5::DataType file_type(c10::ScalarType t) {
+  using c10::ScalarType;
+  switch (t) {
+    case ScalarType::Bool: {
+      // h5py's bool: an int8 enum of FALSE and TRUE.
+      H5::EnumType e(H5::PredType::NATIVE_INT8);
+      std::int8_t f = 0, v = 1;
+      e.insert("FALSE", &f);
+      e.insert("TRUE", &v);
+      return e;
+    }
+    case ScalarType::Byte: return H5::PredType::STD_U8LE;
+    case ScalarType::Char: return H5::PredType::STD_I8LE;
+    case ScalarType::Short: return H5::PredType::STD_I16LE;
+    case ScalarType::Int: return H5::PredType::STD_I32LE;
+    case ScalarType::Long: return H5::PredType::STD_I64LE;
+    case ScalarType::Half: {
+      // HDF5 1.10 has no predefined half: build IEEE binary16 as h5py does.
+      H5::FloatType h(H5::PredType::IEEE_F32LE);
+      h.setFields(15, 10, 5, 0, 10);
+      h.setSize(2);
+      h.setEbias(15);
+      return h;
+    }
+    case ScalarType::Float: return H5::PredType::IEEE_F32LE;
+    case ScalarType::Double: return H5::PredType::IEEE_F64LE;
+    case ScalarType::ComplexFloat:
+    case ScalarType::ComplexDouble: {
+      // h5py's complex: a compound of `r` and `i`.
+      const bool f32 = t == ScalarType::ComplexFloat;
+      const H5::PredType& part = f32 ? H5::PredType::IEEE_F32LE : H5::PredType::IEEE_F64LE;
+      H5::CompType c(static_cast<std::size_t>(f32 ? 8 : 16));
+      c.insertMember("r", 0, part);
+      c.insertMember("i", f32 ? 4 : 8, part);
+      return c;
+    }
+    default:
+      fail("HDF5 cannot store dtype {}", c10::toString(t));
+  }
+}
+
+void write_string_attr(H5::H5Object& obj, const char* name, const std::string& value) {
+  H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
+  type.setCset(H5T_CSET_UTF8);
+  H5::Attribute a = obj.createAttribute(name, type, H5::DataSpace(H5S_SCALAR));
+  a.write(type, value);
+}
+
+void write_ints_attr(H5::H5Object& obj, const char* name, const std::vector<std::int64_t>& v) {
+  const hsize_t n = v.size();
+  H5::DataSpace space = n == 0 ? H5::DataSpace(H5S_NULL) : H5::DataSpace(1, &n);
+  H5::Attribute a = obj.createAttribute(name, H5::PredType::STD_I64LE, space);
+  if (n != 0) a.write(H5::PredType::NATIVE_INT64, v.data());
+}
+
+// Chunk dims for rows of `shape`: about `target` bytes, at most 256 rows,
+// halving the largest axis of a row that alone exceeds the target.
+std::vector<hsize_t> chunk_dims(const std::vector<std::int64_t>& shape, std::size_t elem, std::size_t target) {
+  std::vector<hsize_t> inner;
+  for (std::int64_t d : shape) inner.push_back(static_cast<hsize_t>(std::max<std::int64_t>(d, 1)));
+  auto bytes = [&] {
+    hsize_t b = elem;
+    for (hsize_t d : inner) b *= d;
+    return b;
+  };
+  while (bytes() > target) {
+    auto it = std::max_element(inner.begin(), inner.end());
+    if (it == inner.end() || *it == 1) break;
+    *it = (*it + 1) / 2;
+  }
+  std::vector<hsize_t> dims{std::clamp<hsize_t>(target / bytes(), 1, kMaxRowsPerChunk)};
+  dims.insert(dims.end(), inner.begin(), inner.end());
+  return dims;
+}
+
+}  // namespace
+
+std::mutex& hdf5_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+void write_file_attributes(H5::H5File& file) {
+  H5::Group root = file.openGroup("/");
+  write_string_attr(root, "tensortap_version", kTensortapVersion);
+  write_string_attr(root, "torch_version", kTorchVersion);
+  write_ints_attr(root, "format_version", {kFormatVersion});
+}
+
+void create_series_group(H5::H5File& file, const RecordDesc& first, const Hdf5Options& options, Hdf5Series& s) {
+  const std::string kind_group = fmt::format("/{}", kind_name(first.kind));
+  if (!file.nameExists(kind_group)) file.createGroup(kind_group);
+  H5::Group g = file.createGroup(s.group);
+  write_string_attr(g, "name", first.name);
+  write_string_attr(g, "kind", kind_name(first.kind));
+  write_string_attr(g, "dtype", dtype_name(first.dtype));
+  write_ints_attr(g, "shape", first.shape);
+
+  const std::vector<hsize_t> max(s.rank + 1, H5S_UNLIMITED);
+  H5::DSetCreatPropList dcpl;
+  s.chunk = chunk_dims(first.shape, c10::elementSize(first.stored), options.chunk_bytes());
+  dcpl.setChunk(static_cast<int>(s.chunk.size()), s.chunk.data());
+  if (options.shuffle()) dcpl.setShuffle();
+  if (options.deflate() > 0) dcpl.setDeflate(static_cast<unsigned>(options.deflate()));
+  s.data = g.createDataSet("data", file_type(first.stored),
+                           H5::DataSpace(static_cast<int>(s.rank + 1), s.extent.data(), max.data()), dcpl);
+
+  const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
+  H5::DSetCreatPropList steps_dcpl;
+  steps_dcpl.setChunk(1, &kStepsChunk);
+  const std::int64_t unfinished = -1;
+  steps_dcpl.setFillValue(H5::PredType::NATIVE_INT64, &unfinished);
+  s.steps = g.createDataSet("steps", H5::PredType::STD_I64LE, H5::DataSpace(1, &zero, &unlimited), steps_dcpl);
+  if (s.rank > 0) {
+    const hsize_t dims[2] = {0, s.rank}, maxd[2] = {H5S_UNLIMITED, s.rank}, ch[2] = {kStepsChunk, s.rank};
+    H5::DSetCreatPropList shapes_dcpl;
+    shapes_dcpl.setChunk(2, ch);
+    s.shapes = g.createDataSet("shapes", H5::PredType::STD_I64LE, H5::DataSpace(2, dims, maxd), shapes_dcpl);
+  }
+}
+
+std::uint64_t new_chunk_bytes(const Hdf5Series& s, const std::vector<std::int64_t>& shape, hsize_t row) {
+  if (s.chunk.empty() || row % s.chunk[0] != 0) return 0;
+  std::uint64_t bytes = c10::elementSize(s.stored);
+  for (hsize_t d : s.chunk) bytes *= d;
+  for (std::size_t i = 0; i < shape.size() && i + 1 < s.chunk.size(); ++i)
+    bytes *= (std::max<std::uint64_t>(shape[i], 1) + s.chunk[i + 1] - 1) / s.chunk[i + 1];
+  return bytes;
+}
+
+}  // namespace tensortap::detail

@@ -1,0 +1,80 @@
+#pragma once
+
+// How tensortap calls HDF5 and lays a series out in `tensors.h5` (see
+// Hdf5Writer for the layout): the lock every call takes, the wrapping that
+// names the file and object in a failure, the types h5py reads back, and the
+// group and datasets of one series.
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <H5Cpp.h>
+#include <c10/core/ScalarType.h>
+
+#include <tensortap/error.h>
+#include <tensortap/format.h>
+
+#include "writers/src/check.h"
+#include "writers/src/writer.h"
+
+namespace tensortap::detail {
+
+/// The lock every HDF5 call in the process holds: the HDF5 library Debian
+/// ships is not thread-safe, and two recorders have two writer threads.
+std::mutex& hdf5_mutex();
+
+/// A failure of the HDF5 library itself (as opposed to a record it
+/// refuses): the file's state is in doubt from then on.
+class Hdf5Failure : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Runs `f`, turning an HDF5 failure into an `Hdf5Failure` that names the
+/// file, the object and what was being done.
+template <class F>
+auto wrap(const std::string& file, const std::string& object, const char* action, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const H5::Exception& e) {
+    fail<Hdf5Failure>("HDF5: cannot {} '{}' in '{}': {} ({})", action, object, file, e.getDetailMsg(),
+                      e.getFuncName());
+  }
+}
+
+/// One `/<kind>/<name>` group of `tensors.h5`.
+struct Hdf5Series {
+  /// Its path in the file, `/<kind>/<encoded name>`.
+  std::string group;
+  c10::ScalarType stored;
+  std::size_t rank;
+  /// The extent of `data`: rows (those in flight, and those of records that
+  /// failed, included: their step stays -1), then the largest shape seen.
+  std::vector<hsize_t> extent;
+  /// The next row to hand out: a record claims its row when it begins.
+  hsize_t next_row = 0;
+  /// `data`'s chunk dimensions (rows first).
+  std::vector<hsize_t> chunk;
+  H5::DataSet data, steps, shapes;
+  /// Whether the datasets above are open (they are closed whenever new
+  /// names make the writer leave SWMR mode, and reopened on next use).
+  bool open = true;
+};
+
+/// Writes the file's attributes: the tensortap, torch and format versions.
+void write_file_attributes(H5::H5File& file);
+
+/// Creates the group `s.group` (and its kind's group, if new) for records
+/// like `first`: its attributes, and its datasets, empty, chunked and
+/// filtered as `options` say; `s` gets the datasets and the chunk shape.
+/// HDF5 failures come out as H5::Exception: the caller wraps the call.
+void create_series_group(H5::H5File& file, const RecordDesc& first, const Hdf5Options& options, Hdf5Series& s);
+
+/// The file space a record of `shape` in row `row` of `s` may newly take:
+/// the chunks of its row group, when it is the group's first row.
+std::uint64_t new_chunk_bytes(const Hdf5Series& s, const std::vector<std::int64_t>& shape, hsize_t row);
+
+}  // namespace tensortap::detail
