@@ -12,6 +12,10 @@
 # is then a separate library, tensortap_cuda_engine, that only tests and
 # benchmarks link. Either way they link that name.
 
+# The engine's ring allocator needs no CUDA: every build has it, so the CPU
+# test suite checks it.
+target_sources(tensortap PRIVATE sdk/src/cuda/ring.cpp)
+
 option(TENSORTAP_WITH_CUDA "Build the CUDA transfer engine when the CUDA toolkit is found" ON)
 
 set(TENSORTAP_HAVE_CUDA_ENGINE OFF)
