@@ -57,8 +57,6 @@ void snapshot_into(void* dst, const at::Tensor& src, c10::ScalarType stored, std
 
 }  // namespace
 
-bool cuda_engine_built() noexcept { return true; }
-
 HostMemory cuda_staging_memory() { return cuda_device_count() > 0 ? pinned_host_memory() : HostMemory{}; }
 
 std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t device_bytes,

@@ -10,8 +10,6 @@
 
 namespace tensortap::detail {
 
-bool cuda_engine_built() noexcept { return false; }
-
 HostMemory cuda_staging_memory() { return {}; }
 
 std::shared_ptr<CudaEngine> make_cuda_engine(Staging&, std::size_t, std::function<void(const std::string&)>) {

@@ -147,7 +147,6 @@ class CudaEngine {
   void stop();
 
   CudaEngineCounters counters() const;
-  const CudaEngineOptions& options() const { return options_; }
 
  private:
   struct Region {
