@@ -23,6 +23,7 @@
 #include <benchmark/benchmark.h>
 
 #include "sdk/src/cuda/engine.h"
+#include "sdk/src/cuda/pinned.h"
 #include "sdk/src/staging.h"
 
 namespace {

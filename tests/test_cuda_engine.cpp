@@ -18,6 +18,7 @@
 #include <catch2/catch.hpp>
 
 #include "sdk/src/cuda/engine.h"
+#include "sdk/src/cuda/pinned.h"
 #include "sdk/src/staging.h"
 
 namespace {

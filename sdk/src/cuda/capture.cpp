@@ -17,6 +17,7 @@
 #include <tensortap/error.h>
 
 #include "sdk/src/cuda/engine.h"
+#include "sdk/src/cuda/pinned.h"
 #include "writers/src/dtypes.h"
 
 namespace tensortap::detail {
