@@ -1,11 +1,8 @@
 // The CUDA glue of a build whose LibTorch has no CUDA: there are no CUDA
 // tensors to capture, so the core never gets an engine.
 
-#include <fmt/format.h>
-
-#include <tensortap/error.h>
-
 #include "sdk/src/cuda/capture.h"
+#include "writers/src/check.h"
 #include "writers/src/dtypes.h"
 
 namespace tensortap::detail {
@@ -18,8 +15,8 @@ std::shared_ptr<CudaEngine> make_cuda_engine(Staging&, std::size_t, std::functio
 
 bool cuda_capture(CudaEngine&, std::shared_ptr<const RecordMeta> meta, const at::Tensor& tensor, bool,
                   std::uint64_t) {
-  throw Error(fmt::format("tensortap: cannot capture '{}' ({}): tensortap was built without its CUDA engine",
-                          meta->name, describe_tensor(tensor)));
+  fail("cannot capture '{}' ({}): tensortap was built without its CUDA engine", meta->name,
+       describe_tensor(tensor));
 }
 
 void cuda_flush(CudaEngine&) {}
