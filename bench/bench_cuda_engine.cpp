@@ -23,6 +23,7 @@
 #include <benchmark/benchmark.h>
 
 #include "sdk/src/cuda/engine.h"
+#include "sdk/src/cuda/pinned.h"
 #include "sdk/src/staging.h"
 
 namespace {
@@ -95,11 +96,11 @@ void BM_EngineD2H(benchmark::State& state) {
   CudaEngine engine(staging, options, [&](const std::string& what) {
     if (errors++ == 0) std::fprintf(stderr, "%s\n", what.c_str());
   });
-  auto meta = std::make_shared<RecordDesc>();
-  meta->name = "x";
-  meta->dtype = meta->stored = c10::ScalarType::Float;
-  meta->shape = {static_cast<std::int64_t>(size / 4)};
-  meta->nbytes = size;
+  auto meta = std::make_shared<tensortap::detail::Record>();
+  meta->desc.name = "x";
+  meta->desc.dtype = meta->desc.stored = c10::ScalarType::Float;
+  meta->desc.shape = {static_cast<std::int64_t>(size / 4)};
+  meta->desc.nbytes = size;
   std::uint64_t id = 0;
   for (auto _ : state) {
     for (std::size_t off = 0; off < total; off += size) {

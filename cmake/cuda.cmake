@@ -12,7 +12,19 @@
 # is then a separate library, tensortap_cuda_engine, that only tests and
 # benchmarks link. Either way they link that name.
 
+# The engine's ring allocator needs no CUDA: every build has it, so the CPU
+# test suite checks it.
+target_sources(tensortap PRIVATE sdk/src/cuda/ring.cpp)
+
 option(TENSORTAP_WITH_CUDA "Build the CUDA transfer engine when the CUDA toolkit is found" ON)
+
+# The engine (the copier thread and the device state it drives) and the
+# pinned host memory for staging. Full paths: tests/ compiles them too.
+set(TENSORTAP_CUDA_ENGINE_SOURCES
+  ${PROJECT_SOURCE_DIR}/sdk/src/cuda/engine.cpp
+  ${PROJECT_SOURCE_DIR}/sdk/src/cuda/copier.cpp
+  ${PROJECT_SOURCE_DIR}/sdk/src/cuda/device.cpp
+  ${PROJECT_SOURCE_DIR}/sdk/src/cuda/pinned.cpp)
 
 set(TENSORTAP_HAVE_CUDA_ENGINE OFF)
 set(TENSORTAP_HAVE_CUDA OFF)
@@ -28,7 +40,7 @@ endif()
 
 if(TENSORTAP_HAVE_CUDA_ENGINE AND TARGET torch_cuda)
   set(TENSORTAP_HAVE_CUDA ON)
-  target_sources(tensortap PRIVATE sdk/src/cuda/engine.cpp sdk/src/cuda/capture.cpp)
+  target_sources(tensortap PRIVATE ${TENSORTAP_CUDA_ENGINE_SOURCES} sdk/src/cuda/capture.cpp)
   target_compile_definitions(tensortap PRIVATE TENSORTAP_HAVE_CUDA)
   # LibTorch's own name for the runtime, when it has one: a consumer's
   # find_package(Torch) defines it again, CUDA::cudart it may not.
@@ -43,7 +55,7 @@ if(TENSORTAP_HAVE_CUDA_ENGINE AND TARGET torch_cuda)
 else()
   target_sources(tensortap PRIVATE sdk/src/cuda/capture_none.cpp)
   if(TENSORTAP_HAVE_CUDA_ENGINE)
-    add_library(tensortap_cuda_engine STATIC sdk/src/cuda/engine.cpp)
+    add_library(tensortap_cuda_engine STATIC ${TENSORTAP_CUDA_ENGINE_SOURCES})
     set_target_properties(tensortap_cuda_engine PROPERTIES POSITION_INDEPENDENT_CODE ON)
     target_include_directories(tensortap_cuda_engine PRIVATE ${PROJECT_SOURCE_DIR})
     target_link_libraries(tensortap_cuda_engine PUBLIC tensortap CUDA::cudart PRIVATE fmt::fmt)

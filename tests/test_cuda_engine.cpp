@@ -18,6 +18,7 @@
 #include <catch2/catch.hpp>
 
 #include "sdk/src/cuda/engine.h"
+#include "sdk/src/cuda/pinned.h"
 #include "sdk/src/staging.h"
 
 namespace {
@@ -25,6 +26,7 @@ namespace {
 using tensortap::Overflow;
 using tensortap::detail::CudaEngine;
 using tensortap::detail::CudaEngineOptions;
+using tensortap::detail::Record;
 using tensortap::detail::RecordDesc;
 using tensortap::detail::Staging;
 
@@ -56,13 +58,14 @@ std::vector<char> pattern(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
-std::shared_ptr<const RecordDesc> meta_for(std::uint64_t id, std::size_t nbytes) {
-  auto m = std::make_shared<RecordDesc>();
+std::shared_ptr<const Record> meta_for(std::uint64_t id, std::size_t nbytes) {
+  auto r = std::make_shared<Record>();
+  RecordDesc* m = &r->desc;
   m->name = "r" + std::to_string(id);
   m->dtype = m->stored = c10::ScalarType::Byte;
   m->shape = {static_cast<std::int64_t>(nbytes)};
   m->nbytes = nbytes;
-  return m;
+  return r;
 }
 
 // A device buffer, freed at scope exit.
@@ -105,18 +108,18 @@ struct Drain {
           ++slots;
           if (!slot.ok) {
             ++failed;
-            open.erase(slot.record);
+            open.erase(slot.id);
             continue;
           }
           if (!keep) {
             complete += slot.last ? 1 : 0;
             continue;
           }
-          auto& bytes = open[slot.record];
+          auto& bytes = open[slot.id];
           bytes.insert(bytes.end(), b->data + slot.offset, b->data + slot.offset + slot.nbytes);
           if (slot.last) {
-            records[slot.record] = std::move(bytes);
-            open.erase(slot.record);
+            records[slot.id] = std::move(bytes);
+            open.erase(slot.id);
             ++complete;
           }
         }
@@ -591,8 +594,8 @@ TEST_CASE("CPU captures share the staging buffers with the engine", "[gpu][cuda]
   std::thread cpu([&] {
     for (int i = 0; i < kEach; ++i) {
       tensortap::detail::Slot slot;
-      slot.meta = meta_for(100000 + i, 1 + i % 300);
-      slot.record = 100000 + i;
+      slot.record = meta_for(100000 + i, 1 + i % 300);
+      slot.id = 100000 + i;
       slot.nbytes = 1 + i % 300;
       auto t = staging.reserve(slot, false);
       if (!t) return;

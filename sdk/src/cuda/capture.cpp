@@ -17,6 +17,8 @@
 #include <tensortap/error.h>
 
 #include "sdk/src/cuda/engine.h"
+#include "sdk/src/cuda/pinned.h"
+#include "sdk/src/snapshot.h"
 #include "writers/src/dtypes.h"
 
 namespace tensortap::detail {
@@ -32,9 +34,7 @@ std::string describe(const RecordDesc& meta, const at::Tensor& t) {
 // bytes of dtype `stored`.
 void snapshot_into(void* dst, const at::Tensor& src, c10::ScalarType stored, std::size_t nbytes,
                    cudaStream_t stream) {
-  // A conjugate or negative view is "contiguous" but its bytes are not its
-  // values: ATen's copy resolves those, a byte copy would not.
-  if (src.scalar_type() == stored && src.is_contiguous() && !src.is_conj() && !src.is_neg()) {
+  if (is_byte_copy(src, stored)) {
     // Cheaper for the training thread than ATen's dispatch and
     // TensorIterator, and what most captures (contiguous float32) take.
     const cudaError_t e = cudaMemcpyAsync(dst, src.data_ptr(), nbytes, cudaMemcpyDeviceToDevice, stream);
@@ -56,8 +56,6 @@ void snapshot_into(void* dst, const at::Tensor& src, c10::ScalarType stored, std
 }
 
 }  // namespace
-
-bool cuda_engine_built() noexcept { return true; }
 
 HostMemory cuda_staging_memory() { return cuda_device_count() > 0 ? pinned_host_memory() : HostMemory{}; }
 

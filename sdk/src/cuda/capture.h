@@ -20,10 +20,6 @@ namespace tensortap::detail {
 
 class CudaEngine;  // sdk/src/cuda/engine.h
 
-/// Whether this build captures CUDA tensors through the CUDA engine
-/// (LibTorch with CUDA was found at build time).
-bool cuda_engine_built() noexcept;
-
 /// The memory a Staging's buffers should come from: pinned when this build
 /// has the engine and the machine a CUDA device, the default otherwise.
 HostMemory cuda_staging_memory();

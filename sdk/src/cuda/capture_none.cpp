@@ -1,16 +1,11 @@
 // The CUDA glue of a build whose LibTorch has no CUDA: there are no CUDA
 // tensors to capture, so the core never gets an engine.
 
-#include <fmt/format.h>
-
-#include <tensortap/error.h>
-
 #include "sdk/src/cuda/capture.h"
+#include "writers/src/check.h"
 #include "writers/src/dtypes.h"
 
 namespace tensortap::detail {
-
-bool cuda_engine_built() noexcept { return false; }
 
 HostMemory cuda_staging_memory() { return {}; }
 
@@ -20,8 +15,8 @@ std::shared_ptr<CudaEngine> make_cuda_engine(Staging&, std::size_t, std::functio
 
 bool cuda_capture(CudaEngine&, std::shared_ptr<const Record> record, const at::Tensor& tensor, bool,
                   std::uint64_t) {
-  throw Error(fmt::format("tensortap: cannot capture '{}' ({}): tensortap was built without its CUDA engine",
-                          record->desc.name, describe_tensor(tensor)));
+  fail("cannot capture '{}' ({}): tensortap was built without its CUDA engine", record->desc.name,
+       describe_tensor(tensor));
 }
 
 void cuda_flush(CudaEngine&) {}

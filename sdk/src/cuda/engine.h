@@ -40,25 +40,12 @@
 #include <thread>
 #include <vector>
 
+#include "sdk/src/cuda/device.h"
+#include "sdk/src/cuda/ring.h"
 #include "sdk/src/staging.h"
-#include "writers/src/writer.h"
+#include "sdk/src/record.h"
 
 namespace tensortap::detail {
-
-/// Pinned host memory for Staging (`cudaHostAlloc`, portable to every
-/// device). When pinning fails it falls back to pageable memory, and says so
-/// once on stderr: captures stay correct, only slower.
-HostMemory pinned_host_memory();
-
-/// Bytes of pinned memory that `pinned_host_memory()` holds now.
-std::size_t pinned_host_bytes() noexcept;
-
-/// How many CUDA devices the runtime sees: 0 when there is no device or no
-/// driver (the runtime library loads without one).
-int cuda_device_count() noexcept;
-
-/// "cudaErrorMemoryAllocation: out of memory", for messages.
-std::string cuda_error_string(cudaError_t error);
 
 /// Settings of a CudaEngine.
 struct CudaEngineOptions {
@@ -129,8 +116,8 @@ class CudaEngine {
   /// runs on the copier thread when the copy from `snap.data` has completed
   /// (for an external snapshot: frees it). Throws `Error` when the event
   /// cannot be recorded; the snapshot is given back all the same.
-  void submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<const RecordMeta> meta,
-              std::uint64_t record, std::size_t unit, std::function<void()> release = {});
+  void submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<const Record> record,
+              std::uint64_t id, std::size_t unit, std::function<void()> release = {});
 
   /// Training thread: gives back a snapshot whose copy failed. The room is
   /// reused only after `stream` has passed this point, in case part of the
@@ -147,36 +134,25 @@ class CudaEngine {
   void stop();
 
   CudaEngineCounters counters() const;
-  const CudaEngineOptions& options() const { return options_; }
 
  private:
-  struct Region {
-    std::size_t offset = 0;
-    std::size_t size = 0;
-    bool done = false;
-  };
-  // One CUDA device's arena, pools and copy stream. Created when the device
-  // gets its first snapshot.
+  // One CUDA device's share of the engine, all under mu_ but `cuda`'s
+  // completion events and stream, which only the copier thread uses.
   struct Device {
-    bool ready = false;
-    char* arena = nullptr;
-    std::size_t capacity = 0;
-    // Live regions in allocation order; the id of regions.front() is
-    // first_region. Regions are freed out of order (the copier works in
-    // submission order, threads submit in any order) but room is reclaimed
-    // from the front only, as in any ring.
-    std::deque<Region> regions;
-    std::uint64_t first_region = 1;
+    // Null until the device gets its first snapshot, and after stop().
+    std::unique_ptr<DeviceResources> cuda;
+    // Regions of cuda->arena. The copier frees them in submission order,
+    // and threads submit in any order: out of the order they were taken.
+    RingAllocator ring;
     std::size_t in_flight = 0;
     bool external_busy = false;
-    std::vector<cudaEvent_t> ready_events;
-    std::vector<cudaEvent_t> done_events;
-    cudaStream_t copy_stream = nullptr;
   };
   // A submitted record, as the copier sees it.
   struct Item {
-    std::shared_ptr<const RecordMeta> meta;
-    std::uint64_t record = 0;
+    std::shared_ptr<const Record> record;
+    std::uint64_t id = 0;
+    /// What it is, for messages; null for a cancelled snapshot.
+    const RecordDesc* desc() const { return record ? &record->desc : nullptr; }
     Snapshot snap;
     std::size_t unit = 0;
     std::function<void()> release;
@@ -184,44 +160,56 @@ class CudaEngine {
     bool skip = false;
   };
   // One cudaMemcpyAsync.
-  struct Run {
+  struct Copy {
     char* dst = nullptr;
     const char* src = nullptr;
     std::size_t nbytes = 0;
     const Staging::Buffer* buffer = nullptr;
-    // Runs from the arena may merge with the next one.
+    // Copies from the arena may merge with the next one.
     bool mergeable = false;
   };
   // A staging reservation the batch commits when it completes: a whole
-  // record or one chunk of it. `meta` names it if the copy fails.
+  // record or one chunk of it. `desc` names it if the copy fails.
   struct Piece {
     Staging::Ticket ticket;
-    const RecordMeta* meta;
+    const RecordDesc* desc;
   };
   // Copies issued together on one device's copy stream, completed by one
   // event.
   struct Batch {
     int device = -1;
     std::vector<cudaEvent_t> waits;
-    std::vector<Run> runs;
+    std::vector<Copy> copies;
     std::vector<Piece> pieces;
     // Records whose last byte is copied by this batch: their snapshot is
     // freed when it completes.
     std::vector<Item> items;
     cudaEvent_t done = nullptr;
     std::string error;
-    bool empty() const { return waits.empty() && runs.empty() && pieces.empty() && items.empty(); }
+    bool empty() const { return waits.empty() && copies.empty() && pieces.empty() && items.empty(); }
   };
 
-  void init_device(int index, Device& d);
-  // The arena offset for `size` bytes, if there is room.
-  static std::optional<std::size_t> place(const Device& d, std::size_t size);
-  void free_region(Device& d, std::uint64_t region);
-  void enqueue(Item item);
-  void say(const std::string& what) noexcept;
+  // Arena regions start on 64-byte boundaries, as staging slots do: two
+  // records adjacent in the arena are then adjacent in staging too, padding
+  // included, and one copy moves both.
+  static constexpr std::size_t kAlign = 64;
+  // Batches issued but not completed. More would only hold staging tickets
+  // (and so the writer) longer; fewer would leave the copy engine idle while
+  // the copier thread commits.
+  static constexpr std::size_t kMaxInflight = 4;
 
-  // Copier thread.
+  // What a record is, for messages: "'fc1.weight' (kind grad, step 100,
+  // float32 [128, 784], cuda:0)".
+  static std::string describe(const RecordDesc* desc, int device);
+
+  // Training threads (engine.cpp).
+  void enqueue(Item item);
+
+  // Copier thread (copier.cpp).
   void run() noexcept;
+  // Passes `what` to report_, which must not throw; if it does all the same,
+  // the exception goes no further (a batch must not be left half retired).
+  void report_nothrow(const std::string& what) noexcept;
   void process(Item& item, std::vector<Batch>& open, std::deque<Batch>& inflight);
   void add_piece(Batch& batch, const Item& item, const Staging::Ticket& ticket, std::size_t offset);
   void issue(Batch& batch, std::deque<Batch>& inflight);

@@ -1,0 +1,99 @@
+#include "sdk/src/cuda/device.h"
+
+#include <fmt/format.h>
+
+#include "writers/src/check.h"
+
+namespace tensortap::detail {
+
+int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::string cuda_error_string(cudaError_t error) {
+  return fmt::format("{}: {}", cudaGetErrorName(error), cudaGetErrorString(error));
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current != device && cudaSetDevice(device) == cudaSuccess)
+    previous_ = current;
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
+}
+
+DeviceResources::DeviceResources(int device, std::size_t arena_bytes, std::size_t ready_count,
+                                 std::size_t done_count, std::atomic<std::uint64_t>& events_created)
+    : device_(device) {
+  DeviceGuard guard(device);
+  try {
+    if (arena_bytes > 0) {
+      void* p = nullptr;
+      const cudaError_t e = cudaMalloc(&p, arena_bytes);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        fail("cannot allocate {} bytes on cuda:{} for tensor snapshots (the device memory budget of the CUDA "
+             "engine): {}",
+             arena_bytes, device, cuda_error_string(e));
+      }
+      arena = static_cast<char*>(p);
+    }
+    // Non-blocking: the copies must not wait for work on the legacy default
+    // stream, only for the events they are told to wait for.
+    const cudaError_t e = cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      copy_stream = nullptr;
+      fail("cannot create a copy stream on cuda:{}: {}", device, cuda_error_string(e));
+    }
+    ready_events.reserve(ready_count);
+    done_events.reserve(done_count);
+    cudaError_t failed = cudaSuccess;
+    for (std::size_t i = 0; i < ready_count && failed == cudaSuccess; ++i) {
+      cudaEvent_t ev = nullptr;
+      failed = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+      if (failed == cudaSuccess) ready_events.push_back(ev);
+    }
+    for (std::size_t i = 0; i < done_count && failed == cudaSuccess; ++i) {
+      cudaEvent_t ev = nullptr;
+      // Blocking sync: the copier thread sleeps while copies run instead of
+      // spinning on a core the training process may need.
+      failed = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventBlockingSync);
+      if (failed == cudaSuccess) done_events.push_back(ev);
+    }
+    events_created.fetch_add(ready_events.size() + done_events.size(), std::memory_order_relaxed);
+    if (failed != cudaSuccess) {
+      cudaGetLastError();
+      fail("cannot create CUDA events on cuda:{}: {}", device, cuda_error_string(failed));
+    }
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+DeviceResources::~DeviceResources() { release(); }
+
+void DeviceResources::release() noexcept {
+  DeviceGuard guard(device_);
+  for (cudaEvent_t e : ready_events) cudaEventDestroy(e);
+  for (cudaEvent_t e : done_events) cudaEventDestroy(e);
+  ready_events.clear();
+  done_events.clear();
+  if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
+  if (arena != nullptr) cudaFree(arena);
+  copy_stream = nullptr;
+  arena = nullptr;
+  // At exit the runtime may be unloading already: nothing to do about it,
+  // and the next call must not see the error.
+  cudaGetLastError();
+}
+
+}  // namespace tensortap::detail
