@@ -12,10 +12,6 @@
 # is then a separate library, tensortap_cuda_engine, that only tests and
 # benchmarks link. Either way they link that name.
 
-# The engine's ring allocator needs no CUDA: every build has it, so the CPU
-# test suite checks it.
-target_sources(tensortap PRIVATE sdk/src/cuda/ring.cpp)
-
 option(TENSORTAP_WITH_CUDA "Build the CUDA transfer engine when the CUDA toolkit is found" ON)
 
 # The engine (the copier thread and the device state it drives) and the
@@ -40,20 +36,22 @@ endif()
 
 if(TENSORTAP_HAVE_CUDA_ENGINE AND TARGET torch_cuda)
   set(TENSORTAP_HAVE_CUDA ON)
-  target_sources(tensortap PRIVATE ${TENSORTAP_CUDA_ENGINE_SOURCES} sdk/src/cuda/capture.cpp)
-  target_compile_definitions(tensortap PRIVATE TENSORTAP_HAVE_CUDA)
+  target_sources(tensortap_sdk PRIVATE ${TENSORTAP_CUDA_ENGINE_SOURCES} sdk/src/cuda/capture.cpp)
+  target_compile_definitions(tensortap_sdk PRIVATE TENSORTAP_HAVE_CUDA)
   # LibTorch's own name for the runtime, when it has one: a consumer's
   # find_package(Torch) defines it again, CUDA::cudart it may not.
   if(TARGET torch::cudart)
+    target_link_libraries(tensortap_sdk PRIVATE torch::cudart)
     target_link_libraries(tensortap PRIVATE torch::cudart)
   else()
+    target_link_libraries(tensortap_sdk PRIVATE CUDA::cudart)
     target_link_libraries(tensortap PRIVATE CUDA::cudart)
   endif()
   add_library(tensortap_cuda_engine INTERFACE)
   target_link_libraries(tensortap_cuda_engine INTERFACE tensortap CUDA::cudart)
   message(STATUS "tensortap: CUDA engine on (LibTorch with CUDA, toolkit ${CUDAToolkit_VERSION})")
 else()
-  target_sources(tensortap PRIVATE sdk/src/cuda/capture_none.cpp)
+  target_sources(tensortap_sdk PRIVATE sdk/src/cuda/capture_none.cpp)
   if(TENSORTAP_HAVE_CUDA_ENGINE)
     add_library(tensortap_cuda_engine STATIC ${TENSORTAP_CUDA_ENGINE_SOURCES})
     set_target_properties(tensortap_cuda_engine PROPERTIES POSITION_INDEPENDENT_CODE ON)

@@ -30,16 +30,9 @@ void FlightRecorder::observe(const RecordDesc& record, const TensorStats& stats,
   s.step = record.step;
   s.kind = record.kind;
   s.name = record.name;
-  s.min = stats.min;
-  s.max = stats.max;
-  s.mean = stats.mean;
-  s.std = stats.std;
-  s.norm = stats.norm;
-  s.nan = stats.nan;
-  s.posinf = stats.posinf;
-  s.neginf = stats.neginf;
-  s.zeros = stats.zeros;
-  s.numel = stats.numel;
+#define TENSORTAP_COPY_(name) s.name = stats.name;
+  TENSORTAP_STATS_FIELDS(TENSORTAP_COPY_, TENSORTAP_COPY_)
+#undef TENSORTAP_COPY_
   std::string error;
   std::optional<DumpRecord> fired = triggers_.evaluate(s, /*only_non_finite=*/!has_row, error);
   // A predicate that threw: an error under on_error, its rule off.

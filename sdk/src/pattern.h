@@ -8,6 +8,11 @@
 
 namespace tensortap::detail {
 
+/// Whether `c` is a word byte for `\w` and `\b`: ASCII letters, digits, '_'.
+inline bool is_word(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
 /// A regular expression in ECMAScript syntax, for selecting names
 /// (`Options::include`, `exclude`, `tap_sequential`).
 ///

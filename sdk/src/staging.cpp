@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <tensortap/error.h>
+#include "writers/src/check.h"
 
 namespace tensortap::detail {
 namespace {
@@ -59,9 +60,9 @@ std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop, std::s
       if (b.data == nullptr) {
         b.data = static_cast<char*>(allocate(align_up(capacity_, kPage)));
         if (b.data == nullptr)
-          throw Error(fmt::format("tensortap: cannot allocate a staging buffer of {} bytes "
+          fail("cannot allocate a staging buffer of {} bytes "
                                   "(Options::buffer_bytes)",
-                                  capacity_));
+                                  capacity_);
       }
       slot.offset = offset;
       slot.nbytes = n;

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <tensortap/error.h>
+#include "writers/src/check.h"
 
 namespace tensortap::detail {
 namespace {
@@ -95,7 +96,7 @@ void StatsAccumulator::add(const void* data, std::size_t nbytes) {
     case c10::kComplexFloat: c = scan_bytes<std::complex<float>>(data, nbytes); break;
     case c10::kComplexDouble: c = scan_bytes<std::complex<double>>(data, nbytes); break;
     default:
-      throw Error(fmt::format("tensortap: statistics of dtype {} are not supported", c10::toString(stored_)));
+      fail("statistics of dtype {} are not supported", c10::toString(stored_));
   }
   Part& t = total_;
   if (c.finite > 0) {
@@ -145,7 +146,7 @@ at::Tensor device_stats(const at::Tensor& t) {
     // Reductions of nothing have no identity for min/max; build the answer
     // on the device directly rather than copying one from the host.
     at::Tensor v = at::full({kStatsVectorSize}, kNaN, dbl);
-    v.narrow(0, 5, 5).zero_();
+    v.narrow(0, kStatsRealFields, kStatsFields - kStatsRealFields).zero_();
     return v;
   }
   at::Tensor x = t.detach();
@@ -154,34 +155,40 @@ at::Tensor device_stats(const at::Tensor& t) {
   x = x.to(at::kDouble);
   const at::Tensor finite = at::isfinite(x);
   const at::Tensor count = finite.sum().to(at::kDouble);
-  const at::Tensor xf = at::where(finite, x, at::zeros({}, dbl));
-  const at::Tensor mean = xf.sum() / count;  // 0/0 = NaN when nothing is finite
-  const at::Tensor dev = at::where(finite, x - mean, at::zeros({}, dbl));
-  const at::Tensor std = (dev * dev).sum().div(count).sqrt();
-  const at::Tensor norm = (xf * xf).sum().sqrt();
+  const at::Tensor zero = at::zeros({}, dbl);
+  const at::Tensor xf = at::where(finite, x, zero);
   const at::Tensor none = count.eq(0);
   const at::Tensor nan = at::full({}, kNaN, dbl);
-  const double inf = std::numeric_limits<double>::infinity();
-  const at::Tensor lo = at::where(none, nan, at::where(finite, x, at::full({}, inf, dbl)).min());
-  const at::Tensor hi = at::where(none, nan, at::where(finite, x, at::full({}, -inf, dbl)).max());
+  // Every statistic of the finite values is NaN when none is finite.
+  const auto of_finite = [&](const at::Tensor& v) { return at::where(none, nan, v); };
   const auto count_of = [](const at::Tensor& mask) { return mask.sum().to(at::kDouble); };
-  return at::stack({lo, hi, at::where(none, nan, mean), at::where(none, nan, std), at::where(none, nan, norm),
-                    count_of(at::isnan(x)), count_of(at::isposinf(x)), count_of(at::isneginf(x)),
-                    count_of(x.eq(0)), at::full({}, static_cast<double>(t.numel()), dbl)});
+  const double inf = std::numeric_limits<double>::infinity();
+  const at::Tensor mean_raw = xf.sum() / count;  // 0/0 = NaN when nothing is finite
+  const at::Tensor dev = at::where(finite, x - mean_raw, zero);
+  // One tensor per field, named as the schema names them.
+  const at::Tensor v_min = of_finite(at::where(finite, x, at::full({}, inf, dbl)).min());
+  const at::Tensor v_max = of_finite(at::where(finite, x, at::full({}, -inf, dbl)).max());
+  const at::Tensor v_mean = of_finite(mean_raw);
+  const at::Tensor v_std = of_finite((dev * dev).sum().div(count).sqrt());
+  const at::Tensor v_norm = of_finite((xf * xf).sum().sqrt());
+  const at::Tensor v_nan = count_of(at::isnan(x));
+  const at::Tensor v_posinf = count_of(at::isposinf(x));
+  const at::Tensor v_neginf = count_of(at::isneginf(x));
+  const at::Tensor v_zeros = count_of(x.eq(0));
+  const at::Tensor v_numel = at::full({}, static_cast<double>(t.numel()), dbl);
+#define TENSORTAP_FIELD_(name) v_##name,
+  return at::stack({TENSORTAP_STATS_FIELDS(TENSORTAP_FIELD_, TENSORTAP_FIELD_)});
+#undef TENSORTAP_FIELD_
 }
 
 TensorStats stats_from_vector(const double* v) {
   TensorStats s;
-  s.min = v[0];
-  s.max = v[1];
-  s.mean = v[2];
-  s.std = v[3];
-  s.norm = v[4];
-  s.nan = static_cast<std::int64_t>(v[5]);
-  s.posinf = static_cast<std::int64_t>(v[6]);
-  s.neginf = static_cast<std::int64_t>(v[7]);
-  s.zeros = static_cast<std::int64_t>(v[8]);
-  s.numel = static_cast<std::int64_t>(v[9]);
+  int i = 0;
+#define TENSORTAP_REAL_(name) s.name = v[i++];
+#define TENSORTAP_COUNT_(name) s.name = static_cast<std::int64_t>(v[i++]);
+  TENSORTAP_STATS_FIELDS(TENSORTAP_REAL_, TENSORTAP_COUNT_)
+#undef TENSORTAP_REAL_
+#undef TENSORTAP_COUNT_
   return s;
 }
 

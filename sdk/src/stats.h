@@ -36,12 +36,11 @@ class StatsAccumulator {
 };
 
 /// The number of values in a statistics vector (see `device_stats`).
-constexpr std::int64_t kStatsVectorSize = 10;
+constexpr std::int64_t kStatsVectorSize = kStatsFields;
 
 /// The statistics of `t` computed by ATen ops on `t`'s own device, as a
-/// float64 tensor of `kStatsVectorSize` values on that device, in
-/// TensorStats's order (min, max, mean, std, norm, nan, posinf, neginf,
-/// zeros, numel). Queues work on the current stream and never waits for it:
+/// float64 tensor of `kStatsVectorSize` values on that device, in the
+/// schema's order (TENSORTAP_STATS_FIELDS). Queues work on the current stream and never waits for it:
 /// only these ten numbers need cross to the host.
 at::Tensor device_stats(const at::Tensor& t);
 

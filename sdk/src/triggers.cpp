@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <tensortap/error.h>
+#include "writers/src/check.h"
 
 namespace tensortap {
 
@@ -76,26 +77,26 @@ void validate_triggers(const Options& o) {
   for (const Trigger& t : o.triggers()) {
     const std::string what = describe(t);
     if (t.cooldown() < 0)
-      throw Error(fmt::format("tensortap: Options::dump_on({}.cooldown({})): the cooldown must be 0 (once per run) or "
+      fail("Options::dump_on({}.cooldown({})): the cooldown must be 0 (once per run) or "
                               "more steps",
-                              what, t.cooldown()));
+                              what, t.cooldown());
     if (t.type() == Trigger::Type::Spike || t.type() == Trigger::Type::NormJump) {
       if (!(t.factor() > 1.0) || !std::isfinite(t.factor()))
-        throw Error(fmt::format("tensortap: Options::dump_on({}): the factor must be a finite number above 1",
-                                what));
+        fail("Options::dump_on({}): the factor must be a finite number above 1",
+                                what);
       if (t.window() < 1)
-        throw Error(fmt::format("tensortap: Options::dump_on({}): the window must be at least 1 step", what));
+        fail("Options::dump_on({}): the window must be at least 1 step", what);
     }
     if (t.type() == Trigger::Type::Spike && t.name().empty())
-      throw Error(fmt::format("tensortap: Options::dump_on({}): spike needs the name of a tensor", what));
+      fail("Options::dump_on({}): spike needs the name of a tensor", what);
     if (t.type() == Trigger::Type::When && !t.predicate())
-      throw Error("tensortap: Options::dump_on(Trigger::when(...)): the predicate is empty");
+      fail("Options::dump_on(Trigger::when(...)): the predicate is empty");
     // Every rule looks at statistics; non_finite also at what the flight
     // recorder holds.
     if (o.stats_every() <= 0 && !(t.type() == Trigger::Type::NonFinite && o.flight_recorder() > 0))
-      throw Error(fmt::format("tensortap: Options::dump_on({}) needs the statistics of the tensors it watches, and "
+      fail("Options::dump_on({}) needs the statistics of the tensors it watches, and "
                               "Options::stats_every is 0: set stats_every(1) (or every n-th step)",
-                              what));
+                              what);
   }
 }
 

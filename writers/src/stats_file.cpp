@@ -17,10 +17,9 @@ namespace {
 // struct has no padding and its bytes are the row's.
 struct Row {
   std::int64_t step, series;
-  double min, max, mean, std, norm;
-  std::int64_t nan, posinf, neginf, zeros, numel;
+  TensorStats stats;
 };
-static_assert(sizeof(Row) == 12 * 8, "a stats row is twelve 8-byte fields");
+static_assert(sizeof(Row) == (2 + kStatsFields) * 8, "a stats row is 8-byte fields without padding");
 
 // The header is rewritten in place as rows are added, so its size must not
 // depend on the row count: room for any int64 count, rounded up to keep the
@@ -30,9 +29,13 @@ constexpr std::size_t kHeaderBytes = 512;
 std::string header(std::int64_t rows) {
   static const std::vector<NpyField> fields = [] {
     const std::string i8 = npy_descr(c10::kLong), f8 = npy_descr(c10::kDouble);
-    return std::vector<NpyField>{{"step", i8},   {"series", i8}, {"min", f8},    {"max", f8},
-                                 {"mean", f8},   {"std", f8},    {"norm", f8},   {"nan", i8},
-                                 {"posinf", i8}, {"neginf", i8}, {"zeros", i8},  {"numel", i8}};
+    std::vector<NpyField> f{{"step", i8}, {"series", i8}};
+#define TENSORTAP_REAL_(name) f.push_back({#name, f8});
+#define TENSORTAP_COUNT_(name) f.push_back({#name, i8});
+    TENSORTAP_STATS_FIELDS(TENSORTAP_REAL_, TENSORTAP_COUNT_)
+#undef TENSORTAP_REAL_
+#undef TENSORTAP_COUNT_
+    return f;
   }();
   std::string h = npy_header(fields, {rows}, kHeaderBytes);
   // A longer header would move the rows already written.
@@ -67,7 +70,7 @@ void StatsFile::append(Kind kind, const std::string& name, std::int64_t step, co
     append_json_string(pending_series_, name);
     pending_series_ += "}\n";
   }
-  const Row row{step, it->second, s.min, s.max, s.mean, s.std, s.norm, s.nan, s.posinf, s.neginf, s.zeros, s.numel};
+  const Row row{step, it->second, s};
   pending_.append(reinterpret_cast<const char*>(&row), sizeof row);
   ++pending_rows_;
 }

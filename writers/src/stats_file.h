@@ -13,14 +13,34 @@ namespace tensortap::detail {
 
 class LinesFile;
 
+/// The statistics schema, in its one order: stats.npy's columns after step
+/// and series, the device statistics vector (sdk/src/stats.h), and the
+/// members of TensorStats and of the public TensorSummary. `REAL(name)` for
+/// the float64 fields, `COUNT(name)` for the int64 counts. Python's
+/// STATS_FIELDS reads the same names from the file's header.
+#define TENSORTAP_STATS_FIELDS(REAL, COUNT) \
+  REAL(min) REAL(max) REAL(mean) REAL(std) REAL(norm) COUNT(nan) COUNT(posinf) COUNT(neginf) COUNT(zeros) COUNT(numel)
+
 /// The statistics of one tensor. min, max, mean, std (population, as
 /// NumPy's default) and norm (L2) are over its finite values: one NaN does
 /// not hide the rest; the NaN and Inf counts say what was left out. They are
 /// NaN when no value is finite.
 struct TensorStats {
-  double min = 0, max = 0, mean = 0, std = 0, norm = 0;
-  std::int64_t nan = 0, posinf = 0, neginf = 0, zeros = 0, numel = 0;
+#define TENSORTAP_REAL_(name) double name = 0;
+#define TENSORTAP_COUNT_(name) std::int64_t name = 0;
+  TENSORTAP_STATS_FIELDS(TENSORTAP_REAL_, TENSORTAP_COUNT_)
+#undef TENSORTAP_REAL_
+#undef TENSORTAP_COUNT_
 };
+
+/// How many fields the schema has, and how many of them are float64 (they
+/// come first).
+#define TENSORTAP_ONE_(name) +1
+constexpr int kStatsFields = 0 TENSORTAP_STATS_FIELDS(TENSORTAP_ONE_, TENSORTAP_ONE_);
+#define TENSORTAP_NONE_(name)
+constexpr int kStatsRealFields = 0 TENSORTAP_STATS_FIELDS(TENSORTAP_ONE_, TENSORTAP_NONE_);
+#undef TENSORTAP_ONE_
+#undef TENSORTAP_NONE_
 
 /// The run's statistics table: `stats.npy`, a 1-D structured array with one
 /// row per tensor and step (fields step, series, min, max, mean, std, norm,

@@ -20,6 +20,7 @@
 #include "sdk/src/cuda/pinned.h"
 #include "sdk/src/snapshot.h"
 #include "writers/src/dtypes.h"
+#include "writers/src/check.h"
 
 namespace tensortap::detail {
 namespace {
@@ -71,7 +72,7 @@ bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, cons
                   bool may_drop, std::uint64_t record_id) {
   const c10::Device device = tensor.device();
   if (!device.is_cuda() || !device.has_index())
-    throw Error(fmt::format("tensortap: cuda_capture() of {}, which is not on a CUDA device", describe(record->desc, tensor)));
+    fail("cuda_capture() of {}, which is not on a CUDA device", describe(record->desc, tensor));
   const c10::ScalarType stored = record->desc.stored;
   const auto nbytes = static_cast<std::size_t>(record->desc.nbytes);
   // Autograd runs a CUDA backward on its own thread, with the op's stream
@@ -84,14 +85,14 @@ bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, cons
   cudaStreamCaptureStatus graph = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &graph) != cudaSuccess) cudaGetLastError();
   if (graph != cudaStreamCaptureStatusNone)
-    throw Error(fmt::format("tensortap: cannot capture {} while its stream is being captured into a CUDA graph",
-                            describe(record->desc, tensor)));
+    fail("cannot capture {} while its stream is being captured into a CUDA graph",
+                            describe(record->desc, tensor));
 
   std::optional<CudaEngine::Snapshot> snap;
   try {
     snap = engine.reserve(device.index(), nbytes, may_drop);
   } catch (const std::exception& e) {
-    throw Error(fmt::format("tensortap: cannot capture {}: {}", describe(record->desc, tensor), e.what()));
+    fail("cannot capture {}: {}", describe(record->desc, tensor), e.what());
   }
   if (!snap) return false;
 
@@ -114,7 +115,7 @@ bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, cons
   } catch (const std::exception& e) {
     own.reset();
     engine.cancel(*snap, stream, std::move(release));
-    throw Error(fmt::format("tensortap: cannot snapshot {} on its device: {}", describe(record->desc, tensor), e.what()));
+    fail("cannot snapshot {} on its device: {}", describe(record->desc, tensor), e.what());
   }
   own.reset();  // `release` holds it now
   engine.submit(*snap, stream, std::move(record), record_id, c10::elementSize(stored), std::move(release));
