@@ -26,7 +26,7 @@ std::uint64_t Sampling::full_bits(std::int64_t step) const {
   std::uint64_t bits = 0;
   for (Kind k : kAllKinds)
     if (o.kinds().contains(k) && (!o.steps().empty() || (o.every(k) > 0 && (step - o.start()) % o.every(k) == 0)))
-      bits |= KindSet::bit(k);
+      bits |= KindSetAccess::bit(k);
   return bits;
 }
 
@@ -34,7 +34,7 @@ std::uint64_t Sampling::stats_bits(std::int64_t step) const {
   const Options& o = options_;
   if (o.stats_every() <= 0 || step < o.start()) return 0;
   if (o.stop() >= 0 && step >= o.stop()) return 0;
-  return (step - o.start()) % o.stats_every() == 0 ? o.kinds().bits() : 0;
+  return (step - o.start()) % o.stats_every() == 0 ? KindSetAccess::bits(o.kinds()) : 0;
 }
 
 std::uint64_t Sampling::plan(std::int64_t step, bool capturing, bool full_halted) const {
