@@ -21,7 +21,7 @@ bool Sampling::selected(const std::string& name) const {
 std::uint64_t Sampling::full_bits(std::int64_t step) const {
   const Options& o = options_;
   if (step < o.start()) return 0;
-  if (o.stop() >= 0 && step >= o.stop()) return 0;
+  if (o.stop() && step >= *o.stop()) return 0;
   if (!o.steps().empty() && std::find(o.steps().begin(), o.steps().end(), step) == o.steps().end()) return 0;
   std::uint64_t bits = 0;
   for (Kind k : kAllKinds)
@@ -33,7 +33,7 @@ std::uint64_t Sampling::full_bits(std::int64_t step) const {
 std::uint64_t Sampling::stats_bits(std::int64_t step) const {
   const Options& o = options_;
   if (o.stats_every() <= 0 || step < o.start()) return 0;
-  if (o.stop() >= 0 && step >= o.stop()) return 0;
+  if (o.stop() && step >= *o.stop()) return 0;
   return (step - o.start()) % o.stats_every() == 0 ? KindSetAccess::bits(o.kinds()) : 0;
 }
 
