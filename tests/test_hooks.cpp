@@ -390,6 +390,27 @@ TEST_CASE("each kind has its own period, and explicit step lists work", "[hooks]
   REQUIRE(steps_of(b.path, "grad", "fc.weight") == std::vector<std::int64_t>{1, 5});
 }
 
+TEST_CASE("every(kind, 0) switches that kind off while the others keep every()", "[sdk][hooks]") {
+  TempDir dir;
+  Net net;
+  auto rec = tensortap::watch(*net, Options(dir.path).every(1).every(Kind::Activation, 0));
+  for (std::int64_t s = 0; s < 3; ++s) {
+    rec->step(s);
+    loss_of(net, torch::randn({2, 3}), torch::randn({2, 2})).backward();
+  }
+  rec->close();
+  REQUIRE(steps_of(dir.path, "grad", "fc.weight") == std::vector<std::int64_t>{0, 1, 2});
+  REQUIRE(steps_of(dir.path, "grad", "fc.bias") == std::vector<std::int64_t>{0, 1, 2});
+  REQUIRE(steps_of(dir.path, "activation_grad", "out") == std::vector<std::int64_t>{0, 1, 2});
+  REQUIRE(steps_of(dir.path, "activation", "out").empty());
+  const auto lines = tt_test::read_lines(dir / "index.jsonl");
+  REQUIRE(lines.size() == 9);
+  for (const auto& l : lines) REQUIRE(l.find("\"kind\":\"activation\"") == std::string::npos);
+  // run.json says the effective periods.
+  REQUIRE_THAT(tt_test::read_file(dir / "run.json"),
+               Catch::Contains("\"activation\": 0, \"activation_grad\": 1, \"param\": 1, \"buffer\": 1, \"grad\": 1"));
+}
+
 TEST_CASE("eval forward passes are not recorded unless asked", "[hooks]") {
   for (bool capture_eval : {false, true}) {
     TempDir dir;

@@ -9,6 +9,7 @@
 #include <tensortap/tensortap.h>
 
 #include "helpers.h"
+#include "sdk/src/run_json.h"
 
 using tensortap::Options;
 using tensortap::Recorder;
@@ -599,4 +600,95 @@ TEST_CASE("a tensor of more than 2 GiB is captured, and a zero-size one too", "[
   REQUIRE(back[n - 2].item<float>() == 1.5f);
   REQUIRE(back[n - 1].item<float>() == -7.0f);
   REQUIRE(tensortap::load_npy(npy(dir.path, "tensor", "none", 0)).sizes() == at::IntArrayRef{0, 1 << 20});
+}
+
+TEST_CASE("the nested option structs and the flat spellings are one setting", "[sdk][options]") {
+  using tensortap::AfterDump;
+  using tensortap::DistributedOptions;
+  using tensortap::FlightRecorderOptions;
+  using tensortap::Trigger;
+  const Options flat = Options("d")
+                           .stats_every(1)
+                           .flight_recorder(20)
+                           .flight_recorder_bytes(1 << 20)
+                           .after_dump(AfterDump::Continue)
+                           .dump_on(Trigger::spike("loss", 5.0, 50))
+                           .rank(1)
+                           .world_size(2)
+                           .ranks({1});
+  const Options nested = Options("d")
+                             .stats_every(1)
+                             .flight_recorder(FlightRecorderOptions(20)
+                                                  .bytes(1 << 20)
+                                                  .after_dump(AfterDump::Continue)
+                                                  .dump_on(Trigger::spike("loss", 5.0, 50)))
+                             .distributed(DistributedOptions().rank(1).world_size(2).ranks({1}));
+  for (const Options* o : {&flat, &nested}) {
+    REQUIRE(o->flight_recorder() == 20);
+    REQUIRE(o->flight_recorder_options().steps() == 20);
+    REQUIRE(o->flight_recorder_bytes() == (1u << 20));
+    REQUIRE(o->flight_recorder_options().bytes() == (1u << 20));
+    REQUIRE(o->after_dump() == AfterDump::Continue);
+    REQUIRE(o->triggers().size() == 1);
+    REQUIRE(o->triggers()[0].name() == "loss");
+    REQUIRE(o->rank() == 1);
+    REQUIRE(o->distributed().rank() == 1);
+    REQUIRE(o->world_size() == 2);
+    REQUIRE(o->distributed().world_size() == 2);
+    REQUIRE(o->ranks() == std::vector<std::int64_t>{1});
+  }
+  const tensortap::detail::RunInfo info;
+  REQUIRE(tensortap::detail::run_json(flat, info) == tensortap::detail::run_json(nested, info));
+
+  // The defaults, and the old sentinel -1, are unset; run.json still says -1.
+  const Options fresh("d");
+  const Options old = Options("d").stop(-1).rank(-1).world_size(-1);
+  for (const Options* o : {&fresh, &old}) {
+    REQUIRE_FALSE(o->stop().has_value());
+    REQUIRE_FALSE(o->rank().has_value());
+    REQUIRE_FALSE(o->world_size().has_value());
+    REQUIRE(o->flight_recorder() == 0);
+  }
+  REQUIRE(tensortap::detail::run_json(fresh, info) == tensortap::detail::run_json(old, info));
+  REQUIRE_THAT(tensortap::detail::run_json(fresh, info), Catch::Contains("\"stop\": -1,"));
+  REQUIRE(Options("d").stop(100).stop() == 100);
+  REQUIRE_THAT(tensortap::detail::run_json(Options("d").stop(100), info), Catch::Contains("\"stop\": 100,"));
+  REQUIRE_FALSE(Options("d").stop(100).stop(std::nullopt).stop().has_value());
+
+  // An integer picks the flat overload, 0 included; the struct replaces
+  // every flight recorder setting, the flat setters only their own.
+  REQUIRE(Options("d").flight_recorder(20).flight_recorder(0).flight_recorder() == 0);
+  const Options replaced = Options("d").dump_on(Trigger::non_finite()).after_dump(AfterDump::Throw)
+                               .flight_recorder(FlightRecorderOptions(3));
+  REQUIRE(replaced.triggers().empty());
+  REQUIRE(replaced.after_dump() == AfterDump::StopCapture);
+  const Options kept = Options("d").dump_on(Trigger::non_finite()).after_dump(AfterDump::Throw).flight_recorder(3);
+  REQUIRE(kept.triggers().size() == 1);
+  REQUIRE(kept.after_dump() == AfterDump::Throw);
+}
+
+TEST_CASE("old and new spellings of stop, rank and world size record the same", "[sdk][options]") {
+  TempDir dir;
+  auto steps_recorded = [](Options o) {
+    Recorder rec{std::move(o)};
+    for (std::int64_t s = 0; s < 6; ++s) {
+      rec.step(s);
+      rec.capture("x", at::ones({2}));
+    }
+    rec.close();
+    return std::make_pair(rec.stats().records, rec.run_dir());
+  };
+  REQUIRE(steps_recorded(Options(dir / "a").stop(4)).first == 4);
+  REQUIRE(steps_recorded(Options(dir / "b").stop(std::optional<std::int64_t>(4))).first == 4);
+  REQUIRE(steps_recorded(Options(dir / "c").stop(-1)).first == 6);
+  REQUIRE(steps_recorded(Options(dir / "d")).first == 6);
+  REQUIRE(steps_recorded(Options(dir / "e").rank(0).world_size(1)).second == dir / "e");
+  const auto solo = tensortap::DistributedOptions().rank(0).world_size(1);
+  REQUIRE(steps_recorded(Options(dir / "f").distributed(solo)).second == dir / "f");
+  // Only the old flat spelling keeps the sentinel.
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir / "g").distributed(tensortap::DistributedOptions().rank(-1))}; }),
+               Catch::Contains("DistributedOptions::rank(-1) must be 0 or more"));
+  REQUIRE_THAT(
+      error_of([&] { Recorder r{Options(dir / "g").distributed(tensortap::DistributedOptions().world_size(-1))}; }),
+      Catch::Contains("DistributedOptions::world_size(-1) must be 1 or more"));
 }

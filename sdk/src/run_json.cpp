@@ -28,8 +28,9 @@ std::string run_json(const Options& o, const RunInfo& info) {
   j += fmt::format("  \"torch_version\": \"{}\",\n", kTorchVersion);
   j += "  \"options\": {\n    \"dir\": ";
   append_json_string(j, o.dir());
+  // run.json predates std::optional: an unset stop stays -1 for the readers of existing runs.
   j += fmt::format(",\n    \"format\": \"{}\",\n    \"every\": {},\n    \"start\": {},\n    \"stop\": {},\n",
-                   format_name(o.format()), o.every(), o.start(), o.stop());
+                   format_name(o.format()), o.every(), o.start(), o.stop().value_or(-1));
   j += "    \"include\": ";
   append_json_string(j, o.include());
   j += ",\n    \"exclude\": ";

@@ -21,20 +21,20 @@ bool Sampling::selected(const std::string& name) const {
 std::uint64_t Sampling::full_bits(std::int64_t step) const {
   const Options& o = options_;
   if (step < o.start()) return 0;
-  if (o.stop() >= 0 && step >= o.stop()) return 0;
+  if (o.stop() && step >= *o.stop()) return 0;
   if (!o.steps().empty() && std::find(o.steps().begin(), o.steps().end(), step) == o.steps().end()) return 0;
   std::uint64_t bits = 0;
   for (Kind k : kAllKinds)
     if (o.kinds().contains(k) && (!o.steps().empty() || (o.every(k) > 0 && (step - o.start()) % o.every(k) == 0)))
-      bits |= KindSet::bit(k);
+      bits |= KindSetAccess::bit(k);
   return bits;
 }
 
 std::uint64_t Sampling::stats_bits(std::int64_t step) const {
   const Options& o = options_;
   if (o.stats_every() <= 0 || step < o.start()) return 0;
-  if (o.stop() >= 0 && step >= o.stop()) return 0;
-  return (step - o.start()) % o.stats_every() == 0 ? o.kinds().bits() : 0;
+  if (o.stop() && step >= *o.stop()) return 0;
+  return (step - o.start()) % o.stats_every() == 0 ? KindSetAccess::bits(o.kinds()) : 0;
 }
 
 std::uint64_t Sampling::plan(std::int64_t step, bool capturing, bool full_halted) const {

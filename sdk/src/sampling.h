@@ -7,6 +7,7 @@
 #include <tensortap/options.h>
 
 #include "sdk/src/pattern.h"
+#include "writers/src/kind_set_access.h"
 
 namespace tensortap::detail {
 
@@ -23,7 +24,7 @@ class Sampling {
   /// Whether `kind` is captured now, full or as statistics. False before
   /// the first step, on steps not sampled, and once stopped.
   bool active(Kind kind) const noexcept {
-    const std::uint64_t bit = KindSet::bit(kind);
+    const std::uint64_t bit = KindSetAccess::bit(kind);
     return (state_.load(std::memory_order_relaxed) & (bit | bit << kStatsShift)) != 0;
   }
   /// The current step, -1 before the first.
@@ -43,8 +44,8 @@ class Sampling {
   /// step's plan. Nothing unless `capturing`; no full tensors when
   /// `full_halted`.
   std::uint64_t plan(std::int64_t step, bool capturing, bool full_halted) const;
-  static bool full(std::uint64_t plan, Kind kind) { return (plan & KindSet::bit(kind)) != 0; }
-  static bool stats(std::uint64_t plan, Kind kind) { return (plan >> kStatsShift & KindSet::bit(kind)) != 0; }
+  static bool full(std::uint64_t plan, Kind kind) { return (plan & KindSetAccess::bit(kind)) != 0; }
+  static bool stats(std::uint64_t plan, Kind kind) { return (plan >> kStatsShift & KindSetAccess::bit(kind)) != 0; }
 
   /// Makes `step` current with its plan.
   void begin(std::int64_t step, bool capturing, bool full_halted);

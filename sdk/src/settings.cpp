@@ -31,6 +31,15 @@ void validate(const Options& o) {
   for (Kind k : kAllKinds)
     TENSORTAP_CHECK(o.every(k) >= 0, "Options::every({}) must be 0 (never) or more (kind {})", o.every(k),
                     kind_name(k));
+  // Options::rank(-1) still means unset; DistributedOptions has no sentinel.
+  const DistributedOptions& d = o.distributed();
+  TENSORTAP_CHECK(!d.rank() || *d.rank() >= 0,
+                  "DistributedOptions::rank({}) must be 0 or more; leave it unset to read RANK from the environment",
+                  d.rank().value_or(0));
+  TENSORTAP_CHECK(!d.world_size() || *d.world_size() >= 0,
+                  "DistributedOptions::world_size({}) must be 1 or more; leave it unset to read WORLD_SIZE from the "
+                  "environment",
+                  d.world_size().value_or(0));
   TENSORTAP_CHECK(o.start() >= 0, "Options::start({}) must not be negative", o.start());
   TENSORTAP_CHECK(o.buffer_bytes() >= kMinBufferBytes && o.buffer_bytes() <= kMaxBufferBytes,
                   "Options::buffer_bytes({}) must be at least {} and at most {} (1 TiB)", o.buffer_bytes(),
@@ -50,8 +59,8 @@ void validate(const Options& o) {
 
 Placement place(const Options& o) {
   Placement p;
-  p.world_size = o.world_size() >= 0 ? o.world_size() : env_int("WORLD_SIZE", 1);
-  p.rank = o.rank() >= 0 ? o.rank() : env_int("RANK", env_int("LOCAL_RANK", -1));
+  p.world_size = o.world_size() ? *o.world_size() : env_int("WORLD_SIZE", 1);
+  p.rank = o.rank() ? *o.rank() : env_int("RANK", env_int("LOCAL_RANK", -1));
   if (p.rank < 0) {
     // Every process would think it is rank 0 and overwrite the others.
     TENSORTAP_CHECK(p.world_size <= 1,

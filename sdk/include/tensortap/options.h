@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,9 +49,71 @@ enum class AfterDump {
   Throw,
 };
 
+/// Settings of the flight recorder (`Options::flight_recorder`): hold the
+/// full tensors of the last `steps` sampled steps in host memory instead of
+/// writing them, and write them (with the current step) only when a rule
+/// given to `dump_on()` fires (a NaN or an Inf in a captured tensor, without
+/// any) or when `Recorder::dump()` is called.
+///
+/// Example:
+/// ```
+/// auto opts = tensortap::Options("runs/x").stats_every(1).flight_recorder(
+///     tensortap::FlightRecorderOptions(20)
+///         .bytes(std::size_t{1} << 30)
+///         .after_dump(tensortap::AfterDump::Continue)
+///         .dump_on(tensortap::Trigger::spike("loss", 5.0, 50)));
+/// ```
+struct FlightRecorderOptions {
+  /// Off: sampled steps are written; `after_dump` and `dump_on` still apply
+  /// to triggers.
+  FlightRecorderOptions() = default;
+  /// Holds the last `steps` sampled steps.
+  explicit FlightRecorderOptions(std::int64_t steps) : steps_(steps) {}
+
+  /// How many sampled steps are held in memory; 0 = off: sampled steps are written.
+  TORCH_ARG(std::int64_t, steps) = 0;
+  /// The most host memory held; the oldest held steps are let go first when a step would exceed it.
+  TORCH_ARG(std::size_t, bytes) = std::size_t{256} << 20;
+  /// What happens after a dump. Without held steps a trigger only marks the run, and only `Throw` applies.
+  TORCH_ARG(AfterDump, after_dump) = AfterDump::StopCapture;
+
+ public:  // TORCH_ARG leaves the access private
+  /// Dumps (or, with no steps held, marks the run in run.json) when
+  /// `trigger` fires; give it several times for several rules. Without
+  /// any, a NaN or an Inf dumps (`Trigger::non_finite()`). Rules other than
+  /// non_finite need `Options::stats_every`.
+  FlightRecorderOptions& dump_on(Trigger trigger) {
+    triggers_.push_back(std::move(trigger));
+    return *this;
+  }
+  /// The rules given to `dump_on()`.
+  const std::vector<Trigger>& triggers() const { return triggers_; }
+
+ private:
+  std::vector<Trigger> triggers_;
+};
+
+/// Where this process stands in a distributed run (`Options::distributed`).
+/// Unset values are read from the environment torch.distributed's
+/// launchers set.
+///
+/// Example:
+/// ```
+/// auto opts = tensortap::Options("runs/ddp").distributed(
+///     tensortap::DistributedOptions().rank(rank).world_size(world).ranks({0}));
+/// ```
+struct DistributedOptions {
+  /// This process's rank; unset reads `RANK` (or `LOCAL_RANK`) from the environment, or 0 if neither is set.
+  TORCH_ARG(std::optional<std::int64_t>, rank) = std::nullopt;
+  /// How many processes the run has; unset reads `WORLD_SIZE`, or 1. Above 1, rank r writes `<dir>/rank<r>/`.
+  TORCH_ARG(std::optional<std::int64_t>, world_size) = std::nullopt;
+  /// Capture only on these ranks (e.g. `{0}`); empty captures on all. Others create and capture nothing.
+  TORCH_ARG(std::vector<std::int64_t>, ranks) = {};
+};
+
 /// Settings of a `Recorder`: where it writes, what it captures and when.
 ///
-/// A step `s` is sampled when `start <= s`, `s < stop` (if `stop >= 0`) and
+/// A step `s` is sampled when `start <= s`, `s < stop` (if `stop` is set) and
 /// `(s - start) % every == 0`. A name is selected when it matches `include`
 /// (ECMAScript regex, searched anywhere in the name; empty matches all) and
 /// does not match `exclude` (empty matches none).
@@ -77,23 +140,31 @@ struct Options {
 
  public:  // TORCH_ARG leaves the access private
   /// Capture `kind` every `n`-th step instead, e.g. gradients every 10 steps
-  /// and activations every 100: `.every(Kind::Grad, 10).every(Kind::Activation, 100)`.
+  /// and activations every 100: `.every(Kind::Grad, 10).every(Kind::Activation, 100)`;
+  /// 0 = never for this kind.
   Options& every(Kind kind, std::int64_t n) {
     every_kind_.at(static_cast<std::size_t>(kind)) = n;
     return *this;
   }
   /// The period of `kind`: its own, or `every()`.
-  std::int64_t every(Kind kind) const {
-    const std::int64_t n = every_kind_.at(static_cast<std::size_t>(kind));
-    return n > 0 ? n : every_;
-  }
+  std::int64_t every(Kind kind) const { return every_kind_.at(static_cast<std::size_t>(kind)).value_or(every_); }
   /// Capture exactly these steps (within `start`/`stop`) instead of every
   /// n-th one; empty = use `every`.
   TORCH_ARG(std::vector<std::int64_t>, steps) = {};
   /// The first step that may be sampled.
   TORCH_ARG(std::int64_t, start) = 0;
-  /// The first step that is no longer sampled; negative means never stop.
-  TORCH_ARG(std::int64_t, stop) = -1;
+
+ public:
+  /// The first step that is no longer sampled; unset (the default) = never
+  /// stop. A negative step, the old way to say never, still means unset
+  /// (deprecated: leave it unset, or pass `std::nullopt`).
+  Options& stop(std::optional<std::int64_t> step) {
+    stop_ = unset_if_negative(step);
+    return *this;
+  }
+  /// The first step that is no longer sampled, if any.
+  const std::optional<std::int64_t>& stop() const noexcept { return stop_; }
+
   /// Names to capture: an ECMAScript regex searched in the name; empty = all.
   TORCH_ARG(std::string, include) = "";
   /// Names to skip: an ECMAScript regex searched in the name; empty = none.
@@ -131,51 +202,98 @@ struct Options {
   /// `#1`...); the ops those ops call are not. For when nothing finer was marked; it costs a callback on
   /// every ATen op in the process while a recorder with it is open.
   TORCH_ARG(bool, capture_ops) = false;
-  /// This process's rank in a distributed run; -1 reads `RANK` (or
-  /// `LOCAL_RANK`) from the environment, or 0 if neither is set.
-  TORCH_ARG(std::int64_t, rank) = -1;
-  /// How many processes the run has; -1 reads `WORLD_SIZE`, or 1. Above 1,
-  /// rank r writes `<dir>/rank<r>/`.
-  TORCH_ARG(std::int64_t, world_size) = -1;
   /// Take statistics (min, max, mean, std, L2 norm, counts of NaN, +Inf,
   /// -Inf and zeros, element count) of every selected tensor every this many
   /// steps, counted from `start`, whatever `every()` says about full
   /// tensors. They go to `stats.npy`, a table of one row per tensor and
   /// step. 0 = off.
   TORCH_ARG(std::int64_t, stats_every) = 0;
-  /// Flight recorder: hold the full tensors of the last `k` sampled steps in
-  /// host memory instead of writing them, and write them (with the current
-  /// step) only when a captured tensor holds a NaN or an Inf, or when
-  /// `Recorder::dump()` is called. 0 = off: sampled steps are written.
-  TORCH_ARG(std::int64_t, flight_recorder) = 0;
-  /// The most host memory the flight recorder holds; the oldest held steps
-  /// are let go first when a step would exceed it.
-  TORCH_ARG(std::size_t, flight_recorder_bytes) = std::size_t{256} << 20;
-  /// What happens after the flight recorder dumped. Without a flight
-  /// recorder a trigger only marks the run, and only `Throw` applies.
-  TORCH_ARG(AfterDump, after_dump) = AfterDump::StopCapture;
+  /// Where this process stands in a distributed run; `rank()`,
+  /// `world_size()` and `ranks()` below are its fields.
+  TORCH_ARG(DistributedOptions, distributed) = DistributedOptions();
 
  public:
-  /// Dumps the flight recorder (or, without one, marks the run in
-  /// run.json) when `trigger` fires; give it several times for several
-  /// rules. Without any, the flight recorder dumps on NaN or Inf
-  /// (`Trigger::non_finite()`). Rules other than non_finite need
-  /// `stats_every`.
+  /// Flight recorder: hold the full tensors of the last `k` sampled steps in
+  /// host memory instead of writing them (`FlightRecorderOptions::steps`).
+  /// 0 = off: sampled steps are written.
+  Options& flight_recorder(std::int64_t k) {
+    flight_recorder_.steps(k);
+    return *this;
+  }
+  /// All the flight recorder's settings at once; this replaces those given
+  /// before, `dump_on()` rules included.
+  Options& flight_recorder(FlightRecorderOptions options) {
+    flight_recorder_ = std::move(options);
+    return *this;
+  }
+  /// How many sampled steps the flight recorder holds; 0 = off.
+  const std::int64_t& flight_recorder() const noexcept { return flight_recorder_.steps(); }
+  std::int64_t& flight_recorder() noexcept { return flight_recorder_.steps(); }
+  /// The flight recorder's settings.
+  const FlightRecorderOptions& flight_recorder_options() const noexcept { return flight_recorder_; }
+
+  /// The most host memory the flight recorder holds (`FlightRecorderOptions::bytes`).
+  Options& flight_recorder_bytes(std::size_t bytes) {
+    flight_recorder_.bytes(bytes);
+    return *this;
+  }
+  const std::size_t& flight_recorder_bytes() const noexcept { return flight_recorder_.bytes(); }
+  std::size_t& flight_recorder_bytes() noexcept { return flight_recorder_.bytes(); }
+
+  /// What happens after the flight recorder dumped (`FlightRecorderOptions::after_dump`).
+  Options& after_dump(AfterDump what) {
+    flight_recorder_.after_dump(what);
+    return *this;
+  }
+  const AfterDump& after_dump() const noexcept { return flight_recorder_.after_dump(); }
+  AfterDump& after_dump() noexcept { return flight_recorder_.after_dump(); }
+
+  /// Dumps the flight recorder (or, without one, marks the run) when
+  /// `trigger` fires (`FlightRecorderOptions::dump_on`).
   Options& dump_on(Trigger trigger) {
-    triggers_.push_back(std::move(trigger));
+    flight_recorder_.dump_on(std::move(trigger));
     return *this;
   }
   /// The rules given to `dump_on()`.
-  const std::vector<Trigger>& triggers() const { return triggers_; }
+  const std::vector<Trigger>& triggers() const noexcept { return flight_recorder_.triggers(); }
 
-  /// Capture only on these ranks (e.g. `{0}`); empty captures on all. On the
-  /// other ranks the recorder creates nothing and its hooks do nothing.
-  TORCH_ARG(std::vector<std::int64_t>, ranks) = {};
+  /// This process's rank (`DistributedOptions::rank`). A negative rank, the
+  /// old way to leave it unset, still means unset (deprecated: leave it
+  /// unset, or pass `std::nullopt`).
+  Options& rank(std::optional<std::int64_t> rank) {
+    distributed_.rank(unset_if_negative(rank));
+    return *this;
+  }
+  const std::optional<std::int64_t>& rank() const noexcept { return distributed_.rank(); }
+
+  /// How many processes the run has (`DistributedOptions::world_size`). A
+  /// negative size, the old way to leave it unset, still means unset
+  /// (deprecated).
+  Options& world_size(std::optional<std::int64_t> size) {
+    distributed_.world_size(unset_if_negative(size));
+    return *this;
+  }
+  const std::optional<std::int64_t>& world_size() const noexcept { return distributed_.world_size(); }
+
+  /// Capture only on these ranks (`DistributedOptions::ranks`); empty captures on all.
+  Options& ranks(std::vector<std::int64_t> ranks) {
+    distributed_.ranks(std::move(ranks));
+    return *this;
+  }
+  const std::vector<std::int64_t>& ranks() const noexcept { return distributed_.ranks(); }
+  std::vector<std::int64_t>& ranks() noexcept { return distributed_.ranks(); }
 
  private:
-  // Per-kind periods set by every(Kind, n); 0 = use every().
-  std::array<std::int64_t, kKindCount> every_kind_{};
-  std::vector<Trigger> triggers_;
+  // Before std::optional, -1 (any negative) stood for "unset"; code that
+  // still passes it keeps its meaning.
+  static std::optional<std::int64_t> unset_if_negative(std::optional<std::int64_t> v) {
+    return v && *v < 0 ? std::nullopt : v;
+  }
+
+  std::optional<std::int64_t> stop_;
+  // Per-kind periods set by every(Kind, n); unset = use every().
+  std::array<std::optional<std::int64_t>, kKindCount> every_kind_{};
+  FlightRecorderOptions flight_recorder_;
 };
 
 }  // namespace tensortap

@@ -6,6 +6,10 @@
 
 namespace tensortap {
 
+namespace detail {
+struct KindSetAccess;
+}  // namespace detail
+
 /// What a record is.
 enum class Kind : std::uint8_t {
   /// What flows through a `Tap`.
@@ -53,11 +57,15 @@ class KindSet {
     for (Kind k : kAllKinds) s.bits_ |= bit(k);
     return s;
   }
+  /// Whether `k` is in the set.
   bool contains(Kind k) const { return (bits_ & bit(k)) != 0; }
-  std::uint32_t bits() const { return bits_; }
-  static std::uint32_t bit(Kind k) { return 1u << static_cast<unsigned>(k); }
 
  private:
+  // The bit layout is the sampling plan's (sdk/src/sampling.h), not a
+  // promise to users: only the sdk reads it, through detail::KindSetAccess.
+  friend struct detail::KindSetAccess;
+  static std::uint32_t bit(Kind k) { return 1u << static_cast<unsigned>(k); }
+
   std::uint32_t bits_ = 0;
 };
 
