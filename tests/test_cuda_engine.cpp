@@ -83,7 +83,7 @@ struct DeviceBuffer {
   char* bytes() const { return static_cast<char*>(data); }
 };
 
-// What the Backend does, minus the files: takes buffers, reassembles each
+// What the WriterThread does, minus the files: takes buffers, reassembles each
 // record from its chunks, hands the buffers back.
 struct Drain {
   Staging& staging;
@@ -165,7 +165,7 @@ void CUDART_CB wait_for_gate(void* gate) {
   while (!open->load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 
-// What engines report (the Backend's role); each test starts it empty.
+// What engines report (the role of the run's Failures); each test starts it empty.
 std::vector<std::string> g_reports;
 std::mutex g_reports_mu;
 CudaEngine::Report collect() {
@@ -589,7 +589,7 @@ TEST_CASE("CPU captures share the staging buffers with the engine", "[gpu][cuda]
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<char>(i * 13 + 5);
   DeviceBuffer src(all.size());
   CUDA_OK(cudaMemcpy(src.data, all.data(), all.size(), cudaMemcpyHostToDevice));
-  // What Core::record_as does for a CPU tensor, from another thread: CPU
+  // What Enqueue::tensor does for a CPU tensor, from another thread: CPU
   // slots land between the engine's, which must not copy over them.
   std::thread cpu([&] {
     for (int i = 0; i < kEach; ++i) {
