@@ -124,9 +124,8 @@ void train(benchmark::State& state, Model model, const at::Tensor& x, const at::
   BenchDir dir;
   std::shared_ptr<tensortap::Recorder> rec;
   if (mode > 0)
-    rec = tensortap::watch(*model, tensortap::Options(dir.path + "/run")
-                                       .every(mode == 1 ? 100 : 1)
-                                       .buffer_bytes(std::size_t{256} << 20));
+    rec = tensortap::watch(
+        *model, tensortap::Options(dir.path + "/run").every(mode == 1 ? 100 : 1).buffer_bytes(std::size_t{256} << 20));
   std::int64_t step = 0;
   const auto one_step = [&] {
     if (rec) rec->step(step);
@@ -146,7 +145,7 @@ void train(benchmark::State& state, Model model, const at::Tensor& x, const at::
   }
   state.SetItemsProcessed(state.iterations() * kStepsPerIteration);
   state.counters["step_time"] = benchmark::Counter(static_cast<double>(state.iterations() * kStepsPerIteration),
-                                                 benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+                                                   benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   if (rec) {
     rec->close();
     state.counters["dropped"] = static_cast<double>(rec->stats().dropped);
@@ -156,7 +155,8 @@ void train(benchmark::State& state, Model model, const at::Tensor& x, const at::
 void BM_TrainMlp(benchmark::State& state) {
   if (!have_cuda(state)) return;
   torch::manual_seed(0);
-  train(state, GpuMlp(), torch::randn({512, 1024}, kGpu), torch::randint(0, 10, {512}, torch::dtype(torch::kLong).device(kGpu)));
+  train(state, GpuMlp(), torch::randn({512, 1024}, kGpu),
+        torch::randint(0, 10, {512}, torch::dtype(torch::kLong).device(kGpu)));
 }
 
 void BM_TrainCnn(benchmark::State& state) {

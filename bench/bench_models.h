@@ -98,7 +98,8 @@ inline Batches cnn_batches() {
   const torch::Tensor y = torch::randint(0, 10, {kBatches * kCnnBatch}, torch::kLong);
   Batches b;
   for (std::int64_t i = 0; i < kBatches; ++i)
-    b.emplace_back(x.narrow(0, i * kCnnBatch, kCnnBatch).contiguous(), y.narrow(0, i * kCnnBatch, kCnnBatch).contiguous());
+    b.emplace_back(x.narrow(0, i * kCnnBatch, kCnnBatch).contiguous(),
+                   y.narrow(0, i * kCnnBatch, kCnnBatch).contiguous());
   return b;
 }
 

@@ -185,15 +185,18 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string csv_path;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
-    else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (std::strcmp(argv[i], "--csv") == 0 && i + 1 < argc) csv_path = argv[++i];
+    if (std::strcmp(argv[i], "--quick") == 0)
+      quick = true;
+    else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+      reps = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--csv") == 0 && i + 1 < argc)
+      csv_path = argv[++i];
     else {
       std::fprintf(stderr, "usage: bench_scale [--reps N] [--csv PATH] [--quick]\n");
       return 2;
     }
   }
-  at::set_num_threads(1);  // as bench_training: the writer thread has the other core
+  at::set_num_threads(1);                 // as bench_training: the writer thread has the other core
   ::mallopt(M_MMAP_THRESHOLD, 32 << 20);  // as bench_training: allocation alike in every run
   ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
   Compute compute;
@@ -212,7 +215,8 @@ int main(int argc, char** argv) {
   std::string csv =
       "sweep,bytes_per_step,tensors_per_step,steps,off_ms,on_ms,overhead,capture_ms,memcpy_ms,write_ms,on_compute_ms\n";
   std::printf(
-      "| sweep | MiB/step | tensors/step | off ms | on ms | overhead | in capture() ms | compute when on, ms | memcpy ms "
+      "| sweep | MiB/step | tensors/step | off ms | on ms | overhead | in capture() ms | compute when on, ms | memcpy "
+      "ms "
       "| write() ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Point& p : points) {
     // Fewer steps where a step moves a lot: tmpfs holds every file until

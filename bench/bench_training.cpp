@@ -111,8 +111,8 @@ class NaivePeer {
 
 struct Plan {
   std::string model;
-  std::int64_t warmup;  // untimed steps first: allocator, caches, first-touch
-  std::int64_t steps;   // timed steps: a multiple of 100, so every100 samples steps/100 of them
+  std::int64_t warmup;              // untimed steps first: allocator, caches, first-touch
+  std::int64_t steps;               // timed steps: a multiple of 100, so every100 samples steps/100 of them
   std::int64_t staging_warmup = 0;  // more for "all": steps that fill both staging buffers once
 };
 
@@ -146,14 +146,15 @@ Timing train(const Plan& plan, Mode mode, const bench::Batches& batches, const s
     rec = tensortap::watch(*model, tensortap::Options(dir).every(0).stats_every(1).kinds({tensortap::Kind::Grad}));
   // The same statistics with three rules evaluated on each of them.
   if (mode == Mode::StatsTriggers)
-    rec = tensortap::watch(*model, tensortap::Options(dir)
-                                       .every(0)
-                                       .stats_every(1)
-                                       .kinds({tensortap::Kind::Grad})
-                                       .dump_on(tensortap::Trigger::non_finite())
-                                       .dump_on(tensortap::Trigger::norm_jump(1e6, 20))
-                                       .dump_on(tensortap::Trigger::when(
-                                           [](const tensortap::TensorSummary& st) { return st.max > 1e30; })));
+    rec = tensortap::watch(
+        *model,
+        tensortap::Options(dir)
+            .every(0)
+            .stats_every(1)
+            .kinds({tensortap::Kind::Grad})
+            .dump_on(tensortap::Trigger::non_finite())
+            .dump_on(tensortap::Trigger::norm_jump(1e6, 20))
+            .dump_on(tensortap::Trigger::when([](const tensortap::TensorSummary& st) { return st.max > 1e30; })));
   bench::Probe probe;
   if (mode == Mode::Naive) {
     peer = std::make_unique<NaivePeer>(dir, *model);
@@ -193,8 +194,8 @@ Timing train(const Plan& plan, Mode mode, const bench::Batches& batches, const s
     rec->close();
     const tensortap::Stats st = rec->stats();
     if (st.dropped != 0 || st.errors != 0) {
-      std::fprintf(stderr, "bench_training: %s %s: %lld dropped, %lld errors\n", plan.model.c_str(),
-                   mode_name(mode), static_cast<long long>(st.dropped), static_cast<long long>(st.errors));
+      std::fprintf(stderr, "bench_training: %s %s: %lld dropped, %lld errors\n", plan.model.c_str(), mode_name(mode),
+                   static_cast<long long>(st.dropped), static_cast<long long>(st.errors));
       std::exit(1);
     }
   }
@@ -243,14 +244,22 @@ int main(int argc, char** argv) {
   int threads = 1;
   std::string json_path, only, only_mode;  // --only, --mode: one model, one mode (for profiling)
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
-    else if (std::strcmp(argv[i], "--scale") == 0) scale = std::atof(argv[i + 1]);
-    else if (std::strcmp(argv[i], "--threads") == 0) threads = std::atoi(argv[i + 1]);
-    else if (std::strcmp(argv[i], "--json") == 0) json_path = argv[i + 1];
-    else if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
-    else if (std::strcmp(argv[i], "--mode") == 0) only_mode = argv[i + 1];
+    if (std::strcmp(argv[i], "--reps") == 0)
+      reps = std::atoi(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--scale") == 0)
+      scale = std::atof(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--threads") == 0)
+      threads = std::atoi(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--json") == 0)
+      json_path = argv[i + 1];
+    else if (std::strcmp(argv[i], "--only") == 0)
+      only = argv[i + 1];
+    else if (std::strcmp(argv[i], "--mode") == 0)
+      only_mode = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: bench_training [--reps N] [--scale F] [--threads T] [--json PATH] [--only mlp|cnn] [--mode MODE]\n");
+      std::fprintf(
+          stderr,
+          "usage: bench_training [--reps N] [--scale F] [--threads T] [--json PATH] [--only mlp|cnn] [--mode MODE]\n");
       return 2;
     }
   }
@@ -266,15 +275,18 @@ int main(int argc, char** argv) {
   const int default_threads = at::get_num_threads();
   at::set_num_threads(threads);
 
-  const auto round100 = [&](double n) { return std::max<std::int64_t>(100, static_cast<std::int64_t>(n * scale) / 100 * 100); };
+  const auto round100 = [&](double n) {
+    return std::max<std::int64_t>(100, static_cast<std::int64_t>(n * scale) / 100 * 100);
+  };
   Plan plans[] = {{"mlp", 20, round100(1000)}, {"cnn", 10, round100(400)}};
   const bench::Batches mlp = bench::mlp_batches(), cnn = bench::cnn_batches();
   check_probed_forward<demo::Mlp>(mlp);
   check_probed_forward<bench::SmallCnn>(cnn);
 
   BenchDir scratch;
-  std::map<std::string, std::int64_t> step_bytes{{"mlp", bytes_per_step<demo::Mlp>(mlp, scratch.path + "/calib-mlp")},
-                                                 {"cnn", bytes_per_step<bench::SmallCnn>(cnn, scratch.path + "/calib-cnn")}};
+  std::map<std::string, std::int64_t> step_bytes{
+      {"mlp", bytes_per_step<demo::Mlp>(mlp, scratch.path + "/calib-mlp")},
+      {"cnn", bytes_per_step<bench::SmallCnn>(cnn, scratch.path + "/calib-cnn")}};
   const auto staging = static_cast<std::int64_t>(tensortap::Options("").buffer_bytes());
   for (Plan& plan : plans) plan.staging_warmup = 2 * staging / step_bytes[plan.model] + 1;
   std::map<std::string, std::map<Mode, Result>> results;

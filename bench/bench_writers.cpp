@@ -213,7 +213,10 @@ const bool registered = [] {
         ->Iterations(iterations(n, std::int64_t{64} << 20, 100));
   }
   for (std::int64_t names : {10, 100, 1000, 3000})
-    benchmark::RegisterBenchmark("BM_Hdf5NewName", BM_Hdf5NewName)->Arg(names)->Iterations(8)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_Hdf5NewName", BM_Hdf5NewName)
+        ->Arg(names)
+        ->Iterations(8)
+        ->Unit(benchmark::kMillisecond);
 #endif
   return true;
 }();

@@ -36,11 +36,9 @@ int main(int argc, char** argv) {
 
   // tensortap: statistics every step; full tensors of every step held for the
   // last k steps, written only when something goes wrong.
-  auto rec = tensortap::watch(*model, tensortap::Options(dir)
-                                          .stats_every(1)
-                                          .flight_recorder(k)
-                                          .kinds(tensortap::KindSet::all())
-                                          .overwrite(true));
+  auto rec = tensortap::watch(
+      *model,
+      tensortap::Options(dir).stats_every(1).flight_recorder(k).kinds(tensortap::KindSet::all()).overwrite(true));
 
   int64_t nan_step = -1;
   for (int64_t step = 0; step < max_steps; ++step) {
@@ -55,7 +53,8 @@ int main(int argc, char** argv) {
     loss.backward();
     opt.step();
     const double l = loss.item<double>();
-    if (step % 10 == 0 || !std::isfinite(l)) std::printf("step %4lld  lr %8.2f  loss %g\n", static_cast<long long>(step), lr, l);
+    if (step % 10 == 0 || !std::isfinite(l))
+      std::printf("step %4lld  lr %8.2f  loss %g\n", static_cast<long long>(step), lr, l);
     if (!std::isfinite(l) && nan_step < 0) nan_step = step;
     // A few steps past the first non-finite loss are enough to show that
     // full capture stopped while statistics went on.
@@ -65,7 +64,7 @@ int main(int argc, char** argv) {
   rec->close();
   const tensortap::Stats s = rec->stats();
   std::printf("tensortap: %lld statistics rows, %lld records written by %lld dump(s), run directory %s\n",
-              static_cast<long long>(s.stats_rows), static_cast<long long>(s.records),
-              static_cast<long long>(s.dumps), dir.c_str());
+              static_cast<long long>(s.stats_rows), static_cast<long long>(s.records), static_cast<long long>(s.dumps),
+              dir.c_str());
   return s.dumps > 0 ? 0 : 1;
 }

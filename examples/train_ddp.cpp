@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <tensortap/tensortap.h>
 

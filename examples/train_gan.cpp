@@ -59,24 +59,22 @@ int main(int argc, char** argv) {
       Tapped<nn::ConvTranspose2d>(nn::ConvTranspose2dOptions(16, 1, 4).stride(2).padding(1).bias(false)),  // 28x28
       nn::Tanh());
   // The discriminator: image -> probability that it is real.
-  nn::Sequential discriminator(
-      nn::Conv2d(nn::Conv2dOptions(1, 16, 4).stride(2).padding(1).bias(false)), nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)),
-      nn::Conv2d(nn::Conv2dOptions(16, 32, 4).stride(2).padding(1).bias(false)), nn::BatchNorm2d(32),
-      nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)),
-      nn::Conv2d(nn::Conv2dOptions(32, 64, 3).stride(2).padding(1).bias(false)), nn::BatchNorm2d(64),
-      nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)),
-      nn::Conv2d(nn::Conv2dOptions(64, 1, 4).bias(false)), nn::Sigmoid());
+  nn::Sequential discriminator(nn::Conv2d(nn::Conv2dOptions(1, 16, 4).stride(2).padding(1).bias(false)),
+                               nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)),
+                               nn::Conv2d(nn::Conv2dOptions(16, 32, 4).stride(2).padding(1).bias(false)),
+                               nn::BatchNorm2d(32), nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)),
+                               nn::Conv2d(nn::Conv2dOptions(32, 64, 3).stride(2).padding(1).bias(false)),
+                               nn::BatchNorm2d(64), nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)),
+                               nn::Conv2d(nn::Conv2dOptions(64, 1, 4).bias(false)), nn::Sigmoid());
   torch::optim::Adam g_opt(generator->parameters(), torch::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
   torch::optim::Adam d_opt(discriminator->parameters(), torch::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
 
   // tensortap: one recorder, both models. Every child of the discriminator's
   // Sequential is a tap point; parameters, buffers, activations and their
   // gradients every `every` steps.
-  auto rec = tensortap::watch(*discriminator, tensortap::Options(dir)
-                                                  .every(every)
-                                                  .kinds(tensortap::KindSet::all())
-                                                  .tap_sequential(".")
-                                                  .overwrite(true));
+  auto rec = tensortap::watch(
+      *discriminator,
+      tensortap::Options(dir).every(every).kinds(tensortap::KindSet::all()).tap_sequential(".").overwrite(true));
   tensortap::watch(*generator, *rec, "G");  // tensortap: names G/0.weight, G/1.running_mean, ...
 
   for (int64_t step = 0; step < steps; ++step) {

@@ -39,15 +39,15 @@ int main(int argc, char** argv) {
     opt.step();
     if (step % 50 == 0 || step == steps - 1) {
       const double acc = (logits.argmax(1) == y).to(torch::kFloat).mean().item<double>();
-      std::printf("step %4lld  loss %.4f  batch accuracy %.3f\n", static_cast<long long>(step),
-                  loss.item<double>(), acc);
+      std::printf("step %4lld  loss %.4f  batch accuracy %.3f\n", static_cast<long long>(step), loss.item<double>(),
+                  acc);
     }
   }
 
   rec->close();  // tensortap: drain, finalize, rethrow
   const tensortap::Stats s = rec->stats();
   std::printf("tensortap: %lld records, %lld bytes, %lld dropped, run directory %s\n",
-              static_cast<long long>(s.records), static_cast<long long>(s.bytes),
-              static_cast<long long>(s.dropped), dir.c_str());
+              static_cast<long long>(s.records), static_cast<long long>(s.bytes), static_cast<long long>(s.dropped),
+              dir.c_str());
   return 0;
 }

@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   rec->close();
   const tensortap::Stats s = rec->stats();
   std::printf("tensortap: %lld statistics rows, %lld records written by %lld dump(s), run directory %s\n",
-              static_cast<long long>(s.stats_rows), static_cast<long long>(s.records),
-              static_cast<long long>(s.dumps), dir.c_str());
+              static_cast<long long>(s.stats_rows), static_cast<long long>(s.records), static_cast<long long>(s.dumps),
+              dir.c_str());
   return s.dumps == 1 ? 0 : 1;
 }

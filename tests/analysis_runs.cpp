@@ -36,7 +36,11 @@ static void train(const std::string& dir, tensortap::Format format, int64_t rank
   Net model;
   torch::optim::SGD opt(model->parameters(), 0.05);
   tensortap::Options options(dir);
-  options.every(3).stats_every(1).kinds(tensortap::KindSet::all()).format(format).overwrite(true)
+  options.every(3)
+      .stats_every(1)
+      .kinds(tensortap::KindSet::all())
+      .format(format)
+      .overwrite(true)
       .dump_on(tensortap::Trigger::spike("loss", 5.0, 20));
   if (world > 1) options.rank(rank).world_size(world);
   auto rec = tensortap::watch(*model, options);

@@ -32,7 +32,9 @@ static void train(const std::string& dir, tensortap::Format format) {
   torch::manual_seed(42);
   Lin model;
   torch::optim::SGD opt(model->parameters(), 0.1);
-  auto rec = tensortap::watch(*model, tensortap::Options(dir).every(2).stats_every(1).kinds(tensortap::KindSet::all()).format(format).overwrite(true));
+  auto rec = tensortap::watch(
+      *model,
+      tensortap::Options(dir).every(2).stats_every(1).kinds(tensortap::KindSet::all()).format(format).overwrite(true));
   for (int64_t step = 0; step < 9; ++step) {
     rec->step(step);
     const torch::Tensor x = torch::randn({8, 5}), y = torch::randn({8, 3});
@@ -55,17 +57,28 @@ static void dtypes(const std::string& dir, tensortap::Format format) {
   tensortap::Recorder rec(tensortap::Options(dir).format(format).stats_every(1).overwrite(true));
   rec.step(0);
   const torch::Tensor base = torch::arange(12, torch::kDouble).reshape({3, 4}) - 5;
-  const std::pair<const char*, torch::Dtype> all[] = {
-      {"bool", torch::kBool},       {"uint8", torch::kUInt8},          {"int8", torch::kInt8},
-      {"int16", torch::kInt16},     {"int32", torch::kInt32},          {"int64", torch::kInt64},
-      {"float16", torch::kFloat16}, {"float32", torch::kFloat32},      {"float64", torch::kFloat64},
-      {"complex64", torch::kComplexFloat}, {"complex128", torch::kComplexDouble}, {"bfloat16", torch::kBFloat16}};
+  const std::pair<const char*, torch::Dtype> all[] = {{"bool", torch::kBool},
+                                                      {"uint8", torch::kUInt8},
+                                                      {"int8", torch::kInt8},
+                                                      {"int16", torch::kInt16},
+                                                      {"int32", torch::kInt32},
+                                                      {"int64", torch::kInt64},
+                                                      {"float16", torch::kFloat16},
+                                                      {"float32", torch::kFloat32},
+                                                      {"float64", torch::kFloat64},
+                                                      {"complex64", torch::kComplexFloat},
+                                                      {"complex128", torch::kComplexDouble},
+                                                      {"bfloat16", torch::kBFloat16}};
   for (const auto& [name, dtype] : all) {
     torch::Tensor t;
-    if (dtype == torch::kBool) t = (base.remainder(2) == 0);
-    else if (dtype == torch::kUInt8) t = (base + 5).to(dtype);
-    else if (torch::isComplexType(dtype)) t = torch::complex(base, -0.5 * base).to(dtype);
-    else t = (base * 0.5).to(dtype);
+    if (dtype == torch::kBool)
+      t = (base.remainder(2) == 0);
+    else if (dtype == torch::kUInt8)
+      t = (base + 5).to(dtype);
+    else if (torch::isComplexType(dtype))
+      t = torch::complex(base, -0.5 * base).to(dtype);
+    else
+      t = (base * 0.5).to(dtype);
     rec.capture(std::string("dtype_") + name, t);
     rec.capture(std::string("transposed_") + name, t.t());
   }

@@ -26,10 +26,10 @@
 #include <deque>
 #include <functional>
 #include <mutex>
-#include <vector>
 #include <random>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 struct CUstream_st {
   std::mutex mu;
@@ -39,7 +39,9 @@ struct CUstream_st {
   bool stopping = false;
   std::thread worker;
 
-  CUstream_st() { worker = std::thread([this] { loop(); }); }
+  CUstream_st() {
+    worker = std::thread([this] { loop(); });
+  }
   ~CUstream_st() {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -98,8 +100,10 @@ void jitter() {
   if (max_us <= 0) return;
   thread_local std::minstd_rand rng(static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id())));
   const int r = static_cast<int>(rng() % 4);
-  if (r == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % static_cast<unsigned>(max_us)));
-  else if (r == 1) std::this_thread::yield();
+  if (r == 0)
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % static_cast<unsigned>(max_us)));
+  else if (r == 1)
+    std::this_thread::yield();
 }
 
 thread_local int t_device = 0;

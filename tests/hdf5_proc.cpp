@@ -38,8 +38,8 @@ static void write(const std::string& dir, const tensortap::Hdf5Options& h5) {
   for (int64_t s = 0; s < 20; ++s) {
     rec.step(s);
     rec.capture("scalar", at::scalar_tensor(static_cast<double>(s)));
-    rec.capture("row", at::arange(1000, at::kFloat).remainder(7) + s);   // 4 KB rows, compressible
-    rec.capture("wide", at::zeros({300, 1000}));                       // 1.2 MB rows: chunks split a row
+    rec.capture("row", at::arange(1000, at::kFloat).remainder(7) + s);  // 4 KB rows, compressible
+    rec.capture("wide", at::zeros({300, 1000}));                        // 1.2 MB rows: chunks split a row
   }
   rec.close();
 }

@@ -21,14 +21,14 @@
 using tensortap::Options;
 
 static int crash(const std::string& dir, bool hdf5, bool new_names) {
-  tensortap::Recorder rec(Options(dir).format(hdf5 ? tensortap::Format::Hdf5 : tensortap::Format::Npy)
-                              .buffer_bytes(1 << 20));
+  tensortap::Recorder rec(
+      Options(dir).format(hdf5 ? tensortap::Format::Hdf5 : tensortap::Format::Npy).buffer_bytes(1 << 20));
   for (int64_t s = 0;; ++s) {
     rec.step(s);
     rec.capture("small", at::full({256}, static_cast<double>(s)));
     rec.capture("small", at::full({256}, static_cast<double>(-s)));  // small#1
     if (!new_names)  // with new names, the writer's time goes to making datasets
-      rec.capture("large", at::full({512, 512}, static_cast<double>(s)));  // 1 MiB: streamed in chunks
+      rec.capture("large", at::full({512, 512}, static_cast<double>(s)));                 // 1 MiB: streamed in chunks
     rec.capture("bf16", at::full({64}, static_cast<double>(s % 128)).to(at::kBFloat16));  // exact in bfloat16
     rec.capture("ids", at::arange(s, s + 100, at::kLong));
     if (new_names) rec.capture("new" + std::to_string(s), at::full({64}, static_cast<double>(s)));

@@ -137,8 +137,8 @@ TEST_CASE("captured gradients and weights survive opt.step() and zero_grad() in 
       want_weight.push_back(weight.detach().clone());
       want_grad.push_back(weight.grad().detach().clone());
       want_bias_grad.push_back(model->named_parameters()["2.bias"].grad().detach().clone());
-      opt.step();                             // changes the weight in place
-      opt.zero_grad(/*set_to_none=*/false);   // zeroes the gradient in place
+      opt.step();                            // changes the weight in place
+      opt.zero_grad(/*set_to_none=*/false);  // zeroes the gradient in place
     }
     rec->close();
     CHECK(rec->stats().dropped == 0);
@@ -162,10 +162,13 @@ TEST_CASE("no growth of pinned or device memory over 10,000 captures", "[gpu][cu
   constexpr std::size_t kBuffer = 1 << 20;  // the device budget is 2 MiB
   // Small ones coalesce, one is chunked, one is larger than the device
   // budget (a snapshot from LibTorch's allocator), one needs a kernel.
-  std::vector<at::Tensor> tensors{torch::randn({16}, dev), torch::randn({1000}, dev),
-                                  torch::randn({64, 64}, dev), torch::randn({400000}, dev),
-                                  torch::randn({800000}, dev),
-                                  torch::randn({256, 64}, torch::TensorOptions().dtype(torch::kBFloat16).device(dev)).t()};
+  std::vector<at::Tensor> tensors{
+      torch::randn({16}, dev),
+      torch::randn({1000}, dev),
+      torch::randn({64, 64}, dev),
+      torch::randn({400000}, dev),
+      torch::randn({800000}, dev),
+      torch::randn({256, 64}, torch::TensorOptions().dtype(torch::kBFloat16).device(dev)).t()};
   tensortap::Recorder rec(tensortap::Options(dir / "run").every(1).buffer_bytes(kBuffer));
   std::int64_t step = 0;
   const auto steps = [&](int n) {
@@ -179,9 +182,7 @@ TEST_CASE("no growth of pinned or device memory over 10,000 captures", "[gpu][cu
     rec.flush();
   };
   steps(100);  // warm-up: arena, events, pinned buffers, allocator blocks
-  const auto reserved = [] {
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(0).reserved_bytes[0].current;
-  };
+  const auto reserved = [] { return c10::cuda::CUDACachingAllocator::getDeviceStats(0).reserved_bytes[0].current; };
   std::size_t free_before = 0, free_after = 0, total = 0;
   REQUIRE(cudaMemGetInfo(&free_before, &total) == cudaSuccess);
   const auto reserved_before = reserved();
@@ -223,8 +224,7 @@ TEST_CASE("CPU and CUDA tensors, and every GPU, in one run", "[gpu][cuda][torch]
   if (devices < 2) WARN("only 1 CUDA device: the several-GPU part ran on one");
 }
 
-TEST_CASE("DropNewest drops CUDA captures when the device budget is full, and counts them",
-          "[gpu][cuda][torch]") {
+TEST_CASE("DropNewest drops CUDA captures when the device budget is full, and counts them", "[gpu][cuda][torch]") {
   if (!have_cuda()) return;
   tt_test::TempDir dir;
   const torch::Device dev(torch::kCUDA, 0);

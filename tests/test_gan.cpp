@@ -80,7 +80,8 @@ void run_gan(Format format) {
   Gan gan;
   torch::optim::Adam d_opt(gan.disc->parameters(), 1e-2), g_opt(gan.gen->parameters(), 1e-2);
   // The discriminator's run; the generator joins it under "G".
-  auto rec = tensortap::watch(*gan.disc, Options(dir.path).format(format).kinds(tensortap::KindSet::all()).tap_sequential("."));
+  auto rec = tensortap::watch(*gan.disc,
+                              Options(dir.path).format(format).kinds(tensortap::KindSet::all()).tap_sequential("."));
   tensortap::watch(*gan.gen, *rec, "G");
 
   const int steps = 4;

@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 #include <torch/nn/modules/activation.h>
-#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
@@ -57,9 +57,7 @@ at::Tensor load(const std::string& run, const std::string& kind, const std::stri
 }
 
 // loss = sum(out * c): d loss / d out = c, d loss / d W = c^T x, d loss / d b = sum_rows(c).
-torch::Tensor loss_of(Net& net, const torch::Tensor& x, const torch::Tensor& c) {
-  return (net->forward(x) * c).sum();
-}
+torch::Tensor loss_of(Net& net, const torch::Tensor& x, const torch::Tensor& c) { return (net->forward(x) * c).sum(); }
 
 }  // namespace
 
@@ -175,7 +173,7 @@ TEST_CASE("closing removes the hooks, and the model can be watched again", "[hoo
     rec->close();
   }
   const size_t lines_a = tt_test::read_lines(a / "index.jsonl").size();
-  REQUIRE(lines_a == 4);  // two grads, one activation, one activation gradient
+  REQUIRE(lines_a == 4);          // two grads, one activation, one activation gradient
   loss_of(net, x, c).backward();  // no recorder: nothing recorded, nothing breaks
   auto rec2 = tensortap::watch(*net, Options(b.path));
   rec2->step(7);
@@ -349,7 +347,8 @@ TEST_CASE("op-level capture records each top-level op inside a tap point", "[hoo
   TappedNet net;
   torch::nn::Sequential seq{torch::nn::ReLU()};
   auto rec = tensortap::watch(*net, Options(dir.path).capture_ops(true).kinds({Kind::Activation}));
-  auto rec2 = tensortap::watch(*seq, Options(dir / "seq").capture_ops(true).tap_sequential(".").kinds({Kind::Activation}));
+  auto rec2 =
+      tensortap::watch(*seq, Options(dir / "seq").capture_ops(true).tap_sequential(".").kinds({Kind::Activation}));
   const torch::Tensor x = torch::randn({4, 3});
   rec->step(0);
   rec2->step(0);

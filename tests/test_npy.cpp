@@ -13,9 +13,7 @@ using tt_test::TempDir;
 
 namespace {
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
+void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 // A .npy file made by hand, the way NumPy lays it out.
 std::string npy_file(int major, const std::string& dict, const std::string& data) {

@@ -32,22 +32,38 @@ TEST_CASE("patterns match names as std::regex_search does", "[sdk][pattern]") {
     bool match;
   };
   const Case cases[] = {
-      {"fc", "encoder.fc1.weight", true},       {"^fc", "encoder.fc1.weight", false},
-      {"weight$", "fc1.weight", true},          {"weight$", "fc1.weight.grad", false},
-      {"^fc[0-9]+\\.bias$", "fc12.bias", true}, {"^fc[0-9]+\\.bias$", "fc.bias", false},
-      {"\\.(weight|bias)$", "a.bias", true},    {"(?:ab)+c", "xababc", true},
-      {"a{2,3}", "xaay", true},                 {"a{3}", "xaay", false},
-      {"a{2,}b", "aaaab", true},                {"[^.]+$", "a.b", true},
-      {"^[^.]+$", "a.b", false},                {"\\bfc\\b", "x.fc.y", true},
-      {"\\bfc\\b", "xfc.y", false},             {"\\Bc", "abc", true},
-      {"\\d\\w\\s", "x1a y", true},             {"\\D\\W\\S", "a1.x", false},
-      {"a.c", "a\nc", false},                   {"a.c", "abc", true},
-      {"colou?r", "color", true},               {"(a|)b", "b", true},
-      {"x*", "", true},                         {"^$", "", true},
-      {"^$", "a", false},                       {"[a\\-z]", "-", true},
-      {"[\\]]", "]", true},                     {"\\x41", "A", true},
-      {"a+?b", "aab", true},                    {"(a*)*b", "aaab", true},
-      {"0\\.weight", "encoder.0.weight", true}, {"[.]", "a.b", true},
+      {"fc", "encoder.fc1.weight", true},
+      {"^fc", "encoder.fc1.weight", false},
+      {"weight$", "fc1.weight", true},
+      {"weight$", "fc1.weight.grad", false},
+      {"^fc[0-9]+\\.bias$", "fc12.bias", true},
+      {"^fc[0-9]+\\.bias$", "fc.bias", false},
+      {"\\.(weight|bias)$", "a.bias", true},
+      {"(?:ab)+c", "xababc", true},
+      {"a{2,3}", "xaay", true},
+      {"a{3}", "xaay", false},
+      {"a{2,}b", "aaaab", true},
+      {"[^.]+$", "a.b", true},
+      {"^[^.]+$", "a.b", false},
+      {"\\bfc\\b", "x.fc.y", true},
+      {"\\bfc\\b", "xfc.y", false},
+      {"\\Bc", "abc", true},
+      {"\\d\\w\\s", "x1a y", true},
+      {"\\D\\W\\S", "a1.x", false},
+      {"a.c", "a\nc", false},
+      {"a.c", "abc", true},
+      {"colou?r", "color", true},
+      {"(a|)b", "b", true},
+      {"x*", "", true},
+      {"^$", "", true},
+      {"^$", "a", false},
+      {"[a\\-z]", "-", true},
+      {"[\\]]", "]", true},
+      {"\\x41", "A", true},
+      {"a+?b", "aab", true},
+      {"(a*)*b", "aaab", true},
+      {"0\\.weight", "encoder.0.weight", true},
+      {"[.]", "a.b", true},
   };
   for (const Case& c : cases) {
     INFO("pattern " << c.pattern << " name " << c.name);
@@ -61,8 +77,8 @@ TEST_CASE("patterns match names as std::regex_search does", "[sdk][pattern]") {
 TEST_CASE("random patterns agree with std::regex on random names", "[sdk][pattern]") {
   // Small alphabets make matches likely either way; short names keep
   // std::regex's backtracking cheap.
-  const std::vector<std::string> atoms = {"a", "b", ".", "[ab]", "[^a]", "\\d", "\\w", "1", "_", "(a|b)", "(?:ab)",
-                                          "(a|)", "\\."};
+  const std::vector<std::string> atoms = {"a", "b", ".",     "[ab]",   "[^a]", "\\d", "\\w",
+                                          "1", "_", "(a|b)", "(?:ab)", "(a|)", "\\."};
   const std::vector<std::string> quants = {"", "", "", "*", "+", "?", "{1,2}", "{2}", "*?", "{0,}"};
   std::mt19937 rng(42);
   auto pick = [&](const std::vector<std::string>& v) { return v[rng() % v.size()]; };

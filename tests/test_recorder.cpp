@@ -1,5 +1,5 @@
-#include <filesystem>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -193,8 +193,8 @@ TEST_CASE("a tensor larger than a staging buffer is streamed through in chunks",
   TempDir dir;
   Recorder rec{Options(dir.path).buffer_bytes(4096)};
   rec.step(0);
-  const at::Tensor big = at::randn({100, 77});                 // 30800 bytes, 8 chunks
-  const at::Tensor view = at::randn({300, 50}).t();            // non-contiguous
+  const at::Tensor big = at::randn({100, 77});                // 30800 bytes, 8 chunks
+  const at::Tensor view = at::randn({300, 50}).t();           // non-contiguous
   const at::Tensor bf = at::randn({5000}).to(at::kBFloat16);  // converted, then chunked
   rec.capture("big", big);
   rec.capture("small", at::ones({3}));
@@ -285,7 +285,8 @@ TEST_CASE("tensors NumPy cannot hold get an error naming them, and lose nothing"
   REQUIRE_THAT(error_of([&] { rec.capture("q", q); }), Catch::Contains("'q'") && Catch::Contains("quantized"));
   const at::Tensor meta = at::empty({2, 2}, at::TensorOptions().device(at::kMeta));
   REQUIRE_THAT(error_of([&] { rec.capture("m", meta); }), Catch::Contains("'m'") && Catch::Contains("meta"));
-  REQUIRE_THAT(error_of([&] { rec.capture("u", at::Tensor()); }), Catch::Contains("'u'") && Catch::Contains("undefined"));
+  REQUIRE_THAT(error_of([&] { rec.capture("u", at::Tensor()); }),
+               Catch::Contains("'u'") && Catch::Contains("undefined"));
   const at::Tensor c32 = at::ones({2}, at::kComplexHalf);
   REQUIRE_THAT(error_of([&] { rec.capture("c", c32); }),
                Catch::Contains("'c'") && Catch::Contains("NumPy has no dtype") && Catch::Contains("ComplexHalf"));
@@ -357,8 +358,9 @@ TEST_CASE("include and exclude patterns and kinds select what is captured", "[sd
 TEST_CASE("names with /, .., NUL, unicode or great length stay inside the run directory", "[sdk]") {
   TempDir outer;
   const std::string run = outer / "run";
-  const std::vector<std::string> names = {"../../escape", "/abs/path", "..", ".", std::string("nul\0byte", 8),
-                                          "\xce\xb1\xce\xb2", std::string(1000, 'n'), "a\\b", "%2F"};
+  const std::vector<std::string> names = {
+      "../../escape",         "/abs/path", "..", ".", std::string("nul\0byte", 8), "\xce\xb1\xce\xb2",
+      std::string(1000, 'n'), "a\\b",      "%2F"};
   Recorder rec{Options(run)};
   rec.step(0);
   for (const auto& n : names) rec.capture(n, at::ones({1}));
@@ -400,8 +402,8 @@ TEST_CASE("a writer error is rethrown by flush() and close() and loses nothing w
   REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "x", 0)), at::ones({4})));
   REQUIRE(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "y", 1)), at::ones({4})));
   const std::string j = tt_test::read_file(dir / "run.json");
-  REQUIRE_THAT(j, Catch::Contains("\"errors\": 1") && Catch::Contains("\"first_error\"") &&
-                      Catch::Contains("\"closed\": true"));
+  REQUIRE_THAT(
+      j, Catch::Contains("\"errors\": 1") && Catch::Contains("\"first_error\"") && Catch::Contains("\"closed\": true"));
   // No temporary file is left behind.
   for (const auto& f : tt_test::files_under(dir.path)) REQUIRE(f.extension() != ".tmp");
 }
@@ -465,8 +467,7 @@ TEST_CASE("rank and world size come from the environment, and each rank writes r
   }
   REQUIRE_THAT(error_of([&] { Recorder r{Options(dir / "bad").rank(3).world_size(2)}; }),
                Catch::Contains("rank 3 is outside a world of size 2"));
-  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir / "bad").world_size(2)}; }),
-               Catch::Contains("rank is unknown"));
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir / "bad").world_size(2)}; }), Catch::Contains("rank is unknown"));
 }
 
 TEST_CASE("a rank left out of Options::ranks captures nothing and creates nothing", "[sdk][distributed]") {
@@ -658,7 +659,9 @@ TEST_CASE("the nested option structs and the flat spellings are one setting", "[
   // An integer picks the flat overload, 0 included; the struct replaces
   // every flight recorder setting, the flat setters only their own.
   REQUIRE(Options("d").flight_recorder(20).flight_recorder(0).flight_recorder() == 0);
-  const Options replaced = Options("d").dump_on(Trigger::non_finite()).after_dump(AfterDump::Throw)
+  const Options replaced = Options("d")
+                               .dump_on(Trigger::non_finite())
+                               .after_dump(AfterDump::Throw)
                                .flight_recorder(FlightRecorderOptions(3));
   REQUIRE(replaced.triggers().empty());
   REQUIRE(replaced.after_dump() == AfterDump::StopCapture);

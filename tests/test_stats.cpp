@@ -38,8 +38,10 @@ TensorStats reference(const at::Tensor& t) {
   std::int64_t n = 0;
   for (std::int64_t i = 0; i < x.numel(); ++i) {
     const double v = p[i];
-    if (std::isnan(v)) ++s.nan;
-    else if (std::isinf(v)) ++(v > 0 ? s.posinf : s.neginf);
+    if (std::isnan(v))
+      ++s.nan;
+    else if (std::isinf(v))
+      ++(v > 0 ? s.posinf : s.neginf);
     else {
       s.zeros += v == 0;
       ++n;
@@ -233,8 +235,9 @@ TEST_CASE("a NaN at a known step dumps exactly the k steps before it and that st
   REQUIRE(index_steps(dir.path) == range(45, 50));
   REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"w\"").size() == 6);
   const std::string run_json = tt_test::read_file(dir / "run.json");
-  REQUIRE_THAT(run_json, Catch::Contains("{\"step\": 50, \"reason\": \"nan\", \"steps\": [45,46,47,48,49,50], "
-                                         "\"kind\": \"tensor\", \"name\": \"loss\", \"trigger\": {\"kind\": \"non_finite\"}}"));
+  REQUIRE_THAT(run_json,
+               Catch::Contains("{\"step\": 50, \"reason\": \"nan\", \"steps\": [45,46,47,48,49,50], "
+                               "\"kind\": \"tensor\", \"name\": \"loss\", \"trigger\": {\"kind\": \"non_finite\"}}"));
   // The file holds the value captured at its step.
   REQUIRE(at::equal(tensortap::load_npy(dir / "npy/tensor/w/00000047.npy"), at::full({16}, 47.0f)));
   REQUIRE(rec.stats().dumps == 1);

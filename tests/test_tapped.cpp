@@ -45,9 +45,7 @@ torch::Tensor loss_of(const std::vector<torch::Tensor>& outs) {
 // Inputs: fresh leaves each call, float ones requiring grad.
 using Inputs = std::function<std::vector<torch::Tensor>()>;
 
-torch::Tensor leaf(std::vector<std::int64_t> shape) {
-  return torch::randn(shape).requires_grad_(true);
-}
+torch::Tensor leaf(std::vector<std::int64_t> shape) { return torch::randn(shape).requires_grad_(true); }
 
 struct Parent : nn::Module {};
 
@@ -161,9 +159,12 @@ TEST_CASE("Tapped<M> wraps every torch::nn module that returns a tensor", "[hook
   check<nn::BatchNorm1d, 1>("BatchNorm1d", x2, 3);
   check<nn::BatchNorm2d, 1>("BatchNorm2d", x4, 3);
   check<nn::BatchNorm3d, 1>("BatchNorm3d", x5, 3);
-  check<nn::InstanceNorm1d, 1>("InstanceNorm1d", x3, nn::InstanceNorm1dOptions(3).affine(true).track_running_stats(true));
-  check<nn::InstanceNorm2d, 1>("InstanceNorm2d", x4, nn::InstanceNorm2dOptions(3).affine(true).track_running_stats(true));
-  check<nn::InstanceNorm3d, 1>("InstanceNorm3d", x5, nn::InstanceNorm3dOptions(3).affine(true).track_running_stats(true));
+  check<nn::InstanceNorm1d, 1>("InstanceNorm1d", x3,
+                               nn::InstanceNorm1dOptions(3).affine(true).track_running_stats(true));
+  check<nn::InstanceNorm2d, 1>("InstanceNorm2d", x4,
+                               nn::InstanceNorm2dOptions(3).affine(true).track_running_stats(true));
+  check<nn::InstanceNorm3d, 1>("InstanceNorm3d", x5,
+                               nn::InstanceNorm3dOptions(3).affine(true).track_running_stats(true));
   check<nn::LayerNorm, 1>("LayerNorm", x4, nn::LayerNormOptions({4}));
   check<nn::GroupNorm, 1>("GroupNorm", x4, 1, 3);
   check<nn::LocalResponseNorm, 1>("LocalResponseNorm", x4, 2);
@@ -184,7 +185,12 @@ TEST_CASE("Tapped<M> wraps every torch::nn module that returns a tensor", "[hook
   // Linear and friends.
   const Inputs x24 = [] { return std::vector<torch::Tensor>{leaf({2, 4})}; };
   check<nn::Linear, 1>("Linear", x24, 4, 2);
-  check<nn::Bilinear, 2>("Bilinear", [] { return std::vector<torch::Tensor>{leaf({2, 4}), leaf({2, 3})}; }, 4, 3, 2);
+  check<nn::Bilinear, 2>(
+      "Bilinear",
+      [] {
+        return std::vector<torch::Tensor>{leaf({2, 4}), leaf({2, 3})};
+      },
+      4, 3, 2);
   check<nn::Flatten, 1>("Flatten", x4);
   check<nn::Unflatten, 1>("Unflatten", x2, nn::UnflattenOptions(1, {3, 1}));
 
@@ -206,18 +212,27 @@ TEST_CASE("Tapped<M> wraps every torch::nn module that returns a tensor", "[hook
   check<nn::FractionalMaxPool2d, 1>("FractionalMaxPool2d", x4, nn::FractionalMaxPool2dOptions(2).output_size(2));
   check<nn::FractionalMaxPool3d, 1>("FractionalMaxPool3d", x5, nn::FractionalMaxPool3dOptions(2).output_size(2));
   // Unpooling takes the indices (and a defaulted output size).
-  check<nn::MaxUnpool1d, 2>("MaxUnpool1d", [] {
-    auto [v, i] = torch::max_pool1d_with_indices(torch::randn({2, 3, 6}), {2});
-    return std::vector<torch::Tensor>{v.detach().requires_grad_(true), i};
-  }, 2);
-  check<nn::MaxUnpool2d, 2>("MaxUnpool2d", [] {
-    auto [v, i] = torch::max_pool2d_with_indices(torch::randn({2, 3, 4, 4}), {2, 2});
-    return std::vector<torch::Tensor>{v.detach().requires_grad_(true), i};
-  }, 2);
-  check<nn::MaxUnpool3d, 2>("MaxUnpool3d", [] {
-    auto [v, i] = torch::max_pool3d_with_indices(torch::randn({2, 3, 4, 4, 4}), {2, 2, 2});
-    return std::vector<torch::Tensor>{v.detach().requires_grad_(true), i};
-  }, 2);
+  check<nn::MaxUnpool1d, 2>(
+      "MaxUnpool1d",
+      [] {
+        auto [v, i] = torch::max_pool1d_with_indices(torch::randn({2, 3, 6}), {2});
+        return std::vector<torch::Tensor>{v.detach().requires_grad_(true), i};
+      },
+      2);
+  check<nn::MaxUnpool2d, 2>(
+      "MaxUnpool2d",
+      [] {
+        auto [v, i] = torch::max_pool2d_with_indices(torch::randn({2, 3, 4, 4}), {2, 2});
+        return std::vector<torch::Tensor>{v.detach().requires_grad_(true), i};
+      },
+      2);
+  check<nn::MaxUnpool3d, 2>(
+      "MaxUnpool3d",
+      [] {
+        auto [v, i] = torch::max_pool3d_with_indices(torch::randn({2, 3, 4, 4, 4}), {2, 2, 2});
+        return std::vector<torch::Tensor>{v.detach().requires_grad_(true), i};
+      },
+      2);
 
   // Padding.
   check<nn::ReflectionPad1d, 1>("ReflectionPad1d", x3, 1);
@@ -232,11 +247,25 @@ TEST_CASE("Tapped<M> wraps every torch::nn module that returns a tensor", "[hook
   check<nn::ConstantPad3d, 1>("ConstantPad3d", x5, nn::ConstantPad3dOptions(1, 0.5));
 
   // Shape shuffles, folds, upsampling, distances.
-  check<nn::PixelShuffle, 1>("PixelShuffle", [] { return std::vector<torch::Tensor>{leaf({1, 4, 2, 2})}; }, nn::PixelShuffleOptions(2));
-  check<nn::PixelUnshuffle, 1>("PixelUnshuffle", [] { return std::vector<torch::Tensor>{leaf({1, 1, 4, 4})}; }, nn::PixelUnshuffleOptions(2));
+  check<nn::PixelShuffle, 1>(
+      "PixelShuffle",
+      [] {
+        return std::vector<torch::Tensor>{leaf({1, 4, 2, 2})};
+      },
+      nn::PixelShuffleOptions(2));
+  check<nn::PixelUnshuffle, 1>(
+      "PixelUnshuffle",
+      [] {
+        return std::vector<torch::Tensor>{leaf({1, 1, 4, 4})};
+      },
+      nn::PixelUnshuffleOptions(2));
   check<nn::Unfold, 1>("Unfold", x4, nn::UnfoldOptions({2, 2}));
-  check<nn::Fold, 1>("Fold", [] { return std::vector<torch::Tensor>{leaf({1, 12, 9})}; },
-                     nn::FoldOptions({4, 4}, {2, 2}));
+  check<nn::Fold, 1>(
+      "Fold",
+      [] {
+        return std::vector<torch::Tensor>{leaf({1, 12, 9})};
+      },
+      nn::FoldOptions({4, 4}, {2, 2}));
   check<nn::Upsample, 1>("Upsample", x4,
                          nn::UpsampleOptions().scale_factor(std::vector<double>{2.0, 2.0}).mode(torch::kNearest));
   const Inputs pair = [] { return std::vector<torch::Tensor>{leaf({4, 3}), leaf({4, 3})}; };
@@ -245,29 +274,58 @@ TEST_CASE("Tapped<M> wraps every torch::nn module that returns a tensor", "[hook
 
   // Recurrent cells and layers; tuples are captured element by element.
   const Inputs seq = [] { return std::vector<torch::Tensor>{leaf({5, 2, 4})}; };
-  check<nn::RNNCell, 1>("RNNCell", [] { return std::vector<torch::Tensor>{leaf({2, 4})}; }, 4, 3);
-  check<nn::GRUCell, 1>("GRUCell", [] { return std::vector<torch::Tensor>{leaf({2, 4})}; }, 4, 3);
-  check<nn::LSTMCell, 1>("LSTMCell", [] { return std::vector<torch::Tensor>{leaf({2, 4})}; }, 4, 3);
+  check<nn::RNNCell, 1>(
+      "RNNCell",
+      [] {
+        return std::vector<torch::Tensor>{leaf({2, 4})};
+      },
+      4, 3);
+  check<nn::GRUCell, 1>(
+      "GRUCell",
+      [] {
+        return std::vector<torch::Tensor>{leaf({2, 4})};
+      },
+      4, 3);
+  check<nn::LSTMCell, 1>(
+      "LSTMCell",
+      [] {
+        return std::vector<torch::Tensor>{leaf({2, 4})};
+      },
+      4, 3);
   check<nn::RNN, 1>("RNN", seq, 4, 3);
   check<nn::GRU, 1>("GRU", seq, 4, 3);
   check<nn::LSTM, 1>("LSTM", seq, 4, 3);
-  check<nn::MultiheadAttention, 3>("MultiheadAttention", [] {
-    return std::vector<torch::Tensor>{leaf({5, 2, 4}), leaf({5, 2, 4}), leaf({5, 2, 4})};
-  }, 4, 2);
+  check<nn::MultiheadAttention, 3>(
+      "MultiheadAttention",
+      [] {
+        return std::vector<torch::Tensor>{leaf({5, 2, 4}), leaf({5, 2, 4}), leaf({5, 2, 4})};
+      },
+      4, 2);
 
   // Transformers.
-  check<nn::TransformerEncoderLayer, 1>("TransformerEncoderLayer", seq, nn::TransformerEncoderLayerOptions(4, 2).dim_feedforward(8));
-  check<nn::TransformerDecoderLayer, 2>("TransformerDecoderLayer", [] {
-    return std::vector<torch::Tensor>{leaf({5, 2, 4}), leaf({3, 2, 4})};
-  }, nn::TransformerDecoderLayerOptions(4, 2).dim_feedforward(8));
-  check<nn::TransformerEncoder, 1>("TransformerEncoder", seq,
-                                   nn::TransformerEncoderOptions(nn::TransformerEncoderLayerOptions(4, 2).dim_feedforward(8), 2));
-  check<nn::TransformerDecoder, 2>("TransformerDecoder", [] {
-    return std::vector<torch::Tensor>{leaf({5, 2, 4}), leaf({3, 2, 4})};
-  }, nn::TransformerDecoderOptions(nn::TransformerDecoderLayerOptions(4, 2).dim_feedforward(8), 2));
-  check<nn::Transformer, 2>("Transformer", [] {
-    return std::vector<torch::Tensor>{leaf({5, 2, 4}), leaf({3, 2, 4})};
-  }, nn::TransformerOptions(4, 2, 1, 1).dim_feedforward(8));
+  check<nn::TransformerEncoderLayer, 1>("TransformerEncoderLayer", seq,
+                                        nn::TransformerEncoderLayerOptions(4, 2).dim_feedforward(8));
+  check<nn::TransformerDecoderLayer, 2>(
+      "TransformerDecoderLayer",
+      [] {
+        return std::vector<torch::Tensor>{leaf({5, 2, 4}), leaf({3, 2, 4})};
+      },
+      nn::TransformerDecoderLayerOptions(4, 2).dim_feedforward(8));
+  check<nn::TransformerEncoder, 1>(
+      "TransformerEncoder", seq,
+      nn::TransformerEncoderOptions(nn::TransformerEncoderLayerOptions(4, 2).dim_feedforward(8), 2));
+  check<nn::TransformerDecoder, 2>(
+      "TransformerDecoder",
+      [] {
+        return std::vector<torch::Tensor>{leaf({5, 2, 4}), leaf({3, 2, 4})};
+      },
+      nn::TransformerDecoderOptions(nn::TransformerDecoderLayerOptions(4, 2).dim_feedforward(8), 2));
+  check<nn::Transformer, 2>(
+      "Transformer",
+      [] {
+        return std::vector<torch::Tensor>{leaf({5, 2, 4}), leaf({3, 2, 4})};
+      },
+      nn::TransformerOptions(4, 2, 1, 1).dim_feedforward(8));
 
   // Losses: a tensor from several inputs.
   const Inputs reg = [] { return std::vector<torch::Tensor>{leaf({4, 3}), torch::randn({4, 3})}; };

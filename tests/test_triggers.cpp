@@ -98,8 +98,7 @@ TEST_CASE("spike's window: shorter than the history, ties, and its first steps",
   // Fewer than min(window, 3) earlier values: no verdict yet.
   REQUIRE(fires(Options("x").dump_on(Trigger::spike("loss", 5.0, 50)), {1, 100, 100}).empty());
   // Magnitudes: a loss that swings negative counts by its size.
-  REQUIRE(fires(Options("x").dump_on(Trigger::spike("loss", 5.0, 3)), {-1, 1, -1, -7}) ==
-          std::vector<std::int64_t>{3});
+  REQUIRE(fires(Options("x").dump_on(Trigger::spike("loss", 5.0, 3)), {-1, 1, -1, -7}) == std::vector<std::int64_t>{3});
 }
 
 TEST_CASE("norm_jump watches every series on its own; when() any predicate", "[sdk][triggers]") {
@@ -123,9 +122,8 @@ TEST_CASE("norm_jump watches every series on its own; when() any predicate", "[s
   REQUIRE(fired_at == 30);
   REQUIRE(fired_name == "b");
 
-  Triggers w(Options("x").stats_every(1).dump_on(Trigger::when([](const TensorSummary& s) {
-    return s.kind == Kind::Activation && s.max > 1e4;
-  })));
+  Triggers w(Options("x").stats_every(1).dump_on(
+      Trigger::when([](const TensorSummary& s) { return s.kind == Kind::Activation && s.max > 1e4; })));
   REQUIRE_FALSE(w.evaluate(summary(0, "h", 2e4, 1, Kind::Tensor), false, error));
   REQUIRE(w.evaluate(summary(1, "h", 2e4, 1, Kind::Activation), false, error)->trigger == "when");
   REQUIRE(error.empty());
@@ -133,8 +131,8 @@ TEST_CASE("norm_jump watches every series on its own; when() any predicate", "[s
 
 TEST_CASE("a predicate that throws is an error, its rule goes off, nothing crashes", "[sdk][triggers]") {
   TempDir dir;
-  Recorder rec{Options(dir.path).stats_every(1).flight_recorder(3).dump_on(
-      Trigger::when([](const TensorSummary& s) -> bool {
+  Recorder rec{
+      Options(dir.path).stats_every(1).flight_recorder(3).dump_on(Trigger::when([](const TensorSummary& s) -> bool {
         if (s.step == 2) throw std::runtime_error("bad predicate");
         return false;
       }))};
@@ -142,18 +140,19 @@ TEST_CASE("a predicate that throws is an error, its rule goes off, nothing crash
     rec.step(s);
     rec.capture("x", at::ones({2}));
   }
-  REQUIRE_THAT(error_of([&] { rec.flush(); }), Catch::Contains("Trigger::when threw") &&
-                                                   Catch::Contains("bad predicate") && Catch::Contains("step 2"));
+  REQUIRE_THAT(error_of([&] { rec.flush(); }),
+               Catch::Contains("Trigger::when threw") && Catch::Contains("bad predicate") && Catch::Contains("step 2"));
   REQUIRE_THAT(error_of([&] { rec.close(); }), Catch::Contains("bad predicate"));
   REQUIRE(rec.stats().dumps == 0);
-  REQUIRE(rec.stats().errors == 0);  // no record was lost to it
+  REQUIRE(rec.stats().errors == 0);   // no record was lost to it
   REQUIRE(rec.stats().records == 0);  // the flight recorder held them; nothing fired
 }
 
 TEST_CASE("Options refuse triggers without the statistics they need, and malformed ones", "[sdk][triggers]") {
   TempDir dir;
-  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).flight_recorder(5).dump_on(Trigger::spike("loss", 5, 50))}; }),
-               Catch::Contains("Trigger::spike(\"loss\", 5, 50)") && Catch::Contains("stats_every"));
+  REQUIRE_THAT(
+      error_of([&] { Recorder r{Options(dir.path).flight_recorder(5).dump_on(Trigger::spike("loss", 5, 50))}; }),
+      Catch::Contains("Trigger::spike(\"loss\", 5, 50)") && Catch::Contains("stats_every"));
   REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).dump_on(Trigger::non_finite())}; }),
                Catch::Contains("stats_every"));
   REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).stats_every(1).dump_on(Trigger::norm_jump(0.5, 20))}; }),
@@ -221,8 +220,11 @@ TEST_CASE("without a flight recorder a trigger marks the run; Throw still stops 
     REQUIRE_THAT(tt_test::read_file(dir / "run.json"), Catch::Contains("\"reason\": \"norm_jump\", \"steps\": []"));
   }
   TempDir dir2;
-  Recorder rec{Options(dir2.path).every(0).stats_every(1).after_dump(AfterDump::Throw).dump_on(
-      Trigger::when([](const TensorSummary& s) { return s.max > 10; }))};
+  Recorder rec{Options(dir2.path)
+                   .every(0)
+                   .stats_every(1)
+                   .after_dump(AfterDump::Throw)
+                   .dump_on(Trigger::when([](const TensorSummary& s) { return s.max > 10; }))};
   std::string err;
   for (std::int64_t s = 0; s < 10 && err.empty(); ++s) {
     err = error_of([&] {

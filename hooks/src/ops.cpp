@@ -60,9 +60,8 @@ at::CallbackHandle g_handle = 0;
 void op_capture_acquire() {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_users++ == 0)
-    g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
-                                         .needsOutputs(true)
-                                         .scopes({at::RecordScope::FUNCTION}));
+    g_handle = at::addGlobalCallback(
+        at::RecordFunctionCallback(on_start, on_end).needsOutputs(true).scopes({at::RecordScope::FUNCTION}));
 }
 
 void op_capture_release() {

@@ -14,8 +14,7 @@ namespace detail {
 at::Tensor tap_capture(const TapBinding& b, at::Tensor x, const std::string& suffix) {
   FrontEnd& core = *b.core;
   const bool want_act = core.active(Kind::Activation);
-  const bool want_grad =
-      core.active(Kind::ActivationGrad) && x.requires_grad() && at::GradMode::is_enabled();
+  const bool want_grad = core.active(Kind::ActivationGrad) && x.requires_grad() && at::GradMode::is_enabled();
   if (!want_act && !want_grad) return x;
   const std::int64_t step = core.current_step();
   // Built only for a tuple's element: a plain output allocates nothing here.
@@ -27,14 +26,14 @@ at::Tensor tap_capture(const TapBinding& b, at::Tensor x, const std::string& suf
   // The hook goes on a view, not on x: x may be a leaf or be used elsewhere,
   // and what we want is the gradient of what flows on from the tap point.
   at::Tensor y = x.view_as(x);
-  y.register_hook([core = b.core, name = core.repeat_name(Kind::ActivationGrad, full, step),
-                   step](const at::Tensor& grad) {
-    try {
-      core->record_as(Kind::ActivationGrad, name, grad, step);
-    } catch (...) {
-      core->hook_failed(std::current_exception());
-    }
-  });
+  y.register_hook(
+      [core = b.core, name = core.repeat_name(Kind::ActivationGrad, full, step), step](const at::Tensor& grad) {
+        try {
+          core->record_as(Kind::ActivationGrad, name, grad, step);
+        } catch (...) {
+          core->hook_failed(std::current_exception());
+        }
+      });
   return y;
 }
 

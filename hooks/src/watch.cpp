@@ -258,7 +258,8 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& core, co
     // Without include_self: named_modules() needs shared_from_this() for the
     // root, and a root on the stack has none.
     std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules{{"", nullptr}};
-    for (const auto& item : module.named_modules("", /*include_self=*/false)) modules.emplace_back(item.key(), item.value());
+    for (const auto& item : module.named_modules("", /*include_self=*/false))
+      modules.emplace_back(item.key(), item.value());
     const auto add = [&](const std::shared_ptr<torch::nn::Module>& owner, TapPoint& point, const std::string& path) {
       std::string name = full_name(prefix, path);
       if (core->selected(name)) points.push_back({owner, &point, std::move(name)});
@@ -272,7 +273,8 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& core, co
       for (torch::nn::AnyModule& child : *seq) {
         const std::string path_i = child_path(path, i++);
         // A child that is a tap point itself (a Tap, a Tapped<M>) is bound above.
-        if (dynamic_cast<TapPoint*>(child.ptr().get()) == nullptr && core->taps_sequential_child(full_name(prefix, path_i)))
+        if (dynamic_cast<TapPoint*>(child.ptr().get()) == nullptr &&
+            core->taps_sequential_child(full_name(prefix, path_i)))
           child = make_sequential_tap(std::move(child));
         if (auto wrapper = child.ptr(); wrapper && dynamic_cast<TapPoint*>(wrapper.get()) != nullptr &&
                                         std::find_if(modules.begin(), modules.end(), [&](const auto& mm) {

@@ -31,18 +31,25 @@ Enqueue::Enqueue(const Options& options, Staging& staging, bool holds, bool scan
       // HDF5 datasets have at most 32 axes, one of them the row; NumPy 1.x
       // reads at most 32 axes.
       max_dims_(options.format() == Format::Hdf5 ? 31 : 32),
-      max_dims_why_(options.format() == Format::Hdf5
-                        ? "an HDF5 run stores at most 31 dimensions (a dataset has at most 32 axes, one of them the row)"
-                        : "a .npy file NumPy can read has at most 32 dimensions") {}
+      max_dims_why_(
+          options.format() == Format::Hdf5
+              ? "an HDF5 run stores at most 31 dimensions (a dataset has at most 32 axes, one of them the row)"
+              : "a .npy file NumPy can read has at most 32 dimensions") {}
 
 void Enqueue::check(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const {
   const char* why = nullptr;
-  if (!t.defined()) why = "the tensor is undefined";
-  else if (t.layout() != at::kStrided) why = "only dense (strided) tensors can be stored; call .to_dense() first";
-  else if (t.is_quantized()) why = "quantized tensors cannot be stored; call .dequantize() first";
-  else if (t.is_meta()) why = "meta tensors have no data";
-  else if (dtype_info(t.scalar_type()) == nullptr) why = "NumPy has no dtype for it";
-  else if (t.dim() > max_dims_) why = max_dims_why_;
+  if (!t.defined())
+    why = "the tensor is undefined";
+  else if (t.layout() != at::kStrided)
+    why = "only dense (strided) tensors can be stored; call .to_dense() first";
+  else if (t.is_quantized())
+    why = "quantized tensors cannot be stored; call .dequantize() first";
+  else if (t.is_meta())
+    why = "meta tensors have no data";
+  else if (dtype_info(t.scalar_type()) == nullptr)
+    why = "NumPy has no dtype for it";
+  else if (t.dim() > max_dims_)
+    why = max_dims_why_;
   if (why != nullptr)
     fail("cannot capture '{}' (kind {}, step {}): {} ({})", name, kind_name(kind), step, why, describe_tensor(t));
 }

@@ -104,7 +104,7 @@ void FlightRecorder::on_step() {
   if (options_.after_dump() != AfterDump::Throw) return;
   // Without a flight recorder a trigger only marks the run: only Throw acts.
   const bool marked_only = !holds();
-  std::string why = last.trigger == "user" ? std::string("Recorder::dump()")
+  std::string why = last.trigger == "user"         ? std::string("Recorder::dump()")
                     : last.trigger == "non_finite" ? "a " + last.reason
                                                    : fmt::format("Trigger::{}", last.trigger);
   if (last.window > 0) why += fmt::format(" (value {} against a median of {})", last.value, last.median);

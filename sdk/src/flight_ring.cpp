@@ -14,8 +14,8 @@ bool FlightRing::hold(HeldRecord record) {
   const std::size_t n = record.bytes.size();
   // Records normally arrive step by step; a late one (a hook on another
   // thread) still joins its step if that is held.
-  auto it = std::lower_bound(steps_.begin(), steps_.end(), step,
-                             [](const Step& s, std::int64_t v) { return s.step < v; });
+  auto it =
+      std::lower_bound(steps_.begin(), steps_.end(), step, [](const Step& s, std::int64_t v) { return s.step < v; });
   if (it == steps_.end() || it->step != step) {
     // Older than every held step, with the window full: outside it.
     if (it == steps_.begin() && !steps_.empty() && static_cast<std::int64_t>(steps_.size()) > k_) return false;
@@ -23,8 +23,7 @@ bool FlightRing::hold(HeldRecord record) {
     fresh.step = step;
     steps_.insert(it, std::move(fresh));
   }
-  it = std::lower_bound(steps_.begin(), steps_.end(), step,
-                        [](const Step& s, std::int64_t v) { return s.step < v; });
+  it = std::lower_bound(steps_.begin(), steps_.end(), step, [](const Step& s, std::int64_t v) { return s.step < v; });
   if (it->bytes + n > budget_) {
     // It cannot fit even if every other step went: let none go for it.
     if (it->records.empty()) steps_.erase(it);
@@ -32,11 +31,9 @@ bool FlightRing::hold(HeldRecord record) {
   }
   // Keep `k` steps before the newest; the budget then lets older steps go
   // first. The record's own step is never let go for it.
-  while (steps_.front().step != step &&
-         (static_cast<std::int64_t>(steps_.size()) > k_ + 1 || bytes_ + n > budget_))
+  while (steps_.front().step != step && (static_cast<std::int64_t>(steps_.size()) > k_ + 1 || bytes_ + n > budget_))
     drop_oldest();
-  it = std::lower_bound(steps_.begin(), steps_.end(), step,
-                        [](const Step& s, std::int64_t v) { return s.step < v; });
+  it = std::lower_bound(steps_.begin(), steps_.end(), step, [](const Step& s, std::int64_t v) { return s.step < v; });
   if (bytes_ + n > budget_) {
     // A late record whose newer steps fill the budget: they stay.
     if (it->records.empty()) steps_.erase(it);

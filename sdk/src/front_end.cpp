@@ -53,9 +53,7 @@ void FrontEnd::record_as(Kind kind, std::string name, const at::Tensor& tensor, 
   const bool stats = Sampling::stats(plan, kind);
   if (!full && !stats) return;
   switch (enqueue_.tensor(kind, std::move(name), tensor, step, full, stats)) {
-    case Enqueue::Result::Queued:
-      captured_.fetch_add(1, std::memory_order_relaxed);
-      break;
+    case Enqueue::Result::Queued: captured_.fetch_add(1, std::memory_order_relaxed); break;
     case Enqueue::Result::Dropped:
       // Refused after close() is not a drop: the run had ended.
       if (!closed()) dropped_.fetch_add(1, std::memory_order_relaxed);
@@ -109,8 +107,7 @@ void FrontEnd::check_stopped() {
   if (!stopped_.load(std::memory_order_relaxed) && !failures_.any()) return;
   stopped_.store(true, std::memory_order_relaxed);
   sampling_.stop();
-  fail("run '{}': capture stopped after an error (Options::on_error(Stop)): {}", placement_.run_dir,
-       failures_.first());
+  fail("run '{}': capture stopped after an error (Options::on_error(Stop)): {}", placement_.run_dir, failures_.first());
 }
 
 void FrontEnd::step(std::int64_t step) {
@@ -140,7 +137,9 @@ void FrontEnd::step(std::int64_t step) {
   check_stopped();
 }
 
-std::vector<DumpRecord> FrontEnd::dumps() const { return capturing() ? back_->flight().seen() : std::vector<DumpRecord>{}; }
+std::vector<DumpRecord> FrontEnd::dumps() const {
+  return capturing() ? back_->flight().seen() : std::vector<DumpRecord>{};
+}
 
 void FrontEnd::dump() {
   TENSORTAP_CHECK(options_.flight_recorder() > 0,
@@ -223,17 +222,19 @@ void FrontEnd::claim(const std::vector<Claim>& claims) {
   for (const Claim& c : claims) {
     const char* what = c.kind == Kind::Grad ? "parameter" : c.kind == Kind::Buffer ? "buffer" : "tap point";
     if (auto it = claimed_objects_.find(c.object); it != claimed_objects_.end())
-      fail("watch(): the {} '{}' is already watched by this recorder (as '{}', run '{}'); watching a module twice "
-           "would record everything twice",
-           what, c.name, it->second, placement_.run_dir);
+      fail(
+          "watch(): the {} '{}' is already watched by this recorder (as '{}', run '{}'); watching a module twice "
+          "would record everything twice",
+          what, c.name, it->second, placement_.run_dir);
     std::string key(1, static_cast<char>(c.kind));
     key += c.name;
     // Within one call a tied weight may appear under two names; across
     // calls, one name for two objects would mix their records.
     if (objects.insert(c.object).second && claimed_names_.count(key) != 0)
-      fail("watch(): a {} named '{}' is already watched by this recorder (run '{}'); give the second module a "
-           "prefix: tensortap::watch(module, recorder, \"G\")",
-           what, c.name, placement_.run_dir);
+      fail(
+          "watch(): a {} named '{}' is already watched by this recorder (run '{}'); give the second module a "
+          "prefix: tensortap::watch(module, recorder, \"G\")",
+          what, c.name, placement_.run_dir);
     names.insert(std::move(key));
   }
   for (const Claim& c : claims) claimed_objects_.emplace(c.object, c.name);

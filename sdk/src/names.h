@@ -46,7 +46,7 @@ class NameTable {
       std::int64_t step = -1;
       int next = 0;
     };
-    std::int8_t selected = -1;  // -1: not looked up yet
+    std::int8_t selected = -1;                              // -1: not looked up yet
     std::array<std::array<Count, 2>, kKindCount> counts{};  // [kind][slot]
   };
   // Names with a '#' given out in the current and the previous step, kind

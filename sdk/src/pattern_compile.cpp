@@ -122,8 +122,8 @@ class PatternCompiler {
         return;
       }
       if (quantified) fail(at, "a quantifier on a quantifier");
-      if (atom.type == Node::Type::LineBegin || atom.type == Node::Type::LineEnd ||
-          atom.type == Node::Type::WordEdge || atom.type == Node::Type::NotWordEdge)
+      if (atom.type == Node::Type::LineBegin || atom.type == Node::Type::LineEnd || atom.type == Node::Type::WordEdge ||
+          atom.type == Node::Type::NotWordEdge)
         fail(at, "a quantifier on an anchor");
       // A lazy quantifier matches the same names as a greedy one.
       if (more() && peek() == '?') ++i_;
@@ -174,10 +174,14 @@ class PatternCompiler {
       if (!more()) fail(at, "a short hexadecimal escape");
       const char c = peek();
       int d;
-      if (c >= '0' && c <= '9') d = c - '0';
-      else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-      else fail(at, "a bad hexadecimal escape");
+      if (c >= '0' && c <= '9')
+        d = c - '0';
+      else if (c >= 'a' && c <= 'f')
+        d = c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        d = c - 'A' + 10;
+      else
+        fail(at, "a bad hexadecimal escape");
       v = v * 16 + d;
       ++i_;
     }
@@ -214,8 +218,7 @@ class PatternCompiler {
         return v;
       }
       case 'c':
-        if (more() && ((peek() >= 'a' && peek() <= 'z') || (peek() >= 'A' && peek() <= 'Z')))
-          return p_[i_++] % 32;
+        if (more() && ((peek() >= 'a' && peek() <= 'z') || (peek() >= 'A' && peek() <= 'Z'))) return p_[i_++] % 32;
         fail(at, "a bad \\c escape");
       default: break;
     }
@@ -276,7 +279,9 @@ class PatternCompiler {
       case '$': return leaf(Node::Type::LineEnd);
       case '.': return leaf(Node::Type::Any);
       case '[': return bracket();
-      case '*': case '+': case '?': fail(at, "a quantifier with nothing to repeat");
+      case '*':
+      case '+':
+      case '?': fail(at, "a quantifier with nothing to repeat");
       case '{': {
         int n;
         const std::size_t save = i_;

@@ -38,7 +38,9 @@ struct Record {
   bool scan = false;
 
   /// Whether the writer thread computes statistics of the bytes.
-  bool computes_stats() const { return op == Op::Stats || ((op == Op::Store || op == Op::Hold) && (stats_row || scan)); }
+  bool computes_stats() const {
+    return op == Op::Stats || ((op == Op::Store || op == Op::Hold) && (stats_row || scan));
+  }
   /// Whether a statistics row is appended.
   bool has_row() const { return op == Op::Stats || op == Op::StatsVector || stats_row; }
 };

@@ -58,10 +58,12 @@ std::string run_json(const Options& o, const RunInfo& info) {
   j += fmt::format(",\n    \"on_error\": \"{}\"", o.on_error() == OnError::Stop ? "stop" : "continue");
   j += ",\n    \"tap_sequential\": ";
   append_json_string(j, o.tap_sequential());
-  j += fmt::format(",\n    \"buffer_bytes\": {},\n    \"overflow\": \"{}\",\n    \"overwrite\": {}",
-                   o.buffer_bytes(), overflow_name(o.overflow()), o.overwrite() ? "true" : "false");
-  j += fmt::format(",\n    \"stats_every\": {},\n    \"flight_recorder\": {},\n    \"flight_recorder_bytes\": {},\n    \"after_dump\": \"{}\"",
-                   o.stats_every(), o.flight_recorder(), o.flight_recorder_bytes(), after_dump_name(o.after_dump()));
+  j += fmt::format(",\n    \"buffer_bytes\": {},\n    \"overflow\": \"{}\",\n    \"overwrite\": {}", o.buffer_bytes(),
+                   overflow_name(o.overflow()), o.overwrite() ? "true" : "false");
+  j += fmt::format(
+      ",\n    \"stats_every\": {},\n    \"flight_recorder\": {},\n    \"flight_recorder_bytes\": {},\n    "
+      "\"after_dump\": \"{}\"",
+      o.stats_every(), o.flight_recorder(), o.flight_recorder_bytes(), after_dump_name(o.after_dump()));
   j += ",\n    \"dump_on\": [";
   for (std::size_t i = 0; i < o.triggers().size(); ++i) {
     const Trigger& t = o.triggers()[i];
@@ -93,7 +95,8 @@ std::string run_json(const Options& o, const RunInfo& info) {
       j += fmt::format(", \"trigger\": {{\"kind\": \"{}\"", d.trigger);
       if (d.window > 0) j += fmt::format(", \"factor\": {}, \"window\": {}", d.factor, d.window);
       j += "}";
-      if (d.window > 0) j += fmt::format(", \"value\": {}, \"median\": {}", json_number(d.value), json_number(d.median));
+      if (d.window > 0)
+        j += fmt::format(", \"value\": {}, \"median\": {}", json_number(d.value), json_number(d.median));
     }
     j += "}";
   }

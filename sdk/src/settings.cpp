@@ -47,8 +47,7 @@ void validate(const Options& o) {
   TENSORTAP_CHECK(o.flight_recorder_bytes() <= kMaxFlightBytes,
                   "Options::flight_recorder_bytes({}) must be at most {} (256 TiB)", o.flight_recorder_bytes(),
                   kMaxFlightBytes);
-  for (std::int64_t s : o.steps())
-    TENSORTAP_CHECK(s >= 0, "Options::steps() holds {}: steps must not be negative", s);
+  for (std::int64_t s : o.steps()) TENSORTAP_CHECK(s >= 0, "Options::steps() holds {}: steps must not be negative", s);
   const Hdf5Options& h = o.hdf5();
   TENSORTAP_CHECK(h.deflate() >= 0 && h.deflate() <= 9, "Hdf5Options::deflate({}) must be 0 (off) to 9", h.deflate());
   TENSORTAP_CHECK(h.chunk_bytes() >= 1024 && h.chunk_bytes() <= kMaxChunkBytes,

@@ -36,8 +36,10 @@ void* Staging::allocate(std::size_t bytes) const {
 
 void Staging::release_memory(void* data) const {
   if (data == nullptr) return;
-  if (memory_.release != nullptr) memory_.release(data);
-  else std::free(data);
+  if (memory_.release != nullptr)
+    memory_.release(data);
+  else
+    std::free(data);
 }
 
 std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop, std::size_t unit, bool wait) {
@@ -60,9 +62,10 @@ std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop, std::s
       if (b.data == nullptr) {
         b.data = static_cast<char*>(allocate(align_up(capacity_, kPage)));
         if (b.data == nullptr)
-          fail("cannot allocate a staging buffer of {} bytes "
-                                  "(Options::buffer_bytes)",
-                                  capacity_);
+          fail(
+              "cannot allocate a staging buffer of {} bytes "
+              "(Options::buffer_bytes)",
+              capacity_);
       }
       slot.offset = offset;
       slot.nbytes = n;

@@ -95,8 +95,7 @@ void StatsAccumulator::add(const void* data, std::size_t nbytes) {
     case c10::kDouble: c = scan_bytes<double>(data, nbytes); break;
     case c10::kComplexFloat: c = scan_bytes<std::complex<float>>(data, nbytes); break;
     case c10::kComplexDouble: c = scan_bytes<std::complex<double>>(data, nbytes); break;
-    default:
-      fail("statistics of dtype {} are not supported", c10::toString(stored_));
+    default: fail("statistics of dtype {} are not supported", c10::toString(stored_));
   }
   Part& t = total_;
   if (c.finite > 0) {

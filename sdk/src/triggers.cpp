@@ -77,15 +77,14 @@ void validate_triggers(const Options& o) {
   for (const Trigger& t : o.triggers()) {
     const std::string what = describe(t);
     if (t.cooldown() < 0)
-      fail("Options::dump_on({}.cooldown({})): the cooldown must be 0 (once per run) or "
-                              "more steps",
-                              what, t.cooldown());
+      fail(
+          "Options::dump_on({}.cooldown({})): the cooldown must be 0 (once per run) or "
+          "more steps",
+          what, t.cooldown());
     if (t.type() == Trigger::Type::Spike || t.type() == Trigger::Type::NormJump) {
       if (!(t.factor() > 1.0) || !std::isfinite(t.factor()))
-        fail("Options::dump_on({}): the factor must be a finite number above 1",
-                                what);
-      if (t.window() < 1)
-        fail("Options::dump_on({}): the window must be at least 1 step", what);
+        fail("Options::dump_on({}): the factor must be a finite number above 1", what);
+      if (t.window() < 1) fail("Options::dump_on({}): the window must be at least 1 step", what);
     }
     if (t.type() == Trigger::Type::Spike && t.name().empty())
       fail("Options::dump_on({}): spike needs the name of a tensor", what);
@@ -94,9 +93,10 @@ void validate_triggers(const Options& o) {
     // Every rule looks at statistics; non_finite also at what the flight
     // recorder holds.
     if (o.stats_every() <= 0 && !(t.type() == Trigger::Type::NonFinite && o.flight_recorder() > 0))
-      fail("Options::dump_on({}) needs the statistics of the tensors it watches, and "
-                              "Options::stats_every is 0: set stats_every(1) (or every n-th step)",
-                              what);
+      fail(
+          "Options::dump_on({}) needs the statistics of the tensors it watches, and "
+          "Options::stats_every is 0: set stats_every(1) (or every n-th step)",
+          what);
   }
 }
 
@@ -132,9 +132,7 @@ std::optional<DumpRecord> Triggers::evaluate(const TensorSummary& s, bool only_n
     bool fires = false;
     double value = 0, median = 0;
     switch (t.type()) {
-      case Trigger::Type::NonFinite:
-        fires = s.nan > 0 || s.posinf > 0 || s.neginf > 0;
-        break;
+      case Trigger::Type::NonFinite: fires = s.nan > 0 || s.posinf > 0 || s.neginf > 0; break;
       case Trigger::Type::Spike:
         if (s.name != t.name()) continue;
         value = s.mean;
@@ -148,19 +146,19 @@ std::optional<DumpRecord> Triggers::evaluate(const TensorSummary& s, bool only_n
         value = s.norm;
         fires = jumps(rule, key, value, median);
         break;
-      case Trigger::Type::When:
-        try {
-          fires = t.predicate()(s);
+      case Trigger::Type::When: try { fires = t.predicate()(s);
         } catch (const std::exception& e) {
           rule.stopped = true;
-          error = fmt::format("tensortap: the predicate of Trigger::when threw on {} '{}' at step {}: {}; the rule is "
-                              "off from now on",
-                              kind_name(s.kind), s.name, s.step, e.what());
+          error = fmt::format(
+              "tensortap: the predicate of Trigger::when threw on {} '{}' at step {}: {}; the rule is "
+              "off from now on",
+              kind_name(s.kind), s.name, s.step, e.what());
         } catch (...) {
           rule.stopped = true;
-          error = fmt::format("tensortap: the predicate of Trigger::when threw on {} '{}' at step {}; the rule is off "
-                              "from now on",
-                              kind_name(s.kind), s.name, s.step);
+          error = fmt::format(
+              "tensortap: the predicate of Trigger::when threw on {} '{}' at step {}; the rule is off "
+              "from now on",
+              kind_name(s.kind), s.name, s.step);
         }
         break;
     }

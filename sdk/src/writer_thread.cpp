@@ -4,8 +4,7 @@
 
 namespace tensortap::detail {
 
-WriterThread::WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight,
-                           Failures& failures)
+WriterThread::WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight, Failures& failures)
     : staging_(staging), store_(store), stats_(stats), flight_(flight), failures_(failures) {
   thread_ = std::thread([this] { run(); });
 }
@@ -71,8 +70,10 @@ void WriterThread::write_slot(const Slot& slot, const char* base) {
     // The copy into staging failed (the capturing thread got that error), or
     // an earlier chunk failed (counted then): drop the record.
     if (open != nullptr) {
-      if (slot.last) in_flight_.erase(slot.id);
-      else *open = InFlight{nullptr, nullptr, {}, /*failed=*/true};
+      if (slot.last)
+        in_flight_.erase(slot.id);
+      else
+        *open = InFlight{nullptr, nullptr, {}, /*failed=*/true};
     }
     return;
   }
@@ -82,8 +83,10 @@ void WriterThread::write_slot(const Slot& slot, const char* base) {
   } catch (...) {
     const std::string what = Failures::current();
     if (open != nullptr) {
-      if (slot.last) in_flight_.erase(slot.id);
-      else *open = InFlight{nullptr, nullptr, {}, /*failed=*/true};
+      if (slot.last)
+        in_flight_.erase(slot.id);
+      else
+        *open = InFlight{nullptr, nullptr, {}, /*failed=*/true};
     }
     failures_.add(slot.record->desc, what);
   }
@@ -100,16 +103,11 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
     flight_.observe(desc, stats, record.has_row());
   };
   switch (record.op) {
-    case Op::Dump:
-      flight_.user_dump(desc.step);
-      return;
-    case Op::StatsVector:
-      statistics_done(stats_from_vector(reinterpret_cast<const double*>(data)));
-      return;
+    case Op::Dump: flight_.user_dump(desc.step); return;
+    case Op::StatsVector: statistics_done(stats_from_vector(reinterpret_cast<const double*>(data))); return;
     case Op::Store:
     case Op::Hold:
-    case Op::Stats:
-      break;
+    case Op::Stats: break;
   }
   // Statistics first: a record the flight recorder holds is in the ring
   // before its own NaN triggers the dump that writes it.

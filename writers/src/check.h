@@ -31,7 +31,7 @@ template <typename... Args>
 }  // namespace tensortap::detail
 
 /// Throws `Error` with the formatted message unless `cond` holds.
-#define TENSORTAP_CHECK(cond, ...)                                   \
-  do {                                                               \
-    if (!(cond)) ::tensortap::detail::fail(__VA_ARGS__);             \
+#define TENSORTAP_CHECK(cond, ...)                       \
+  do {                                                   \
+    if (!(cond)) ::tensortap::detail::fail(__VA_ARGS__); \
   } while (false)

@@ -44,8 +44,8 @@ std::string dtype_name(c10::ScalarType dtype) {
 std::string describe_tensor(const at::Tensor& t) {
   if (!t.defined()) return "undefined tensor";
   std::ostringstream os;
-  os << "dtype " << dtype_name(t.scalar_type()) << ", shape " << t.sizes() << ", layout "
-     << t.layout() << ", device " << t.device();
+  os << "dtype " << dtype_name(t.scalar_type()) << ", shape " << t.sizes() << ", layout " << t.layout() << ", device "
+     << t.device();
   return os.str();
 }
 

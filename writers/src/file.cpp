@@ -33,8 +33,7 @@ std::vector<std::string> components(const std::string& rel) {
 }
 
 void check_relative(const std::string& rel, const std::string& where) {
-  if (rel.empty() || rel.front() == '/')
-    fail("'{}' is not a path inside the run directory '{}'", rel, where);
+  if (rel.empty() || rel.front() == '/') fail("'{}' is not a path inside the run directory '{}'", rel, where);
   for (const std::string& c : components(rel))
     if (c == "..") fail("'{}' leaves the run directory '{}'", rel, where);
 }
@@ -46,7 +45,7 @@ int open_beneath(int dirfd, const std::string& rel, int flags, mode_t mode) {
 #ifdef SYS_openat2
   static std::atomic<bool> have_openat2{true};
   if (have_openat2.load(std::memory_order_relaxed)) {
-    open_how how {};
+    open_how how{};
     how.flags = static_cast<std::uint64_t>(flags | O_CLOEXEC);
     how.mode = (flags & O_CREAT) != 0 ? mode : 0;
     how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
@@ -129,8 +128,8 @@ void remove_tree(int dirfd, const std::string& name, const std::string& path) {
 }  // namespace
 
 void throw_errno(const std::string& action, const std::string& path, int err) {
-  fail(std::error_code(err, std::system_category()), "cannot {} '{}': {} (errno {})", action, path,
-       std::strerror(err), err);
+  fail(std::error_code(err, std::system_category()), "cannot {} '{}': {} (errno {})", action, path, std::strerror(err),
+       err);
 }
 
 File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) { other.fd_ = -1; }
@@ -299,9 +298,10 @@ Dir Dir::sub(const std::string& rel, bool create) const {
   if (fd < 0) {
     const int err = errno;
     if (err == ELOOP || err == EXDEV || err == ENOTDIR)
-      fail("'{}' is a symbolic link or not a directory; tensortap does not "
-           "follow links inside a run directory",
-           path_of(rel));
+      fail(
+          "'{}' is a symbolic link or not a directory; tensortap does not "
+          "follow links inside a run directory",
+          path_of(rel));
     throw_errno("open directory", path_of(rel), err);
   }
   Dir d;
@@ -315,9 +315,10 @@ File Dir::open_file(const std::string& rel, int flags, mode_t mode) const {
   if (fd < 0) {
     const int err = errno;
     if (err == ELOOP || err == EXDEV)
-      fail("'{}' is (or lies under) a symbolic link; tensortap does not "
-           "follow links inside a run directory",
-           path_of(rel));
+      fail(
+          "'{}' is (or lies under) a symbolic link; tensortap does not "
+          "follow links inside a run directory",
+          path_of(rel));
     throw_errno((flags & O_CREAT) != 0 ? "create" : "open", path_of(rel), err);
   }
   return File(fd, path_of(rel));

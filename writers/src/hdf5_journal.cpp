@@ -249,7 +249,7 @@ hid_t driver_id() {
   static hid_t id = [] {
     static H5FD_class_t c{};
 #if H5_VERSION_GE(1, 13, 2)
-    c.version = H5FD_CLASS_VERSION;  // 1.14's class carries a version and a value
+    c.version = H5FD_CLASS_VERSION;                    // 1.14's class carries a version and a value
     c.value = static_cast<H5FD_class_value_t>(0x2B5);  // outside HDF5's own and its test range
 #endif
     c.name = "tensortap_journaled";

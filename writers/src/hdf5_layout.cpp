@@ -50,8 +50,7 @@ H5::DataType file_type(c10::ScalarType t) {
       c.insertMember("i", f32 ? 4 : 8, part);
       return c;
     }
-    default:
-      fail("HDF5 cannot store dtype {}", c10::toString(t));
+    default: fail("HDF5 cannot store dtype {}", c10::toString(t));
   }
 }
 

@@ -40,8 +40,7 @@ auto wrap(const std::string& file, const std::string& object, const char* action
   try {
     return f();
   } catch (const H5::Exception& e) {
-    fail<Hdf5Failure>("HDF5: cannot {} '{}' in '{}': {} ({})", action, object, file, e.getDetailMsg(),
-                      e.getFuncName());
+    fail<Hdf5Failure>("HDF5: cannot {} '{}' in '{}': {} ({})", action, object, file, e.getDetailMsg(), e.getFuncName());
   }
 }
 

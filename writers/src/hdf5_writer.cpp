@@ -31,13 +31,13 @@ class Hdf5Sink final : public RecordSink {
   Hdf5Sink(Hdf5Writer& w, Hdf5Writer::Series& s, const RecordDesc& meta)
       : w_(w), s_(s), meta_(meta), row_(s.next_row), elem_(c10::elementSize(meta.stored)) {
     if (meta.shape.size() != s.rank)
-      fail("HDF5: record '{}' (kind {}, step {}) has shape of rank {}, but '{}/data' "
-           "in '{}' holds rank {}; a name keeps its rank in an HDF5 run",
-           meta.name, kind_name(meta.kind), meta.step, meta.shape.size(), s.group, w.path_, s.rank);
+      fail(
+          "HDF5: record '{}' (kind {}, step {}) has shape of rank {}, but '{}/data' "
+          "in '{}' holds rank {}; a name keeps its rank in an HDF5 run",
+          meta.name, kind_name(meta.kind), meta.step, meta.shape.size(), s.group, w.path_, s.rank);
     if (meta.stored != s.stored)
-      fail("HDF5: record '{}' (kind {}, step {}) is {}, but '{}/data' in '{}' is {}",
-           meta.name, kind_name(meta.kind), meta.step, dtype_name(meta.dtype), s.group, w.path_,
-           dtype_name(s.stored));
+      fail("HDF5: record '{}' (kind {}, step {}) is {}, but '{}/data' in '{}' is {}", meta.name, kind_name(meta.kind),
+           meta.step, dtype_name(meta.dtype), s.group, w.path_, dtype_name(s.stored));
     std::vector<hsize_t> extent = s.extent;
     extent[0] = std::max<hsize_t>(extent[0], row_ + 1);
     for (std::size_t i = 0; i < s.rank; ++i)
@@ -75,8 +75,7 @@ class Hdf5Sink final : public RecordSink {
     w_.check_open();
     w_.ensure_open(s_);
     if (written_ * elem_ != meta_.nbytes)
-      fail("HDF5: record '{}' in '{}' is {} bytes short", meta_.name, w_.path_,
-           meta_.nbytes - written_ * elem_);
+      fail("HDF5: record '{}' in '{}' is {} bytes short", meta_.name, w_.path_, meta_.nbytes - written_ * elem_);
     wrap(w_.path_, s_.group + "/steps", "write", [&] {
       H5::DataSpace fs = s_.steps.getSpace();
       const hsize_t one = 1;
@@ -120,8 +119,7 @@ class Hdf5Sink final : public RecordSink {
         while (i + 1 < k && (a % stride[i] != 0 || b - a < stride[i])) ++i;
         for (std::size_t j = 0; j < k; ++j) start.push_back(j <= i ? (a / stride[j]) % shape[j] : 0);
         const std::uint64_t c = std::min<std::uint64_t>(shape[i] - start[i + 1], (b - a) / stride[i]);
-        for (std::size_t j = 0; j < k; ++j)
-          block.push_back(j < i ? 1 : (j == i ? c : static_cast<hsize_t>(shape[j])));
+        for (std::size_t j = 0; j < k; ++j) block.push_back(j < i ? 1 : (j == i ? c : static_cast<hsize_t>(shape[j])));
         n = c * stride[i];
       }
       fs.selectHyperslab(H5S_SELECT_SET, block.data(), start.data());
@@ -157,7 +155,7 @@ Hdf5Writer::Hdf5Writer(const Dir& dir, const Hdf5Options& options)
     wrap(path_, "/", "write attributes of", [&] { write_file_attributes(*file_); });
     start_swmr();
   } catch (...) {
-    drop_file();  // under the lock: its destructor calls HDF5
+    drop_file();                                 // under the lock: its destructor calls HDF5
     if (file_leaked_) (void)journal_.release();  // HDF5's exit still reaches it
     throw;
   }
@@ -248,14 +246,13 @@ void Hdf5Writer::open(bool create) {
     H5::FileAccPropList fapl = journaled_fapl(fd_, journal_.get());
     // SWMR needs the latest file format.
     fapl.setLibverBounds(H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
-    file_ = std::make_unique<H5::H5File>(path_, create ? H5F_ACC_TRUNC : H5F_ACC_RDWR,
-                                         H5::FileCreatPropList::DEFAULT, fapl);
+    file_ = std::make_unique<H5::H5File>(path_, create ? H5F_ACC_TRUNC : H5F_ACC_RDWR, H5::FileCreatPropList::DEFAULT,
+                                         fapl);
   });
 }
 
 void Hdf5Writer::start_swmr() {
-  if (H5Fstart_swmr_write(file_->getId()) < 0)
-    fail("HDF5: cannot start SWMR writing of '{}'", path_);
+  if (H5Fstart_swmr_write(file_->getId()) < 0) fail("HDF5: cannot start SWMR writing of '{}'", path_);
 }
 
 std::string Hdf5Writer::key_of(const RecordDesc& meta) const {
@@ -336,8 +333,8 @@ Hdf5Writer::Series& Hdf5Writer::series_of(const RecordDesc& meta) {
     it = series_.find(key);
   }
   if (it == series_.end())
-    fail("HDF5: no dataset for record '{}' (kind {}, step {}) in '{}': {}", meta.name,
-         kind_name(meta.kind), meta.step, path_, creation_errors_[key]);
+    fail("HDF5: no dataset for record '{}' (kind {}, step {}) in '{}': {}", meta.name, kind_name(meta.kind), meta.step,
+         path_, creation_errors_[key]);
   return it->second;
 }
 

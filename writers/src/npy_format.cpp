@@ -78,9 +78,7 @@ class DictParser {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& msg) const {
-    throw Error(fmt::format("{}: {}", what_, msg));
-  }
+  [[noreturn]] void fail(const std::string& msg) const { throw Error(fmt::format("{}: {}", what_, msg)); }
   char peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
   void skip_ws() {
     while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
@@ -104,8 +102,14 @@ class DictParser {
     return out;
   }
   bool parse_bool() {
-    if (s_.substr(i_, 4) == "True") { i_ += 4; return true; }
-    if (s_.substr(i_, 5) == "False") { i_ += 5; return false; }
+    if (s_.substr(i_, 4) == "True") {
+      i_ += 4;
+      return true;
+    }
+    if (s_.substr(i_, 5) == "False") {
+      i_ += 5;
+      return false;
+    }
     fail("'fortran_order' is neither True nor False");
   }
   std::vector<std::int64_t> parse_tuple() {
@@ -142,15 +146,19 @@ class DictParser {
     const char order = descr[0];
     const std::string code = descr.substr(1);
     const bool little = little_endian_host();
-    if (order == '<') h.swap_bytes = !little;
-    else if (order == '>') h.swap_bytes = little;
-    else if (order == '|' || order == '=') h.swap_bytes = false;
-    else fail(fmt::format("unsupported dtype '{}' (object and structured arrays cannot be read)", descr));
+    if (order == '<')
+      h.swap_bytes = !little;
+    else if (order == '>')
+      h.swap_bytes = little;
+    else if (order == '|' || order == '=')
+      h.swap_bytes = false;
+    else
+      fail(fmt::format("unsupported dtype '{}' (object and structured arrays cannot be read)", descr));
     using c10::ScalarType;
     static const std::pair<const char*, ScalarType> kCodes[] = {
-        {"b1", ScalarType::Bool},   {"u1", ScalarType::Byte},         {"i1", ScalarType::Char},
-        {"i2", ScalarType::Short},  {"i4", ScalarType::Int},          {"i8", ScalarType::Long},
-        {"f2", ScalarType::Half},   {"f4", ScalarType::Float},        {"f8", ScalarType::Double},
+        {"b1", ScalarType::Bool},         {"u1", ScalarType::Byte},          {"i1", ScalarType::Char},
+        {"i2", ScalarType::Short},        {"i4", ScalarType::Int},           {"i8", ScalarType::Long},
+        {"f2", ScalarType::Half},         {"f4", ScalarType::Float},         {"f8", ScalarType::Double},
         {"c8", ScalarType::ComplexFloat}, {"c16", ScalarType::ComplexDouble}};
     for (const auto& [c, t] : kCodes) {
       if (code == c) {
@@ -180,8 +188,7 @@ namespace {
 
 // The header around `descr`, the Python literal of the dtype.
 std::string header_of(std::string_view descr, const std::vector<std::int64_t>& shape, std::size_t min_size) {
-  std::string dict =
-      fmt::format("{{'descr': {}, 'fortran_order': False, 'shape': {}, }}", descr, shape_tuple(shape));
+  std::string dict = fmt::format("{{'descr': {}, 'fortran_order': False, 'shape': {}, }}", descr, shape_tuple(shape));
   // Version 1.0 stores the header length in 16 bits, 2.0 in 32.
   for (int version = 1; version <= 2; ++version) {
     const size_t len_bytes = version == 1 ? 2 : 4;
@@ -224,8 +231,8 @@ std::uint64_t npy_header_end(std::string_view prefix, std::uint64_t file_size, c
     throw Error(fmt::format("{}: not a .npy file (bad magic)", what));
   const auto major = static_cast<unsigned char>(prefix[6]);
   if (major < 1 || major > 3)
-    throw Error(fmt::format("{}: unknown .npy format version {}.{}", what, major,
-                            static_cast<unsigned char>(prefix[7])));
+    throw Error(
+        fmt::format("{}: unknown .npy format version {}.{}", what, major, static_cast<unsigned char>(prefix[7])));
   const size_t len_bytes = major == 1 ? 2 : 4;
   const size_t start = kMagicLen + 2 + len_bytes;
   if (prefix.size() < start) throw Error(fmt::format("{}: truncated .npy header", what));
@@ -233,8 +240,8 @@ std::uint64_t npy_header_end(std::string_view prefix, std::uint64_t file_size, c
   for (size_t b = 0; b < len_bytes; ++b)
     header_len |= static_cast<std::uint64_t>(static_cast<unsigned char>(prefix[8 + b])) << (8 * b);
   if (start + header_len > file_size)
-    throw Error(fmt::format("{}: header length {} runs past the end of the file ({} bytes)", what,
-                            header_len, file_size));
+    throw Error(
+        fmt::format("{}: header length {} runs past the end of the file ({} bytes)", what, header_len, file_size));
   return start + header_len;
 }
 
@@ -264,8 +271,8 @@ NpyHeader parse_npy_header(std::string_view prefix, std::uint64_t file_size, con
     throw Error(fmt::format("{}: shape {} overflows", what, shape_tuple(h.shape)));
   h.data_bytes = count * elem;
   if (h.data_offset + h.data_bytes > file_size)
-    throw Error(fmt::format("{}: shape {} needs {} bytes of data but the file holds {}", what,
-                            shape_tuple(h.shape), h.data_bytes, file_size - h.data_offset));
+    throw Error(fmt::format("{}: shape {} needs {} bytes of data but the file holds {}", what, shape_tuple(h.shape),
+                            h.data_bytes, file_size - h.data_offset));
   return h;
 }
 

@@ -50,8 +50,7 @@ struct NpyHeader {
 /// Checks the magic, version and header length in the first bytes of a
 /// `.npy` file of `file_size` bytes, and returns where the header ends.
 /// At least 12 bytes (or the whole file, if shorter) must be given.
-std::uint64_t npy_header_end(std::string_view first_bytes, std::uint64_t file_size,
-                             const std::string& what);
+std::uint64_t npy_header_end(std::string_view first_bytes, std::uint64_t file_size, const std::string& what);
 
 /// Parses the header at the start of `prefix`, the first `npy_header_end()`
 /// bytes of a file of `file_size` bytes. Throws `Error` starting with `what` (e.g.
@@ -59,7 +58,6 @@ std::uint64_t npy_header_end(std::string_view first_bytes, std::uint64_t file_si
 /// does not know, a header length past the end, a header that is not a dict,
 /// an unsupported dtype, a negative shape, or a shape whose byte count
 /// overflows or exceeds the file. Never reads past `prefix`.
-NpyHeader parse_npy_header(std::string_view prefix, std::uint64_t file_size,
-                           const std::string& what);
+NpyHeader parse_npy_header(std::string_view prefix, std::uint64_t file_size, const std::string& what);
 
 }  // namespace tensortap::detail

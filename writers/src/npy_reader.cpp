@@ -44,8 +44,8 @@ void swap_bytes(char* data, std::uint64_t bytes, std::size_t unit) {
 }
 
 // A file-backed tensor: the mapping lives as long as the tensor's storage.
-at::Tensor map_data(int fd, std::uint64_t file_size, const detail::NpyHeader& h,
-                    const std::vector<std::int64_t>& shape, const std::string& path) {
+at::Tensor map_data(int fd, std::uint64_t file_size, const detail::NpyHeader& h, const std::vector<std::int64_t>& shape,
+                    const std::string& path) {
   const auto len = static_cast<std::size_t>(file_size);
   void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
   if (base == MAP_FAILED) detail::throw_errno("map", path, errno);
@@ -120,11 +120,10 @@ void save_npy(const std::string& path, const at::Tensor& tensor) {
   if (!tensor.defined()) throw Error(fmt::format("tensortap::save_npy: '{}': the tensor is undefined", path));
   const detail::DtypeInfo* info = detail::dtype_info(tensor.scalar_type());
   if (info == nullptr || tensor.layout() != at::kStrided || tensor.is_quantized())
-    throw Error(fmt::format("tensortap::save_npy: '{}': cannot store this tensor ({})", path,
-                            detail::describe_tensor(tensor)));
+    throw Error(
+        fmt::format("tensortap::save_npy: '{}': cannot store this tensor ({})", path, detail::describe_tensor(tensor)));
   at::NoGradGuard no_grad;
-  const at::Tensor data =
-      tensor.to(at::kCPU, info->stored, /*non_blocking=*/false, /*copy=*/false)
+  const at::Tensor data = tensor.to(at::kCPU, info->stored, /*non_blocking=*/false, /*copy=*/false)
                               .contiguous()
                               .resolve_conj()
                               .resolve_neg();

@@ -16,12 +16,14 @@ namespace {
 class NpySink final : public RecordSink {
  public:
   NpySink(Dir dir, std::string file, std::string rel_path, std::string header, std::uint64_t nbytes)
-      : dir_(std::move(dir)), file_(dir_, std::move(file)), rel_(std::move(rel_path)), header_(std::move(header)),
+      : dir_(std::move(dir)),
+        file_(dir_, std::move(file)),
+        rel_(std::move(rel_path)),
+        header_(std::move(header)),
         left_(nbytes) {}
 
   void append(const void* data, std::size_t n) override {
-    if (n > left_)
-      fail("record '{}' got more bytes than its shape holds", file_.path());
+    if (n > left_) fail("record '{}' got more bytes than its shape holds", file_.path());
     left_ -= n;
     // The header goes out with the first chunk: one system call for a small record.
     file_.write(header_.data(), header_.size(), data, n);
@@ -30,8 +32,7 @@ class NpySink final : public RecordSink {
 
   std::string finish() override {
     if (!header_.empty()) file_.write(header_.data(), header_.size());
-    if (left_ != 0)
-      fail("record '{}' is {} bytes short", file_.path(), left_);
+    if (left_ != 0) fail("record '{}' is {} bytes short", file_.path(), left_);
     file_.commit();
     std::string loc = "\"file\":";
     append_json_string(loc, rel_);

@@ -8,10 +8,15 @@ namespace {
 bool is_safe(unsigned char c) {
   if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
   switch (c) {
-    case '.': case '_': case '-': case '#': case '+': case '=': case '@': case ',':
-      return true;
-    default:
-      return false;
+    case '.':
+    case '_':
+    case '-':
+    case '#':
+    case '+':
+    case '=':
+    case '@':
+    case ',': return true;
+    default: return false;
   }
 }
 
@@ -44,8 +49,10 @@ std::string encode_name(std::string_view name) {
   if (out.size() > kMaxEncoded) {
     size_t cut = kMaxEncoded - 17;
     // '%' only ever starts a three-byte escape: do not cut one in half.
-    if (out[cut - 1] == '%') cut -= 1;
-    else if (out[cut - 2] == '%') cut -= 2;
+    if (out[cut - 1] == '%')
+      cut -= 1;
+    else if (out[cut - 2] == '%')
+      cut -= 2;
     out = fmt::format("{}~{:016x}", out.substr(0, cut), fnv1a(name));
   }
   return out;

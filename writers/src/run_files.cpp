@@ -30,9 +30,8 @@ constexpr const char* kLockName = ".tensortap.lock";
 std::string utc_now() {
   const auto now = std::chrono::system_clock::now();
   const std::time_t secs = std::chrono::system_clock::to_time_t(now);
-  const auto ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm {};
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
   ::gmtime_r(&secs, &tm);
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
@@ -40,7 +39,7 @@ std::string utc_now() {
 }
 
 // The journal is Hdf5Journal::kName, left by an HDF5 writer that was killed.
-const char* const kRunFileNames[7] = {"run.json",  "index.jsonl", "npy", "tensors.h5", ".tensors.h5.journal",
+const char* const kRunFileNames[7] = {"run.json",  "index.jsonl",       "npy", "tensors.h5", ".tensors.h5.journal",
                                       "stats.npy", "stats_series.jsonl"};
 
 RunDir::RunDir(const std::string& root, const std::string& sub, bool overwrite) {
@@ -48,22 +47,25 @@ RunDir::RunDir(const std::string& root, const std::string& sub, bool overwrite) 
   dir_ = sub.empty() ? std::move(top) : top.sub(sub, /*create=*/true);
   lock_ = dir_.open_file(kLockName, O_RDWR | O_CREAT);
   if (!lock_.try_lock())
-    fail("'{}' is in use by another recorder (in this process or another); two recorders cannot write one run "
-         "directory: choose another directory",
-         dir_.path());
+    fail(
+        "'{}' is in use by another recorder (in this process or another); two recorders cannot write one run "
+        "directory: choose another directory",
+        dir_.path());
   const bool holds_run = dir_.exists("run.json") || dir_.exists("index.jsonl");
   if (holds_run && !overwrite)
-    fail("'{}' already holds a run (run.json); choose another directory or set "
-         "Options::overwrite(true)",
-         dir_.path());
+    fail(
+        "'{}' already holds a run (run.json); choose another directory or set "
+        "Options::overwrite(true)",
+        dir_.path());
   // Only what tensortap writes goes: a user's other files stay.
   for (const char* name : kRunFileNames) {
     if (!dir_.exists(name)) continue;
     if (!overwrite)
-      fail("'{}' is in the way: the directory holds no run (no run.json) but has a "
-           "file of the name tensortap writes; remove it, choose another directory or set "
-           "Options::overwrite(true)",
-           dir_.path_of(name));
+      fail(
+          "'{}' is in the way: the directory holds no run (no run.json) but has a "
+          "file of the name tensortap writes; remove it, choose another directory or set "
+          "Options::overwrite(true)",
+          dir_.path_of(name));
     dir_.remove_all(name);
   }
 }
@@ -82,8 +84,7 @@ void write_run_json(const Dir& dir, const std::string& json) {
     file.reserve(reserve);
     file.commit();
   } catch (const Error& e) {
-    if (e.code() != std::errc::no_space_on_device && e.code() != std::error_code(EDQUOT, std::system_category()))
-      throw;
+    if (e.code() != std::errc::no_space_on_device && e.code() != std::error_code(EDQUOT, std::system_category())) throw;
     // No room for a temporary (disk full): rewrite the old file in place,
     // in the blocks reserved when it was written. Less safe against a crash
     // mid-write, but the alternative is a run.json that never says the run

@@ -70,10 +70,10 @@ class StatsFile {
   const Dir& dir_;
   File file_;
   std::unique_ptr<LinesFile> series_file_;
-  std::int64_t rows_ = 0;           // rows on disk and counted by the header
-  std::int64_t pending_rows_ = 0;   // rows in `pending_`
-  std::string pending_;             // row bytes not yet written
-  std::string pending_series_;      // stats_series.jsonl lines not yet written
+  std::int64_t rows_ = 0;                                 // rows on disk and counted by the header
+  std::int64_t pending_rows_ = 0;                         // rows in `pending_`
+  std::string pending_;                                   // row bytes not yet written
+  std::string pending_series_;                            // stats_series.jsonl lines not yet written
   std::unordered_map<std::string, std::int64_t> series_;  // kind byte + name -> series
 };
 

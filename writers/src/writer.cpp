@@ -15,8 +15,7 @@ namespace tensortap::detail {
 
 std::unique_ptr<Writer> make_writer(Format format, const Hdf5Options& hdf5, const Dir& dir) {
   switch (format) {
-    case Format::Npy:
-      return std::make_unique<NpyWriter>(dir);
+    case Format::Npy: return std::make_unique<NpyWriter>(dir);
     case Format::Hdf5:
 #ifdef TENSORTAP_HAVE_HDF5
       return std::make_unique<Hdf5Writer>(dir, hdf5);
@@ -25,9 +24,10 @@ std::unique_ptr<Writer> make_writer(Format format, const Hdf5Options& hdf5, cons
       break;
 #endif
   }
-  fail("run '{}': Format::Hdf5 is not available: this tensortap was built "
-       "without HDF5 (TENSORTAP_WITH_HDF5=OFF or libhdf5-dev missing); use Format::Npy",
-       dir.path());
+  fail(
+      "run '{}': Format::Hdf5 is not available: this tensortap was built "
+      "without HDF5 (TENSORTAP_WITH_HDF5=OFF or libhdf5-dev missing); use Format::Npy",
+      dir.path());
 }
 
 }  // namespace tensortap::detail

@@ -208,9 +208,10 @@ class TappedImpl<Impl, R (C::*)(A...)> : public torch::nn::Module, public TapPoi
   unsigned int _forward_num_required_args() override {
     return (static_cast<torch::nn::Module&>(*inner_).*&detail::ModuleAccess::_forward_num_required_args)();
   }
-  std::vector<torch::nn::AnyValue> _forward_populate_default_args(std::vector<torch::nn::AnyValue>&& arguments) override {
-    return (static_cast<torch::nn::Module&>(*inner_).*&detail::ModuleAccess::_forward_populate_default_args)(
-        std::move(arguments));
+  std::vector<torch::nn::AnyValue> _forward_populate_default_args(
+      std::vector<torch::nn::AnyValue>&& arguments) override {
+    return (static_cast<torch::nn::Module&>(*inner_).*
+            &detail::ModuleAccess::_forward_populate_default_args)(std::move(arguments));
   }
 
  private:

@@ -19,8 +19,8 @@
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
 #include "sdk/src/snapshot.h"
-#include "writers/src/dtypes.h"
 #include "writers/src/check.h"
+#include "writers/src/dtypes.h"
 
 namespace tensortap::detail {
 namespace {
@@ -33,16 +33,14 @@ std::string describe(const RecordDesc& meta, const at::Tensor& t) {
 
 // Copies `src` into the snapshot at `dst` on the current stream, as C-order
 // bytes of dtype `stored`.
-void snapshot_into(void* dst, const at::Tensor& src, c10::ScalarType stored, std::size_t nbytes,
-                   cudaStream_t stream) {
+void snapshot_into(void* dst, const at::Tensor& src, c10::ScalarType stored, std::size_t nbytes, cudaStream_t stream) {
   if (is_byte_copy(src, stored)) {
     // Cheaper for the training thread than ATen's dispatch and
     // TensorIterator, and what most captures (contiguous float32) take.
     const cudaError_t e = cudaMemcpyAsync(dst, src.data_ptr(), nbytes, cudaMemcpyDeviceToDevice, stream);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      throw Error(fmt::format("cudaMemcpyAsync (device to device, {} bytes) failed: {}", nbytes,
-                              cuda_error_string(e)));
+      throw Error(fmt::format("cudaMemcpyAsync (device to device, {} bytes) failed: {}", nbytes, cuda_error_string(e)));
     }
     return;
   }
@@ -68,8 +66,8 @@ std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t devic
   return std::make_shared<CudaEngine>(staging, options, std::move(report));
 }
 
-bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, const at::Tensor& tensor,
-                  bool may_drop, std::uint64_t record_id) {
+bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, const at::Tensor& tensor, bool may_drop,
+                  std::uint64_t record_id) {
   const c10::Device device = tensor.device();
   if (!device.is_cuda() || !device.has_index())
     fail("cuda_capture() of {}, which is not on a CUDA device", describe(record->desc, tensor));
@@ -85,8 +83,7 @@ bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, cons
   cudaStreamCaptureStatus graph = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &graph) != cudaSuccess) cudaGetLastError();
   if (graph != cudaStreamCaptureStatusNone)
-    fail("cannot capture {} while its stream is being captured into a CUDA graph",
-                            describe(record->desc, tensor));
+    fail("cannot capture {} while its stream is being captured into a CUDA graph", describe(record->desc, tensor));
 
   std::optional<CudaEngine::Snapshot> snap;
   try {

@@ -13,8 +13,8 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "sdk/src/staging.h"
 #include "sdk/src/record.h"
+#include "sdk/src/staging.h"
 
 namespace tensortap::detail {
 
@@ -41,8 +41,8 @@ std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t devic
 /// memory budget is full and `may_drop` (Overflow::DropNewest), or the
 /// engine is stopped. With `may_drop` false it waits for room instead.
 /// Throws `Error` naming the record when the snapshot cannot be taken.
-bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, const at::Tensor& tensor,
-                  bool may_drop, std::uint64_t record_id);
+bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, const at::Tensor& tensor, bool may_drop,
+                  std::uint64_t record_id);
 
 /// Returns when every CUDA capture so far is in host staging (call it
 /// before `Staging::wait_drained()`).

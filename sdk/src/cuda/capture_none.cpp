@@ -13,8 +13,7 @@ std::shared_ptr<CudaEngine> make_cuda_engine(Staging&, std::size_t, std::functio
   return nullptr;
 }
 
-bool cuda_capture(CudaEngine&, std::shared_ptr<const Record> record, const at::Tensor& tensor, bool,
-                  std::uint64_t) {
+bool cuda_capture(CudaEngine&, std::shared_ptr<const Record> record, const at::Tensor& tensor, bool, std::uint64_t) {
   fail("cannot capture '{}' ({}): tensortap was built without its CUDA engine", record->desc.name,
        describe_tensor(tensor));
 }

@@ -87,8 +87,7 @@ void CudaEngine::process(Item& item, std::vector<Batch>& open, std::deque<Batch>
                                        describe(item.desc(), item.snap.device)));
         }
       } catch (const std::exception& e) {
-        report_nothrow(
-            fmt::format("tensortap: {} was lost: {}", describe(item.desc(), item.snap.device), e.what()));
+        report_nothrow(fmt::format("tensortap: {} was lost: {}", describe(item.desc(), item.snap.device), e.what()));
       }
       if (!ticket) break;
       add_piece(batch, item, *ticket, offset);

@@ -29,8 +29,8 @@ DeviceGuard::~DeviceGuard() {
   if (previous_ >= 0) cudaSetDevice(previous_);
 }
 
-DeviceResources::DeviceResources(int device, std::size_t arena_bytes, std::size_t ready_count,
-                                 std::size_t done_count, std::atomic<std::uint64_t>& events_created)
+DeviceResources::DeviceResources(int device, std::size_t arena_bytes, std::size_t ready_count, std::size_t done_count,
+                                 std::atomic<std::uint64_t>& events_created)
     : device_(device) {
   DeviceGuard guard(device);
   try {
@@ -39,9 +39,10 @@ DeviceResources::DeviceResources(int device, std::size_t arena_bytes, std::size_
       const cudaError_t e = cudaMalloc(&p, arena_bytes);
       if (e != cudaSuccess) {
         cudaGetLastError();
-        fail("cannot allocate {} bytes on cuda:{} for tensor snapshots (the device memory budget of the CUDA "
-             "engine): {}",
-             arena_bytes, device, cuda_error_string(e));
+        fail(
+            "cannot allocate {} bytes on cuda:{} for tensor snapshots (the device memory budget of the CUDA "
+            "engine): {}",
+            arena_bytes, device, cuda_error_string(e));
       }
       arena = static_cast<char*>(p);
     }

@@ -114,8 +114,8 @@ void CudaEngine::enqueue(Item item) {
   work_cv_.notify_one();
 }
 
-void CudaEngine::submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<const Record> record,
-                        std::uint64_t id, std::size_t unit, std::function<void()> release) {
+void CudaEngine::submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<const Record> record, std::uint64_t id,
+                        std::size_t unit, std::function<void()> release) {
   Item item;
   item.record = std::move(record);
   item.id = id;
@@ -131,8 +131,8 @@ void CudaEngine::submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<cons
     if (e != cudaSuccess) {
       cudaGetLastError();
       item.skip = true;
-      error = fmt::format("cannot record a CUDA event after the snapshot of {}: {}",
-                          describe(item.desc(), snap.device), cuda_error_string(e));
+      error = fmt::format("cannot record a CUDA event after the snapshot of {}: {}", describe(item.desc(), snap.device),
+                          cuda_error_string(e));
     }
   }
   // A failed record still goes through the copier, which frees its room.

@@ -42,8 +42,8 @@
 
 #include "sdk/src/cuda/device.h"
 #include "sdk/src/cuda/ring.h"
-#include "sdk/src/staging.h"
 #include "sdk/src/record.h"
+#include "sdk/src/staging.h"
 
 namespace tensortap::detail {
 
@@ -116,8 +116,8 @@ class CudaEngine {
   /// runs on the copier thread when the copy from `snap.data` has completed
   /// (for an external snapshot: frees it). Throws `Error` when the event
   /// cannot be recorded; the snapshot is given back all the same.
-  void submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<const Record> record,
-              std::uint64_t id, std::size_t unit, std::function<void()> release = {});
+  void submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<const Record> record, std::uint64_t id,
+              std::size_t unit, std::function<void()> release = {});
 
   /// Training thread: gives back a snapshot whose copy failed. The room is
   /// reused only after `stream` has passed this point, in case part of the
