@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "sdk/src/cuda/capture.h"
+#include "sdk/src/flight.h"
 #include "sdk/src/snapshot.h"
 #include "sdk/src/stats.h"
 #include "writers/src/check.h"
@@ -23,8 +24,11 @@ void copy_into(char* dst, const at::Tensor& src, c10::ScalarType stored, std::si
   at::from_blob(dst, src.sizes(), at::TensorOptions().dtype(stored)).copy_(src);
 }
 
-Enqueue::Enqueue(const Options& options, Staging& staging, bool holds, bool scans)
+Enqueue::Enqueue(const Options& options, Staging& staging, const Sampling& sampling, const std::atomic<bool>& closed,
+                 bool holds, bool scans)
     : staging_(staging),
+      sampling_(sampling),
+      closed_(closed),
       may_drop_(options.overflow() == Overflow::DropNewest),
       holds_(holds),
       scans_(scans),
@@ -54,8 +58,22 @@ void Enqueue::check(Kind kind, const std::string& name, const at::Tensor& t, std
     fail("cannot capture '{}' (kind {}, step {}): {} ({})", name, kind_name(kind), step, why, describe_tensor(t));
 }
 
-Enqueue::Result Enqueue::tensor(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step, bool full,
-                                bool stats_row) {
+void Enqueue::record(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step) {
+  if (closed_.load(std::memory_order_acquire)) return;
+  check(kind, name, tensor, step);
+  const bool open = flight_ != nullptr;
+  const std::uint64_t plan = sampling_.plan(step, open, open && flight_->capture_halted());
+  const bool full = Sampling::full(plan, kind);
+  const bool stats = Sampling::stats(plan, kind);
+  if (!full && !stats) return;
+  if (queue(kind, std::move(name), tensor, step, full, stats)) captured_.fetch_add(1, std::memory_order_relaxed);
+  // Refused after close() is not a drop: the run had ended.
+  else if (!closed_.load(std::memory_order_acquire))
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step, bool full,
+                    bool stats_row) {
   // Statistics only, of a tensor off the host: reduce it on its own device
   // and send the ten numbers down the same path as a tensor.
   const bool stats_vector = !full && !tensor.device().is_cpu();
@@ -87,7 +105,7 @@ Enqueue::Result Enqueue::tensor(Kind kind, std::string name, const at::Tensor& t
   const std::uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   const std::uint64_t nbytes = desc.nbytes;
 
-  if (on_engine) return cuda_capture(*engine_, record, src, may_drop_, id) ? Result::Queued : Result::Dropped;
+  if (on_engine) return cuda_capture(*engine_, record, src, may_drop_, id);
 
   if (nbytes <= staging_.capacity()) {
     Slot slot;
@@ -95,7 +113,7 @@ Enqueue::Result Enqueue::tensor(Kind kind, std::string name, const at::Tensor& t
     slot.id = id;
     slot.nbytes = nbytes;
     auto ticket = staging_.reserve(std::move(slot), may_drop_);
-    if (!ticket) return Result::Dropped;
+    if (!ticket) return false;
     try {
       copy_into(ticket->dst, src, info.stored, nbytes);
     } catch (...) {
@@ -103,7 +121,7 @@ Enqueue::Result Enqueue::tensor(Kind kind, std::string name, const at::Tensor& t
       throw;
     }
     staging_.commit(*ticket, true);
-    return Result::Queued;
+    return true;
   }
 
   // Larger than a buffer: stream it through in chunks of whole elements, as
@@ -123,12 +141,12 @@ Enqueue::Result Enqueue::tensor(Kind kind, std::string name, const at::Tensor& t
     auto ticket = staging_.reserve(std::move(slot), may_drop_ && off == 0, unit);
     // Either dropped before its first chunk, or cut off by close(): the
     // writer discards the chunks it already has.
-    if (!ticket) return Result::Dropped;
+    if (!ticket) return false;
     std::memcpy(ticket->dst, bytes + off, ticket->nbytes);
     staging_.commit(*ticket, true);
     off += ticket->nbytes;
   }
-  return Result::Queued;
+  return true;
 }
 
 void Enqueue::dump_marker(std::int64_t step) {

@@ -1,10 +1,9 @@
 #pragma once
 
-// The hot path's second half, from a sampled, selected tensor to a record
-// committed to staging: what a hook, a Tap or `capture()` runs once the
-// front end has decided the tensor is wanted (sdk/src/front_end.h). CPU
-// tensors are copied here, before the call returns; CUDA tensors go to the
-// copier (sdk/src/cuda).
+// The hot path, from a tensor a hook, a Tap or `capture()` hands over (the
+// front end's inline `active()` test has passed, sdk/src/front_end.h) to a
+// record committed to staging. CPU tensors are copied here, before the call
+// returns; CUDA tensors go to the copier (sdk/src/cuda).
 
 #include <atomic>
 #include <cstdint>
@@ -14,36 +13,60 @@
 
 #include <tensortap/options.h>
 
+#include "sdk/src/sampling.h"
 #include "sdk/src/staging.h"
 
 namespace tensortap::detail {
 
 class CudaEngine;
+class FlightRecorder;
 
-/// Snapshots tensors into records and queues them. Thread-safe.
+/// Snapshots tensors into records and queues them: the hot path from a
+/// tensor a hook wants to a record committed to staging. Thread-safe.
 class Enqueue {
  public:
-  /// Whether a record was queued.
-  enum class Result { Queued, Dropped };
+  /// `staging`, `sampling` and `closed` (the front end's flag) must outlive
+  /// it. `holds`: full tensors go to the flight recorder; `scans`: those
+  /// are scanned for NaN and Inf.
+  Enqueue(const Options& options, Staging& staging, const Sampling& sampling, const std::atomic<bool>& closed,
+          bool holds, bool scans);
+  /// On a rank that captures: records may be queued from now on, CUDA
+  /// tensors through `engine` (null without CUDA), and full tensors stop
+  /// once `flight` says capture has halted.
+  void open(CudaEngine* engine, const FlightRecorder* flight) {
+    engine_ = engine;
+    flight_ = flight;
+  }
 
-  /// `staging` must outlive it. `holds`: full tensors go to the flight
-  /// recorder; `scans`: those are scanned for NaN and Inf.
-  Enqueue(const Options& options, Staging& staging, bool holds, bool scans);
-  /// CUDA tensors go through `engine` (not null) from now on.
-  void use_engine(CudaEngine* engine) { engine_ = engine; }
-
-  /// Throws `Error` naming the record if `t` cannot be stored.
-  void check(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const;
-  /// Queues `t` as record `name` of `step`: the full tensor if `full`, its
-  /// statistics (only) otherwise. `Dropped` when staging (or the device
-  /// budget) is full under `Overflow::DropNewest`, or the pipeline stopped.
-  Result tensor(Kind kind, std::string name, const at::Tensor& t, std::int64_t step, bool full, bool stats_row);
+  /// Snapshots `tensor` and queues it as record `name` of `step`, as the
+  /// step's plan says: the full tensor, its statistics, or nothing. Throws
+  /// `Error` naming the record if it cannot be stored. Does nothing once
+  /// closed: a late hook must not fail.
+  void record(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step);
   /// Queues a `Recorder::dump()` marker behind every record queued before.
   void dump_marker(std::int64_t step);
+  /// A record a hook could not hand over: counted as captured (and, by the
+  /// caller, as failed).
+  void count_lost() noexcept { captured_.fetch_add(1, std::memory_order_relaxed); }
+
+  /// Records handed to the pipeline, and records dropped (staging full
+  /// under `Overflow::DropNewest`).
+  std::int64_t captured() const { return captured_.load(std::memory_order_relaxed); }
+  std::int64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
 
  private:
+  // Throws `Error` naming the record if `t` cannot be stored.
+  void check(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const;
+  // Queues `t`: the full tensor if `full`, its statistics otherwise. False
+  // when refused: staging (or the device budget) full under
+  // Overflow::DropNewest, or the pipeline stopped.
+  bool queue(Kind kind, std::string name, const at::Tensor& t, std::int64_t step, bool full, bool stats_row);
+
   Staging& staging_;
+  const Sampling& sampling_;
+  const std::atomic<bool>& closed_;
   CudaEngine* engine_ = nullptr;
+  const FlightRecorder* flight_ = nullptr;
   const bool may_drop_;
   const bool holds_;
   const bool scans_;
@@ -51,6 +74,8 @@ class Enqueue {
   const std::int64_t max_dims_;
   const char* const max_dims_why_;
   std::atomic<std::uint64_t> next_id_{0};
+  std::atomic<std::int64_t> captured_{0};
+  std::atomic<std::int64_t> dropped_{0};
 };
 
 }  // namespace tensortap::detail

@@ -26,13 +26,13 @@ FrontEnd::FrontEnd(Options options)
       placement_(place(options_)),
       sampling_(options_),
       staging_(options_.buffer_bytes(), options_.overflow(), cuda_staging_memory()),
-      enqueue_(options_, staging_, options_.flight_recorder() > 0, scans_non_finite(options_)) {
+      enqueue_(options_, staging_, sampling_, closed_, options_.flight_recorder() > 0, scans_non_finite(options_)) {
   const auto& only = options_.ranks();
   // A rank left out captures nothing and creates nothing: no directory, no
   // thread, no memory. Its hooks see no sampled step.
   if (!only.empty() && std::find(only.begin(), only.end(), placement_.rank) == only.end()) return;
   back_ = std::make_unique<Output>(options_, placement_, staging_, failures_);
-  enqueue_.use_engine(back_->engine());
+  enqueue_.open(back_->engine(), &back_->flight());
 }
 
 FrontEnd::~FrontEnd() {
@@ -40,24 +40,6 @@ FrontEnd::~FrontEnd() {
     close();
   } catch (...) {
     // The writer thread already reported it on stderr.
-  }
-}
-
-bool FrontEnd::full_halted() const { return back_ != nullptr && back_->flight().capture_halted(); }
-
-void FrontEnd::record_as(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step) {
-  if (closed()) return;
-  enqueue_.check(kind, name, tensor, step);
-  const std::uint64_t plan = sampling_.plan(step, capturing(), full_halted());
-  const bool full = Sampling::full(plan, kind);
-  const bool stats = Sampling::stats(plan, kind);
-  if (!full && !stats) return;
-  switch (enqueue_.tensor(kind, std::move(name), tensor, step, full, stats)) {
-    case Enqueue::Result::Queued: captured_.fetch_add(1, std::memory_order_relaxed); break;
-    case Enqueue::Result::Dropped:
-      // Refused after close() is not a drop: the run had ended.
-      if (!closed()) dropped_.fetch_add(1, std::memory_order_relaxed);
-      break;
   }
 }
 
@@ -93,7 +75,7 @@ void FrontEnd::hook_failed(std::exception_ptr error) noexcept {
   }
   if (capturing()) {
     // A record a hook could not hand over: captured, and failed.
-    captured_.fetch_add(1, std::memory_order_relaxed);
+    enqueue_.count_lost();
     failures_.add(nullptr, what, 1);
   }
   if (options_.on_error() == OnError::Stop) {
@@ -119,7 +101,7 @@ void FrontEnd::step(std::int64_t step) {
   TENSORTAP_CHECK(step > previous, "step({}) after step({}): steps must increase", step, previous);
   check_stopped();
   if (capturing()) back_->flight().on_step();
-  sampling_.begin(step, capturing(), full_halted());
+  sampling_.begin(step, capturing(), capturing() && back_->flight().capture_halted());
   // Watchers run hooks' work (committing gradients, snapshotting
   // parameters): their failures are hook failures, and every watcher runs.
   const auto guarded = [&](auto&& f) {
@@ -204,10 +186,10 @@ void FrontEnd::close() {
 Stats FrontEnd::stats() const {
   Stats s;
   if (!capturing()) return s;
-  s.captured = captured_.load(std::memory_order_relaxed);
+  s.captured = enqueue_.captured();
   s.records = back_->records();
   s.bytes = back_->bytes();
-  s.dropped = dropped_.load(std::memory_order_relaxed) + back_->flight().dropped();
+  s.dropped = enqueue_.dropped() + back_->flight().dropped();
   s.errors = failures_.lost();
   s.stats_rows = back_->stats_rows();
   s.dumps = back_->flight().dumps();

@@ -79,7 +79,9 @@ class FrontEnd {
     record_as(kind, names_.repeat_name(kind, name, step), tensor, step);
   }
   /// As `record()`, under a name already given its repeat suffix.
-  void record_as(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step);
+  void record_as(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step) {
+    enqueue_.record(kind, std::move(name), tensor, step);
+  }
   std::string repeat_name(Kind kind, const std::string& name, std::int64_t step) {
     return names_.repeat_name(kind, name, step);
   }
@@ -127,7 +129,6 @@ class FrontEnd {
   void check_stopped();
   // What flush() and close() throw after a background failure.
   std::string failure_message(std::int64_t errors, const std::string& first) const;
-  bool full_halted() const;
 
   const Options options_;
   const Placement placement_;
@@ -136,8 +137,6 @@ class FrontEnd {
   Failures failures_;
   std::atomic<bool> closed_{false};
   std::atomic<bool> stopped_{false};
-  std::atomic<std::int64_t> captured_{0};
-  std::atomic<std::int64_t> dropped_{0};
 
   // step(), close() and the watcher list.
   std::mutex control_mu_;
