@@ -60,6 +60,8 @@ build() {
     "$PYTHON" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "devices", torch.cuda.device_count())'
     cmake --version | head -1
     "${CXX:-c++}" --version | head -1
+    # Recent wheels ship fmt headers of their own (issue 17): say so.
+    if [ -d "$TORCH_PY/include/fmt" ]; then echo "torch ships fmt headers: $TORCH_PY/include/fmt"; fi
   } >"$RESULTS/machine.txt" 2>&1
   local torch_prefix
   torch_prefix=$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')
@@ -80,14 +82,26 @@ build() {
     echo "tensortap: LibTorch at $torch_prefix has no CUDA (no TARGET torch_cuda): nothing to test" >&2
     return 1
   fi
+  # The toolkit tensortap compiles the engine with must be the CUDA major
+  # version torch was built for: two runtimes in one process do not mix.
+  local torch_cuda toolkit
+  torch_cuda=$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")')
+  toolkit=$(sed -n 's/.*CUDA engine on (LibTorch with CUDA, toolkit \([0-9.]*\)).*/\1/p' "$RESULTS/configure.log" | head -1)
+  if [ -z "$torch_cuda" ] || [ "${torch_cuda%%.*}" != "${toolkit%%.*}" ]; then
+    echo "tensortap: torch was built for CUDA '${torch_cuda}' but the toolkit found is '${toolkit}': set CUDAToolkit_ROOT to a toolkit of the same major version" >&2
+    return 1
+  fi
+  # The build's own status decides, not whether old binaries are there; the
+  # log keeps everything, the terminal gets the errors.
+  local rc=0
   cmake --build "$BUILD" --parallel "$(nproc)" \
-    --target tensortap_cuda_tests bench_cuda_engine bench_cuda 2>&1 |
-    tee "$RESULTS/build.log" | grep -E "error|warning: unused|FAILED" || true
-  [ -x "$BUILD/tests/tensortap_cuda_tests" ] && [ -x "$BUILD/bench/bench_cuda" ] || {
-    echo "tensortap: the build failed, see $RESULTS/build.log" >&2
+    --target tensortap_cuda_tests bench_cuda_engine bench_cuda >"$RESULTS/build.log" 2>&1 || rc=$?
+  grep -E "error|warning: unused|FAILED" "$RESULTS/build.log" || true
+  if [ "$rc" -ne 0 ]; then
+    echo "tensortap: the build failed (exit $rc), see $RESULTS/build.log" >&2
     tail -40 "$RESULTS/build.log" >&2
     return 1
-  }
+  fi
 }
 
 run_tests() {
