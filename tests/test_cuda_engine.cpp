@@ -378,6 +378,46 @@ TEST_CASE("a full arena blocks reserve() until the copier frees room; nothing is
   cudaStreamDestroy(stream);
 }
 
+TEST_CASE("more records in flight than the event pool holds: the pool grows, nothing waits", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Staging staging(1 << 20, Overflow::DropNewest, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngineOptions options;
+  options.max_records = 4;
+  CudaEngine engine(staging, options, collect());
+  cudaStream_t stream;
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr std::size_t n = 256;
+  const auto bytes = pattern(n, 5);
+  DeviceBuffer src(n);
+  CUDA_OK(cudaMemcpy(src.data, bytes.data(), n, cudaMemcpyHostToDevice));
+  // The stream is held: no copy can complete and no event come back, so
+  // every one of the 40 records is in flight at once. With a fixed pool the
+  // fifth would wait (or, allowed to drop, be refused).
+  std::atomic<bool> gate{false};
+  CUDA_OK(cudaLaunchHostFunc(stream, wait_for_gate, &gate));
+  const auto created_before = engine.counters().events_created;
+  auto pushes = std::async(std::launch::async, [&] {
+    int queued = 0;
+    for (int i = 0; i < 40; ++i) queued += push(engine, i, src.data, n, stream, /*may_drop=*/true) ? 1 : 0;
+    return queued;
+  });
+  const bool returned = pushes.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  gate = true;
+  REQUIRE(returned);
+  CHECK(pushes.get() == 40);
+  CHECK(engine.counters().refused == 0);
+  // At least the 36 records beyond the pool of 4 needed an event of their own.
+  CHECK(engine.counters().events_created - created_before >= 36);
+  engine.flush();
+  staging.wait_drained();
+  std::lock_guard<std::mutex> lock(drain.mu);
+  REQUIRE(drain.records.size() == 40);
+  for (const auto& [id, got] : drain.records) CHECK(got == bytes);
+  cudaStreamDestroy(stream);
+}
+
 TEST_CASE("a full arena refuses new snapshots when dropping is allowed, and counts them", "[gpu][cuda]") {
   if (!have_gpu()) return;
   Staging staging(1 << 20, Overflow::DropNewest, tensortap::detail::pinned_host_memory());

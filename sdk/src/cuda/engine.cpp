@@ -56,7 +56,10 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
     snap.device = device;
     snap.nbytes = nbytes;
     std::optional<RingAllocator::Region> region;
-    bool room = d.in_flight < options_.max_records;
+    // The arena bounds what snapshots hold; the number of records in flight
+    // is not bounded: a step with more captures than the event pool holds
+    // creates events rather than waiting for copies (issue 17).
+    bool room = true;
     if (room && nbytes > 0) {
       if (align_up(nbytes, kAlign) > d.ring.capacity()) {
         // The caller allocates it; one at a time per device keeps the
@@ -70,8 +73,8 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
     }
     if (room) {
       if (nbytes > 0) {
-        // Pooled, max_records of them: never empty while in_flight is
-        // below that, but creating one is no error either.
+        // Pooled: max_records of them come with the arena; when more
+        // records are in flight, new ones join the pool once they retire.
         std::vector<cudaEvent_t>& pool = d.cuda->ready_events;
         if (!pool.empty()) {
           snap.ready = pool.back();

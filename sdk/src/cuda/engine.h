@@ -52,8 +52,9 @@ struct CudaEngineOptions {
   /// Device memory per device that snapshots may hold (the arena), taken
   /// when the device's first snapshot is reserved.
   std::size_t device_bytes = std::size_t{128} << 20;
-  /// Records in flight per device at most, when records are tiny: one CUDA
-  /// event each, all created with the arena.
+  /// CUDA events created per device with the arena, one per record in
+  /// flight. Not a limit: a step with more records in flight creates more
+  /// (events are cheap), and the pool keeps them.
   std::size_t max_records = 1024;
 };
 
