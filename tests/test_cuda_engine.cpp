@@ -17,6 +17,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "sdk/src/cuda/device.h"
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
 #include "sdk/src/staging.h"
@@ -416,6 +417,22 @@ TEST_CASE("more records in flight than the event pool holds: the pool grows, not
   REQUIRE(drain.records.size() == 40);
   for (const auto& [id, got] : drain.records) CHECK(got == bytes);
   cudaStreamDestroy(stream);
+}
+
+TEST_CASE("a device switch that fails leaves no error behind for torch to find", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  int count = 0;
+  CUDA_OK(cudaGetDeviceCount(&count));
+  CUDA_OK(cudaSetDevice(0));
+  {
+    // No such device: cudaSetDevice fails inside the guard.
+    tensortap::detail::DeviceGuard guard(count + 3);
+    CHECK(cudaGetLastError() == cudaSuccess);
+  }
+  CHECK(cudaGetLastError() == cudaSuccess);
+  int current = -1;
+  CUDA_OK(cudaGetDevice(&current));
+  CHECK(current == 0);
 }
 
 TEST_CASE("a full arena refuses new snapshots when dropping is allowed, and counts them", "[gpu][cuda]") {

@@ -19,14 +19,25 @@ std::string cuda_error_string(cudaError_t error) {
   return fmt::format("{}: {}", cudaGetErrorName(error), cudaGetErrorString(error));
 }
 
+// A failed call leaves its error as the thread's last error, which the next
+// kernel launch check of torch (on the training thread) would report as its
+// own: every failure here is cleared.
 DeviceGuard::DeviceGuard(int device) {
   int current = -1;
-  if (cudaGetDevice(&current) == cudaSuccess && current != device && cudaSetDevice(device) == cudaSuccess)
-    previous_ = current;
+  if (cudaGetDevice(&current) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  if (current == device) return;
+  if (cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  previous_ = current;
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (previous_ >= 0) cudaSetDevice(previous_);
+  if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
 }
 
 DeviceResources::DeviceResources(int device, std::size_t arena_bytes, std::size_t ready_count, std::size_t done_count,
