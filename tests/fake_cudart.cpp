@@ -345,4 +345,21 @@ cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, v
   return cudaSuccess;
 }
 
+// Graph capture: the fake records nothing into graphs. Only a GPU says
+// whether another thread's calls invalidate a capture.
+cudaError_t CUDARTAPI cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {
+  static thread_local cudaStreamCaptureMode t_mode = cudaStreamCaptureModeGlobal;
+  std::swap(*mode, t_mode);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode) { return cudaSuccess; }
+
+cudaError_t CUDARTAPI cudaStreamEndCapture(cudaStream_t, cudaGraph_t* graph) {
+  *graph = nullptr;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
+
 }  // extern "C"

@@ -435,6 +435,41 @@ TEST_CASE("a device switch that fails leaves no error behind for torch to find",
   CHECK(current == 0);
 }
 
+TEST_CASE("the copier's calls do not invalidate a user's CUDA graph capture", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngine engine(staging, CudaEngineOptions{}, collect());
+  cudaStream_t stream, user;
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking));
+  constexpr std::size_t n = 4096;
+  const auto bytes = pattern(n, 9);
+  DeviceBuffer src(n);
+  CUDA_OK(cudaMemcpy(src.data, bytes.data(), n, cudaMemcpyHostToDevice));
+  // Copies held in flight: the copier waits on their events (a blocking
+  // call, unsafe during a global-mode capture in another thread's view).
+  std::atomic<bool> gate{false};
+  CUDA_OK(cudaLaunchHostFunc(stream, wait_for_gate, &gate));
+  for (int i = 0; i < 8; ++i) REQUIRE(push(engine, i, src.data, n, stream));
+  CUDA_OK(cudaStreamBeginCapture(user, cudaStreamCaptureModeGlobal));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  gate = true;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(user, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  CHECK(ended == cudaSuccess);
+  engine.flush();
+  staging.wait_drained();
+  std::lock_guard<std::mutex> lock(drain.mu);
+  REQUIRE(drain.records.size() == 8);
+  for (const auto& [id, got] : drain.records) CHECK(got == bytes);
+  cudaStreamDestroy(user);
+  cudaStreamDestroy(stream);
+}
+
 TEST_CASE("a full arena refuses new snapshots when dropping is allowed, and counts them", "[gpu][cuda]") {
   if (!have_gpu()) return;
   Staging staging(1 << 20, Overflow::DropNewest, tensortap::detail::pinned_host_memory());

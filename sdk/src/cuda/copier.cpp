@@ -16,6 +16,12 @@ void CudaEngine::report_nothrow(const std::string& what) noexcept {
 }
 
 void CudaEngine::run() noexcept {
+  // A user capturing a CUDA graph in the default (global) mode would have
+  // the capture invalidated by this thread's event queries, copies and
+  // syncs; in thread-local mode they are this thread's own business, as
+  // PyTorch made its NCCL watchdog's.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) cudaGetLastError();
   std::deque<Batch> inflight;
   std::vector<Item> work;
   // One batch being built per device: records of several devices may come
