@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -44,13 +45,17 @@ void swap_bytes(char* data, std::uint64_t bytes, std::size_t unit) {
 }
 
 // A file-backed tensor: the mapping lives as long as the tensor's storage.
-at::Tensor map_data(int fd, std::uint64_t file_size, std::uint64_t data_at, const detail::NpyHeader& h,
-                    const std::vector<std::int64_t>& shape, const std::string& path) {
-  const auto len = static_cast<std::size_t>(file_size);
-  void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+// Maps only the pages of the data: a record of a packed segment does not
+// map the whole segment.
+at::Tensor map_data(int fd, std::uint64_t data_at, const detail::NpyHeader& h, const std::vector<std::int64_t>& shape,
+                    const std::string& path) {
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t start = data_at / page * page;
+  const auto len = static_cast<std::size_t>(data_at + h.data_bytes - start);
+  void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, static_cast<off_t>(start));
   if (base == MAP_FAILED) detail::throw_errno("map", path, errno);
   return at::from_blob(
-      static_cast<char*>(base) + data_at, shape, [base, len](void*) { ::munmap(base, len); },
+      static_cast<char*>(base) + (data_at - start), shape, [base, len](void*) { ::munmap(base, len); },
       at::TensorOptions().dtype(h.dtype));
 }
 
@@ -110,7 +115,7 @@ at::Tensor load(const std::string& path, std::uint64_t offset, const LoadOptions
   const std::uint64_t data_at = offset + h.data_offset;
   const bool mapped = options.mmap() && !h.swap_bytes && h.data_bytes > 0 && data_at % elem == 0;
   if (mapped) {
-    t = map_data(f.fd(), whole_size, data_at, h, disk_shape, path);
+    t = map_data(f.fd(), data_at, h, disk_shape, path);
   } else {
     t = at::empty(disk_shape, at::TensorOptions().dtype(h.dtype));
     read_exact(f, t.data_ptr(), h.data_bytes, data_at, what);
