@@ -91,7 +91,8 @@ at::Tensor load(const std::string& path, std::uint64_t offset, const LoadOptions
   const struct stat st = f.status();
   if (!S_ISREG(st.st_mode)) throw Error(fmt::format("{}: not a regular file", what));
   const auto whole_size = static_cast<std::uint64_t>(st.st_size);
-  if (offset >= whole_size)
+  // (At offset 0 an empty file is a bad magic, as it always was.)
+  if (offset > 0 && offset >= whole_size)
     throw Error(fmt::format("{}: the offset is at or past the end of the file ({} bytes)", what, whole_size));
   // From here on, offsets are within the image, which may run to the file's end.
   const std::uint64_t file_size = whole_size - offset;
