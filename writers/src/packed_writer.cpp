@@ -83,8 +83,8 @@ class PackedSink final : public RecordSink {
 
 }  // namespace
 
-PackedWriter::PackedWriter(const Dir& dir, const PackedOptions& options)
-    : dir_(dir), options_(options), last_sync_(std::chrono::steady_clock::now()) {}
+// last_sync_ starts long ago: the first records are indexed at the first sync.
+PackedWriter::PackedWriter(const Dir& dir, const PackedOptions& options) : dir_(dir), options_(options) {}
 
 PackedWriter::~PackedWriter() = default;
 
