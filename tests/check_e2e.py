@@ -6,6 +6,7 @@ here independently of LibTorch.
 
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -40,6 +41,35 @@ def check_files(run):
     on_disk = {os.path.normpath(os.path.join(d, f))
                for d, _, fs in os.walk(os.path.join(run.path, "npy")) for f in fs}
     assert on_disk == listed, on_disk ^ listed
+
+
+def check_packed_files(run):
+    """Every index line names a complete .npy image at a 64-byte-aligned offset
+    of a packed/ segment, whose data is 64-byte aligned within it and which
+    np.load reads at that offset; images never overlap."""
+    spans = {}
+    for r in run.records:
+        assert re.fullmatch(r"packed/\d{8}\.npys", r["file"]), r
+        assert r["offset"] % 64 == 0, r
+        with open(os.path.join(run.path, r["file"]), "rb") as f:
+            f.seek(r["offset"])
+            a = np.load(f, allow_pickle=False)
+            assert f.tell() == r["offset"] + r["nbytes"], (r, f.tell())
+            f.seek(r["offset"])
+            head = f.read(12)
+        assert head[:6] == b"\x93NUMPY"
+        offset = (10 + int.from_bytes(head[8:10], "little")) if head[6] == 1 else \
+                 (12 + int.from_bytes(head[8:12], "little"))
+        assert offset % 64 == 0 and offset + a.nbytes == r["nbytes"], r
+        assert list(a.shape) == r["shape"], (r, a.shape)
+        assert a.dtype == NUMPY_DTYPE[r["dtype"]], (r, a.dtype)
+        spans.setdefault(r["file"], []).append((r["offset"], r["offset"] + r["nbytes"]))
+    for file, s in spans.items():
+        s.sort()
+        assert all(a[1] <= b[0] for a, b in zip(s, s[1:])), file
+        assert s[-1][1] <= os.path.getsize(os.path.join(run.path, file)), file
+    on_disk = {f for _, _, fs in os.walk(os.path.join(run.path, "packed")) for f in fs}
+    assert on_disk == {os.path.basename(f) for f in spans}, on_disk
 
 
 def check_h5_layout(run, dtypes):
@@ -87,6 +117,8 @@ def check_train(path):
     assert run.closed and run.info["dropped"] == 0 and run.info["errors"] == 0
     if run.info["options"]["format"] == "hdf5":
         check_h5_layout(run, dtypes=False)
+    elif run.info["options"]["format"] == "packed":
+        check_packed_files(run)
     else:
         check_files(run)
     steps = run.steps("fc.weight", "grad")
@@ -115,6 +147,8 @@ def check_dtypes(path):
     run = tensortap.open(path)
     if run.info["options"]["format"] == "hdf5":
         check_h5_layout(run, dtypes=True)
+    elif run.info["options"]["format"] == "packed":
+        check_packed_files(run)
     else:
         check_files(run)
     base = np.arange(12, dtype=np.float64).reshape(3, 4) - 5
@@ -181,6 +215,10 @@ def main(out):
     check_stats(os.path.join(out, "dtypes"), [0])
     nonfinite = tensortap.open(os.path.join(out, "dtypes")).stats("nonfinite", "tensor")
     assert (nonfinite["nan"][0], nonfinite["posinf"][0], nonfinite["neginf"][0]) == (1, 1, 1)
+    check_train(os.path.join(out, "train_packed"))
+    check_dtypes(os.path.join(out, "dtypes_packed"))
+    check_stats(os.path.join(out, "train_packed"), list(range(9)))
+    check_stats(os.path.join(out, "dtypes_packed"), [0])
     if os.path.isdir(os.path.join(out, "train_h5")):
         check_train(os.path.join(out, "train_h5"))
         check_dtypes(os.path.join(out, "dtypes_h5"))

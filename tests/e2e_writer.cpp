@@ -7,6 +7,8 @@
 // them with NumPy's on the written tensors).
 // and with the argument `hdf5`, the same as <out>/train_h5 and <out>/dtypes_h5
 // in Format::Hdf5, plus <out>/shapes_h5, a tensor whose shape changes.
+// Always also <out>/train_packed and <out>/dtypes_packed in Format::Packed
+// (the latter in small segments, so its records span several).
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -54,7 +56,11 @@ static void train(const std::string& dir, tensortap::Format format) {
 }
 
 static void dtypes(const std::string& dir, tensortap::Format format) {
-  tensortap::Recorder rec(tensortap::Options(dir).format(format).stats_every(1).overwrite(true));
+  tensortap::Recorder rec(tensortap::Options(dir)
+                              .format(format)
+                              .packed(tensortap::PackedOptions().segment_bytes(4096))
+                              .stats_every(1)
+                              .overwrite(true));
   rec.step(0);
   const torch::Tensor base = torch::arange(12, torch::kDouble).reshape({3, 4}) - 5;
   const std::pair<const char*, torch::Dtype> all[] = {{"bool", torch::kBool},
@@ -109,6 +115,8 @@ int main(int argc, char** argv) {
   const std::string out = argv[1];
   train(out + "/train", tensortap::Format::Npy);
   dtypes(out + "/dtypes", tensortap::Format::Npy);
+  train(out + "/train_packed", tensortap::Format::Packed);
+  dtypes(out + "/dtypes_packed", tensortap::Format::Packed);
   if (argc > 2 && std::string(argv[2]) == "hdf5") {
     train(out + "/train_h5", tensortap::Format::Hdf5);
     dtypes(out + "/dtypes_h5", tensortap::Format::Hdf5);

@@ -1,5 +1,5 @@
 // Training-like processes for test_reliability.py.
-//   reliability_proc crash DIR npy|hdf5 [new_names]
+//   reliability_proc crash DIR npy|hdf5|packed [new_names]
 //       captures every step until killed: tensors of 1 KiB to 1 MiB, several
 //       names, a repeat, bfloat16; prints "step N" now and then. With
 //       new_names, no 1 MiB tensor but a name never seen before every step
@@ -10,6 +10,8 @@
 //   reliability_proc fill_hdf5 DIR STEPS
 //       the same in an HDF5 run, and a name never seen before every step, so
 //       new datasets are created after the disk filled; same output line
+//   reliability_proc fill_packed DIR STEPS
+//       `fill DIR continue STEPS` in a Format::Packed run
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -20,9 +22,8 @@
 
 using tensortap::Options;
 
-static int crash(const std::string& dir, bool hdf5, bool new_names) {
-  tensortap::Recorder rec(
-      Options(dir).format(hdf5 ? tensortap::Format::Hdf5 : tensortap::Format::Npy).buffer_bytes(1 << 20));
+static int crash(const std::string& dir, tensortap::Format format, bool new_names) {
+  tensortap::Recorder rec(Options(dir).format(format).buffer_bytes(1 << 20));
   for (int64_t s = 0;; ++s) {
     rec.step(s);
     rec.capture("small", at::full({256}, static_cast<double>(s)));
@@ -39,10 +40,11 @@ static int crash(const std::string& dir, bool hdf5, bool new_names) {
   }
 }
 
-static int fill(const std::string& dir, bool stop, int64_t steps, bool hdf5) {
+static int fill(const std::string& dir, bool stop, int64_t steps, tensortap::Format format) {
+  const bool hdf5 = format == tensortap::Format::Hdf5;
   tensortap::Recorder rec(Options(dir)
                               .on_error(stop ? tensortap::OnError::Stop : tensortap::OnError::Continue)
-                              .format(hdf5 ? tensortap::Format::Hdf5 : tensortap::Format::Npy)
+                              .format(format)
                               // One row a chunk: the disk fills row by row, not at the first chunk.
                               .hdf5(tensortap::Hdf5Options().chunk_bytes(64 << 10)));
   int64_t s = 0;
@@ -78,10 +80,20 @@ static int fill(const std::string& dir, bool stop, int64_t steps, bool hdf5) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "crash" && (argc == 4 || (argc == 5 && std::string(argv[4]) == "new_names")))
-    return crash(argv[2], std::string(argv[3]) == "hdf5", argc == 5);
-  if (mode == "fill" && argc == 5) return fill(argv[2], std::string(argv[3]) == "stop", std::atoll(argv[4]), false);
-  if (mode == "fill_hdf5" && argc == 4) return fill(argv[2], false, std::atoll(argv[3]), true);
-  std::fprintf(stderr, "usage: reliability_proc crash DIR npy|hdf5 [new_names] | fill DIR continue|stop STEPS\n");
+  if (mode == "crash" && (argc == 4 || (argc == 5 && std::string(argv[4]) == "new_names"))) {
+    const std::string f = argv[3];
+    return crash(argv[2],
+                 f == "hdf5"     ? tensortap::Format::Hdf5
+                 : f == "packed" ? tensortap::Format::Packed
+                                 : tensortap::Format::Npy,
+                 argc == 5);
+  }
+  if (mode == "fill" && argc == 5)
+    return fill(argv[2], std::string(argv[3]) == "stop", std::atoll(argv[4]), tensortap::Format::Npy);
+  if (mode == "fill_hdf5" && argc == 4) return fill(argv[2], false, std::atoll(argv[3]), tensortap::Format::Hdf5);
+  if (mode == "fill_packed" && argc == 4) return fill(argv[2], false, std::atoll(argv[3]), tensortap::Format::Packed);
+  std::fprintf(stderr,
+               "usage: reliability_proc crash DIR npy|hdf5|packed [new_names] | fill DIR continue|stop STEPS | "
+               "fill_hdf5 DIR STEPS | fill_packed DIR STEPS\n");
   return 2;
 }

@@ -371,7 +371,7 @@ TEST_CASE("stress: captures, steps, flushes and a close at a random moment alway
           "[sdk][hostile][slow]") {
   const std::vector<std::string> names = {"a", "b", "c", "a/b", "long"};
   int runs = 0;
-  for (const Format format : {Format::Npy,
+  for (const Format format : {Format::Npy, Format::Packed,
 #ifdef TENSORTAP_HAVE_HDF5
                               Format::Hdf5
 #endif
@@ -439,5 +439,5 @@ TEST_CASE("stress: captures, steps, flushes and a close at a random moment alway
       }
     }
   }
-  REQUIRE(runs >= 60);
+  REQUIRE(runs >= 120);
 }

@@ -139,6 +139,77 @@ class ReaderTest(TempCase):
         self.assertEqual(rc, 0, out)
 
 
+class PackedTest(TempCase):
+    """Format::Packed runs (e2e_writer's train_packed and dtypes_packed) hold
+    the same tensors as their .npy twins."""
+
+    def pairs(self, packed, npy):
+        a, b = tensortap.open(os.path.join(E2E, packed)), tensortap.open(os.path.join(E2E, npy))
+        self.assertEqual(a.info["options"]["format"], "packed")
+        self.assertEqual(len(a.records), len(b.records))
+        want = {(r["kind"], r["name"], r["step"]): r for r in b.records}
+        for rec in a.records:
+            yield a, b, rec, want[(rec["kind"], rec["name"], rec["step"])]
+
+    def test_np_load_at_the_offset_is_the_tensor(self):
+        for name in ("train", "dtypes"):
+            files = set()
+            for a, b, rec, twin in self.pairs(name + "_packed", name):
+                with self.subTest(run=name, name=rec["name"], step=rec["step"]):
+                    self.assertRegex(rec["file"], r"^packed/\d{8}\.npys$")
+                    self.assertEqual(rec["offset"] % 64, 0)
+                    files.add(rec["file"])
+                    with open(os.path.join(a.path, rec["file"]), "rb") as f:
+                        f.seek(rec["offset"])
+                        got = np.load(f, allow_pickle=False)
+                        self.assertEqual(f.tell(), rec["offset"] + rec["nbytes"])
+                    want = np.load(os.path.join(b.path, twin["file"]), allow_pickle=False)
+                    self.assertEqual(got.dtype, want.dtype)
+                    np.testing.assert_array_equal(got, want)
+            if name == "dtypes":
+                self.assertGreater(len(files), 1)  # 4 KiB segments: several
+
+    def test_load_series_and_check(self):
+        for name in ("train", "dtypes"):
+            for a, b, rec, twin in self.pairs(name + "_packed", name):
+                with self.subTest(run=name, name=rec["name"], step=rec["step"]):
+                    for mmap in (True, False):
+                        got = a.load(rec["name"], rec["step"], rec["kind"], mmap=mmap)
+                        want = b.load(rec["name"], rec["step"], rec["kind"], mmap=False)
+                        self.assertEqual(got.dtype, want.dtype)
+                        np.testing.assert_array_equal(got, want)
+        a, b = tensortap.open(os.path.join(E2E, "train_packed")), tensortap.open(TRAIN)
+        self.assertIsInstance(a.load("fc.weight", 4, "grad"), np.memmap)
+        np.testing.assert_array_equal(a.series("fc.weight", "grad"), b.series("fc.weight", "grad"))
+        for name in ("train_packed", "dtypes_packed"):
+            rc, out = inspect(os.path.join(E2E, name), "--check")
+            self.assertEqual(rc, 0, out)
+
+    def test_damaged_offsets_are_refused(self):
+        src = os.path.join(E2E, "train_packed")
+        run_dir = os.path.join(self.tmp, "run")
+        shutil.copytree(src, run_dir)
+        with open(os.path.join(run_dir, "index.jsonl")) as f:
+            recs = [json.loads(line) for line in f]
+        first = recs[0]
+        size = os.path.getsize(os.path.join(run_dir, first["file"]))
+        bad = [dict(first, step=1001, offset=size),                    # past the end
+               dict(first, step=1002, nbytes=first["nbytes"] + 64),    # the image is not that long
+               dict(first, step=1003, offset=first["offset"] + 64),    # not an image's start
+               dict(first, step=1004, file="../../etc/passwd")]       # outside the run
+        with open(os.path.join(run_dir, "index.jsonl"), "a") as f:
+            for r in bad:
+                f.write(json.dumps(r) + "\n")
+        run = tensortap.open(run_dir)
+        for r, why in zip(bad, ("past the end", "the index says", "not a .npy image", "refused path")):
+            with self.subTest(step=r["step"]):
+                with self.assertRaisesRegex(tensortap.RunError, why):
+                    run.load(r["name"], r["step"], r["kind"])
+        rc, out = inspect(run_dir, "--check")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("4 problems", out)
+
+
 class InspectTest(TempCase):
     def test_summary_of_a_known_run(self):
         rc, out = inspect(TRAIN)

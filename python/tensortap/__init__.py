@@ -301,6 +301,8 @@ def _read_record(rec, mmap, h5_files, h5_lock):
         if hasattr(ds, "refresh"):
             ds.refresh()  # rows appended since the file was opened (SWMR)
         return ds[(rec["row"],) + tuple(slice(0, n) for n in rec["shape"])]
+    if "offset" in rec:
+        return _read_packed(path, rec, mmap)
     # Never pickle: a planted .npy of objects would run code on load.
     if mmap:
         try:
@@ -357,6 +359,45 @@ def _printable(text):
     from .summary import _safe
 
     return _safe(text)
+
+
+def _read_packed(path, rec, mmap):
+    """The .npy image of a Format::Packed record: `rec["nbytes"]` bytes at
+    `rec["offset"]` of a segment file. The header is checked against them, so a
+    damaged index line cannot make the reader map or read past its record."""
+    offset, nbytes = rec["offset"], rec["nbytes"]
+    where = f"{rec.index}:{rec.lineno}: {_printable(rec['file'])} at offset {offset}"
+    with _open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if offset + nbytes > size:
+            raise RunError(f"{where}: {nbytes} bytes run past the end of the file ({size} bytes)")
+        f.seek(offset)
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"format version {version} is not one tensortap writes")
+        except ValueError as e:
+            raise RunError(f"{where}: not a .npy image: {_reason(e)}") from None
+        if dtype.hasobject:
+            raise RunError(f"{where}: an object array (never loaded: it could run code)")
+        data_at = f.tell()
+        count = 1
+        for n in shape:
+            count *= n
+        if data_at - offset + count * dtype.itemsize != nbytes:
+            raise RunError(f"{where}: the image's header and data take {data_at - offset + count * dtype.itemsize} "
+                           f"bytes, the index says {nbytes}")
+        order = "F" if fortran else "C"
+        if mmap and count > 0 and shape:
+            return np.memmap(path, dtype=dtype, mode="r", offset=data_at, shape=shape, order=order)
+        a = np.fromfile(f, dtype=dtype, count=count)
+        if a.size != count:
+            raise RunError(f"{where}: the file ended early (truncated?)")
+        return a.reshape(shape, order=order)
 
 
 def _open_regular(path):
@@ -422,7 +463,8 @@ def _read_lines(path):
         yield i + 1, value
 
 
-# The members every index line has; HDF5 records add "dataset" and "row".
+# The members every index line has; HDF5 records add "dataset" and "row",
+# packed ones "offset" and "nbytes".
 _REQUIRED = ("step", "kind", "name", "dtype", "shape", "file")
 
 
@@ -433,6 +475,8 @@ def _record_problem(rec):
     missing = [k for k in _REQUIRED if k not in rec]
     if "dataset" in rec and "row" not in rec:
         missing.append("row")
+    if ("offset" in rec) != ("nbytes" in rec):
+        missing.append("nbytes" if "offset" in rec else "offset")
     if missing:
         return "no " + ", ".join(f'"{k}"' for k in missing)
     if not _is_int(rec["step"]):
@@ -464,6 +508,10 @@ def _record_problem(rec):
             return f'"dataset" is {_json_type(rec["dataset"])}, not a string'
         if not _is_int64(rec["row"]) or rec["row"] < 0:
             return '"row" is not a row number'
+    if "offset" in rec:
+        for k in ("offset", "nbytes"):
+            if not _is_int64(rec[k]) or rec[k] < 0:
+                return f'"{k}" is not a byte count'
     return None
 
 

@@ -44,7 +44,7 @@ def _itemsize(dtype):
 def index_frame(run):
     """One row per record: step, kind, name, dtype, shape, bytes (as captured:
     two a bfloat16 element), rank, and where the record lives: file, and for
-    HDF5 dataset and row."""
+    HDF5 dataset and row, for Format::Packed offset and nbytes."""
     from . import KINDS
 
     pd = need("pandas", "python3-pandas", "Run.index_frame()")
@@ -60,6 +60,8 @@ def index_frame(run):
         "file": [r["file"] for r in recs],
         "dataset": [r.get("dataset") for r in recs],
         "row": pd.array([r.get("row") for r in recs], dtype="Int64"),
+        "offset": pd.array([r.get("offset") for r in recs], dtype="Int64"),
+        "nbytes": pd.array([r.get("nbytes") for r in recs], dtype="Int64"),
     })
     return frame
 

@@ -21,7 +21,7 @@ Output::Output(const Options& options, const Placement& placement, Staging& stag
   // chdir() or a link planted in the directory cannot move the run.
   run_dir_ = std::make_unique<RunDir>(options.dir(), placement.sub_dir, options.overwrite());
   const Dir& dir = run_dir_->dir();
-  auto writer = make_writer(options.format(), options.hdf5(), dir);
+  auto writer = make_writer(options.format(), options.hdf5(), options.packed(), dir);
   manifest_.open(dir);
   store_ = std::make_unique<Store>(std::move(writer), std::make_unique<LinesFile>(dir, "index.jsonl"), failures);
   stats_ = std::make_unique<StatsFile>(dir);

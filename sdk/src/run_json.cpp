@@ -10,7 +10,14 @@
 namespace tensortap::detail {
 namespace {
 
-const char* format_name(Format f) { return f == Format::Npy ? "npy" : "hdf5"; }
+const char* format_name(Format f) {
+  switch (f) {
+    case Format::Npy: return "npy";
+    case Format::Hdf5: return "hdf5";
+    case Format::Packed: return "packed";
+  }
+  return "?";
+}
 const char* overflow_name(Overflow o) { return o == Overflow::Block ? "block" : "drop_newest"; }
 const char* after_dump_name(AfterDump a) {
   return a == AfterDump::Continue ? "continue" : a == AfterDump::Throw ? "throw" : "stop_capture";
@@ -81,6 +88,8 @@ std::string run_json(const Options& o, const RunInfo& info) {
     j += fmt::format(",\n    \"hdf5\": {{\"deflate\": {}, \"shuffle\": {}, \"chunk_bytes\": {}, \"flush_every\": {}}}",
                      h.deflate(), h.shuffle() ? "true" : "false", h.chunk_bytes(), h.flush_every());
   }
+  if (o.format() == Format::Packed)
+    j += fmt::format(",\n    \"packed\": {{\"segment_bytes\": {}}}", o.packed().segment_bytes());
   j += "\n  },\n";
   j += fmt::format("  \"rank\": {},\n  \"world_size\": {},\n", info.rank, info.world_size);
   j += fmt::format("  \"start_time\": \"{}\",\n", info.start_time);

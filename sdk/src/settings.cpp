@@ -54,6 +54,10 @@ void validate(const Options& o) {
                   "Hdf5Options::chunk_bytes({}) must be at least 1024 and at most {} (1 GiB)", h.chunk_bytes(),
                   kMaxChunkBytes);
   TENSORTAP_CHECK(h.flush_every() >= 1, "Hdf5Options::flush_every({}) must be at least 1", h.flush_every());
+  const PackedOptions& pk = o.packed();
+  // Below 4 KiB a segment holds hardly a record: a file per record, as Npy.
+  TENSORTAP_CHECK(pk.segment_bytes() >= 4096, "PackedOptions::segment_bytes({}) must be at least 4096",
+                  pk.segment_bytes());
 }
 
 Placement place(const Options& o) {

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -44,48 +45,66 @@ void swap_bytes(char* data, std::uint64_t bytes, std::size_t unit) {
 }
 
 // A file-backed tensor: the mapping lives as long as the tensor's storage.
-at::Tensor map_data(int fd, std::uint64_t file_size, const detail::NpyHeader& h, const std::vector<std::int64_t>& shape,
+// Maps only the pages of the data: a record of a packed segment does not
+// map the whole segment.
+at::Tensor map_data(int fd, std::uint64_t data_at, const detail::NpyHeader& h, const std::vector<std::int64_t>& shape,
                     const std::string& path) {
-  const auto len = static_cast<std::size_t>(file_size);
-  void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t start = data_at / page * page;
+  const auto len = static_cast<std::size_t>(data_at + h.data_bytes - start);
+  void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, static_cast<off_t>(start));
   if (base == MAP_FAILED) detail::throw_errno("map", path, errno);
   return at::from_blob(
-      static_cast<char*>(base) + h.data_offset, shape, [base, len](void*) { ::munmap(base, len); },
+      static_cast<char*>(base) + (data_at - start), shape, [base, len](void*) { ::munmap(base, len); },
       at::TensorOptions().dtype(h.dtype));
 }
 
 }  // namespace
 
 namespace {
-at::Tensor load(const std::string& path, const LoadOptions& options, const std::string& what);
-}  // namespace
+at::Tensor load(const std::string& path, std::uint64_t offset, const LoadOptions& options, const std::string& what);
 
-at::Tensor load_npy(const std::string& path, const LoadOptions& options) {
-  const std::string what = fmt::format("tensortap::load_npy: '{}'", path);
+at::Tensor load_named(const std::string& path, std::uint64_t offset, const LoadOptions& options,
+                      const std::string& what) {
   try {
-    return load(path, options, what);
+    return load(path, offset, options, what);
   } catch (const c10::Error& e) {
     // Whatever the header checks missed, LibTorch refuses: still name the file.
     throw Error(fmt::format("{}: {}", what, e.what_without_backtrace()));
   }
 }
 
+}  // namespace
+
+at::Tensor load_npy(const std::string& path, const LoadOptions& options) {
+  return load_named(path, 0, options, fmt::format("tensortap::load_npy: '{}'", path));
+}
+
+at::Tensor load_npy(const std::string& path, std::uint64_t offset, const LoadOptions& options) {
+  return load_named(path, offset, options, fmt::format("tensortap::load_npy: '{}' at offset {}", path, offset));
+}
+
 namespace {
 
-at::Tensor load(const std::string& path, const LoadOptions& options, const std::string& what) {
+at::Tensor load(const std::string& path, std::uint64_t offset, const LoadOptions& options, const std::string& what) {
   const detail::File f = detail::File::open(path, O_RDONLY);
   const struct stat st = f.status();
   if (!S_ISREG(st.st_mode)) throw Error(fmt::format("{}: not a regular file", what));
-  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  const auto whole_size = static_cast<std::uint64_t>(st.st_size);
+  // (At offset 0 an empty file is a bad magic, as it always was.)
+  if (offset > 0 && offset >= whole_size)
+    throw Error(fmt::format("{}: the offset is at or past the end of the file ({} bytes)", what, whole_size));
+  // From here on, offsets are within the image, which may run to the file's end.
+  const std::uint64_t file_size = whole_size - offset;
 
   std::string prefix(static_cast<std::size_t>(std::min<std::uint64_t>(12, file_size)), '\0');
-  read_exact(f, prefix.data(), prefix.size(), 0, what);
+  read_exact(f, prefix.data(), prefix.size(), offset, what);
   // Validates the header length against the file before reading the header.
   const std::uint64_t end = detail::npy_header_end(prefix, file_size, what);
   const std::size_t have = prefix.size();
   if (end > have) {
     prefix.resize(static_cast<std::size_t>(end));
-    read_exact(f, prefix.data() + have, end - have, have, what);
+    read_exact(f, prefix.data() + have, end - have, offset + have, what);
   }
   const detail::NpyHeader h = detail::parse_npy_header(prefix, file_size, what);
 
@@ -94,12 +113,13 @@ at::Tensor load(const std::string& path, const LoadOptions& options, const std::
   if (h.fortran_order) std::reverse(disk_shape.begin(), disk_shape.end());
   const std::size_t elem = c10::elementSize(h.dtype);
   at::Tensor t;
-  const bool mapped = options.mmap() && !h.swap_bytes && h.data_bytes > 0 && h.data_offset % elem == 0;
+  const std::uint64_t data_at = offset + h.data_offset;
+  const bool mapped = options.mmap() && !h.swap_bytes && h.data_bytes > 0 && data_at % elem == 0;
   if (mapped) {
-    t = map_data(f.fd(), file_size, h, disk_shape, path);
+    t = map_data(f.fd(), data_at, h, disk_shape, path);
   } else {
     t = at::empty(disk_shape, at::TensorOptions().dtype(h.dtype));
-    read_exact(f, t.data_ptr(), h.data_bytes, h.data_offset, what);
+    read_exact(f, t.data_ptr(), h.data_bytes, data_at, what);
     if (h.swap_bytes) {
       const bool complex = c10::isComplexType(h.dtype);
       swap_bytes(static_cast<char*>(t.data_ptr()), h.data_bytes, complex ? elem / 2 : elem);

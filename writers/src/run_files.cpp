@@ -39,8 +39,8 @@ std::string utc_now() {
 }
 
 // The journal is Hdf5Journal::kName, left by an HDF5 writer that was killed.
-const char* const kRunFileNames[7] = {"run.json",  "index.jsonl",       "npy", "tensors.h5", ".tensors.h5.journal",
-                                      "stats.npy", "stats_series.jsonl"};
+const char* const kRunFileNames[8] = {"run.json",   "index.jsonl",         "npy",       "packed",
+                                      "tensors.h5", ".tensors.h5.journal", "stats.npy", "stats_series.jsonl"};
 
 RunDir::RunDir(const std::string& root, const std::string& sub, bool overwrite) {
   Dir top = Dir::open(root, /*create=*/true);

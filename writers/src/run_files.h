@@ -11,7 +11,7 @@ namespace tensortap::detail {
 /// The names tensortap writes in a run directory, and only those:
 /// `Options::overwrite` removes them, and a directory that holds one of them
 /// but no run is refused (a planted file or link, or a user's own file).
-extern const char* const kRunFileNames[7];
+extern const char* const kRunFileNames[8];
 
 /// A run directory held by one recorder: open (so it stays the same
 /// directory whatever `chdir()` or a rename does), locked against a second

@@ -7,15 +7,18 @@
 #include "writers/src/check.h"
 #include "writers/src/file.h"
 #include "writers/src/npy_writer.h"
+#include "writers/src/packed_writer.h"
 #ifdef TENSORTAP_HAVE_HDF5
 #include "writers/src/hdf5_writer.h"
 #endif
 
 namespace tensortap::detail {
 
-std::unique_ptr<Writer> make_writer(Format format, const Hdf5Options& hdf5, const Dir& dir) {
+std::unique_ptr<Writer> make_writer(Format format, const Hdf5Options& hdf5, const PackedOptions& packed,
+                                    const Dir& dir) {
   switch (format) {
     case Format::Npy: return std::make_unique<NpyWriter>(dir);
+    case Format::Packed: return std::make_unique<PackedWriter>(dir, packed);
     case Format::Hdf5:
 #ifdef TENSORTAP_HAVE_HDF5
       return std::make_unique<Hdf5Writer>(dir, hdf5);

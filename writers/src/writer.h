@@ -66,8 +66,9 @@ class Writer {
   virtual void close() = 0;
 };
 
-/// The writer of `format` (with `hdf5`'s settings for `Format::Hdf5`),
-/// writing under `dir` (which must outlive it).
-std::unique_ptr<Writer> make_writer(Format format, const Hdf5Options& hdf5, const Dir& dir);
+/// The writer of `format` (with `hdf5`'s settings for `Format::Hdf5`,
+/// `packed`'s for `Format::Packed`), writing under `dir` (which must outlive it).
+std::unique_ptr<Writer> make_writer(Format format, const Hdf5Options& hdf5, const PackedOptions& packed,
+                                    const Dir& dir);
 
 }  // namespace tensortap::detail

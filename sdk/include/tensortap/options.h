@@ -179,10 +179,12 @@ struct Options {
   /// What happens when both buffers are full.
   TORCH_ARG(Overflow, overflow) = Overflow::Block;
   /// Whether a run directory that already holds a run may be replaced. Only
-  /// what tensortap writes (run.json, index.jsonl, npy/, tensors.h5) is removed.
+  /// what tensortap writes (run.json, index.jsonl, npy/, packed/, tensors.h5) is removed.
   TORCH_ARG(bool, overwrite) = false;
   /// Settings of `Format::Hdf5`.
   TORCH_ARG(Hdf5Options, hdf5) = Hdf5Options();
+  /// Settings of `Format::Packed`.
+  TORCH_ARG(PackedOptions, packed) = PackedOptions();
   /// What an error in a hook or on the writer thread does to training.
   TORCH_ARG(OnError, on_error) = OnError::Continue;
   /// Whether forward passes of a module in eval mode (`module->eval()`) are

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -40,6 +41,18 @@ struct LoadOptions {
 /// torch::Tensor w = tensortap::load_npy("runs/exp1/npy/grad/fc1.weight/00000100.npy");
 /// ```
 at::Tensor load_npy(const std::string& path, const LoadOptions& options = LoadOptions());
+
+/// Reads the `.npy` image that starts `offset` bytes into `path`, as
+/// `load_npy(path)` reads a whole file: for the segment files of
+/// `Format::Packed`, whose index lines give each record's `"offset"`.
+/// The image may run to the end of the file, no further. Errors name the
+/// file and the offset.
+///
+/// Example:
+/// ```
+/// auto t = tensortap::load_npy("runs/exp1/packed/00000000.npys", 4096);
+/// ```
+at::Tensor load_npy(const std::string& path, std::uint64_t offset, const LoadOptions& options = LoadOptions());
 
 /// Writes `tensor` to `path` as a `.npy` file, through a temporary file that
 /// is renamed into place. bfloat16 is stored as float32.
