@@ -9,6 +9,7 @@
 #include <tensortap/tensortap.h>
 
 #include "helpers.h"
+#include "sdk/src/names.h"
 #include "sdk/src/run_json.h"
 
 using tensortap::Options;
@@ -115,6 +116,24 @@ TEST_CASE("a name captured again within a step is recorded as name#k", "[sdk]") 
     REQUIRE(tensortap::load_npy(npy(dir.path, "tensor", "h#2", s))[0].item<float>() == 10.0f * s + 2);
   }
   REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"h#2\"").size() == 2);
+}
+
+TEST_CASE("a record two steps late never reuses a name its step already gave", "[sdk]") {
+  using tensortap::Kind;
+  tensortap::detail::NameTable names;
+  REQUIRE(names.repeat_name(Kind::Tensor, "c", 0) == "c");
+  REQUIRE(names.repeat_name(Kind::Tensor, "c", 1) == "c");
+  // One step late: step 0's count is still known.
+  REQUIRE(names.repeat_name(Kind::Tensor, "c", 0) == "c#1");
+  REQUIRE(names.repeat_name(Kind::Tensor, "c", 2) == "c");
+  // Two steps late: step 0's count is forgotten; restarting it would give
+  // "c" again, the name (and the file) of step 0's first record.
+  REQUIRE(names.repeat_name(Kind::Tensor, "c", 0) == "c#late1");
+  REQUIRE(names.repeat_name(Kind::Tensor, "c", 0) == "c#late2");
+  // Kinds count apart, and the current steps are untouched.
+  REQUIRE(names.repeat_name(Kind::Grad, "c", 0) == "c");
+  REQUIRE(names.repeat_name(Kind::Tensor, "c", 2) == "c#1");
+  REQUIRE(names.repeat_name(Kind::Tensor, "c", 1) == "c#1");
 }
 
 TEST_CASE("a repeat never takes a name the user captured, whatever the order", "[sdk]") {

@@ -20,6 +20,14 @@ std::string NameTable::next_name(NameState& state, Kind kind, const std::string&
   if (count == nullptr) {
     // A new step for this name: recycle the older of the two counters.
     count = slots[0].step <= slots[1].step ? &slots[0] : &slots[1];
+    if (count->step > step) {
+      // Older than both steps the counters hold: a capture on another
+      // thread that read its step before two step() calls. How many records
+      // of `name` that step had is forgotten, and restarting its count would
+      // give a name (and a file) a record of that step already has. A name
+      // of its own instead, which no counted record can have.
+      return fmt::format("{}#late{}", name, ++state.late[static_cast<std::size_t>(kind)]);
+    }
     *count = {step, 0};
   }
   int& k = count->next;

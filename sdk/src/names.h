@@ -48,6 +48,8 @@ class NameTable {
     };
     std::int8_t selected = -1;                              // -1: not looked up yet
     std::array<std::array<Count, 2>, kKindCount> counts{};  // [kind][slot]
+    // Records of a step older than both counters' (see next_name()).
+    std::array<int, kKindCount> late{};
   };
   // Names with a '#' given out in the current and the previous step, kind
   // byte first: the only ones a repeat's "name#k" can collide with (a name
