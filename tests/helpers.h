@@ -3,12 +3,25 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include <tensortap/error.h>
+
 namespace tt_test {
+
+/// What `f` throws as a tensortap::Error, or "" if it returns.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const tensortap::Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 /// A fresh directory under the system temp dir, removed at scope exit.
 struct TempDir {

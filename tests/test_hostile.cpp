@@ -37,14 +37,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const tensortap::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tt_test::error_of;
 
 // Runs `f` on its own thread; a run that does not end within `seconds` is a
 // hang: the test fails and the process ends (the stuck threads cannot be

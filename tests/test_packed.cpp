@@ -49,14 +49,7 @@ std::vector<Located> packed_records(const std::string& run) {
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const tensortap::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tt_test::error_of;
 
 // Whether `got` holds exactly the bytes of `want` (NaNs and signed zeros included).
 bool same_bytes(const at::Tensor& got, const at::Tensor& want) {

@@ -22,14 +22,7 @@ std::string npy(const std::string& run, const std::string& kind, const std::stri
   return fmt::format("{}/npy/{}/{}/{:08d}.npy", run, kind, name, step);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const tensortap::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tt_test::error_of;
 
 }  // namespace
 

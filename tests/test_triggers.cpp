@@ -50,14 +50,7 @@ std::vector<std::int64_t> fires(Options options, const std::vector<double>& valu
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const tensortap::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tt_test::error_of;
 
 }  // namespace
 
