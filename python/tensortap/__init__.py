@@ -373,13 +373,7 @@ def _read_packed(path, rec, mmap):
             raise RunError(f"{where}: {nbytes} bytes run past the end of the file ({size} bytes)")
         f.seek(offset)
         try:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            else:
-                raise ValueError(f"format version {version} is not one tensortap writes")
+            shape, fortran, dtype = _npy_header(f)
         except ValueError as e:
             raise RunError(f"{where}: not a .npy image: {_reason(e)}") from None
         if dtype.hasobject:
@@ -398,6 +392,17 @@ def _read_packed(path, rec, mmap):
         if a.size != count:
             raise RunError(f"{where}: the file ended early (truncated?)")
         return a.reshape(shape, order=order)
+
+
+def _npy_header(f):
+    """(shape, fortran_order, dtype) of the .npy image at f's position, read
+    by NumPy's own parser; ValueError for a version tensortap does not write."""
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(f)
+    raise ValueError(f".npy format version {version[0]}.{version[1]} is not one tensortap writes")
 
 
 def _open_regular(path):
@@ -594,13 +599,7 @@ def _read_stats_table(path):
         if size == 0:
             raise RunError(f"{path}: empty file, no statistics table")
         try:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-            else:
-                raise ValueError(f".npy format version {version[0]}.{version[1]} is not one tensortap writes")
+            shape, _, dtype = _npy_header(f)
         except ValueError as e:
             raise RunError(f"{path}: not a statistics table: {e}") from None
         names = dtype.names or ()
