@@ -300,3 +300,51 @@ TEST_CASE("Recorder::flush() makes packed records durable and indexed", "[writer
   rec.close();
   REQUIRE(packed_records(dir.path).size() == 6);
 }
+
+TEST_CASE("a packed record larger than segment_bytes gets a segment of its own", "[writers][packed][hostile]") {
+  TempDir dir;
+  const at::Tensor big = at::arange(4096, at::kFloat);  // 16 KiB, four times the segment size
+  {
+    Recorder rec{Options(dir.path).format(Format::Packed).packed(PackedOptions().segment_bytes(4096))};
+    rec.step(0);
+    rec.capture("small", at::ones({4}));
+    rec.capture("big", big);
+    rec.capture("after", at::full({4}, 3.0f));
+    rec.close();
+    REQUIRE(rec.stats().records == 3);
+    REQUIRE(rec.stats().errors == 0);
+  }
+  const auto recs = packed_records(dir.path);
+  REQUIRE(recs.size() == 3);
+  REQUIRE(recs[1].offset == 0);  // it starts a segment, whole
+  REQUIRE(recs[0].file != recs[1].file);
+  REQUIRE(recs[1].file != recs[2].file);
+  REQUIRE(at::equal(tensortap::load_npy(dir / recs[1].file, recs[1].offset), big));
+  REQUIRE(at::equal(tensortap::load_npy(dir / recs[2].file, recs[2].offset), at::full({4}, 3.0f)));
+}
+
+TEST_CASE("a link planted at the next segment's name is refused, never followed", "[writers][packed][hostile]") {
+  TempDir dir, outside;
+  const std::string target = outside / "victim";
+  {
+    Recorder rec{Options(dir.path).format(Format::Packed).packed(PackedOptions().segment_bytes(4096))};
+    rec.step(0);
+    rec.capture("a", at::full({600}, 1.0f));  // 2.4 KiB: the next record rolls
+    rec.flush();
+    REQUIRE(fs::exists(dir / "packed/00000000.npys"));
+    fs::create_symlink(target, dir / "packed/00000001.npys");
+    rec.step(1);
+    rec.capture("b", at::full({600}, 2.0f));
+    const std::string err = error_of([&] { rec.close(); });
+    REQUIRE_THAT(err, Catch::Contains("00000001.npys"));
+    const auto s = rec.stats();
+    REQUIRE(s.records + s.errors == s.captured);
+    REQUIRE(s.records >= 1);
+    REQUIRE(s.errors >= 1);
+  }
+  REQUIRE_FALSE(fs::exists(target));  // nothing was created through the link
+  REQUIRE(fs::is_symlink(dir / "packed/00000001.npys"));
+  const auto recs = packed_records(dir.path);
+  REQUIRE(recs.size() == 1);
+  REQUIRE(at::equal(tensortap::load_npy(dir / recs[0].file, recs[0].offset), at::full({600}, 1.0f)));
+}
