@@ -686,7 +686,7 @@ TEST_CASE("CPU captures share the staging buffers with the engine", "[gpu][cuda]
   std::thread cpu([&] {
     for (int i = 0; i < kEach; ++i) {
       tensortap::detail::Slot slot;
-      slot.record = meta_for(100000 + i, 1 + i % 300);
+      slot.record = *meta_for(100000 + i, 1 + i % 300);
       slot.id = 100000 + i;
       slot.nbytes = 1 + i % 300;
       auto t = staging.reserve(slot, false);

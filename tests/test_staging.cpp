@@ -1,8 +1,13 @@
 // Staging's hooks for the CUDA engine, tested on the CPU: buffers from a
 // caller's allocator (pinned memory, with CUDA), and reservations that do
 // not wait.
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -82,4 +87,95 @@ TEST_CASE("reserve without waiting returns nullopt where it would wait", "[sdk][
   staging.release(b);
   staging.stop();
   while (Staging::Buffer* rest = staging.take()) staging.release(rest);
+}
+
+TEST_CASE("a slot keeps its record's memory: a later record's name and shape reuse it", "[sdk][staging]") {
+  Staging staging(1 << 16, Overflow::Block);
+  const std::string long_name(200, 'n');  // past std::string's inline storage
+  const auto pass = [&](const std::string& name, std::uint64_t id) {
+    Slot s = slot_of(64, id);
+    s.record.desc.name = name;
+    s.record.desc.shape = {2, 8};
+    auto t = staging.reserve(s, false);
+    REQUIRE(t);
+    staging.commit(*t, true);
+    Staging::Buffer* b = staging.take();
+    REQUIRE(b != nullptr);
+    REQUIRE(b->slots.size() == 1);
+    const tensortap::detail::RecordDesc& desc = b->slots[0].record.desc;
+    CHECK(desc.name == name);
+    CHECK(desc.shape.size() == 2);
+    const char* where = desc.name.data();
+    staging.release(b);
+    return where;
+  };
+  // Buffers alternate: the third record lands in the first one's slot.
+  const char* first = pass(long_name, 1);
+  pass(long_name, 2);
+  const char* third = pass(std::string(150, 'm'), 3);
+  CHECK(third == first);
+  staging.stop();
+}
+
+// Whether every page of [p, p + n) is resident: faulted in already.
+bool resident(const char* p, std::size_t n) {
+  std::vector<unsigned char> pages((n + 4095) / 4096);
+  if (::mincore(const_cast<char*>(p), n, pages.data()) != 0) return false;
+  return std::all_of(pages.begin(), pages.end(), [](unsigned char v) { return (v & 1) != 0; });
+}
+
+TEST_CASE("prepare() allocates and populates both default buffers: a capture touches no new page", "[sdk][staging]") {
+  const std::size_t capacity = 8 << 20;
+  Staging staging(capacity, Overflow::Block);
+  staging.prepare();
+  // 100 bytes in each buffer: without prepare() only their first page
+  // would be resident.
+  auto t = staging.reserve(slot_of(100, 1), false);
+  REQUIRE(t);
+  staging.commit(*t, true);
+  Staging::Buffer* a = staging.take();
+  REQUIRE(a != nullptr);
+  auto u = staging.reserve(slot_of(100, 2), false);
+  REQUIRE(u);
+  staging.commit(*u, true);
+  Staging::Buffer* b = staging.take();
+  REQUIRE(b != nullptr);
+  CHECK(a->data != b->data);
+  CHECK(resident(a->data, capacity));
+  CHECK(resident(b->data, capacity));
+  staging.release(a);
+  staging.release(b);
+  staging.stop();
+  staging.free_memory();
+}
+
+TEST_CASE("put() copies a small record and publishes it in one step; after stop() it refuses", "[sdk][staging]") {
+  Staging staging(1 << 16, Overflow::Block);
+  const std::string bytes = "0123456789abcdef";
+  Slot s = slot_of(bytes.size(), 7);
+  s.record.desc.name = "small";
+  REQUIRE(staging.put(s, bytes.data(), false));
+  Staging::Buffer* b = staging.take();  // published: no commit() to wait for
+  REQUIRE(b != nullptr);
+  REQUIRE(b->slots.size() == 1);
+  const Slot& got = b->slots[0];
+  CHECK(got.ok);
+  CHECK(got.id == 7);
+  CHECK(got.record.desc.name == "small");
+  CHECK(std::string(b->data + got.offset, got.nbytes) == bytes);
+  staging.release(b);
+  staging.stop();
+  CHECK_FALSE(staging.put(s, bytes.data(), false));
+}
+
+TEST_CASE("put() under DropNewest drops when both buffers are full, and waits under Block", "[sdk][staging]") {
+  Staging staging(8192, Overflow::DropNewest);
+  const std::string bytes(6000, 'x');
+  REQUIRE(staging.put(slot_of(bytes.size(), 1), bytes.data(), true));
+  CHECK_FALSE(staging.put(slot_of(bytes.size(), 2), bytes.data(), true));  // no room, may drop
+  Staging::Buffer* b = staging.take();
+  REQUIRE(b != nullptr);
+  REQUIRE(staging.put(slot_of(bytes.size(), 3), bytes.data(), true));  // the other buffer
+  staging.release(b);
+  staging.stop();
 }

@@ -329,8 +329,8 @@ TEST_CASE("the flight recorder's byte budget lets the oldest steps go first", "[
 TEST_CASE("the flight ring keeps k steps before the newest and places late records", "[sdk][stats][flight]") {
   tensortap::detail::FlightRing ring(2, 1 << 20);
   const auto rec = [](std::int64_t step) {
-    auto m = std::make_shared<tensortap::detail::Record>();
-    m->desc.step = step;
+    tensortap::detail::Record m;
+    m.desc.step = step;
     return tensortap::detail::HeldRecord{m, std::string(8, 'x')};
   };
   for (std::int64_t s : {0, 1, 2, 3}) REQUIRE(ring.hold(rec(s)));

@@ -1,5 +1,6 @@
 #include "sdk/src/enqueue.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -14,6 +15,14 @@
 #include "writers/src/dtypes.h"
 
 namespace tensortap::detail {
+namespace {
+
+// Up to this size a CPU record is copied under staging's lock, in one round
+// of it (Staging::put): two rounds cost more than the copy. Larger copies
+// run outside the lock, so that other capturing threads are not held up.
+constexpr std::uint64_t kPutBytes = 16 << 10;
+
+}  // namespace
 
 void copy_into(char* dst, const at::Tensor& src, c10::ScalarType stored, std::size_t nbytes) {
   if (nbytes == 0) return;
@@ -90,29 +99,35 @@ bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::
   const bool on_engine = src.is_cuda() && engine_ != nullptr;
   if (!src.device().is_cpu() && !on_engine) src = src.to(at::kCPU);
 
-  auto record = std::make_shared<Record>();
-  RecordDesc& desc = record->desc;
+  // The record is built here and copied into a staging slot that keeps its
+  // memory (sdk/src/staging.h): nothing is allocated for it per capture.
+  Slot slot;
+  Record& record = slot.record;
+  RecordDesc& desc = record.desc;
   desc.kind = kind;
   desc.name = std::move(name);
   desc.step = step;
   desc.dtype = src.scalar_type();
   desc.stored = info.stored;
-  desc.shape = src.sizes().vec();
+  const at::IntArrayRef sizes = src.sizes();
+  desc.shape.assign(sizes.begin(), sizes.end());
   desc.nbytes = static_cast<std::uint64_t>(src.numel()) * c10::elementSize(info.stored);
-  record->op = full ? (holds_ ? Op::Hold : Op::Store) : stats_vector ? Op::StatsVector : Op::Stats;
-  record->stats_row = stats_row;
-  record->scan = full && scans_;
-  const std::uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  record.op = full ? (holds_ ? Op::Hold : Op::Store) : stats_vector ? Op::StatsVector : Op::Stats;
+  record.stats_row = stats_row;
+  record.scan = full && scans_;
+  slot.id = next_id_.fetch_add(1, std::memory_order_relaxed);
   const std::uint64_t nbytes = desc.nbytes;
 
-  if (on_engine) return cuda_capture(*engine_, record, src, may_drop_, id);
+  if (on_engine)
+    return cuda_capture(*engine_, std::make_shared<const Record>(std::move(record)), src, may_drop_, slot.id);
 
-  if (nbytes <= staging_.capacity()) {
-    Slot slot;
-    slot.record = std::move(record);
-    slot.id = id;
+  if (nbytes <= std::min<std::uint64_t>(kPutBytes, staging_.capacity()) && is_byte_copy(src, info.stored)) {
     slot.nbytes = nbytes;
-    auto ticket = staging_.reserve(std::move(slot), may_drop_);
+    return staging_.put(slot, src.data_ptr(), may_drop_);
+  }
+  if (nbytes <= staging_.capacity()) {
+    slot.nbytes = nbytes;
+    auto ticket = staging_.reserve(slot, may_drop_);
     if (!ticket) return false;
     try {
       copy_into(ticket->dst, src, info.stored, nbytes);
@@ -131,14 +146,10 @@ bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::
   const at::Tensor flat = src.to(info.stored).contiguous().resolve_conj().resolve_neg();
   const char* bytes = static_cast<const char*>(flat.data_ptr());
   const std::size_t unit = c10::elementSize(info.stored);
-  std::shared_ptr<const Record> shared = std::move(record);
   for (std::uint64_t off = 0; off < nbytes;) {
-    Slot slot;
-    slot.record = shared;
-    slot.id = id;
     slot.nbytes = static_cast<std::size_t>(nbytes - off);
     slot.first = off == 0;
-    auto ticket = staging_.reserve(std::move(slot), may_drop_ && off == 0, unit);
+    auto ticket = staging_.reserve(slot, may_drop_ && off == 0, unit);
     // Either dropped before its first chunk, or cut off by close(): the
     // writer discards the chunks it already has.
     if (!ticket) return false;
@@ -152,14 +163,12 @@ bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::
 void Enqueue::dump_marker(std::int64_t step) {
   // A marker in the pipeline, after every record captured before the call:
   // the writer thread dumps what it holds when it gets there.
-  auto record = std::make_shared<Record>();
-  record->desc.step = step;
-  record->op = Op::Dump;
   Slot slot;
-  slot.record = std::move(record);
+  slot.record.desc.step = step;
+  slot.record.op = Op::Dump;
   slot.id = next_id_.fetch_add(1, std::memory_order_relaxed);
   slot.nbytes = 0;
-  if (auto ticket = staging_.reserve(std::move(slot), /*may_drop=*/false)) staging_.commit(*ticket, true);
+  if (auto ticket = staging_.reserve(slot, /*may_drop=*/false)) staging_.commit(*ticket, true);
 }
 
 }  // namespace tensortap::detail

@@ -41,7 +41,7 @@ void FlightRecorder::observe(const RecordDesc& record, const TensorStats& stats,
 }
 
 void FlightRecorder::keep(HeldRecord held) {
-  const RecordDesc& desc = held.record->desc;
+  const RecordDesc& desc = held.record.desc;
   if (window_lo_ <= desc.step && desc.step <= window_hi_) {
     store_.prepare({&desc});
     store_.write_whole(desc, held.bytes.data(), held.bytes.size());
@@ -69,15 +69,15 @@ void FlightRecorder::trigger(DumpRecord dump) {
     dump.steps.push_back(step);
     std::vector<const RecordDesc*> descs;
     for (const HeldRecord& r : held) {
-      dump.steps.push_back(r.record->desc.step);
-      descs.push_back(&r.record->desc);
+      dump.steps.push_back(r.record.desc.step);
+      descs.push_back(&r.record.desc);
     }
     std::sort(dump.steps.begin(), dump.steps.end());
     dump.steps.erase(std::unique(dump.steps.begin(), dump.steps.end()), dump.steps.end());
     window_lo_ = dump.steps.front();
     window_hi_ = dump.steps.back();
     store_.prepare(descs);
-    for (const HeldRecord& r : held) store_.write_whole(r.record->desc, r.bytes.data(), r.bytes.size());
+    for (const HeldRecord& r : held) store_.write_whole(r.record.desc, r.bytes.data(), r.bytes.size());
     // What was dumped is made durable before the run says it was.
     store_.sync(/*force=*/true);
   }

@@ -10,7 +10,7 @@ void FlightRing::drop_oldest() {
 }
 
 bool FlightRing::hold(HeldRecord record) {
-  const std::int64_t step = record.record->desc.step;
+  const std::int64_t step = record.record.desc.step;
   const std::size_t n = record.bytes.size();
   // Records normally arrive step by step; a late one (a hook on another
   // thread) still joins its step if that is held.

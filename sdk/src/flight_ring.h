@@ -13,7 +13,7 @@ namespace tensortap::detail {
 
 /// A record the flight recorder holds: what it is and all its bytes.
 struct HeldRecord {
-  std::shared_ptr<const Record> record;
+  Record record;
   std::string bytes;
 };
 

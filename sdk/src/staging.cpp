@@ -1,6 +1,9 @@
 #include "sdk/src/staging.h"
 
-#include <cstdlib>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -20,6 +23,30 @@ constexpr std::size_t kMinChunk = std::size_t{64} << 10;
 
 std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
+// Linux 5.14; older headers lack the name, older kernels answer EINVAL.
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+// Heap staging: huge pages where the kernel gives them, and every page
+// faulted in now, by the thread that allocates, before any capture writes
+// to it. Touched on first use instead, a 64 MiB buffer cost 37 ms of page
+// faults spread over the first captures (bench/README.md).
+void* map_populated(std::size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  // Advice only: without transparent huge pages the buffer has small ones.
+  (void)::madvise(p, bytes, MADV_HUGEPAGE);
+  if (::madvise(p, bytes, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) {
+    // A kernel without MADV_POPULATE_WRITE: write each page once. Nothing
+    // else can see the memory yet. (ENOMEM and the like: the pages come on
+    // first use, as before.)
+    auto* bytes_p = static_cast<volatile char*>(p);
+    for (std::size_t i = 0; i < bytes; i += kPage) bytes_p[i] = 0;
+  }
+  return p;
+}
+
 }  // namespace
 
 Staging::Staging(std::size_t capacity, Overflow overflow, HostMemory memory)
@@ -29,9 +56,10 @@ Staging::~Staging() {
   for (Buffer& b : buffers_) release_memory(b.data);
 }
 
-void* Staging::allocate(std::size_t bytes) const {
+void* Staging::allocate() const {
+  const std::size_t bytes = align_up(capacity_, kPage);
   if (memory_.allocate != nullptr) return memory_.allocate(bytes);
-  return std::aligned_alloc(kPage, bytes);
+  return map_populated(bytes);
 }
 
 void Staging::release_memory(void* data) const {
@@ -39,38 +67,92 @@ void Staging::release_memory(void* data) const {
   if (memory_.release != nullptr)
     memory_.release(data);
   else
-    std::free(data);
+    ::munmap(data, align_up(capacity_, kPage));
 }
 
-std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop, std::size_t unit, bool wait) {
+void Staging::prepare() {
+  // Memory from a HostMemory hook (pinned, for CUDA) is its owner's to place:
+  // allocating it here, on this thread, could create a CUDA context.
+  if (memory_.allocate != nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    // A capture that needs a buffer meanwhile waits for this one rather
+    // than populate a buffer of its own on its thread.
+    preparing_ = true;
+  }
+  for (Buffer& b : buffers_) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) break;
+      if (b.data != nullptr) continue;
+    }
+    // Populating takes milliseconds: outside the lock, so the writer's
+    // take() and captures into the other buffer are not held up.
+    void* p = allocate();
+    if (p == nullptr) break;  // the first reserve() allocates, and reports a failure
+    std::lock_guard<std::mutex> lock(mu_);
+    b.data = static_cast<char*>(p);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    preparing_ = false;
+  }
+  space_cv_.notify_all();
+}
+
+std::optional<Staging::Ticket> Staging::reserve(const Slot& request, bool may_drop, std::size_t unit, bool wait) {
   std::unique_lock<std::mutex> lock(mu_);
+  return reserve_locked(lock, request, may_drop, unit, wait);
+}
+
+bool Staging::put(const Slot& request, const void* src, bool may_drop) {
+  bool wake = false;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const std::optional<Ticket> ticket = reserve_locked(lock, request, may_drop, 0, true);
+    if (!ticket) return false;
+    if (ticket->nbytes != 0) std::memcpy(ticket->dst, src, ticket->nbytes);
+    wake = commit_locked(*ticket, true);
+  }
+  if (wake) writer_cv_.notify_one();
+  return true;
+}
+
+std::optional<Staging::Ticket> Staging::reserve_locked(std::unique_lock<std::mutex>& lock, const Slot& request,
+                                                       bool may_drop, std::size_t unit, bool wait) {
   for (;;) {
     // A hook that raced with close() must not queue what no writer drains.
     if (stopping_) return std::nullopt;
     Buffer& b = buffers_[fill_];
     const std::size_t offset = align_up(b.used, kRecordAlign);
     const std::size_t room = offset < capacity_ ? capacity_ - offset : 0;
-    std::size_t n = slot.nbytes;
+    std::size_t n = request.nbytes;
     bool fits = n <= room;
     if (unit != 0) {
-      const std::size_t least = std::min(slot.nbytes, std::max(unit, std::min(capacity_, kMinChunk) / unit * unit));
-      n = std::min(slot.nbytes, room / unit * unit);
+      const std::size_t least = std::min(request.nbytes, std::max(unit, std::min(capacity_, kMinChunk) / unit * unit));
+      n = std::min(request.nbytes, room / unit * unit);
       fits = n >= least && n > 0;
-      slot.last = n == slot.nbytes;
+    }
+    if (fits && b.data == nullptr && preparing_) {
+      // prepare() is populating this buffer on the writer thread.
+      space_cv_.wait(lock);
+      continue;
     }
     if (fits) {
       if (b.data == nullptr) {
-        b.data = static_cast<char*>(allocate(align_up(capacity_, kPage)));
+        b.data = static_cast<char*>(allocate());
         if (b.data == nullptr)
           fail(
               "cannot allocate a staging buffer of {} bytes "
               "(Options::buffer_bytes)",
               capacity_);
       }
+      // The slot goes in first: if that throws, nothing counts it as pending.
+      Slot& slot = b.slots.add(request);
       slot.offset = offset;
       slot.nbytes = n;
-      // The slot goes in first: if that throws, nothing counts it as pending.
-      b.slots.push_back(std::move(slot));
+      if (unit != 0) slot.last = n == request.nbytes;
       b.used = offset + n;
       ++b.pending;
       ++reserved_;
@@ -92,17 +174,22 @@ void Staging::commit(const Ticket& ticket, bool ok) {
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Buffer& b = *ticket.buffer;
-    if (!ok) b.slots[ticket.slot].ok = false;
-    // Waking the writer is a futex call, and in a VM an interrupt to the
-    // other core: microseconds of the capturing thread, per record. Wake it
-    // when there is enough to write or someone waits for it; kick(), once a
-    // step, wakes it for the rest.
-    // Once stop() has begun nothing else will: the writer drains and exits.
-    wake = --b.pending == 0 && (waiting_ > 0 || stopping_ || b.used >= capacity_ / 2);
-    if (!wake) unwoken_.store(true, std::memory_order_relaxed);
+    wake = commit_locked(ticket, ok);
   }
   if (wake) writer_cv_.notify_one();
+}
+
+bool Staging::commit_locked(const Ticket& ticket, bool ok) {
+  Buffer& b = *ticket.buffer;
+  if (!ok) b.slots[ticket.slot].ok = false;
+  // Waking the writer is a futex call, and in a VM an interrupt to the
+  // other core: microseconds of the capturing thread, per record. Wake it
+  // when there is enough to write or someone waits for it; kick(), once a
+  // step, wakes it for the rest.
+  // Once stop() has begun nothing else will: the writer drains and exits.
+  const bool wake = --b.pending == 0 && (waiting_ > 0 || stopping_ || b.used >= capacity_ / 2);
+  if (!wake) unwoken_.store(true, std::memory_order_relaxed);
+  return wake;
 }
 
 void Staging::kick() {
@@ -165,7 +252,7 @@ void Staging::free_memory() {
   for (Buffer& b : buffers_) {
     release_memory(b.data);
     b.data = nullptr;
-    b.slots.shrink_to_fit();
+    b.slots.shrink();
   }
 }
 

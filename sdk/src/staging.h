@@ -16,9 +16,9 @@
 namespace tensortap::detail {
 
 /// One piece of a record in a staging buffer. A record larger than a buffer
-/// is split into chunks that share `record` and `id`.
+/// is split into chunks that carry the same `record` and `id`.
 struct Slot {
-  std::shared_ptr<const Record> record;
+  Record record;
   /// Identifies the record across its chunks.
   std::uint64_t id = 0;
   /// Where the bytes are in the buffer.
@@ -28,6 +28,40 @@ struct Slot {
   bool last = true;
   /// False when the copy into staging failed: the writer drops the record.
   bool ok = true;
+};
+
+/// A staging buffer's slots. Clearing keeps them, and a reservation copies
+/// its record into a kept slot: the name's and the shape's memory is then
+/// allocated once per slot, not once per record on the capturing thread and
+/// freed on the writer thread (which glibc's per-thread caches never give
+/// back, so every such allocation took malloc's slow path).
+class SlotList {
+ public:
+  const Slot* begin() const { return slots_.data(); }
+  const Slot* end() const { return slots_.data() + size_; }
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  Slot& operator[](std::size_t i) { return slots_[i]; }
+  const Slot& operator[](std::size_t i) const { return slots_[i]; }
+  /// Appends a copy of `slot`, into a kept slot where there is one.
+  Slot& add(const Slot& slot) {
+    if (size_ == slots_.size())
+      slots_.push_back(slot);
+    else
+      slots_[size_] = slot;
+    return slots_[size_++];
+  }
+  void clear() { size_ = 0; }
+  /// Gives the kept slots' memory back.
+  void shrink() {
+    slots_.clear();
+    slots_.shrink_to_fit();
+    size_ = 0;
+  }
+
+ private:
+  std::vector<Slot> slots_;
+  std::size_t size_ = 0;
 };
 
 /// Where staging buffers' memory comes from. The default (both null) is
@@ -52,7 +86,7 @@ class Staging {
   struct Buffer {
     char* data = nullptr;
     std::size_t used = 0;
-    std::vector<Slot> slots;
+    SlotList slots;
     /// Reservations not yet committed: the writer may not take the buffer.
     int pending = 0;
   };
@@ -64,8 +98,8 @@ class Staging {
     std::size_t nbytes;
   };
 
-  /// `capacity` is each buffer's size; memory is taken from `memory` on
-  /// first use.
+  /// `capacity` is each buffer's size. Memory is taken from `memory` on
+  /// first use, or, for the default memory, by `prepare()`.
   Staging(std::size_t capacity, Overflow overflow, HostMemory memory = {});
   ~Staging();
   Staging(const Staging&) = delete;
@@ -73,7 +107,7 @@ class Staging {
 
   std::size_t capacity() const { return capacity_; }
 
-  /// Reserves `slot.nbytes` (at most `capacity()`) for `slot`. When there is
+  /// Reserves `slot.nbytes` (at most `capacity()`) for a copy of `slot`. When there is
   /// no room it waits, or returns nullopt if `may_drop` and the policy is
   /// `DropNewest`. Returns nullopt once `stop()` was called.
   ///
@@ -86,7 +120,11 @@ class Staging {
   /// holds uncommitted tickets (the CUDA copier, whose copies are in flight)
   /// must commit them before it waits, or the writer could never take the
   /// buffer it waits on.
-  std::optional<Ticket> reserve(Slot slot, bool may_drop, std::size_t unit = 0, bool wait = true);
+  std::optional<Ticket> reserve(const Slot& slot, bool may_drop, std::size_t unit = 0, bool wait = true);
+  /// `reserve()`, a copy of `slot.nbytes` from `src` and `commit()` under one
+  /// lock: for a small record, whose copy costs less than a second round
+  /// of the lock. False where `reserve()` returns nullopt.
+  bool put(const Slot& slot, const void* src, bool may_drop);
   /// Publishes a reservation; `ok = false` tells the writer to drop it.
   /// Wakes the writer only when the buffer is half full or a thread waits.
   void commit(const Ticket& ticket, bool ok);
@@ -96,6 +134,10 @@ class Staging {
   /// Returns when every slot reserved before the call has been released.
   void wait_drained();
 
+  /// Writer side, once at its start: allocates and populates both buffers
+  /// of default (heap) memory, so that no capture pays their page faults.
+  /// Without it (or if it fails) a buffer is allocated on first use.
+  void prepare();
   /// Writer side: waits for a buffer with committed slots and takes it.
   /// Returns nullptr once `stop()` was called and everything is taken.
   Buffer* take();
@@ -107,7 +149,11 @@ class Staging {
   void free_memory();
 
  private:
-  void* allocate(std::size_t bytes) const;
+  void* allocate() const;
+  std::optional<Ticket> reserve_locked(std::unique_lock<std::mutex>& lock, const Slot& slot, bool may_drop,
+                                       std::size_t unit, bool wait);
+  // Returns whether the writer must be woken (after the lock is released).
+  bool commit_locked(const Ticket& ticket, bool ok);
   void release_memory(void* data) const;
 
   std::size_t capacity_;
@@ -120,6 +166,8 @@ class Staging {
   Buffer buffers_[2];
   int fill_ = 0;
   bool stopping_ = false;
+  // prepare() is allocating the buffers: reserve() waits for it.
+  bool preparing_ = false;
   std::uint64_t reserved_ = 0;
   // Threads waiting for room or for the drain: commits then wake the writer.
   int waiting_ = 0;

@@ -38,6 +38,7 @@ void WriterThread::flush_stats(bool durable) noexcept {
 }
 
 void WriterThread::run() noexcept {
+  staging_.prepare();
   while (Staging::Buffer* buffer = staging_.take()) {
     try {
       write_batch(*buffer);
@@ -56,7 +57,7 @@ void WriterThread::write_batch(const Staging::Buffer& buffer) {
   starting_.clear();
   // Only what is stored now: held records are prepared when dumped.
   for (const Slot& slot : buffer.slots)
-    if (slot.first && slot.ok && slot.record->op == Op::Store) starting_.push_back(&slot.record->desc);
+    if (slot.first && slot.ok && slot.record.op == Op::Store) starting_.push_back(&slot.record.desc);
   store_.prepare(starting_);
   for (const Slot& slot : buffer.slots) write_slot(slot, buffer.data);
   store_.sync(/*force=*/false);
@@ -88,12 +89,12 @@ void WriterThread::write_slot(const Slot& slot, const char* base) {
       else
         *open = InFlight{nullptr, nullptr, {}, /*failed=*/true};
     }
-    failures_.add(slot.record->desc, what);
+    failures_.add(slot.record.desc, what);
   }
 }
 
 void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
-  const Record& record = *slot.record;
+  const Record& record = slot.record;
   const RecordDesc& desc = record.desc;
   const auto statistics_done = [&](const TensorStats& stats) {
     if (record.has_row()) {

@@ -61,7 +61,7 @@ void write_string_attr(H5::H5Object& obj, const char* name, const std::string& v
   a.write(type, value);
 }
 
-void write_ints_attr(H5::H5Object& obj, const char* name, const std::vector<std::int64_t>& v) {
+void write_ints_attr(H5::H5Object& obj, const char* name, c10::IntArrayRef v) {
   const hsize_t n = v.size();
   H5::DataSpace space = n == 0 ? H5::DataSpace(H5S_NULL) : H5::DataSpace(1, &n);
   H5::Attribute a = obj.createAttribute(name, H5::PredType::STD_I64LE, space);
@@ -70,7 +70,7 @@ void write_ints_attr(H5::H5Object& obj, const char* name, const std::vector<std:
 
 // Chunk dims for rows of `shape`: about `target` bytes, at most 256 rows,
 // halving the largest axis of a row that alone exceeds the target.
-std::vector<hsize_t> chunk_dims(const std::vector<std::int64_t>& shape, std::size_t elem, std::size_t target) {
+std::vector<hsize_t> chunk_dims(c10::IntArrayRef shape, std::size_t elem, std::size_t target) {
   std::vector<hsize_t> inner;
   for (std::int64_t d : shape) inner.push_back(static_cast<hsize_t>(std::max<std::int64_t>(d, 1)));
   auto bytes = [&] {
@@ -134,7 +134,7 @@ void create_series_group(H5::H5File& file, const RecordDesc& first, const Hdf5Op
   }
 }
 
-std::uint64_t new_chunk_bytes(const Hdf5Series& s, const std::vector<std::int64_t>& shape, hsize_t row) {
+std::uint64_t new_chunk_bytes(const Hdf5Series& s, c10::IntArrayRef shape, hsize_t row) {
   if (s.chunk.empty() || row % s.chunk[0] != 0) return 0;
   std::uint64_t bytes = c10::elementSize(s.stored);
   for (hsize_t d : s.chunk) bytes *= d;

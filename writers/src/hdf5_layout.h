@@ -13,6 +13,7 @@
 
 #include <H5Cpp.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
 
 #include <tensortap/error.h>
 #include <tensortap/format.h>
@@ -74,6 +75,6 @@ void create_series_group(H5::H5File& file, const RecordDesc& first, const Hdf5Op
 
 /// The file space a record of `shape` in row `row` of `s` may newly take:
 /// the chunks of its row group, when it is the group's first row.
-std::uint64_t new_chunk_bytes(const Hdf5Series& s, const std::vector<std::int64_t>& shape, hsize_t row);
+std::uint64_t new_chunk_bytes(const Hdf5Series& s, c10::IntArrayRef shape, hsize_t row);
 
 }  // namespace tensortap::detail

@@ -104,7 +104,7 @@ class Hdf5Sink final : public RecordSink {
   // (at most two per axis), so chunks of a large tensor go straight to the
   // file without being gathered first.
   void write_range(const char* p, std::uint64_t count) {
-    const std::vector<std::int64_t>& shape = meta_.shape;
+    const c10::IntArrayRef shape = meta_.shape;
     const std::size_t k = shape.size();
     std::vector<std::uint64_t> stride(k, 1);
     for (std::size_t i = k; i-- > 1;) stride[i - 1] = stride[i] * static_cast<std::uint64_t>(shape[i]);

@@ -84,7 +84,7 @@ void append_json_string(std::string& out, std::string_view s) {
   out.push_back('"');
 }
 
-void append_json_ints(std::string& out, const std::vector<std::int64_t>& values) {
+void append_json_ints(std::string& out, c10::IntArrayRef values) {
   out.push_back('[');
   for (size_t i = 0; i < values.size(); ++i) {
     if (i) out.push_back(',');

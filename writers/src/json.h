@@ -5,6 +5,8 @@
 #include <string_view>
 #include <vector>
 
+#include <c10/util/ArrayRef.h>
+
 namespace tensortap::detail {
 
 /// Appends `s` to `out` as a quoted JSON string. Valid UTF-8 passes through;
@@ -13,6 +15,6 @@ namespace tensortap::detail {
 void append_json_string(std::string& out, std::string_view s);
 
 /// Appends `[a,b,c]`.
-void append_json_ints(std::string& out, const std::vector<std::int64_t>& values);
+void append_json_ints(std::string& out, c10::IntArrayRef values);
 
 }  // namespace tensortap::detail

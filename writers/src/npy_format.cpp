@@ -24,7 +24,7 @@ bool little_endian_host() {
   return first == 1;
 }
 
-std::string shape_tuple(const std::vector<std::int64_t>& shape) {
+std::string shape_tuple(c10::IntArrayRef shape) {
   std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i) s += ", ";
@@ -187,7 +187,7 @@ std::string npy_descr(c10::ScalarType stored) {
 namespace {
 
 // The header around `descr`, the Python literal of the dtype.
-std::string header_of(std::string_view descr, const std::vector<std::int64_t>& shape, std::size_t min_size) {
+std::string header_of(std::string_view descr, c10::IntArrayRef shape, std::size_t min_size) {
   std::string dict = fmt::format("{{'descr': {}, 'fortran_order': False, 'shape': {}, }}", descr, shape_tuple(shape));
   // Version 1.0 stores the header length in 16 bits, 2.0 in 32.
   for (int version = 1; version <= 2; ++version) {
@@ -211,12 +211,11 @@ std::string header_of(std::string_view descr, const std::vector<std::int64_t>& s
 
 }  // namespace
 
-std::string npy_header(std::string_view descr, const std::vector<std::int64_t>& shape, std::size_t min_size) {
+std::string npy_header(std::string_view descr, c10::IntArrayRef shape, std::size_t min_size) {
   return header_of(fmt::format("'{}'", descr), shape, min_size);
 }
 
-std::string npy_header(const std::vector<NpyField>& fields, const std::vector<std::int64_t>& shape,
-                       std::size_t min_size) {
+std::string npy_header(const std::vector<NpyField>& fields, c10::IntArrayRef shape, std::size_t min_size) {
   std::string descr = "[";
   for (const NpyField& f : fields) {
     if (descr.size() > 1) descr += ", ";

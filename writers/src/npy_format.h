@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
 
 namespace tensortap::detail {
 
@@ -17,7 +18,7 @@ namespace tensortap::detail {
 /// a multiple of 64, so the data that follows is 64-byte aligned.
 /// With `min_size`, the header takes at least that many bytes: one that is
 /// rewritten in place as its shape grows keeps its size.
-std::string npy_header(std::string_view descr, const std::vector<std::int64_t>& shape, std::size_t min_size = 0);
+std::string npy_header(std::string_view descr, c10::IntArrayRef shape, std::size_t min_size = 0);
 
 /// One field of a structured dtype: its name and NumPy type string ("<f8").
 struct NpyField {
@@ -27,8 +28,7 @@ struct NpyField {
 
 /// `npy_header()` for a structured dtype of these fields, in this order,
 /// packed (no padding between them): NumPy reads it as a record array.
-std::string npy_header(const std::vector<NpyField>& fields, const std::vector<std::int64_t>& shape,
-                       std::size_t min_size = 0);
+std::string npy_header(const std::vector<NpyField>& fields, c10::IntArrayRef shape, std::size_t min_size = 0);
 
 /// The NumPy type string of `stored` in this machine's byte order ("<f4").
 std::string npy_descr(c10::ScalarType stored);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <c10/core/ScalarType.h>
+#include <c10/util/SmallVector.h>
 
 #include <tensortap/format.h>
 #include <tensortap/kinds.h>
@@ -27,7 +28,10 @@ struct RecordDesc {
   c10::ScalarType dtype = c10::ScalarType::Float;
   /// The dtype of the bytes (bfloat16 arrives as float32).
   c10::ScalarType stored = c10::ScalarType::Float;
-  std::vector<std::int64_t> shape;
+  /// Inline up to 8 dimensions: a record's metadata is built on the
+  /// training thread for every capture, and a heap-allocated shape was a
+  /// malloc there and a free on the writer thread each time.
+  c10::SmallVector<std::int64_t, 8> shape;
   /// Bytes of data, C order.
   std::uint64_t nbytes = 0;
 };

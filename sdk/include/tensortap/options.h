@@ -174,7 +174,10 @@ struct Options {
   /// Size of each of the two host staging buffers, in bytes. The training
   /// thread fills one while the writer thread drains the other, so staging
   /// never holds more than twice this. A larger tensor is streamed through in
-  /// chunks of this size.
+  /// chunks of this size. On a rank that captures, both buffers are
+  /// allocated and faulted in when the recorder starts (on its writer
+  /// thread, with huge pages where the system allows), so that no capture
+  /// pays page faults: the process holds twice this from then on.
   TORCH_ARG(std::size_t, buffer_bytes) = std::size_t{64} << 20;
   /// What happens when both buffers are full.
   TORCH_ARG(Overflow, overflow) = Overflow::Block;

@@ -75,7 +75,7 @@ void CudaEngine::process(Item& item, std::vector<Batch>& open, std::deque<Batch>
     std::size_t offset = 0;
     do {
       Slot slot;
-      slot.record = item.record;
+      slot.record = *item.record;
       slot.id = item.id;
       slot.nbytes = total - offset;
       slot.first = offset == 0;
