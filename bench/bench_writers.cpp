@@ -5,7 +5,9 @@
 //   TENSORTAP_BENCH_DIR=/path/on/disk build/bench/bench_writers --benchmark_filter=Fsync
 //
 // BM_RawWrite is open, write, close of a new file: the floor for one file
-// per record. BM_NpyWrite is tensortap's .npy writer (header in the same
+// per record; BM_RawAppend, write() of each record to one open file: the
+// floor for the packed format (BM_PackedWrite: its writer alone;
+// BM_RecorderWritePacked: the whole pipeline). BM_NpyWrite is tensortap's .npy writer (header in the same
 // writev, a temporary name, rename). The Fsync variants add fsync() before
 // the file counts as written; tensortap itself never fsyncs a .npy, so its
 // variant opens the finished file again to fsync it (one open and close more
@@ -26,6 +28,7 @@
 
 #include "bench_dir.h"
 #include "writers/src/npy_writer.h"
+#include "writers/src/packed_writer.h"
 #ifdef TENSORTAP_HAVE_HDF5
 #include "writers/src/hdf5_writer.h"
 #endif
@@ -75,10 +78,10 @@ void BM_NpyWrite(benchmark::State& state, bool sync) {
 // (Overflow::Block) until the last is on disk, so the rate is the writer
 // thread's, staging and index.jsonl included. The capturing thread is the
 // benchmark's; the writer runs on the other core.
-void BM_RecorderWrite(benchmark::State& state) {
+void BM_RecorderWrite(benchmark::State& state, tensortap::Format format) {
   const auto n = static_cast<std::size_t>(state.range(0));
   BenchDir dir;
-  tensortap::Recorder rec(tensortap::Options(dir.path + "/run"));
+  tensortap::Recorder rec(tensortap::Options(dir.path + "/run").format(format));
   std::int64_t step = 0;
   {
     // Staging is touched once and reused: measure the steady state.
@@ -95,6 +98,45 @@ void BM_RecorderWrite(benchmark::State& state) {
     rec.step(step++);
     rec.capture("x", t);
     if (step == last) rec.flush();  // timed: the last one is on disk
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n));
+}
+
+// The packed format's floor: the same bytes appended to one file, one
+// write() per record.
+void BM_RawAppend(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  BenchDir dir;
+  std::vector<char> data(n, 1);
+  const std::string path = dir.path + "/all.bin";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) state.SkipWithError("open failed");
+  for (auto _ : state)
+    if (::write(fd, data.data(), n) != static_cast<ssize_t>(n)) state.SkipWithError("write failed");
+  if (::close(fd) != 0) state.SkipWithError("close failed");
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n));
+}
+
+// tensortap's packed writer alone, one record per batch (the writer thread
+// syncs after every batch), until the last is durable.
+void BM_PackedWrite(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  BenchDir dir;
+  const auto run_dir = tensortap::detail::Dir::open(dir.path, false);
+  tensortap::detail::PackedWriter writer(run_dir, tensortap::PackedOptions());
+  std::vector<char> data(n, 1);
+  tensortap::detail::RecordDesc meta;
+  meta.name = "x";
+  meta.shape = {static_cast<std::int64_t>(n / 4)};
+  meta.nbytes = n;
+  std::int64_t left = static_cast<std::int64_t>(state.max_iterations);
+  for (auto _ : state) {
+    auto sink = writer.begin(meta);
+    sink->append(data.data(), n);
+    benchmark::DoNotOptimize(sink->finish());
+    writer.sync(/*force=*/false);
+    ++meta.step;
+    if (--left == 0) writer.close();  // timed: the last one is durable
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n));
 }
@@ -195,7 +237,18 @@ const bool registered = [] {
     const std::int64_t it = iterations(n, std::int64_t{512} << 20, 2000);
     benchmark::RegisterBenchmark("BM_RawWrite", BM_RawWrite, false)->Arg(n)->Iterations(it);
     benchmark::RegisterBenchmark("BM_NpyWrite", BM_NpyWrite, false)->Arg(n)->Iterations(it);
-    benchmark::RegisterBenchmark("BM_RecorderWrite", BM_RecorderWrite)->Arg(n)->Iterations(it)->UseRealTime();
+    benchmark::RegisterBenchmark("BM_RecorderWrite", BM_RecorderWrite, tensortap::Format::Npy)
+        ->Arg(n)
+        ->Iterations(it)
+        ->UseRealTime();
+    // Packed records are cheap: more of them, for a run long enough to time.
+    const std::int64_t it_packed = iterations(n, std::int64_t{512} << 20, 20000);
+    benchmark::RegisterBenchmark("BM_RawAppend", BM_RawAppend)->Arg(n)->Iterations(it_packed);
+    benchmark::RegisterBenchmark("BM_PackedWrite", BM_PackedWrite)->Arg(n)->Iterations(it_packed);
+    benchmark::RegisterBenchmark("BM_RecorderWritePacked", BM_RecorderWrite, tensortap::Format::Packed)
+        ->Arg(n)
+        ->Iterations(it_packed)
+        ->UseRealTime();
     // A disk fsync costs milliseconds: fewer files.
     const std::int64_t it_sync = iterations(n, std::int64_t{64} << 20, 100);
     benchmark::RegisterBenchmark("BM_RawWriteFsync", BM_RawWrite, true)->Arg(n)->Iterations(it_sync);

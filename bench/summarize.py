@@ -14,6 +14,7 @@ table says so.
 
 import csv
 import json
+import math
 import os
 import re
 import statistics
@@ -136,6 +137,27 @@ def writers(g, gd, out):
             out.append("| %s | %.0f us/file | %.0f us/file | %.2f | %s |" % (
                 size(n), ns(raw) / 1e3, ns(npy) / 1e3, r, verdict(r >= 0.9)))
         out.append("")
+    if "BM_RawAppend/%d" % (1 << 20) in g:
+        out.append("Packed segments against raw write() of the same bytes appended to one file, one write() per "
+                   "record (target: 0.9 or better, 64 B to 16 MiB):\n")
+        out.append("| bytes | raw write() to one file | packed writer | packed / raw | target "
+                   "| whole pipeline (Recorder) | pipeline / raw | target |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for n in sizes_of(g, "BM_RawAppend"):
+            raw, pk, rec = g["BM_RawAppend/%d" % n], g.get("BM_PackedWrite/%d" % n), g.get(
+                "BM_RecorderWritePacked/%d" % n)
+            if not pk:
+                continue
+            r = pk["bytes_per_second"] / raw["bytes_per_second"]
+            rr = rec["bytes_per_second"] / raw["bytes_per_second"] if rec else None
+
+            def per(b):
+                return "%.2f us/record" % (ns(b) / 1e3) if n < 64 * 1024 else rate(b["bytes_per_second"])
+
+            out.append("| %s | %s | %s | %.2f | %s | %s | %s | %s |" % (
+                size(n), per(raw), per(pk), r, verdict(r >= 0.9), per(rec) if rec else "-",
+                "%.2f" % rr if rr is not None else "-", verdict(rr >= 0.9) if rr is not None else "-"))
+        out.append("")
     h = [(k, b) for k, b in g.items() if k.startswith("BM_Hdf5Write/")]
     if h:
         out.append("HDF5 (one row per record, flushed after each, as the default cadence does):\n")
@@ -238,21 +260,49 @@ def scale(rows, out):
         return
     out.append("### 4. Scale: every step captured, fixed compute of %.0f ms per step\n"
                % statistics.median(float(r["off_ms"]) for r in rows))
-    out.append("| MiB/step | tensors/step | off ms | on ms | overhead | in capture() ms | memcpy ms | write() ms | limit |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
+    out.append("Every format on the same points. \"drain\": the same steps without the compute, until the last "
+               "record is on disk (the pipeline's own rate); \"write() / drain\": raw write() of the same bytes "
+               "(a file per tensor for .npy, one file for the others) against it, 1.0 being as fast as raw. "
+               "Files: per 1,000 steps, as this run created them (packed: from the bytes a step appends and "
+               "the segment size, 1 GiB).\n")
+    out.append("| format | MiB/step | tensors/step | off ms | on ms | overhead | in capture() ms | memcpy ms "
+               "| write() ms | drain ms | write() / drain | files per 1,000 steps | limit |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        out.append("| %d | %s | %.1f | %.1f | %+.0f%% | %.2f | %.2f | %.2f | %s |" % (
-            int(r["bytes_per_step"]) // MiB, r["tensors_per_step"], float(r["off_ms"]), float(r["on_ms"]),
-            float(r["overhead"]) * 100, float(r["capture_ms"]), float(r["memcpy_ms"]), float(r["write_ms"]),
-            limit_of(r)))
-    for sweep, key in (("bytes", "bytes_per_step"), ("tensors", "tensors_per_step")):
-        rs = [r for r in rows if r["sweep"] == sweep]
-        knee = next((r for r in rs if float(r["write_ms"]) > float(r["off_ms"]) + float(r["memcpy_ms"])), None)
-        if knee:
-            x = "%d MiB" % (int(knee[key]) // MiB) if sweep == "bytes" else "%s tensors" % knee[key]
-            out.append("\nKnee (%s): at %s per step, write() of the step's files (%.1f ms) exceeds the step "
-                       "(%.1f ms + %.1f ms memcpy); beyond it the step time follows the disk."
-                       % (sweep, x, float(knee["write_ms"]), float(knee["off_ms"]), float(knee["memcpy_ms"])))
+        mib = int(r["bytes_per_step"]) / MiB
+        out.append("| %s | %s | %s | %.1f | %.1f | %+.0f%% | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s |" % (
+            r.get("format", "npy"), ("%d" % mib) if mib >= 1 else ("%.2f" % mib), r["tensors_per_step"],
+            float(r["off_ms"]), float(r["on_ms"]), float(r["overhead"]) * 100, float(r["capture_ms"]),
+            float(r["memcpy_ms"]), float(r["write_ms"]), float(r["drain_ms"]),
+            float(r["write_ms"]) / float(r["drain_ms"]), r["files_per_1000_steps"], limit_of(r)))
+    for fmt in sorted({r.get("format", "npy") for r in rows}):
+        for sweep, key in (("bytes", "bytes_per_step"), ("tensors", "tensors_per_step")):
+            rs = [r for r in rows if r["sweep"] == sweep and r.get("format", "npy") == fmt]
+            knee = next((r for r in rs if float(r["write_ms"]) > float(r["off_ms"]) + float(r["memcpy_ms"])), None)
+            if knee:
+                x = "%d MiB" % (int(knee[key]) // MiB) if sweep == "bytes" else "%s tensors" % knee[key]
+                out.append("\nKnee (%s, %s): at %s per step, write() of the step's bytes (%.1f ms) exceeds the step "
+                           "(%.1f ms + %.1f ms memcpy); beyond it the step time follows the disk."
+                           % (fmt, sweep, x, float(knee["write_ms"]), float(knee["off_ms"]),
+                              float(knee["memcpy_ms"])))
+    target = [r for r in rows if r.get("format") == "packed" and r["sweep"] == "tensors"
+              and int(r["tensors_per_step"]) == 10000]
+    if target:
+        ov = float(target[0]["overhead"])
+        out.append("\nTarget: packed, 10,000 tensors of 1 KiB per step, overhead 10%% or less on a 10 ms step: "
+                   "%+.1f%%, %s." % (ov * 100, verdict(ov <= 0.10)))
+    for r in rows:
+        if r.get("format") != "packed" or r["sweep"] != "tensors" or int(r["tensors_per_step"]) != 10000:
+            continue
+        npy = next((x for x in rows if x.get("format") == "npy" and x["sweep"] == "tensors"
+                    and x["tensors_per_step"] == r["tensors_per_step"]), None)
+        # A segment holds segment_bytes: files follow the bytes, not names x steps.
+        bound = math.ceil(1000 * int(r["bytes_per_step"]) * 1.25 / 2**30)
+        out.append("Target: packed files per run do not grow with names x steps: %s per 1,000 steps at 10,000 "
+                   "names per step%s, %s (at most %d for %d MiB a step, headers included)." % (
+                       r["files_per_1000_steps"],
+                       " (.npy: %s)" % npy["files_per_1000_steps"] if npy else "",
+                       verdict(float(r["files_per_1000_steps"]) <= bound), bound, int(r["bytes_per_step"]) // MiB))
     out.append("")
 
 
