@@ -1,5 +1,7 @@
 #include "writers/src/json.h"
 
+#include <charconv>
+
 #include <fmt/format.h>
 
 namespace tensortap::detail {
@@ -36,9 +38,26 @@ size_t utf8_sequence_length(std::string_view s, size_t i) {
 
 }  // namespace
 
+void append_int(std::string& out, std::int64_t v) {
+  char digits[24];
+  const auto [end, ec] = std::to_chars(digits, digits + sizeof digits, v);
+  (void)ec;  // 24 characters hold every int64
+  out.append(digits, end);
+}
+
 void append_json_string(std::string& out, std::string_view s) {
   out.push_back('"');
   for (size_t i = 0; i < s.size();) {
+    // Runs of printable ASCII that need no escape go out in one append: an
+    // index line holds two strings per record, and this is the writer
+    // thread's per-record path.
+    size_t run = i;
+    while (run < s.size() && s[run] >= 0x20 && s[run] < 0x7F && s[run] != '"' && s[run] != '\\') ++run;
+    if (run > i) {
+      out.append(s.data() + i, run - i);
+      i = run;
+      continue;
+    }
     const auto c = static_cast<unsigned char>(s[i]);
     switch (c) {
       case '"':
@@ -88,7 +107,7 @@ void append_json_ints(std::string& out, c10::IntArrayRef values) {
   out.push_back('[');
   for (size_t i = 0; i < values.size(); ++i) {
     if (i) out.push_back(',');
-    out += std::to_string(values[i]);
+    append_int(out, values[i]);
   }
   out.push_back(']');
 }

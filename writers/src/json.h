@@ -9,6 +9,9 @@
 
 namespace tensortap::detail {
 
+/// Appends `v` in decimal.
+void append_int(std::string& out, std::int64_t v);
+
 /// Appends `s` to `out` as a quoted JSON string. Valid UTF-8 passes through;
 /// control characters are escaped, and each byte that is not valid UTF-8
 /// becomes \u00XX so the line stays valid JSON whatever a name holds.

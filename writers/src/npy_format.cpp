@@ -9,6 +9,7 @@
 #include <tensortap/error.h>
 
 #include "writers/src/dtypes.h"
+#include "writers/src/json.h"
 
 namespace tensortap::detail {
 namespace {
@@ -24,14 +25,19 @@ bool little_endian_host() {
   return first == 1;
 }
 
-std::string shape_tuple(c10::IntArrayRef shape) {
-  std::string s = "(";
+void append_shape_tuple(std::string& s, c10::IntArrayRef shape) {
+  s += '(';
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i) s += ", ";
-    s += std::to_string(shape[i]);
+    append_int(s, shape[i]);
   }
-  if (shape.size() == 1) s += ",";
-  s += ")";
+  if (shape.size() == 1) s += ',';
+  s += ')';
+}
+
+std::string shape_tuple(c10::IntArrayRef shape) {
+  std::string s;
+  append_shape_tuple(s, shape);
   return s;
 }
 
@@ -181,14 +187,26 @@ std::string npy_descr(c10::ScalarType stored) {
   const DtypeInfo* info = dtype_info(stored);
   if (info == nullptr) throw Error(fmt::format("no NumPy dtype for {}", c10::toString(stored)));
   const char order = c10::elementSize(stored) == 1 ? '|' : (little_endian_host() ? '<' : '>');
-  return fmt::format("{}{}", order, info->numpy);
+  std::string descr(1, order);
+  descr += info->numpy;
+  return descr;
 }
 
 namespace {
 
-// The header around `descr`, the Python literal of the dtype.
-std::string header_of(std::string_view descr, c10::IntArrayRef shape, std::size_t min_size) {
-  std::string dict = fmt::format("{{'descr': {}, 'fortran_order': False, 'shape': {}, }}", descr, shape_tuple(shape));
+// The header around `descr`, the Python literal of the dtype (quoted when
+// `quote`). Built by hand: a packed run writes one per record, on the writer
+// thread's per-record path.
+std::string header_of(std::string_view descr, bool quote, c10::IntArrayRef shape, std::size_t min_size) {
+  std::string dict;
+  dict.reserve(descr.size() + 64 + 24 * shape.size());
+  dict += "{'descr': ";
+  if (quote) dict += '\'';
+  dict += descr;
+  if (quote) dict += '\'';
+  dict += ", 'fortran_order': False, 'shape': ";
+  append_shape_tuple(dict, shape);
+  dict += ", }";
   // Version 1.0 stores the header length in 16 bits, 2.0 in 32.
   for (int version = 1; version <= 2; ++version) {
     const size_t len_bytes = version == 1 ? 2 : 4;
@@ -197,7 +215,9 @@ std::string header_of(std::string_view descr, c10::IntArrayRef shape, std::size_
     total = (total + kAlign - 1) / kAlign * kAlign;
     const size_t header_len = total - prefix;
     if (version == 1 && header_len > 0xFFFF) continue;
-    std::string out(kMagic, kMagicLen);
+    std::string out;
+    out.reserve(total);
+    out.append(kMagic, kMagicLen);
     out.push_back(static_cast<char>(version));
     out.push_back(0);
     for (size_t b = 0; b < len_bytes; ++b) out.push_back(static_cast<char>((header_len >> (8 * b)) & 0xFF));
@@ -212,7 +232,7 @@ std::string header_of(std::string_view descr, c10::IntArrayRef shape, std::size_
 }  // namespace
 
 std::string npy_header(std::string_view descr, c10::IntArrayRef shape, std::size_t min_size) {
-  return header_of(fmt::format("'{}'", descr), shape, min_size);
+  return header_of(descr, /*quote=*/true, shape, min_size);
 }
 
 std::string npy_header(const std::vector<NpyField>& fields, c10::IntArrayRef shape, std::size_t min_size) {
@@ -222,7 +242,7 @@ std::string npy_header(const std::vector<NpyField>& fields, c10::IntArrayRef sha
     descr += fmt::format("('{}', '{}')", f.name, f.descr);
   }
   descr += "]";
-  return header_of(descr, shape, min_size);
+  return header_of(descr, /*quote=*/false, shape, min_size);
 }
 
 std::uint64_t npy_header_end(std::string_view prefix, std::uint64_t file_size, const std::string& what) {

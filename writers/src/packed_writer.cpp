@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -56,9 +58,14 @@ class PackedSink final : public RecordSink {
   std::string finish() override {
     write_header();
     if (left_ != 0) fail("record at offset {} of '{}' is {} bytes short", offset_, writer_.segment_path(), left_);
-    std::string loc = "\"file\":";
+    std::string loc;
+    loc.reserve(writer_.segment_rel().size() + 64);
+    loc += "\"file\":";
     append_json_string(loc, writer_.segment_rel());
-    loc += fmt::format(",\"offset\":{},\"nbytes\":{}", offset_, nbytes_);
+    loc += ",\"offset\":";
+    append_int(loc, static_cast<std::int64_t>(offset_));
+    loc += ",\"nbytes\":";
+    append_int(loc, static_cast<std::int64_t>(nbytes_));
     finished_ = true;
     writer_.release(true);
     return loc;
@@ -142,9 +149,12 @@ void PackedWriter::put(std::uint64_t offset, const char* data, std::size_t n) {
     }
   }
   const auto at = static_cast<std::size_t>(offset - buf_start_);
-  // Gaps (the alignment padding) become zeros.
-  if (buf_.size() < at + n) buf_.resize(at + n, '\0');
-  buf_.replace(at, n, data, n);
+  // Gaps (the alignment padding) become zeros. Bytes usually arrive in
+  // order, at the end; a record begun earlier may still fill its place.
+  if (at > buf_.size()) buf_.append(at - buf_.size(), '\0');
+  const std::size_t inside = std::min(n, buf_.size() - at);
+  if (inside != 0) std::memcpy(&buf_[at], data, inside);
+  buf_.append(data + inside, n - inside);
 }
 
 void PackedWriter::release(bool done) {

@@ -98,9 +98,16 @@ void write_run_json(const Dir& dir, const std::string& json) {
 }
 
 void append_index_line(std::string& out, const RecordDesc& meta, const std::string& location) {
-  out += fmt::format("{{\"step\":{},\"kind\":\"{}\",\"name\":", meta.step, kind_name(meta.kind));
+  // By hand, not with fmt: one line per record on the writer thread.
+  out += "{\"step\":";
+  append_int(out, meta.step);
+  out += ",\"kind\":\"";
+  out += kind_name(meta.kind);
+  out += "\",\"name\":";
   append_json_string(out, meta.name);
-  out += fmt::format(",\"dtype\":\"{}\",\"shape\":", dtype_name(meta.dtype));
+  out += ",\"dtype\":\"";
+  out += dtype_name(meta.dtype);
+  out += "\",\"shape\":";
   append_json_ints(out, meta.shape);
   out += ',';
   out += location;
