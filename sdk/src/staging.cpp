@@ -28,22 +28,12 @@ std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a;
 #define MADV_POPULATE_WRITE 23
 #endif
 
-// Heap staging: huge pages where the kernel gives them, and every page
-// faulted in now, by the thread that allocates, before any capture writes
-// to it. Touched on first use instead, a 64 MiB buffer cost 37 ms of page
-// faults spread over the first captures (bench/README.md).
-void* map_populated(std::size_t bytes) {
+// Heap staging, with huge pages where the kernel gives them (advice only:
+// without transparent huge pages it has small ones).
+void* map_staging(std::size_t bytes) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return nullptr;
-  // Advice only: without transparent huge pages the buffer has small ones.
   (void)::madvise(p, bytes, MADV_HUGEPAGE);
-  if (::madvise(p, bytes, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) {
-    // A kernel without MADV_POPULATE_WRITE: write each page once. Nothing
-    // else can see the memory yet. (ENOMEM and the like: the pages come on
-    // first use, as before.)
-    auto* bytes_p = static_cast<volatile char*>(p);
-    for (std::size_t i = 0; i < bytes; i += kPage) bytes_p[i] = 0;
-  }
   return p;
 }
 
@@ -59,7 +49,7 @@ Staging::~Staging() {
 void* Staging::allocate() const {
   const std::size_t bytes = align_up(capacity_, kPage);
   if (memory_.allocate != nullptr) return memory_.allocate(bytes);
-  return map_populated(bytes);
+  return map_staging(bytes);
 }
 
 void Staging::release_memory(void* data) const {
@@ -74,31 +64,40 @@ void Staging::prepare() {
   // Memory from a HostMemory hook (pinned, for CUDA) is its owner's to place:
   // allocating it here, on this thread, could create a CUDA context.
   if (memory_.allocate != nullptr) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    // A capture that needs a buffer meanwhile waits for this one rather
-    // than populate a buffer of its own on its thread.
-    preparing_ = true;
-  }
+  // Touched on first use, a 64 MiB buffer cost 37 ms of page faults spread
+  // over the first captures (bench/README.md). Here every page is faulted
+  // in by the writer thread instead.
+  const std::size_t bytes = align_up(capacity_, kPage);
   for (Buffer& b : buffers_) {
+    char* data = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) break;
-      if (b.data != nullptr) continue;
+      if (stopping_) return;
+      data = b.data;
     }
-    // Populating takes milliseconds: outside the lock, so the writer's
-    // take() and captures into the other buffer are not held up.
-    void* p = allocate();
-    if (p == nullptr) break;  // the first reserve() allocates, and reports a failure
-    std::lock_guard<std::mutex> lock(mu_);
-    b.data = static_cast<char*>(p);
+    if (data == nullptr) {
+      data = static_cast<char*>(map_staging(bytes));
+      if (data == nullptr) return;  // the first reserve() tries again, and reports a failure
+      // Without MADV_POPULATE_WRITE (before Linux 5.14; the length-0 call
+      // asks): write each page before anyone can see the memory.
+      if (::madvise(data, 0, MADV_POPULATE_WRITE) != 0) {
+        auto* page = static_cast<volatile char*>(static_cast<void*>(data));
+        for (std::size_t i = 0; i < bytes; i += kPage) page[i] = 0;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (b.data == nullptr) {
+        b.data = data;
+      } else {
+        // A capture came first and mapped its own.
+        release_memory(data);
+        data = b.data;
+      }
+    }
+    // Published at once: MADV_POPULATE_WRITE faults pages in without
+    // writing to them, so captures may fill the buffer meanwhile (ENOMEM
+    // and the like leave the rest to first use, as before).
+    (void)::madvise(data, bytes, MADV_POPULATE_WRITE);
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    preparing_ = false;
-  }
-  space_cv_.notify_all();
 }
 
 std::optional<Staging::Ticket> Staging::reserve(const Slot& request, bool may_drop, std::size_t unit, bool wait) {
@@ -133,11 +132,6 @@ std::optional<Staging::Ticket> Staging::reserve_locked(std::unique_lock<std::mut
       const std::size_t least = std::min(request.nbytes, std::max(unit, std::min(capacity_, kMinChunk) / unit * unit));
       n = std::min(request.nbytes, room / unit * unit);
       fits = n >= least && n > 0;
-    }
-    if (fits && b.data == nullptr && preparing_) {
-      // prepare() is populating this buffer on the writer thread.
-      space_cv_.wait(lock);
-      continue;
     }
     if (fits) {
       if (b.data == nullptr) {

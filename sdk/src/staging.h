@@ -136,7 +136,8 @@ class Staging {
 
   /// Writer side, once at its start: allocates and populates both buffers
   /// of default (heap) memory, so that no capture pays their page faults.
-  /// Without it (or if it fails) a buffer is allocated on first use.
+  /// Captures need not wait for it. Without it (or if it fails) a buffer
+  /// is allocated on first use and its pages faulted in as they are.
   void prepare();
   /// Writer side: waits for a buffer with committed slots and takes it.
   /// Returns nullptr once `stop()` was called and everything is taken.
@@ -166,8 +167,6 @@ class Staging {
   Buffer buffers_[2];
   int fill_ = 0;
   bool stopping_ = false;
-  // prepare() is allocating the buffers: reserve() waits for it.
-  bool preparing_ = false;
   std::uint64_t reserved_ = 0;
   // Threads waiting for room or for the drain: commits then wake the writer.
   int waiting_ = 0;
