@@ -3,7 +3,7 @@
 // 10,000 tensors of 1 KiB), in every format, on a loop that does a fixed
 // amount of compute per step (about 10 ms of matmul) and captures every step.
 //
-//   bench_scale [--reps N] [--csv PATH] [--quick] [--formats npy,packed,hdf5]
+//   bench_scale [--reps N] [--csv PATH] [--quick] [--formats npy,packed,hdf5] [--sweep bytes|tensors]
 //
 // For every point and format, measured in the same run: the step time
 // without capture (off) and with it (on, flush() included), the time the
@@ -264,6 +264,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string csv_path;
   std::string format_list;  // empty: every format built
+  std::string only_sweep;   // empty: both sweeps
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0)
       quick = true;
@@ -273,8 +274,12 @@ int main(int argc, char** argv) {
       csv_path = argv[++i];
     else if (std::strcmp(argv[i], "--formats") == 0 && i + 1 < argc)
       format_list = argv[++i];
+    else if (std::strcmp(argv[i], "--sweep") == 0 && i + 1 < argc)
+      only_sweep = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_scale [--reps N] [--csv PATH] [--quick] [--formats npy,packed,hdf5]\n");
+      std::fprintf(
+          stderr,
+          "usage: bench_scale [--reps N] [--csv PATH] [--quick] [--formats npy,packed,hdf5] [--sweep bytes|tensors]\n");
       return 2;
     }
   }
@@ -291,6 +296,9 @@ int main(int argc, char** argv) {
   // Tensors of 1 KiB: what grows is the cost per record.
   for (std::int64_t k : {10, 100, 1000, 10000})
     if (!quick || k <= 1000) points.push_back({"tensors", k * 1024, k});
+  if (!only_sweep.empty())
+    points.erase(std::remove_if(points.begin(), points.end(), [&](const Point& p) { return only_sweep != p.sweep; }),
+                 points.end());
   std::vector<FormatCase> formats;
   for (const FormatCase& fc : kFormats)
     if (format_list.empty() || ("," + format_list + ",").find(std::string(",") + fc.name + ",") != std::string::npos)
