@@ -27,7 +27,9 @@ import numpy as np
 _BLOCK = 4 << 20
 
 # A JSON string's body, escapes included but no raw quote or newline;
-# possessive, so that a line that does not match fails fast.
+# possessive, so that a line that does not match fails fast. (Not a
+# possessive repeat of a group holding possessive repeats: Python 3.11.2
+# matches those wrongly.)
 _STR = rb'[^"\\\n]*+(?:\\.[^"\\\n]*+)*+'
 # A JSON integer that fits in int64 without checking: 18 digits at most.
 _UINT = rb'(0|[1-9][0-9]{0,17})'
@@ -37,7 +39,7 @@ _UINT = rb'(0|[1-9][0-9]{0,17})'
 _LINE = re.compile(
     rb'^\{"step":(-?(?:0|[1-9][0-9]{0,17})),'
     rb'("kind":"[a-z_]*+","name":"' + _STR + rb'","dtype":"' + _STR + rb'","shape":\[[0-9,]*+\],'
-    rb'"file":"(?:[^"\\\n/]*+/)*+)'
+    rb'"file":"(?:[^"\\\n/]*+(?:\\.[^"\\\n/]*+)*+/)*)'
     rb'([^"\\\x00-\x1f/]*+)"'
     rb'(?:,"offset":' + _UINT + rb',"nbytes":' + _UINT +
     rb'|,"dataset":"(' + _STR + rb')","row":' + _UINT + rb')?\}\n', re.M)
