@@ -773,13 +773,13 @@ class CompactIndexTest(TempCase):
             records[5]
         self.assertIn("'step': 4", repr(records))
 
-    def test_a_file_that_grew_since_its_lines_were_counted(self):
-        # A live run appends between the count and the read: nothing is lost.
-        make_run(self.run_dir, [compact(record(s)) for s in range(3)])
-        count = _index._count_lines
-        with mock.patch.object(_index, "_count_lines", lambda path: count(path) - 2):
+    def test_a_file_that_grew_since_the_columns_were_sized(self):
+        # A live run appends between the sizing and the read: nothing is lost.
+        make_run(self.run_dir, [compact(record(s)) for s in range(3)] + [line(record(s)) for s in range(3, 6)])
+        with mock.patch.object(_index, "_capacity", lambda paths: 2):
             run, _ = open_run(self.run_dir)
-        self.assertEqual(run.records, [record(s) for s in range(3)])
+        self.assertEqual(run.records, [record(s) for s in range(6)])
+        np.testing.assert_array_equal(run.series("w", "grad"), np.stack([value(s) for s in range(6)]))
 
     def test_inspect_summary_from_the_columns(self):
         make_run(self.run_dir, [compact(record(0)), compact(record(1, shape=(3, 2))), compact(record(2)),

@@ -62,9 +62,11 @@ class Index:
     def __init__(self, capacity, sources):
         self.n = 0
         self.capacity = capacity
-        # Sized once: built by appending blocks and joining them, the columns
-        # left their blocks' holes in the heap, and kept twice their size.
-        line_type = np.int32 if capacity < (1 << 31) else np.int64
+        # Sized once, from above, and cut to size at the end: built by
+        # appending blocks and joining them, the columns left their blocks'
+        # holes in the heap, and kept twice their size.
+        # A line number is below the files' bytes, capacity * _SHORTEST_RECORD.
+        line_type = np.int32 if capacity * _SHORTEST_RECORD < (1 << 31) else np.int64
         self.cols = {"step": np.empty(capacity, np.int64), "meta": np.empty(capacity, np.int32),
                      "base": np.empty(capacity, np.int32), "line": np.empty(capacity, line_type),
                      "source": np.empty(capacity, np.min_scalar_type(max(1, len(sources))))}
@@ -213,13 +215,15 @@ class Index:
 
     def _append(self, part, n, source):
         if self.n + n > self.capacity:
-            # More lines than counted: a live run appended since.
+            # More records than the bytes allowed for: the file grew since.
             self.capacity = max(2 * self.capacity, self.n + n)
             self.cols = {k: np.resize(v, self.capacity) for k, v in self.cols.items()}
         at = slice(self.n, self.n + n)
         for k, v in part.items():
             if k not in self.cols:
-                self.cols[k] = np.full(self.capacity, -1, self.types[k])
+                # Written up to here only: the pages past it are not touched yet.
+                self.cols[k] = np.empty(self.capacity, self.types[k])
+                self.cols[k][:self.n] = -1
             self.cols[k][at] = v
         for k in _OPTIONAL:
             if k in self.cols and k not in part:
@@ -253,10 +257,12 @@ class Index:
         from . import _Record
 
         self._record_type = _Record  # imported once, not per record()
-        # Views of the filled rows; the rest was never touched, so never
-        # took memory (np.empty).
         for k in ("step", "meta", "base", "line", "source") + _OPTIONAL:
-            setattr(self, k, self.cols[k][:self.n] if k in self.cols else None)
+            column = self.cols.pop(k, None)
+            if column is not None:
+                # In place: realloc gives the rows never filled back.
+                column.resize(self.n, refcheck=False)
+            setattr(self, k, column)
         del self.cols
         self._meta_code = self._base_code = self._dataset_code = None  # only needed while reading
         # A meta can be unused: decoded for a block that was then read line by
@@ -358,21 +364,21 @@ def _ints(texts, missing=None):
     return np.fromiter(map(int, texts), np.int64, len(texts))
 
 
-def _count_lines(path):
-    """Lines in `path` (one more if the last is not ended), read a block at a
-    time: the columns are sized from it."""
-    from . import _open_regular
+# No index line that is a record is shorter than this many bytes (the
+# shortest, {"step":0,"kind":"grad","name":"","dtype":"","shape":[],"file":"x"},
+# takes 68 with its newline): columns sized from the files' bytes over it
+# hold every record, and their pages never written never take memory.
+_SHORTEST_RECORD = 48
 
-    if not os.path.exists(path):
-        return 0
-    n, last = 0, b"\n"
-    with _open_regular(path) as f:
-        while True:
-            data = f.read(_BLOCK)
-            if not data:
-                return n + (last != b"\n")
-            n += data.count(b"\n")
-            last = data[-1:]
+
+def _capacity(paths):
+    size = 0
+    for path in paths:
+        try:
+            size += os.stat(path).st_size
+        except OSError:
+            pass  # no index: no records
+    return size // _SHORTEST_RECORD + 16
 
 
 def read(dirs):
@@ -380,7 +386,7 @@ def read(dirs):
     (None, a single-rank run, first)."""
     sources = [(os.path.join(d, "index.jsonl"), os.path.realpath(d), rank)
                for rank, d in sorted(dirs.items(), key=lambda kv: -1 if kv[0] is None else kv[0])]
-    index = Index(sum(_count_lines(path) for path, _, _ in sources), sources)
+    index = Index(_capacity(path for path, _, _ in sources), sources)
     for source in range(len(sources)):
         index.read(source)
     return index.finish()
