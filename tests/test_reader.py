@@ -169,6 +169,21 @@ class PackedTest(TempCase):
             if name == "dtypes":
                 self.assertGreater(len(files), 1)  # 4 KiB segments: several
 
+    def test_images_are_what_np_save_writes(self):
+        # bench/bench_reader_scale.py builds its packed run with np.save: the
+        # same bytes as the C++ writer's, header padding included.
+        for name in ("train_packed", "dtypes_packed"):
+            with open(os.path.join(E2E, name, "index.jsonl")) as f:
+                recs = [json.loads(line) for line in f]
+            for rec in recs:
+                with self.subTest(run=name, name=rec["name"], step=rec["step"]):
+                    with open(os.path.join(E2E, name, rec["file"]), "rb") as f:
+                        f.seek(rec["offset"])
+                        written = f.read(rec["nbytes"])
+                    b = io.BytesIO()
+                    np.save(b, np.load(io.BytesIO(written), allow_pickle=False), allow_pickle=False)
+                    self.assertEqual(b.getvalue(), written)
+
     def test_load_series_and_check(self):
         for name in ("train", "dtypes"):
             for a, b, rec, twin in self.pairs(name + "_packed", name):
