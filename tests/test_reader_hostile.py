@@ -751,6 +751,18 @@ class CompactIndexTest(TempCase):
         # The kind of the damaged line is no kind of the run: only "grad" records remain.
         self.assertEqual(fast.kinds(), ["grad"])
 
+    def test_lines_of_many_blocks(self):
+        # Lines of 60 blocks of 200 bytes, in the middle and torn at the end:
+        # each costs only itself (and is read in one piece, not re-joined
+        # at every block).
+        long = compact(record(1, name="n" * 12000))
+        make_run(self.run_dir, [compact(record(0)), long, b"x" * 12000 + b"\n", compact(record(2)),
+                                b"y" * 12000], arrays=False)
+        with mock.patch.object(_index, "_BLOCK", 200):
+            run, warned = open_run(self.run_dir)
+        self.assertEqual(run.records, [record(0), json.loads(long), record(2)])
+        self.assertEqual([w.split(": skipped: ")[0] for w in warned], [f"{self.run_dir}/index.jsonl:3"])
+
     def test_lines_with_members_of_their_own_keep_them(self):
         make_run(self.run_dir, [compact(record(0)), compact(record(1, note="by hand", retries=2)),
                                 compact(record(2))])

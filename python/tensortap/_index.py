@@ -91,21 +91,22 @@ class Index:
         tokens = _Tokens()
         lineno = 1  # of the block's first line
         with _open_regular(path) as f:
-            rest = b""
+            pieces = []  # of a line not ended yet: joined once it is, not per read
             while True:
                 data = f.read(_BLOCK)
                 if not data:
                     break
-                data = rest + data
                 cut = data.rfind(b"\n") + 1
-                if cut == 0:  # no whole line yet: a line longer than a block
-                    rest = data
+                if cut == 0:  # a line longer than a block
+                    pieces.append(data)
                     continue
-                block, rest = data[:cut], data[cut:]
+                block = b"".join(pieces) + data[:cut] if pieces else data[:cut]
+                pieces = [data[cut:]] if cut < len(data) else []
                 n = block.count(b"\n")
                 if not self._fast_block(block, n, lineno, source, tokens):
                     self._slow_lines(block.split(b"\n")[:-1], lineno, source, last=False)
                 lineno += n
+            rest = b"".join(pieces)
             if rest:
                 # No newline after it: a line torn by a crash (skipped without a
                 # word), or a last line written whole but not ended (kept).
