@@ -345,7 +345,7 @@ class _Record(dict):
 
 
 class _Records(Sequence):
-    """Run.records: the index's records as dicts (_Records), each built when it
+    """Run.records: the index's records as dicts (_Record), each built when it
     is read. It equals a list of the same dicts."""
 
     def __init__(self, index):
