@@ -73,7 +73,8 @@ def make_run(root, names, steps):
         big.append({"step": step, "kind": "activation", "name": "big", "dtype": "float32", "shape": [1024, 1024],
                     "file": rel})
     with open(os.path.join(root, "index.jsonl"), "w") as f:
-        f.writelines(json.dumps(rec) + "\n" for rec in lines + big)
+        # As the writer prints them (run_files.cpp): no spaces.
+        f.writelines(json.dumps(rec, separators=(",", ":")) + "\n" for rec in lines + big)
     with open(os.path.join(root, "run.json"), "w") as f:
         json.dump({"format_version": 1, "closed": True, "options": {"format": "npy", "stats_every": 1}}, f)
     return len(table), len(lines) + len(big)

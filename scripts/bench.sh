@@ -31,10 +31,10 @@ BUILT=$SECONDS
 
 if [ $QUICK -eq 1 ]; then
   GB=(--benchmark_repetitions=1); TRAIN=(--reps 1 --scale 0.2); SCALE=(--reps 1 --quick)
-  ANALYSIS=(--reps 1 --names 200 --steps 200)
+  ANALYSIS=(--reps 1 --names 200 --steps 200); READER=(--reps 1 --names 200 --steps 200)
 else
   GB=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true); TRAIN=(--reps 7); SCALE=(--reps 3)
-  ANALYSIS=(--reps 3)
+  ANALYSIS=(--reps 3); READER=(--reps 3)
 fi
 gbench() {  # gbench NAME BINARY [args...]: Google Benchmark, JSON to $OUT/NAME.json
   local name=$1 bin=$2
@@ -59,6 +59,8 @@ mkdir -p "$ROOT/bench/pictures"
 "$PY" "$ROOT/bench/plot_scale.py" "$OUT/scale.csv" "$ROOT/bench/pictures/scale.png"
 echo "== analysis views (reader)"
 "$PY" "$ROOT/bench/bench_analysis.py" "${ANALYSIS[@]}" --json "$OUT/analysis.json" | tee "$OUT/analysis.md"
+echo "== the reader at a million index lines"
+"$PY" "$ROOT/bench/bench_reader_scale.py" "${READER[@]}" --json "$OUT/reader_scale.json" | tee "$OUT/reader_scale.md"
 
 echo
 echo "## tensortap benchmarks: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \

@@ -169,6 +169,21 @@ class PackedTest(TempCase):
             if name == "dtypes":
                 self.assertGreater(len(files), 1)  # 4 KiB segments: several
 
+    def test_images_are_what_np_save_writes(self):
+        # bench/bench_reader_scale.py builds its packed run with np.save: the
+        # same bytes as the C++ writer's, header padding included.
+        for name in ("train_packed", "dtypes_packed"):
+            with open(os.path.join(E2E, name, "index.jsonl")) as f:
+                recs = [json.loads(line) for line in f]
+            for rec in recs:
+                with self.subTest(run=name, name=rec["name"], step=rec["step"]):
+                    with open(os.path.join(E2E, name, rec["file"]), "rb") as f:
+                        f.seek(rec["offset"])
+                        written = f.read(rec["nbytes"])
+                    b = io.BytesIO()
+                    np.save(b, np.load(io.BytesIO(written), allow_pickle=False), allow_pickle=False)
+                    self.assertEqual(b.getvalue(), written)
+
     def test_load_series_and_check(self):
         for name in ("train", "dtypes"):
             for a, b, rec, twin in self.pairs(name + "_packed", name):
@@ -208,6 +223,51 @@ class PackedTest(TempCase):
         rc, out = inspect(run_dir, "--check")
         self.assertNotEqual(rc, 0)
         self.assertIn("4 problems", out)
+
+
+class CompactIndexTest(TempCase):
+    """The index as columns (tensortap/_index.py) on what the C++ writer wrote."""
+
+    RUNS = ("train", "dtypes", "train_packed", "dtypes_packed", "train_h5", "dtypes_h5", "shapes_h5")
+
+    def test_every_line_the_writer_wrote_takes_the_fast_path(self):
+        from unittest import mock
+
+        from tensortap import _index
+
+        for name in self.RUNS:
+            path = os.path.join(E2E, name)
+            if not os.path.isdir(path):
+                continue  # HDF5 runs need a build with HDF5
+            with self.subTest(run=name):
+                with mock.patch.object(_index.Index, "_slow_lines", side_effect=AssertionError("a slow line")):
+                    run = tensortap.open(path)
+                with open(os.path.join(path, "index.jsonl")) as f:
+                    want = [json.loads(line) for line in f]
+                self.assertEqual(run.records, want)
+                self.assertEqual([r.lineno for r in run.records], list(range(1, len(want) + 1)))
+                # The same records read line by line, the way any other line is.
+                with mock.patch.object(_index, "_LINE", _index.re.compile(rb"(?!)")):
+                    self.assertEqual(tensortap.open(path).records, want)
+                for kind in run.kinds():
+                    for n in run.names(kind):
+                        self.assertEqual(run.steps(n, kind), sorted({r["step"] for r in want
+                                                                     if (r["kind"], r["name"]) == (kind, n)}))
+
+    def test_index_frame_of_a_packed_run(self):
+        try:
+            import pandas  # noqa: F401
+        except ImportError:
+            self.skipTest("pandas is not installed")
+        run = tensortap.open(os.path.join(E2E, "dtypes_packed"))
+        df = run.index_frame()
+        self.assertEqual(len(df), len(run.records))
+        for row, rec in zip(df.itertuples(index=False), run.records):
+            self.assertEqual((row.step, row.kind, row.name, row.dtype, row.shape, row.file, row.offset, row.nbytes),
+                             (rec["step"], rec["kind"], rec["name"], rec["dtype"], tuple(rec["shape"]), rec["file"],
+                              rec["offset"], rec["nbytes"]))
+            self.assertIsNone(row.dataset)
+            self.assertIs(row.row, pandas.NA)
 
 
 class InspectTest(TempCase):

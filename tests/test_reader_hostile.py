@@ -12,14 +12,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import re
 import tempfile
 import unittest
 import warnings
+from unittest import mock
 
 import numpy as np
 
 import tensortap
 from tensortap import __main__ as cli
+from tensortap import _index
 
 RUN_JSON = {"format_version": 1, "closed": True, "options": {"format": "npy"}, "rank": 0, "world_size": 1}
 
@@ -627,6 +630,273 @@ class KilledHdf5WriterTest(TempCase):
             head = f.read(48)
         self.assertEqual(_hdf5.lookup3(head[:44]), int.from_bytes(head[44:], "little"))
         self.assertEqual(_hdf5.lookup3(b""), 0xDEADBEEF)
+
+
+def compact(rec, ascii=True):
+    """The index line of `rec` as the C++ writer prints it: no spaces, members
+    in the dict's order (record() has the writer's); with ascii=False, other
+    characters as UTF-8, not escaped, as the writer has them."""
+    return json.dumps(rec, separators=(",", ":"), ensure_ascii=ascii).encode("utf-8", "surrogatepass") + b"\n"
+
+
+def lines_read_one_by_one(fn):
+    """fn(), and how many lines went through the line-by-line path."""
+    seen = []
+    slow = _index.Index._slow_lines
+
+    def counting(self, lines, *args, **kwargs):
+        seen.extend(lines)
+        return slow(self, lines, *args, **kwargs)
+
+    with mock.patch.object(_index.Index, "_slow_lines", counting):
+        return fn(), len(seen)
+
+
+def never_fast():
+    """Every block read line by line, as if no line were in the writer's form."""
+    return mock.patch.object(_index, "_LINE", re.compile(rb"(?!)"))
+
+
+def image(a):
+    b = io.BytesIO()
+    np.save(b, a, allow_pickle=False)
+    return b.getvalue()
+
+
+def make_packed_run(path, arrays, segment_bytes=1 << 30):
+    """A Format::Packed run as packed_writer.cpp writes one: each (step, name,
+    array) a .npy image at a 64-byte-aligned offset of packed/<n>.npys, a new
+    segment when the next record would pass segment_bytes; index lines in
+    the writer's form. Returns the index records."""
+    os.makedirs(os.path.join(path, "packed"))
+    with open(os.path.join(path, "run.json"), "w") as f:
+        json.dump(dict(RUN_JSON, options={"format": "packed"}), f)
+    recs, seg, end = [], 0, 0
+    for step, name, a in arrays:
+        img = image(a)
+        offset = -(-end // 64) * 64
+        if end and offset + len(img) > segment_bytes:
+            seg, offset = seg + 1, 0
+        rel = f"packed/{seg:08d}.npys"
+        with open(os.path.join(path, rel), "ab") as f:
+            f.write(b"\0" * (offset - f.tell()) + img)
+        end = offset + len(img)
+        recs.append(record(step, name=name, shape=list(a.shape), dtype=str(a.dtype), file=rel, offset=offset,
+                           nbytes=len(img)))
+    with open(os.path.join(path, "index.jsonl"), "wb") as f:
+        f.write(b"".join(compact(r) for r in recs))
+    return recs
+
+
+class CompactIndexTest(TempCase):
+    """The index held as columns (tensortap/_index.py) gives the records the
+    lines hold, whether a block is read by the fast path or line by line."""
+
+    def open_both(self, max_slow_lines):
+        """The run opened as it is and with every line read one by one; at
+        most `max_slow_lines` went one by one the first time."""
+        (fast, fast_warned), slow_lines = lines_read_one_by_one(lambda: open_run(self.run_dir))
+        self.assertLessEqual(slow_lines, max_slow_lines)
+        with never_fast():
+            slow, slow_warned = open_run(self.run_dir)
+        self.assertEqual(fast_warned, slow_warned)
+        return fast, slow, fast_warned
+
+    def test_records_are_the_lines_on_both_paths(self):
+        names = ["w", 'quote"d', "back\\slash", "tab\tnew\nline", "poids_é", "\udc80raw", "a/b", "日本"]
+        lines = [compact(record(s, name=n, kind=k)) for s in range(3) for n in names for k in ("grad", "param")]
+        lines.append(compact(record(0, name="h", file="tensors.h5", dataset="/grad/h\"x/data", row=4)))
+        lines.append(compact(record(1, name="p", file="packed/00000000.npys", offset=128, nbytes=4096)))
+        # Characters as UTF-8; a byte that is not UTF-8 the writer escapes, as above.
+        lines += [compact(record(s, name=n), ascii=False) for s in (5, 6) for n in names if n != "\udc80raw"]
+        make_run(self.run_dir, lines, arrays=False)
+        fast, slow, warned = self.open_both(max_slow_lines=0)
+        self.assertEqual(warned, [])
+        want = [json.loads(raw) for raw in lines]
+        self.assertEqual(fast.records, want)
+        self.assertEqual(slow.records, want)
+        self.assertEqual(list(fast.records), want)
+        for i, rec in enumerate(fast.records):
+            self.assertEqual((rec.index, rec.lineno, rec.root),
+                             (os.path.join(self.run_dir, "index.jsonl"), i + 1, os.path.realpath(self.run_dir)))
+        self.assertEqual(fast.names("grad"), sorted(set(names) | {"h", "p"}))
+        # What repeats is held once: a name's kind, dtype, shape and directory;
+        # a file name per step (.npy) or segment.
+        self.assertEqual(len(fast._index.metas), 2 * len(names) + 2)
+        self.assertEqual(sorted(fast._index.bases), sorted([f"{s:08d}.npy" for s in (0, 1, 2, 5, 6)] +
+                                                           ["00000000.npys", "tensors.h5"]))
+        self.assertEqual(fast.steps("back\\slash", "param"), [0, 1, 2])
+
+    def test_block_boundaries_and_damage_in_every_block(self):
+        # Blocks of 200 bytes: lines cross them, and one line is longer than a block.
+        good = [compact(record(s, name="n" * (300 if s == 7 else 1))) for s in range(40)]
+        lines = list(good)
+        lines[10] = b"garbage\n"
+        lines[20] = compact(record(20, kind="grads"))   # the writer's form, an unknown kind
+        lines[30] = b"\n"                               # blank: skipped without a word
+        lines[35] = line(record(35))                    # json.dumps with spaces: a record, not the writer's form
+        lines.append(good[0][:30])                     # torn last line
+        make_run(self.run_dir, lines, arrays=False)
+        with mock.patch.object(_index, "_BLOCK", 200):
+            # The blocks with no such line are read by the fast path.
+            fast, slow, warned = self.open_both(max_slow_lines=12)
+        index = os.path.join(self.run_dir, "index.jsonl")
+        self.assertEqual([w.split(": skipped: ")[0] for w in warned], [f"{index}:11", f"{index}:21"])
+        self.assertIn("unknown kind 'grads'", warned[1])
+        want = [json.loads(raw) for i, raw in enumerate(lines[:-1]) if i not in (10, 20, 30)]
+        self.assertEqual(want[32], record(35))
+        self.assertEqual(fast.records, want)
+        self.assertEqual(slow.records, want)
+        self.assertEqual([r.lineno for r in fast.records], [i + 1 for i in range(40) if i not in (10, 20, 30)])
+        # The kind of the damaged line is no kind of the run: only "grad" records remain.
+        self.assertEqual(fast.kinds(), ["grad"])
+
+    def test_lines_of_many_blocks(self):
+        # Lines of 60 blocks of 200 bytes, in the middle and torn at the end:
+        # each costs only itself (and is read in one piece, not re-joined
+        # at every block).
+        long = compact(record(1, name="n" * 12000))
+        make_run(self.run_dir, [compact(record(0)), long, b"x" * 12000 + b"\n", compact(record(2)),
+                                b"y" * 12000], arrays=False)
+        with mock.patch.object(_index, "_BLOCK", 200):
+            run, warned = open_run(self.run_dir)
+        self.assertEqual(run.records, [record(0), json.loads(long), record(2)])
+        self.assertEqual([w.split(": skipped: ")[0] for w in warned], [f"{self.run_dir}/index.jsonl:3"])
+
+    def test_lines_with_members_of_their_own_keep_them(self):
+        make_run(self.run_dir, [compact(record(0)), compact(record(1, note="by hand", retries=2)),
+                                compact(record(2))])
+        run, warned = open_run(self.run_dir)
+        self.assertEqual(warned, [])
+        self.assertEqual(run.records[1], record(1, note="by hand", retries=2))
+        self.assertEqual(run.records[-1], record(2))
+        np.testing.assert_array_equal(run.series("w", "grad"), np.stack([value(s) for s in range(3)]))
+
+    def test_records_is_a_sequence_of_dicts(self):
+        make_run(self.run_dir, [compact(record(s)) for s in range(5)])
+        records = tensortap.open(self.run_dir).records
+        self.assertEqual(len(records), 5)
+        self.assertEqual(records[-1], record(4))
+        self.assertEqual(records[1:3], [record(1), record(2)])
+        self.assertEqual(records, tuple(record(s) for s in range(5)))
+        self.assertNotEqual(records, [record(s) for s in range(4)])
+        self.assertEqual([r["step"] for r in records], list(range(5)))
+        with self.assertRaises(IndexError):
+            records[5]
+        self.assertIn("'step': 4", repr(records))
+
+    def test_a_file_that_grew_since_the_columns_were_sized(self):
+        # A live run appends between the sizing and the read: nothing is lost.
+        make_run(self.run_dir, [compact(record(s)) for s in range(3)] + [line(record(s)) for s in range(3, 6)])
+        with mock.patch.object(_index, "_capacity", lambda paths: 2):
+            run, _ = open_run(self.run_dir)
+        self.assertEqual(run.records, [record(s) for s in range(6)])
+        np.testing.assert_array_equal(run.series("w", "grad"), np.stack([value(s) for s in range(6)]))
+
+    def test_inspect_summary_from_the_columns(self):
+        make_run(self.run_dir, [compact(record(0)), compact(record(1, shape=(3, 2))), compact(record(2)),
+                                compact(record(0, name="v", kind="param"))], arrays=False)
+        rc, out, _ = inspect(self.run_dir)
+        self.assertEqual(rc, 0)
+        rows = {tuple(r.split()[:2]): r.split()[2:] for r in out.splitlines() if r.startswith("  ")}
+        self.assertEqual(rows[("grad", "w")], ["3", "0..2", "2", "shapes", "float32", "72", "B"])
+        self.assertEqual(rows[("param", "v")], ["1", "0..0", "(2,", "3)", "float32", "24", "B"])
+        self.assertIn("total: 4 records, 96 B", out)
+
+
+class SeriesReadTest(TempCase):
+    """series() reads a segment's records through one open and one map, and
+    each exactly as np.load at its offset does."""
+
+    def opens(self, run, *args):
+        """series(*args) and the files it opened through _open_regular."""
+        opened = []
+        real = tensortap._open_regular
+
+        def counting(path):
+            opened.append(path)
+            return real(path)
+
+        with mock.patch.object(tensortap, "_open_regular", counting):
+            return run.series(*args), opened
+
+    def test_one_open_per_segment_and_every_record_exact(self):
+        rng = np.random.default_rng(0)
+        want = {n: [rng.standard_normal((3, 5)).astype(np.float32) for _ in range(40)] for n in ("a", "b")}
+        arrays = [(s, n, want[n][s]) for s in range(40) for n in ("a", "b")]
+        recs = make_packed_run(self.run_dir, arrays, segment_bytes=2048)
+        segments = sorted({r["file"] for r in recs if r["name"] == "a"})
+        self.assertGreater(len(segments), 3)
+        run = tensortap.open(self.run_dir)
+        s, opened = self.opens(run, "a", "grad")
+        self.assertEqual(sorted(os.path.relpath(p, os.path.realpath(self.run_dir)) for p in opened), segments)
+        np.testing.assert_array_equal(s, np.stack(want["a"]))
+        for rec in recs:
+            with open(os.path.join(self.run_dir, rec["file"]), "rb") as f:
+                f.seek(rec["offset"])
+                np.testing.assert_array_equal(run.load(rec["name"], rec["step"], "grad"), np.load(f))
+
+    def test_dtypes_orders_and_shapes(self):
+        values = [np.arange(6, dtype=np.int16).reshape(2, 3), np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+                  np.array([[True, False, True]] * 2), np.arange(6, dtype=">f4").reshape(2, 3)]
+        make_packed_run(self.run_dir, [(s, "x", a) for s, a in enumerate(values)] +
+                        [(0, "empty", np.zeros((0, 4), np.float32)), (0, "scalar", np.array(2.5))])
+        run = tensortap.open(self.run_dir)
+        s = run.series("x", "grad")
+        self.assertEqual(s.dtype, np.stack(values).dtype)
+        np.testing.assert_array_equal(s, np.stack(values))
+        self.assertEqual(run.series("empty", "grad").shape, (1, 0, 4))
+        np.testing.assert_array_equal(run.series("scalar", "grad"), [2.5])
+
+    def test_a_damaged_record_in_a_series_is_refused_as_by_load(self):
+        arrays = [(s, "w", value(s)) for s in range(4)]
+        for fault, why in ((dict(offset=64), "not a .npy image"), (dict(nbytes=10 ** 6), "past the end"),
+                           (dict(shape=[2, 3]), None)):
+            with self.subTest(fault=fault):
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+                recs = make_packed_run(self.run_dir, arrays)
+                if why is None:  # the segment's bytes damaged, not the index
+                    with open(os.path.join(self.run_dir, recs[2]["file"]), "r+b") as f:
+                        f.seek(recs[2]["offset"])
+                        f.write(b"NOTNPY")
+                    why = "not a .npy image"
+                else:
+                    recs[2].update(fault)
+                    with open(os.path.join(self.run_dir, "index.jsonl"), "wb") as f:
+                        f.write(b"".join(compact(r) for r in recs))
+                run = tensortap.open(self.run_dir)
+                with self.assertRaisesRegex(tensortap.RunError, "index.jsonl:3: .*" + why):
+                    run.series("w", "grad")
+                with self.assertRaisesRegex(tensortap.RunError, "index.jsonl:3: .*" + why):
+                    run.load("w", 2, "grad")
+
+    def test_npy_series_reads_what_np_load_reads(self):
+        make_run(self.run_dir, [compact(record(s)) for s in range(4)])
+        files = [os.path.join(self.run_dir, record(s)["file"]) for s in range(4)]
+        # Another dtype, a Fortran-order array, a .npy of version 3.0 (NumPy
+        # reads it; tensortap never writes one): each as np.load has it.
+        np.save(files[1], value(1).astype(np.float64))
+        np.save(files[2], np.asfortranarray(value(2)))
+        with open(files[3], "wb") as f:
+            np.lib.format.write_array(f, value(3), version=(3, 0))
+        s = tensortap.open(self.run_dir).series("w", "grad")
+        np.testing.assert_array_equal(s, np.stack([np.load(p) for p in files]))
+        self.assertEqual(s.dtype, np.float64)
+        # An object array is never unpickled: np.load's refusal, as before.
+        np.save(files[2], np.array([{"a": 1}] * 6, dtype=object).reshape(2, 3), allow_pickle=True)
+        with self.assertRaisesRegex(ValueError, "allow_pickle"):
+            tensortap.open(self.run_dir).series("w", "grad")
+        os.remove(files[2])
+        with self.assertRaises(FileNotFoundError):
+            tensortap.open(self.run_dir).series("w", "grad")
+
+    def test_directory_links_out_of_the_run_are_refused_in_a_series(self):
+        make_run(self.run_dir, [compact(record(s)) for s in range(3)])
+        elsewhere = os.path.join(self.tmp, "elsewhere")
+        shutil.move(os.path.join(self.run_dir, "npy/grad/w"), elsewhere)
+        os.symlink(elsewhere, os.path.join(self.run_dir, "npy/grad/w"))
+        with self.assertRaisesRegex(tensortap.RunError, r"index\.jsonl:1: refused path .*outside"):
+            tensortap.open(self.run_dir).series("w", "grad")
 
 
 if __name__ == "__main__":

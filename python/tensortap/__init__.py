@@ -24,14 +24,19 @@ outside its run directory is refused with a RunError when it is read.
 """
 
 import builtins
+import io
 import json
+import mmap
 import os
 import re
 import stat
 import threading
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
+
+from . import _index
 
 __all__ = ["open", "Run", "KINDS", "STATS_FIELDS", "RunError", "RunWarning"]
 __version__ = "0.1.0"
@@ -76,22 +81,20 @@ class Run:
         self.ranks = sorted(r for r in ranks if r is not None)
         self.infos = {r: _read_json(os.path.join(d, "run.json")) for r, d in ranks.items()}
         self.info = self.infos[min(self.infos, key=lambda r: -1 if r is None else r)]
-        self.records = []
-        self._by_key = {}
-        for r, d in sorted(ranks.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
-            for rec in _read_index(os.path.join(d, "index.jsonl")):
-                if r is not None:
-                    rec["rank"] = r
-                self.records.append(rec)
-                self._by_key.setdefault((rec["kind"], rec["name"]), {}).setdefault(r, []).append(rec)
-        for by_rank in self._by_key.values():
-            for rs in by_rank.values():
-                rs.sort(key=lambda rec: rec["step"])
+        # Columns, not a dict per line: a million lines are tens of MB, not GB.
+        self._index = _index.read(ranks)
         self._h5 = {}
         self._h5_lock = threading.Lock()
 
     def __repr__(self):
-        return f"tensortap.Run({self.path!r}, {len(self.records)} records)"
+        return f"tensortap.Run({self.path!r}, {len(self._index)} records)"
+
+    @property
+    def records(self):
+        """The index, one dict per record (with "rank" on a multi-rank run), in
+        the order of the index files: a sequence that builds each dict when it
+        is read, so that a run of a million records does not hold a million."""
+        return _Records(self._index)
 
     @property
     def closed(self):
@@ -100,29 +103,31 @@ class Run:
 
     def kinds(self):
         """The kinds present, in tensortap's order."""
-        present = {k for k, _ in self._by_key}
+        present = {k for k, _ in self._index.keys}
         return [k for k in KINDS if k in present]
 
     def names(self, kind=None):
         """The sorted names captured, of one kind or of all."""
-        return sorted({n for k, n in self._by_key if kind is None or k == kind})
+        return sorted({n for k, n in self._index.keys if kind is None or k == kind})
 
     def steps(self, name, kind, rank=None):
         """The sorted steps at which `name` was captured as `kind` (on any rank, or on `rank`)."""
-        by_rank = self._lookup(name, kind)
+        by_rank = self._positions(name, kind)
         if rank is not None:
-            return [rec["step"] for rec in self._rank_records(by_rank, name, kind, rank)]
-        return sorted({rec["step"] for rs in by_rank.values() for rec in rs})
+            return self._index.step[self._rank_records(by_rank, name, kind, rank)].tolist()
+        return np.unique(self._index.step[np.concatenate(list(by_rank.values()))]).tolist()
 
     def load(self, name, step, kind, rank=None, mmap=True):
         """The array of `name` at `step`; memory-mapped (.npy) unless mmap=False.
         On a multi-rank run, `rank` defaults to the lowest rank that has it."""
-        by_rank = self._lookup(name, kind)
+        by_rank = self._positions(name, kind)
         ranks = [rank] if rank is not None else sorted(by_rank, key=lambda r: -1 if r is None else r)
         for r in ranks:
-            for rec in self._rank_records(by_rank, name, kind, r):
-                if rec["step"] == step:
-                    return self._read(rec, mmap)
+            pos = self._rank_records(by_rank, name, kind, r)
+            # Compared in Python, as the index's values: step may be any number.
+            for i, s in zip(pos.tolist(), self._index.step[pos].tolist()):
+                if s == step:
+                    return self._read(self._index.record(i), mmap)
         raise KeyError(f"{self.path}: no {kind} record of {name!r} at step {step}"
                        + (f" on rank {rank}" if rank is not None else ""))
 
@@ -254,14 +259,20 @@ class Run:
 
     # -- internals --------------------------------------------------------
 
-    def _lookup(self, name, kind):
+    def _positions(self, name, kind):
+        """{rank: positions in self._index of the records of `name` as `kind`, by step}."""
         if kind not in KINDS:
             raise RunError(f"unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
-        try:
-            return self._by_key[(kind, name)]
-        except KeyError:
+        key = self._index.key_code(kind, name)
+        if key is None:
             raise KeyError(f"{self.path}: no {kind} records of {name!r}; "
-                           f"names of that kind: {self.names(kind)}") from None
+                           f"names of that kind: {self.names(kind)}")
+        return self._index.positions(key)
+
+    def _lookup(self, name, kind):
+        """{rank: the records (dicts) of `name` as `kind`, by step}."""
+        return {r: [self._index.record(i) for i in pos.tolist()]
+                for r, pos in self._positions(name, kind).items()}
 
     def _rank_records(self, by_rank, name, kind, rank):
         if rank not in by_rank:
@@ -273,7 +284,7 @@ class Run:
     def _stack(self, recs, name, kind):
         from ._optional import progress
 
-        arrays = [self._read(rec, mmap=False) for rec in progress(recs, desc=f"reading {_printable(name)}")]
+        arrays = _read_many(progress(recs, desc=f"reading {_printable(name)}"), self._h5, self._h5_lock)
         shapes = sorted({a.shape for a in arrays})
         if len(shapes) > 1:
             raise RunError(f"{name!r} ({kind}) changes shape between steps: {shapes}; use load() per step")
@@ -333,6 +344,40 @@ class _Record(dict):
     __slots__ = ("index", "lineno", "root")
 
 
+class _Records(Sequence):
+    """Run.records: the index's records as dicts (_Record), each built when it
+    is read. It equals a list of the same dicts."""
+
+    def __init__(self, index):
+        self._index = index
+
+    def __len__(self):
+        return len(self._index)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._index.record(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("record index out of range")
+        return self._index.record(i % n)
+
+    def __iter__(self):
+        return map(self._index.record, range(len(self)))
+
+    def __eq__(self, other):
+        if not isinstance(other, (list, tuple, _Records)):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
+    def __repr__(self):
+        if len(self) > 10:
+            return f"<{len(self)} records: {self[0]!r}, ..., {self[-1]!r}>"
+        return repr(list(self))
+
+
 def _warn(message):
     warnings.warn(message, RunWarning, stacklevel=2)
 
@@ -365,33 +410,138 @@ def _read_packed(path, rec, mmap):
     """The .npy image of a Format::Packed record: `rec["nbytes"]` bytes at
     `rec["offset"]` of a segment file. The header is checked against them, so a
     damaged index line cannot make the reader map or read past its record."""
-    offset, nbytes = rec["offset"], rec["nbytes"]
-    where = f"{rec.index}:{rec.lineno}: {_printable(rec['file'])} at offset {offset}"
     with _open_regular(path) as f:
-        size = os.fstat(f.fileno()).st_size
-        if offset + nbytes > size:
-            raise RunError(f"{where}: {nbytes} bytes run past the end of the file ({size} bytes)")
-        f.seek(offset)
-        try:
+        def header_at(offset):
+            f.seek(offset)
             shape, fortran, dtype = _npy_header(f)
-        except ValueError as e:
-            raise RunError(f"{where}: not a .npy image: {_reason(e)}") from None
-        if dtype.hasobject:
-            raise RunError(f"{where}: an object array (never loaded: it could run code)")
-        data_at = f.tell()
-        count = 1
-        for n in shape:
-            count *= n
-        if data_at - offset + count * dtype.itemsize != nbytes:
-            raise RunError(f"{where}: the image's header and data take {data_at - offset + count * dtype.itemsize} "
-                           f"bytes, the index says {nbytes}")
-        order = "F" if fortran else "C"
+            return shape, fortran, dtype, f.tell() - offset
+
+        shape, order, dtype, data_at, count = _packed_layout(rec, os.fstat(f.fileno()).st_size, header_at)
         if mmap and count > 0 and shape:
             return np.memmap(path, dtype=dtype, mode="r", offset=data_at, shape=shape, order=order)
+        f.seek(data_at)
         a = np.fromfile(f, dtype=dtype, count=count)
         if a.size != count:
-            raise RunError(f"{where}: the file ended early (truncated?)")
+            raise RunError(f"{_packed_where(rec)}: the file ended early (truncated?)")
         return a.reshape(shape, order=order)
+
+
+def _packed_where(rec):
+    return f"{rec.index}:{rec.lineno}: {_printable(rec['file'])} at offset {rec['offset']}"
+
+
+def _packed_layout(rec, size, header_at):
+    """(shape, order, dtype, offset of the data, element count) of a packed
+    record in a segment of `size` bytes, its image's header read by
+    header_at(offset) -> (shape, fortran_order, dtype, header bytes). RunError
+    unless the header and the index agree."""
+    offset, nbytes = rec["offset"], rec["nbytes"]
+    if offset + nbytes > size:
+        raise RunError(f"{_packed_where(rec)}: {nbytes} bytes run past the end of the file ({size} bytes)")
+    try:
+        shape, fortran, dtype, header = header_at(offset)
+    except ValueError as e:
+        raise RunError(f"{_packed_where(rec)}: not a .npy image: {_reason(e)}") from None
+    if dtype.hasobject:
+        raise RunError(f"{_packed_where(rec)}: an object array (never loaded: it could run code)")
+    count = 1
+    for n in shape:
+        count *= n
+    if header + count * dtype.itemsize != nbytes:
+        raise RunError(f"{_packed_where(rec)}: the image's header and data take "
+                       f"{header + count * dtype.itemsize} bytes, the index says {nbytes}")
+    return shape, "F" if fortran else "C", dtype, offset + header, count
+
+
+def _read_many(recs, h5_files, h5_lock):
+    """The arrays of `recs`, each what _read_record(rec, mmap=False) reads (or a
+    read-only view of it), for series(): per-record work is what a record
+    needs alone. A segment is opened and mapped once for all its records, a
+    header parsed once per distinct header (a name's are all alike), a
+    directory resolved once for all its files."""
+    segments = {}  # real path -> (size, its bytes: a uint8 array over a map)
+    headers = {}   # header bytes -> (shape, fortran_order, dtype, header bytes)
+    dirs = {}      # (rank directory, directory in the index) -> real directory
+    files = {}     # (rank directory, file in the index) -> real path, for segments
+    out = []
+    for rec in recs:
+        if "dataset" in rec:
+            out.append(_read_record(rec, False, h5_files, h5_lock))
+            continue
+        if "offset" in rec:
+            # A segment's records share its file: resolved, checked and
+            # mapped once. A refusal still names the first record refused.
+            key = (rec.root, rec["file"])
+            path = files.get(key)
+            if path is None:
+                path = files[key] = _resolve(rec, dirs)
+            seg = segments.get(path)
+            if seg is None:
+                seg = segments[path] = _map_segment(path)
+            size, buf = seg
+            shape, order, dtype, data_at, count = _packed_layout(
+                rec, size, lambda offset: _cached_header(buf, offset, headers))
+            out.append(buf[data_at:data_at + count * dtype.itemsize].view(dtype).reshape(shape, order=order))
+        else:
+            out.append(_read_npy(_resolve(rec, dirs), headers))
+    return out
+
+
+def _map_segment(path):
+    """(size, a read-only uint8 array over the whole file, memory-mapped)."""
+    with _open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:  # an empty file cannot be mapped
+            return 0, np.empty(0, np.uint8)
+        # The array holds the map; it is unmapped when the last view goes.
+        return size, np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
+
+
+def _cached_header(buf, offset, headers):
+    """_npy_header of the image at `offset` of `buf`, with its length in bytes;
+    parsed by NumPy once per distinct header text, found in `headers` after."""
+    head = buf[offset:offset + 12].tobytes()
+    if head[:6] == b"\x93NUMPY" and len(head) == 12 and head[6] == 1:
+        length = 10 + int.from_bytes(head[8:10], "little")
+    elif head[:6] == b"\x93NUMPY" and len(head) == 12:
+        length = 12 + int.from_bytes(head[8:12], "little")
+    else:
+        length = len(head)  # not an image: NumPy's parser says why
+    text = buf[offset:offset + length].tobytes()
+    found = headers.get(text)
+    if found is None:
+        f = io.BytesIO(text)
+        shape, fortran, dtype = _npy_header(f)
+        found = headers[text] = (shape, fortran, dtype, f.tell())
+    return found
+
+
+def _read_npy(path, headers):
+    """np.load(path, allow_pickle=False), with the header parsed once per
+    distinct header text; any file NumPy would read otherwise (another version,
+    an object array, too short) goes to np.load, for its result or its error."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        fd = None
+    if fd is not None:
+        try:
+            st = os.fstat(fd)
+            data = os.read(fd, st.st_size) if stat.S_ISREG(st.st_mode) else b""
+        finally:
+            os.close(fd)
+        try:
+            shape, fortran, dtype, length = _cached_header(np.frombuffer(data, np.uint8), 0, headers)
+            count = 1
+            for n in shape:
+                count *= n
+            if not dtype.hasobject and length + count * dtype.itemsize <= len(data):
+                a = np.frombuffer(data, dtype=dtype, count=count, offset=length)
+                return a.reshape(shape, order="F" if fortran else "C")
+        except ValueError:
+            pass
+    # Never pickle: a planted .npy of objects would run code on load.
+    return np.load(path, allow_pickle=False)
 
 
 def _npy_header(f):
@@ -543,29 +693,13 @@ def _short(value):
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _read_index(path):
-    """The records of an index file, as _Records. A crash can tear the last line:
-    it is skipped. A damaged line elsewhere is skipped with a RunWarning: one bad
-    line must not hide the run."""
-    root = os.path.realpath(os.path.dirname(path))
-    records = []
-    for lineno, value in _read_lines(path):
-        problem = _record_problem(value)
-        if problem:
-            _warn(f"{path}:{lineno}: skipped: {problem}")
-            continue
-        rec = _Record(value)
-        rec.index, rec.lineno, rec.root = path, lineno, root
-        records.append(rec)
-    return records
-
-
-def _resolve(rec):
+def _resolve(rec, dirs=None):
     """The real path of the file a record names. Refused unless it lies inside the
     rank directory: an index is data, and a damaged or planted one must not make
     the reader open files elsewhere (another run's, /etc/...). The real path, not
     the index's, is what gets opened, so that a symlink is followed only once,
-    here, where it was checked."""
+    here, where it was checked. `dirs` ({}: filled here) keeps the real paths of
+    directories for the records that follow, for a series of files in one."""
     file = rec["file"]
     parts = file.replace(os.sep, "/").split("/")
     if "\0" in file:
@@ -575,14 +709,38 @@ def _resolve(rec):
     elif ".." in parts:
         why = "it has a '..' component"
     else:
-        real = os.path.realpath(os.path.join(rec.root, file))
-        if real == rec.root or os.path.commonpath([rec.root, real]) != rec.root:
+        real = _realpath(rec.root, file, dirs)
+        try:
+            mode = os.stat(real).st_mode
+        except OSError:
+            mode = None  # missing: opening it says so
+        # Both are real paths: inside is under the root's prefix.
+        if not real.startswith(os.path.join(rec.root, "")):
             why = f"it resolves to {real!r}, outside {rec.root!r}"
-        elif os.path.exists(real) and not os.path.isfile(real):
+        elif mode is not None and not stat.S_ISREG(mode):
             why = "it is not a regular file"
         else:
             return real
     raise RunError(f"{rec.index}:{rec.lineno}: refused path {file!r}: {why}")
+
+
+def _realpath(root, file, dirs):
+    """os.path.realpath(root/file); with `dirs`, the directory part's real path
+    is taken from it (or put in it), and only the last component looked at."""
+    path = os.path.join(root, file)
+    head, tail = os.path.split(file)
+    if dirs is None or not head or tail in ("", ".", ".."):
+        return os.path.realpath(path)
+    key = (root, head)
+    real_dir = dirs.get(key)
+    if real_dir is None:
+        real_dir = dirs[key] = os.path.realpath(os.path.join(root, head))
+    candidate = os.path.join(real_dir, tail)
+    try:
+        link = stat.S_ISLNK(os.lstat(candidate).st_mode)
+    except OSError:
+        link = True  # missing or unreadable: realpath says what it says
+    return os.path.realpath(candidate) if link else candidate
 
 
 # The columns stats.npy must have, and which of them hold floats.

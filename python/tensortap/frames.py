@@ -48,20 +48,55 @@ def index_frame(run):
     from . import KINDS
 
     pd = need("pandas", "python3-pandas", "Run.index_frame()")
-    recs = run.records
+    index = run._index
+    # Built from the index's columns and tables: per record, integer codes
+    # and references to shared objects, never a dict.
+    metas = index.metas
+
+    def categorical(values, categories=None):
+        """Per record, values[meta] of the record's meta, as a Categorical."""
+        cats = sorted(set(values)) if categories is None else list(categories)
+        code = {c: i for i, c in enumerate(cats)}
+        per_meta = np.array([code[v] for v in values], dtype=np.int32)
+        return pd.Categorical.from_codes(per_meta[index.meta], categories=cats)
+
+    def objects(values):
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+
+    def nullable(column):
+        """Int64 with NA where a record has no such member (-1 in the column)."""
+        if column is None:
+            return pd.arrays.IntegerArray(np.zeros(len(index), np.int64), np.ones(len(index), bool))
+        return pd.arrays.IntegerArray(column, column < 0)
+
+    meta_bytes = np.array([math.prod(m[3]) * _itemsize(m[2]) for m in metas], dtype=np.int64)
+    rank_of_source = np.array([r if r is not None else _rank_of(run, {}) for _, _, r in index.sources],
+                              dtype=np.int64)
+    # A record's file is its meta's directory and its base: one string per
+    # distinct pair (per segment for packed, per record for .npy).
+    nb = max(1, len(index.bases))
+    pairs, pair_of = np.unique(index.meta.astype(np.int64) * nb + index.base, return_inverse=True)
+    files = objects([metas[p // nb][4] + index.bases[p % nb] for p in pairs.tolist()])
+    if index.dataset is not None:
+        datasets = objects(list(index.datasets) + [None])
+        dataset = datasets[np.where(index.dataset < 0, len(index.datasets), index.dataset)]
+    else:
+        dataset = np.full(len(index), None, dtype=object)
     frame = pd.DataFrame({
-        "step": np.array([r["step"] for r in recs], dtype=np.int64),
-        "kind": pd.Categorical([r["kind"] for r in recs], categories=KINDS),
-        "name": pd.Categorical([r["name"] for r in recs]),
-        "dtype": pd.Categorical([r["dtype"] for r in recs]),
-        "shape": [tuple(r["shape"]) for r in recs],
-        "bytes": np.array([math.prod(r["shape"]) * _itemsize(r["dtype"]) for r in recs], dtype=np.int64),
-        "rank": np.array([_rank_of(run, r) for r in recs], dtype=np.int64),
-        "file": [r["file"] for r in recs],
-        "dataset": [r.get("dataset") for r in recs],
-        "row": pd.array([r.get("row") for r in recs], dtype="Int64"),
-        "offset": pd.array([r.get("offset") for r in recs], dtype="Int64"),
-        "nbytes": pd.array([r.get("nbytes") for r in recs], dtype="Int64"),
+        "step": index.step,
+        "kind": categorical([m[0] for m in metas], KINDS),
+        "name": categorical([m[1] for m in metas]),
+        "dtype": categorical([m[2] for m in metas]),
+        "shape": objects([m[3] for m in metas])[index.meta],
+        "bytes": meta_bytes[index.meta],
+        "rank": rank_of_source[index.source],
+        "file": files[pair_of],
+        "dataset": dataset,
+        "row": nullable(index.row),
+        "offset": nullable(index.offset),
+        "nbytes": nullable(index.nbytes),
     })
     return frame
 

@@ -121,7 +121,7 @@ def _norm_series(run, stats, kind, rank):
         if out:
             return out
     names = run.names(kind)
-    recs = [r for n in names for r in run._by_key[(kind, n)].get(rank, [])]
+    recs = [r for n in names for r in run._lookup(n, kind).get(rank, [])]
     norms = {}
     for rec in progress(recs, desc=f"{kind} norms"):
         a = np.asarray(run._read(rec, mmap=True), dtype=np.float64)
@@ -194,7 +194,7 @@ def _grad_norms(page, run, stats):
 
 
 def _histogram_steps(run, names, steps):
-    have = sorted({rec["step"] for n in names for rs in run._by_key[("activation", n)].values() for rec in rs})
+    have = sorted({rec["step"] for n in names for rs in run._lookup(n, "activation").values() for rec in rs})
     if steps:
         return [s for s in steps if s in have], have
     if not have:
@@ -223,7 +223,7 @@ def _histograms(page, run, steps, limit):
     for i, name in enumerate(progress(shown, desc="histograms", minimum=10)):
         for j, (label, rank) in enumerate(cols):
             ax = axes[i][j]
-            by_step = {rec["step"]: rec for rec in run._by_key[("activation", name)].get(rank, [])}
+            by_step = {rec["step"]: rec for rec in run._lookup(name, "activation").get(rank, [])}
             arrays = [(s, _values(run._read(by_step[s], mmap=True))) for s in chosen if s in by_step]
             finite = [a[np.isfinite(a)] for _, a in arrays]
             if not any(len(a) for a in finite):

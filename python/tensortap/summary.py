@@ -35,9 +35,9 @@ def _human(n):
     return f"{n} B"
 
 
-def _nbytes(rec):
+def _nbytes(shape, dtype):
     # Python integers: the index's shape is not trusted to fit in int64 products.
-    return math.prod(rec["shape"]) * np.dtype(NUMPY_DTYPES.get(rec["dtype"], "uint8")).itemsize
+    return math.prod(shape) * np.dtype(NUMPY_DTYPES.get(dtype, "uint8")).itemsize
 
 
 def summarize(run, out=None):
@@ -61,20 +61,29 @@ def summarize(run, out=None):
         else:
             print(f"  {where}NOT closed (crashed, killed, or still running)", file=out)
     rows = []
+    index = run._index
+    # From the index's columns, grouped by name in one sort: no record
+    # becomes a dict here.
+    order, starts = index.grouped()
     for kind in run.kinds():
         for name in run.names(kind):
-            recs = [r for rs in run._by_key[(kind, name)].values() for r in rs]
-            steps = sorted({r["step"] for r in recs})
-            shapes = sorted({tuple(r["shape"]) for r in recs})
-            dtypes = sorted({r["dtype"] for r in recs})
+            key = index.key_code(kind, name)
+            pos = order[starts[key]:starts[key + 1]]
+            steps = np.unique(index.step[pos])
+            metas, counts = np.unique(index.meta[pos], return_counts=True)
+            metas = [index.metas[m] for m in metas.tolist()]
+            shapes = sorted({m[3] for m in metas})
+            dtypes = sorted({m[2] for m in metas})
             shape = str(shapes[0]) if len(shapes) == 1 else f"{len(shapes)} shapes"
+            nbytes = sum(c * _nbytes(m[3], m[2]) for m, c in zip(metas, counts.tolist()))
             rows.append((kind, _safe(name), str(len(steps)), f"{steps[0]}..{steps[-1]}", shape,
-                         _safe(",".join(dtypes)), _human(sum(_nbytes(r) for r in recs))))
+                         _safe(",".join(dtypes)), _human(nbytes)))
     header = ("kind", "name", "steps", "first..last", "shape", "dtype", "bytes")
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     for row in [header] + rows:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
-    total = sum(_nbytes(r) for r in run.records)
+    counts = np.bincount(index.meta, minlength=len(index.metas)).tolist()
+    total = sum(c * _nbytes(m[3], m[2]) for m, c in zip(index.metas, counts) if c)
     print(f"  total: {len(run.records)} records, {_human(total)}", file=out)
     for r in [None] if not run.ranks else run.ranks:
         where = "" if r is None else f"rank {r}: "

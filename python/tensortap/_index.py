@@ -1,0 +1,393 @@
+"""A run's index as columns.
+
+A run of a million records has a million index lines. As a dict each they
+took 1.2 KB apiece (1.2 GB) and 7 s to read. Here a record is a row of a
+few NumPy arrays (step, offset, nbytes, line) and integer codes into tables
+of what repeats: a "meta" (kind, name, dtype, shape, the file's directory)
+per name, file names (one per step for .npy, one per segment for packed),
+HDF5 datasets. A record's dict is built only when asked for
+(Index.record).
+
+Lines in the exact form tensortap's writer prints them
+(writers/src/run_files.cpp: no spaces, members in a fixed order) are read a
+block at a time by one regular expression, and what repeats in them is
+decoded and checked once per distinct text. A block with any other line
+(written by hand, damaged, torn) is read line by line with json.loads and
+_record_problem, with the same warnings as ever.
+"""
+
+import json
+import os
+import re
+
+import numpy as np
+
+# Bytes read at a time: bounds what a block's parse holds (its match tuples
+# take about three times the text), however long the index.
+_BLOCK = 4 << 20
+
+# A JSON string's body, escapes included but no raw quote or newline;
+# possessive, so that a line that does not match fails fast. (Not a
+# possessive repeat of a group holding possessive repeats: Python 3.11.2
+# matches those wrongly.)
+_STR = rb'[^"\\\n]*+(?:\\.[^"\\\n]*+)*+'
+# A JSON integer that fits in int64 without checking: 18 digits at most.
+_UINT = rb'(0|[1-9][0-9]{0,17})'
+# One index line as the writer prints it. Groups: step; the meta (kind, name,
+# dtype, shape and the file's directory, as JSON text); the file's last
+# component; offset and nbytes (packed); dataset and row (HDF5).
+_LINE = re.compile(
+    rb'^\{"step":(-?(?:0|[1-9][0-9]{0,17})),'
+    rb'("kind":"[a-z_]*+","name":"' + _STR + rb'","dtype":"' + _STR + rb'","shape":\[[0-9,]*+\],'
+    rb'"file":"(?:[^"\\\n/]*+(?:\\.[^"\\\n/]*+)*+/)*)'
+    rb'([^"\\\x00-\x1f/]*+)"'
+    rb'(?:,"offset":' + _UINT + rb',"nbytes":' + _UINT +
+    rb'|,"dataset":"(' + _STR + rb')","row":' + _UINT + rb')?\}\n', re.M)
+
+# The members a record's columns hold; a line with others keeps its dict.
+_MEMBERS = frozenset(("step", "kind", "name", "dtype", "shape", "file", "offset", "nbytes", "dataset", "row"))
+# Columns only some formats have: absent (None) until a record has them,
+# -1 in the rows of records without them.
+_OPTIONAL = ("offset", "nbytes", "dataset", "row")
+
+
+class Index:
+    """The records of the index files of a run (one per rank), in file order.
+
+    Per record (arrays of len(self)): step, meta, base, line (in its index
+    file), source; offset and nbytes (packed), dataset and row (HDF5), None
+    where no record has them. Tables: sources (index path, real rank
+    directory, rank), metas, bases, datasets, keys ((kind, name))."""
+
+    def __init__(self, capacity, sources):
+        self.n = 0
+        self.capacity = capacity
+        # Sized once, from above, and cut to size at the end: built by
+        # appending blocks and joining them, the columns left their blocks'
+        # holes in the heap, and kept twice their size.
+        # A line number is below the files' bytes, capacity * _SHORTEST_RECORD.
+        line_type = np.int32 if capacity * _SHORTEST_RECORD < (1 << 31) else np.int64
+        self.cols = {"step": np.empty(capacity, np.int64), "meta": np.empty(capacity, np.int32),
+                     "base": np.empty(capacity, np.int32), "line": np.empty(capacity, line_type),
+                     "source": np.empty(capacity, np.min_scalar_type(max(1, len(sources))))}
+        self.types = {"offset": np.int64, "nbytes": np.int64, "dataset": np.int32, "row": np.int64}
+        self.sources = sources  # (index path, real rank directory, rank)
+        self.metas = []         # (kind, name, dtype, shape tuple, file directory)
+        self.bases = []         # a file's last component
+        self.datasets = []      # HDF5 dataset paths
+        self.extra = {}         # position -> _Record, for lines with members of their own
+        self._meta_code, self._base_code, self._dataset_code = {}, {}, {}
+
+    # -- reading ------------------------------------------------------------
+
+    def read(self, source):
+        """Appends the records of the index file of sources[source]; a file
+        that does not exist holds none."""
+        from . import _open_regular
+
+        path = self.sources[source][0]
+        if not os.path.exists(path):
+            return
+        tokens = _Tokens()
+        lineno = 1  # of the block's first line
+        with _open_regular(path) as f:
+            pieces = []  # of a line not ended yet: joined once it is, not per read
+            while True:
+                data = f.read(_BLOCK)
+                if not data:
+                    break
+                cut = data.rfind(b"\n") + 1
+                if cut == 0:  # a line longer than a block
+                    pieces.append(data)
+                    continue
+                block = b"".join(pieces) + data[:cut] if pieces else data[:cut]
+                pieces = [data[cut:]] if cut < len(data) else []
+                n = block.count(b"\n")
+                if not self._fast_block(block, n, lineno, source, tokens):
+                    self._slow_lines(block.split(b"\n")[:-1], lineno, source, last=False)
+                lineno += n
+            rest = b"".join(pieces)
+            if rest:
+                # No newline after it: a line torn by a crash (skipped without a
+                # word), or a last line written whole but not ended (kept).
+                self._slow_lines([rest], lineno, source, last=True)
+
+    def _fast_block(self, block, n, lineno, source, tokens):
+        """Appends a block of whole lines if every one is in the writer's form
+        and checks out; False, appending nothing, if one is not."""
+        rows = _LINE.findall(block)
+        if len(rows) != n:
+            return False
+        steps, metas, bases, offsets, nbytes, datasets, hrows = zip(*rows)
+        meta = tokens.codes(metas, tokens.meta, self._fast_meta)
+        base = tokens.codes(bases, tokens.base, self._fast_base)
+        if meta is None or base is None:
+            return False
+        dataset = None
+        if datasets.count(b"") != n:
+            dataset = tokens.codes(datasets, tokens.dataset, self._fast_dataset)
+            if dataset is None:
+                return False
+        # "file" is the meta's directory and the base: both empty is no file.
+        empty = self._base_code.get("")
+        if empty is not None and any(self.metas[m][4] == "" for m in set(meta[base == empty].tolist())):
+            return False
+        part = {"step": _ints(steps), "meta": meta, "base": base, "line": np.arange(lineno, lineno + n)}
+        if offsets.count(b"") != n:
+            part["offset"], part["nbytes"] = _ints(offsets, -1), _ints(nbytes, -1)
+        if dataset is not None:
+            part["dataset"], part["row"] = dataset, _ints(hrows, -1)
+        self._append(part, n, source)
+        return True
+
+    def _fast_meta(self, token):
+        """The code of a line's meta text, or None if it is not valid."""
+        from . import _record_problem
+
+        try:
+            d = json.loads((b"{" + token + b'"}').decode("utf-8"))
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            return None
+        # The checks of a whole line; step and the file's base are checked apart.
+        if _record_problem(dict(d, step=0, file=d["file"] + "x")) is not None:
+            return None
+        return self._meta(d["kind"], d["name"], d["dtype"], d["shape"], d["file"])
+
+    def _fast_base(self, token):
+        try:
+            return self._base(token.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+
+    def _fast_dataset(self, token):
+        if not token:
+            return -1  # a line without one, in a block with some
+        try:
+            return self._dataset(json.loads(b'"' + token + b'"'))
+        except (ValueError, RecursionError):
+            return None
+
+    def _slow_lines(self, lines, lineno, source, last):
+        """Lines read one by one with json.loads and _record_problem: a
+        RunWarning for each bad one but a torn last line (a crash tears it)."""
+        from . import _reason, _record_problem, _Record, _warn
+
+        path, root, rank = self.sources[source]
+        cols = {k: [] for k in ("step", "meta", "base", "line") + _OPTIONAL}
+        for i, raw in enumerate(lines):
+            if not raw.strip():
+                continue
+            where = f"{path}:{lineno + i}"
+            try:
+                value = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                if not last:
+                    _warn(f"{where}: skipped: not UTF-8")
+                continue
+            except (ValueError, RecursionError) as e:
+                if not last:
+                    _warn(f"{where}: skipped: not a JSON line ({_reason(e)})")
+                continue
+            problem = _record_problem(value)
+            if problem:
+                _warn(f"{where}: skipped: {problem}")
+                continue
+            if not set(value) <= _MEMBERS:
+                rec = _Record(value)
+                rec.index, rec.lineno, rec.root = path, lineno + i, root
+                if rank is not None:
+                    rec["rank"] = rank
+                self.extra[self.n + len(cols["step"])] = rec
+            head, sep, tail = value["file"].rpartition("/")
+            cols["step"].append(value["step"])
+            cols["meta"].append(self._meta(value["kind"], value["name"], value["dtype"], value["shape"],
+                                           head + sep))
+            cols["base"].append(self._base(tail))
+            cols["line"].append(lineno + i)
+            cols["offset"].append(value.get("offset", -1))
+            cols["nbytes"].append(value.get("nbytes", -1))
+            cols["dataset"].append(self._dataset(value["dataset"]) if "dataset" in value else -1)
+            cols["row"].append(value.get("row", -1))
+        n = len(cols["step"])
+        if n:
+            part = {k: np.array(v, dtype=np.int64) for k, v in cols.items()
+                    if k not in _OPTIONAL or any(x >= 0 for x in v)}
+            self._append(part, n, source)
+
+    def _append(self, part, n, source):
+        if self.n + n > self.capacity:
+            # More records than the bytes allowed for: the file grew since.
+            self.capacity = max(2 * self.capacity, self.n + n)
+            self.cols = {k: np.resize(v, self.capacity) for k, v in self.cols.items()}
+        at = slice(self.n, self.n + n)
+        for k, v in part.items():
+            if k not in self.cols:
+                # Written up to here only: the pages past it are not touched yet.
+                self.cols[k] = np.empty(self.capacity, self.types[k])
+                self.cols[k][:self.n] = -1
+            self.cols[k][at] = v
+        for k in _OPTIONAL:
+            if k in self.cols and k not in part:
+                self.cols[k][at] = -1
+        self.cols["source"][at] = source
+        self.n += n
+
+    def _meta(self, kind, name, dtype, shape, directory):
+        meta = (kind, name, dtype, tuple(shape), directory)
+        code = self._meta_code.get(meta)
+        if code is None:
+            code = self._meta_code[meta] = len(self.metas)
+            self.metas.append(meta)
+        return code
+
+    def _base(self, base):
+        code = self._base_code.get(base)
+        if code is None:
+            code = self._base_code[base] = len(self.bases)
+            self.bases.append(base)
+        return code
+
+    def _dataset(self, dataset):
+        code = self._dataset_code.get(dataset)
+        if code is None:
+            code = self._dataset_code[dataset] = len(self.datasets)
+            self.datasets.append(dataset)
+        return code
+
+    def finish(self):
+        from . import _Record
+
+        self._record_type = _Record  # imported once, not per record()
+        for k in ("step", "meta", "base", "line", "source") + _OPTIONAL:
+            column = self.cols.pop(k, None)
+            if column is not None:
+                # In place: realloc gives the rows never filled back.
+                column.resize(self.n, refcheck=False)
+            setattr(self, k, column)
+        del self.cols
+        self._meta_code = self._base_code = self._dataset_code = None  # only needed while reading
+        # A meta can be unused: decoded for a block that was then read line by
+        # line, where its lines turned out damaged. Dropped, so that every
+        # name and kind listed has records.
+        used = np.bincount(self.meta, minlength=len(self.metas)) > 0
+        if not used.all():
+            self.meta[:] = (np.cumsum(used) - 1)[self.meta]
+            self.metas = [m for m, u in zip(self.metas, used.tolist()) if u]
+        self.keys, self._key_code, self._key_metas = [], {}, []
+        self.meta_key = np.empty(len(self.metas), dtype=np.int32)
+        for m, meta in enumerate(self.metas):
+            code = self._key_code.get(meta[:2])
+            if code is None:
+                code = self._key_code[meta[:2]] = len(self.keys)
+                self.keys.append(meta[:2])
+                self._key_metas.append([])
+            self.meta_key[m] = code
+            self._key_metas[code].append(m)
+        return self
+
+    # -- looking up ---------------------------------------------------------
+
+    def __len__(self):
+        return self.n
+
+    def record(self, i):
+        """The dict of record `i`, as its index line had it (a _Record)."""
+        rec = self.extra.get(i)
+        if rec is not None:
+            return rec
+        kind, name, dtype, shape, directory = self.metas[self.meta[i]]
+        rec = self._record_type(step=int(self.step[i]), kind=kind, name=name, dtype=dtype, shape=list(shape),
+                      file=directory + self.bases[self.base[i]])
+        if self.offset is not None and self.offset[i] >= 0:
+            rec["offset"], rec["nbytes"] = int(self.offset[i]), int(self.nbytes[i])
+        if self.dataset is not None and self.dataset[i] >= 0:
+            rec["dataset"], rec["row"] = self.datasets[self.dataset[i]], int(self.row[i])
+        path, root, rank = self.sources[self.source[i]]
+        if rank is not None:
+            rec["rank"] = rank
+        rec.index, rec.lineno, rec.root = path, int(self.line[i]), root
+        return rec
+
+    def key_code(self, kind, name):
+        return self._key_code.get((kind, name))
+
+    def positions(self, key):
+        """{rank: positions of the records of key code `key` on that rank, by
+        step, those of one step in file order}. One pass over the meta column
+        (a millisecond for a million records) instead of an index by name
+        that would cost memory per record."""
+        metas = self._key_metas[key]
+        mask = self.meta == metas[0] if len(metas) == 1 else np.isin(self.meta, metas)
+        pos = np.flatnonzero(mask)
+        src = self.source[pos]
+        out = {}
+        for s in np.unique(src).tolist():  # one index file per rank: a source is a rank
+            mine = pos[src == s]
+            out[self.sources[s][2]] = mine[np.argsort(self.step[mine], kind="stable")]
+        return out
+
+    def grouped(self):
+        """(order, starts): the positions of every record grouped by key code
+        and sorted by step, those of key k being order[starts[k]:starts[k + 1]];
+        for what goes through every name (inspect's summary)."""
+        rec_key = self.meta_key[self.meta]
+        order = np.lexsort((self.step, rec_key))
+        return order, np.searchsorted(rec_key[order], np.arange(len(self.keys) + 1))
+
+
+class _Tokens:
+    """Texts already decoded while reading one index file: meta, base and
+    dataset texts to their codes."""
+
+    def __init__(self):
+        self.meta, self.base, self.dataset = {}, {}, {}
+
+    @staticmethod
+    def codes(tokens, memo, make):
+        """The codes of `tokens` as an int32 array, a new text's made by `make`
+        (None: not valid); None if a text is not valid."""
+        codes = list(map(memo.get, tokens))
+        if None in codes:
+            for t in set(tokens).difference(memo):
+                code = make(t)
+                if code is None:
+                    return None
+                memo[t] = code
+            codes = list(map(memo.__getitem__, tokens))
+        return np.array(codes, dtype=np.int32)
+
+
+def _ints(texts, missing=None):
+    """int64 of the digit strings `texts`; b"" (a group that did not match) as
+    `missing`."""
+    if missing is not None and b"" in texts:
+        return np.fromiter((int(t) if t else missing for t in texts), np.int64, len(texts))
+    return np.fromiter(map(int, texts), np.int64, len(texts))
+
+
+# No index line that is a record is shorter than this many bytes (the
+# shortest, {"step":0,"kind":"grad","name":"","dtype":"","shape":[],"file":"x"},
+# takes 68 with its newline): columns sized from the files' bytes over it
+# hold every record, and their pages never written never take memory.
+_SHORTEST_RECORD = 48
+
+
+def _capacity(paths):
+    size = 0
+    for path in paths:
+        try:
+            size += os.stat(path).st_size
+        except OSError:
+            pass  # no index: no records
+    return size // _SHORTEST_RECORD + 16
+
+
+def read(dirs):
+    """The Index of the run directories {rank: directory}, ranks in order
+    (None, a single-rank run, first)."""
+    sources = [(os.path.join(d, "index.jsonl"), os.path.realpath(d), rank)
+               for rank, d in sorted(dirs.items(), key=lambda kv: -1 if kv[0] is None else kv[0])]
+    index = Index(_capacity(path for path, _, _ in sources), sources)
+    for source in range(len(sources)):
+        index.read(source)
+    return index.finish()
