@@ -33,7 +33,7 @@ if [ $QUICK -eq 1 ]; then
   GB=(--benchmark_repetitions=1); TRAIN=(--reps 1 --scale 0.2); SCALE=(--reps 1 --quick)
   ANALYSIS=(--reps 1 --names 200 --steps 200); READER=(--reps 1 --names 200 --steps 200)
 else
-  GB=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true); TRAIN=(--reps 7); SCALE=(--reps 3)
+  GB=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true); TRAIN=(--reps 7); SCALE=(--reps 2)
   ANALYSIS=(--reps 3); READER=(--reps 3)
 fi
 gbench() {  # gbench NAME BINARY [args...]: Google Benchmark, JSON to $OUT/NAME.json
