@@ -1,5 +1,6 @@
 #include "sdk/src/stats.h"
 
+#include <array>
 #include <cmath>
 #include <complex>
 #include <limits>
@@ -37,14 +38,14 @@ double value_of(std::complex<double> v) {
 // Two passes over a chunk that is in cache: counts, extremes and the mean,
 // then the squared deviations from that mean (a one-pass sum of squares
 // loses std to cancellation when the mean is large).
-template <typename T>
-StatsAccumulator::Part scan(const T* p, std::size_t n) {
+template <typename T, typename Value>
+StatsAccumulator::Part scan(const T* p, std::size_t n, Value value) {
   StatsAccumulator::Part r;
   r.numel = static_cast<std::int64_t>(n);
   double sum = 0, sumsq = 0;
   double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   for (std::size_t i = 0; i < n; ++i) {
-    const double v = value_of(p[i]);
+    const double v = value(p[i]);
     if (std::isnan(v)) {
       ++r.nan;
       continue;
@@ -67,7 +68,7 @@ StatsAccumulator::Part scan(const T* p, std::size_t n) {
   r.mean = sum / static_cast<double>(r.finite);
   double m2 = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    const double v = value_of(p[i]);
+    const double v = value(p[i]);
     if (std::isfinite(v)) m2 += (v - r.mean) * (v - r.mean);
   }
   r.m2 = m2;
@@ -76,7 +77,20 @@ StatsAccumulator::Part scan(const T* p, std::size_t n) {
 
 template <typename T>
 StatsAccumulator::Part scan_bytes(const void* data, std::size_t nbytes) {
-  return scan(static_cast<const T*>(data), nbytes / sizeof(T));
+  return scan(static_cast<const T*>(data), nbytes / sizeof(T), [](T v) { return value_of(v); });
+}
+
+// The value of each code of a float8 format, decoded once.
+const float* float8_table(Element format) {
+  static const auto tables = [] {
+    constexpr Element kFormats[] = {Element::F8E4M3FN, Element::F8E5M2, Element::F8E4M3FNUZ, Element::F8E5M2FNUZ,
+                                    Element::F8E8M0FNU};
+    std::array<std::array<float, 256>, std::size(kFormats)> t{};
+    for (std::size_t f = 0; f < std::size(kFormats); ++f)
+      for (int c = 0; c < 256; ++c) t[f][c] = float8_value(kFormats[f], static_cast<std::uint8_t>(c));
+    return t;
+  }();
+  return tables[static_cast<std::size_t>(format) - static_cast<std::size_t>(Element::F8E4M3FN)].data();
 }
 
 }  // namespace
@@ -84,18 +98,30 @@ StatsAccumulator::Part scan_bytes(const void* data, std::size_t nbytes) {
 void StatsAccumulator::add(const void* data, std::size_t nbytes) {
   Part c;
   switch (stored_) {
-    case c10::kBool: c = scan_bytes<std::uint8_t>(data, nbytes); break;
-    case c10::kByte: c = scan_bytes<std::uint8_t>(data, nbytes); break;
-    case c10::kChar: c = scan_bytes<std::int8_t>(data, nbytes); break;
-    case c10::kShort: c = scan_bytes<std::int16_t>(data, nbytes); break;
-    case c10::kInt: c = scan_bytes<std::int32_t>(data, nbytes); break;
-    case c10::kLong: c = scan_bytes<std::int64_t>(data, nbytes); break;
-    case c10::kHalf: c = scan_bytes<c10::Half>(data, nbytes); break;
-    case c10::kFloat: c = scan_bytes<float>(data, nbytes); break;
-    case c10::kDouble: c = scan_bytes<double>(data, nbytes); break;
-    case c10::kComplexFloat: c = scan_bytes<std::complex<float>>(data, nbytes); break;
-    case c10::kComplexDouble: c = scan_bytes<std::complex<double>>(data, nbytes); break;
-    default: fail("statistics of dtype {} are not supported", c10::toString(stored_));
+    case Element::Bool:
+    case Element::U8: c = scan_bytes<std::uint8_t>(data, nbytes); break;
+    case Element::I8: c = scan_bytes<std::int8_t>(data, nbytes); break;
+    case Element::I16: c = scan_bytes<std::int16_t>(data, nbytes); break;
+    case Element::I32: c = scan_bytes<std::int32_t>(data, nbytes); break;
+    case Element::I64: c = scan_bytes<std::int64_t>(data, nbytes); break;
+    case Element::U16: c = scan_bytes<std::uint16_t>(data, nbytes); break;
+    case Element::U32: c = scan_bytes<std::uint32_t>(data, nbytes); break;
+    case Element::U64: c = scan_bytes<std::uint64_t>(data, nbytes); break;
+    case Element::F16: c = scan_bytes<c10::Half>(data, nbytes); break;
+    case Element::F32: c = scan_bytes<float>(data, nbytes); break;
+    case Element::F64: c = scan_bytes<double>(data, nbytes); break;
+    case Element::C64: c = scan_bytes<std::complex<float>>(data, nbytes); break;
+    case Element::C128: c = scan_bytes<std::complex<double>>(data, nbytes); break;
+    case Element::F8E4M3FN:
+    case Element::F8E5M2:
+    case Element::F8E4M3FNUZ:
+    case Element::F8E5M2FNUZ:
+    case Element::F8E8M0FNU: {
+      const float* table = float8_table(stored_);
+      c = scan(static_cast<const std::uint8_t*>(data), nbytes,
+               [table](std::uint8_t code) { return double{table[code]}; });
+      break;
+    }
   }
   Part& t = total_;
   if (c.finite > 0) {

@@ -100,7 +100,7 @@ void write_run_json(const Dir& dir, const std::string& json) {
 void append_index_line(std::string& out, const RecordDesc& meta, const std::string& location) {
   out += fmt::format("{{\"step\":{},\"kind\":\"{}\",\"name\":", meta.step, kind_name(meta.kind));
   append_json_string(out, meta.name);
-  out += fmt::format(",\"dtype\":\"{}\",\"shape\":", dtype_name(meta.dtype));
+  out += fmt::format(",\"dtype\":\"{}\",\"shape\":", meta.dtype.name);
   append_json_ints(out, meta.shape);
   out += ',';
   out += location;
