@@ -241,6 +241,23 @@ TEST_CASE("statistics of an empty or all-NaN tensor are NaN, with the counts", "
   }
 }
 
+TEST_CASE("device statistics of bfloat16 match the host scan of the float32 it is stored as", "[sdk][stats]") {
+  // The host scans what the writers store (bfloat16 widened to float32);
+  // the device path reduces the bfloat16 tensor itself.
+  const at::Tensor t = sample(at::kFloat).to(at::kBFloat16);
+  const at::Tensor stored = t.to(at::kFloat);
+  StatsAccumulator host(Element::F32);
+  host.add(stored.data_ptr(), stored.nbytes());
+  const TensorStats want = host.result();
+  REQUIRE(want.nan == 1);
+  REQUIRE(want.posinf == 1);
+  REQUIRE(want.neginf == 1);
+  require_same(tensortap::detail::stats_from_vector(tensortap::detail::device_stats(t).data_ptr<double>()), want);
+  // A strided view with a storage offset reduces the same as its copy.
+  const at::Tensor view = at::cat({t, t}).view({2, -1}).t().select(1, 1);
+  require_same(tensortap::detail::stats_from_vector(tensortap::detail::device_stats(view).data_ptr<double>()), want);
+}
+
 TEST_CASE("a large mean does not cost std its precision", "[sdk][stats]") {
   const at::Tensor t = at::arange(1000, at::kDouble) * 1e-3 + 1e8;
   StatsAccumulator acc(Element::F64);

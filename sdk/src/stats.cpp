@@ -164,9 +164,39 @@ TensorStats StatsAccumulator::result() const {
   return s;
 }
 
+namespace {
+
+// The statistics vector from the pieces device_stats reduced: `xd` holds
+// the finite values in float64 with every other value at the mean (so they
+// move neither min, max nor the deviations); `counts` is [finite, nan,
+// posinf, nonzero].
+at::Tensor stats_vector(const at::Tensor& xd, const at::Tensor& mean, const at::Tensor& counts, double numel) {
+  const auto minmax = at::aminmax(xd);
+  const at::Tensor& v_min = std::get<0>(minmax);
+  const at::Tensor& v_max = std::get<1>(minmax);
+  const std::vector<at::Tensor> c = counts.to(at::kDouble).unbind();
+  const at::Tensor &finite = c[0], &v_nan = c[1], &v_posinf = c[2];
+  // Welford in double over every element: the deviations of those at the
+  // mean are zero, so this is the finite values' sum of squared deviations.
+  const at::Tensor m2 = at::var(xd, /*unbiased=*/false) * numel;
+  const at::Tensor v_mean = mean;
+  const at::Tensor v_std = (m2 / finite).sqrt();
+  // sum(v^2) = M2 + n mean^2: two non-negative terms, no cancellation.
+  const at::Tensor v_norm = (m2 + finite * mean * mean).sqrt();
+  const at::Tensor v_neginf = numel - finite - v_nan - v_posinf;
+  const at::Tensor v_zeros = numel - c[3];
+  const at::Tensor v_numel = at::full({}, numel, xd.options());
+#define TENSORTAP_FIELD_(name) v_##name,
+  return at::stack({TENSORTAP_STATS_FIELDS(TENSORTAP_FIELD_, TENSORTAP_FIELD_)});
+#undef TENSORTAP_FIELD_
+}
+
+}  // namespace
+
 at::Tensor device_stats(const at::Tensor& t) {
   at::NoGradGuard no_grad;
   const auto dbl = at::TensorOptions().dtype(at::kDouble).device(t.device());
+  const auto numel = static_cast<double>(t.numel());
   if (t.numel() == 0) {
     // Reductions of nothing have no identity for min/max; build the answer
     // on the device directly rather than copying one from the host.
@@ -174,36 +204,37 @@ at::Tensor device_stats(const at::Tensor& t) {
     v.narrow(0, kStatsRealFields, kStatsFields - kStatsRealFields).zero_();
     return v;
   }
+  // Sums in double, as the host scan's. ATen's reductions convert a float
+  // tensor to double whole for that anyway (sum(dtype=kDouble) does), so
+  // there is one float64 copy, made once and reused in place; classes and
+  // zeros are counted on the tensor as it is.
   at::Tensor x = t.detach();
+  bool owned = false;  // whether `x` is a temporary of ours, free to overwrite
+  const DtypeInfo* info = dtype_info(x.scalar_type());
+  // ATen has no isfinite or isnan for float8; float32 holds each value exactly.
+  if (info != nullptr && is_float8(info->element)) x = x.to(at::kFloat);
   // Magnitudes in double, as the host path computes them.
-  if (x.is_complex()) x = x.to(at::kComplexDouble).abs();
-  x = x.to(at::kDouble);
+  if (x.is_complex()) {
+    x = x.to(at::kComplexDouble).abs();
+    owned = true;
+  }
+  if (!at::isFloatingType(x.scalar_type())) {
+    // Integers and bool: every value is finite.
+    const at::Tensor xd = x.to(at::kDouble);
+    const at::Tensor none = at::zeros({}, dbl.dtype(at::kLong));
+    const at::Tensor counts =
+        at::stack({at::full({}, t.numel(), dbl.dtype(at::kLong)), none, none, at::count_nonzero(xd)});
+    return stats_vector(xd, xd.sum() / numel, counts, numel);
+  }
   const at::Tensor finite = at::isfinite(x);
-  const at::Tensor count = finite.sum().to(at::kDouble);
-  const at::Tensor zero = at::zeros({}, dbl);
-  const at::Tensor xf = at::where(finite, x, zero);
-  const at::Tensor none = count.eq(0);
-  const at::Tensor nan = at::full({}, kNaN, dbl);
-  // Every statistic of the finite values is NaN when none is finite.
-  const auto of_finite = [&](const at::Tensor& v) { return at::where(none, nan, v); };
-  const auto count_of = [](const at::Tensor& mask) { return mask.sum().to(at::kDouble); };
-  const double inf = std::numeric_limits<double>::infinity();
-  const at::Tensor mean_raw = xf.sum() / count;  // 0/0 = NaN when nothing is finite
-  const at::Tensor dev = at::where(finite, x - mean_raw, zero);
-  // One tensor per field, named as the schema names them.
-  const at::Tensor v_min = of_finite(at::where(finite, x, at::full({}, inf, dbl)).min());
-  const at::Tensor v_max = of_finite(at::where(finite, x, at::full({}, -inf, dbl)).max());
-  const at::Tensor v_mean = of_finite(mean_raw);
-  const at::Tensor v_std = of_finite((dev * dev).sum().div(count).sqrt());
-  const at::Tensor v_norm = of_finite((xf * xf).sum().sqrt());
-  const at::Tensor v_nan = count_of(at::isnan(x));
-  const at::Tensor v_posinf = count_of(at::isposinf(x));
-  const at::Tensor v_neginf = count_of(at::isneginf(x));
-  const at::Tensor v_zeros = count_of(x.eq(0));
-  const at::Tensor v_numel = at::full({}, static_cast<double>(t.numel()), dbl);
-#define TENSORTAP_FIELD_(name) v_##name,
-  return at::stack({TENSORTAP_STATS_FIELDS(TENSORTAP_FIELD_, TENSORTAP_FIELD_)});
-#undef TENSORTAP_FIELD_
+  // count_nonzero, not sum: a sum of a mask converts it to int64 first.
+  const at::Tensor counts = at::stack({at::count_nonzero(finite), at::count_nonzero(at::isnan(x)),
+                                       at::count_nonzero(at::isposinf(x)), at::count_nonzero(x)});
+  at::Tensor xd = owned && x.scalar_type() == at::kDouble ? x : x.to(at::kDouble, false, /*copy=*/true);
+  at::where_out(xd, finite, xd, at::zeros({}, dbl));
+  const at::Tensor mean = xd.sum() / counts[0];  // 0/0 when nothing is finite: NaN, and so is all it feeds
+  at::where_out(xd, finite, xd, mean);
+  return stats_vector(xd, mean, counts, numel);
 }
 
 TensorStats stats_from_vector(const double* v) {
