@@ -98,7 +98,7 @@ void BM_EngineD2H(benchmark::State& state) {
   });
   auto meta = std::make_shared<tensortap::detail::Record>();
   meta->desc.name = "x";
-  meta->desc.dtype = meta->desc.stored = c10::ScalarType::Float;
+  meta->desc.dtype = *tensortap::detail::dtype_info(c10::ScalarType::Float);
   meta->desc.shape = {static_cast<std::int64_t>(size / 4)};
   meta->desc.nbytes = size;
   std::uint64_t id = 0;

@@ -102,6 +102,13 @@ build() {
     tail -40 "$RESULTS/build.log" >&2
     return 1
   fi
+  # What the compiler read, from ninja's dependency log: no object may have
+  # been compiled against torch's own fmt (cmake/fmt.cmake).
+  echo "fmt compiled against: $(readlink "$BUILD/fmt_include/fmt")" >>"$RESULTS/machine.txt"
+  if ninja -C "$BUILD" -t deps | grep -E "torch/include/fmt/" >"$RESULTS/fmt_from_torch.txt"; then
+    echo "tensortap: sources were compiled against torch's fmt headers (see $RESULTS/fmt_from_torch.txt)" >&2
+    return 1
+  fi
 }
 
 run_tests() {

@@ -63,7 +63,7 @@ std::shared_ptr<const Record> meta_for(std::uint64_t id, std::size_t nbytes) {
   auto r = std::make_shared<Record>();
   RecordDesc* m = &r->desc;
   m->name = "r" + std::to_string(id);
-  m->dtype = m->stored = c10::ScalarType::Byte;
+  m->dtype = *tensortap::detail::dtype_info(c10::ScalarType::Byte);
   m->shape = {static_cast<std::int64_t>(nbytes)};
   m->nbytes = nbytes;
   return r;

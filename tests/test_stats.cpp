@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/version.h>
 
 #include <tensortap/tensortap.h>
 
@@ -17,6 +18,7 @@ using tensortap::AfterDump;
 using tensortap::Kind;
 using tensortap::Options;
 using tensortap::Recorder;
+using tensortap::detail::Element;
 using tensortap::detail::StatsAccumulator;
 using tensortap::detail::TensorStats;
 using tt_test::TempDir;
@@ -145,11 +147,12 @@ TEST_CASE("statistics of every dtype match a float64 reference over the finite v
     CAPTURE(c10::toString(dtype));
     const at::Tensor t = sample(dtype);
     const TensorStats want = reference(t);
-    StatsAccumulator whole(dtype);
+    const Element element = tensortap::detail::dtype_info(dtype)->element;
+    StatsAccumulator whole(element);
     whole.add(t.data_ptr(), t.nbytes());
     require_same(whole.result(), want);
     // Chunked as a record larger than a buffer would be: same figures.
-    StatsAccumulator chunked(dtype);
+    StatsAccumulator chunked(element);
     const std::size_t unit = t.element_size();
     const char* p = static_cast<const char*>(t.data_ptr());
     for (std::size_t off = 0, n = 1; off < t.nbytes(); off += n * unit, n = n * 3 + 1)
@@ -163,19 +166,101 @@ TEST_CASE("statistics of every dtype match a float64 reference over the finite v
   }
 }
 
+// The accumulator over `values` stored as `element`, whole and in chunks of
+// whole elements, against the reference of the same values in float64.
+template <typename T>
+void require_stats_of(Element element, const std::vector<T>& values, const std::vector<double>& as_double) {
+  const TensorStats want = reference(at::tensor(at::ArrayRef<double>(as_double), at::kDouble));
+  StatsAccumulator whole(element);
+  whole.add(values.data(), values.size() * sizeof(T));
+  require_same(whole.result(), want);
+  StatsAccumulator chunked(element);
+  for (std::size_t off = 0, n = 1; off < values.size(); off += n, n = n * 2 + 1)
+    chunked.add(values.data() + off, std::min(n, values.size() - off) * sizeof(T));
+  require_same(chunked.result(), want);
+}
+
+template <typename T>
+void require_unsigned_stats(Element element) {
+  const T top = static_cast<T>(T(1) << (8 * sizeof(T) - 1));
+  const std::vector<T> values = {0, 1, top, static_cast<T>(~T(0)), 7, 0};
+  require_stats_of(element, values, std::vector<double>(values.begin(), values.end()));
+}
+
+TEST_CASE("statistics of uint16, uint32, uint64 and float8 records are those of their values", "[sdk][stats]") {
+  // Elements, not LibTorch dtypes: LibTorch 1.13 has neither, the
+  // accumulator handles both wherever the records come from.
+  require_unsigned_stats<std::uint16_t>(Element::U16);
+  require_unsigned_stats<std::uint32_t>(Element::U32);
+  require_unsigned_stats<std::uint64_t>(Element::U64);
+  for (Element f : {Element::F8E4M3FN, Element::F8E5M2, Element::F8E4M3FNUZ, Element::F8E5M2FNUZ, Element::F8E8M0FNU}) {
+    CAPTURE(static_cast<int>(f));
+    std::vector<std::uint8_t> codes(256);
+    std::vector<double> values(256);
+    for (int c = 0; c < 256; ++c) {
+      codes[c] = static_cast<std::uint8_t>(c);
+      values[c] = tensortap::detail::float8_value(f, codes[c]);
+    }
+    require_stats_of(f, codes, values);
+  }
+}
+
+#if TORCH_VERSION_MAJOR >= 2
+TEST_CASE("statistics of LibTorch 2.x's uint and float8 tensors: host scan and device path agree", "[sdk][stats]") {
+  using tensortap::detail::dtype_info;
+  using tensortap::detail::scalar_type_named;
+  for (const char* torch_name : {"UInt16", "UInt32", "UInt64", "Float8_e4m3fn", "Float8_e5m2", "Float8_e4m3fnuz",
+                                 "Float8_e5m2fnuz", "Float8_e8m0fnu"}) {
+    const auto dtype = scalar_type_named(torch_name);
+    if (!dtype) continue;  // not in this LibTorch
+    CAPTURE(torch_name);
+    const bool unsigned_int = torch_name[0] == 'U';
+    // Every byte pattern in the lowest byte, the top bit set in some.
+    at::Tensor bytes = at::arange(256 * c10::elementSize(*dtype), at::kLong).remainder(256).to(at::kByte);
+    if (unsigned_int) bytes = bytes.flip(0);
+    const at::Tensor t = bytes.view(*dtype);
+    const auto* info = dtype_info(*dtype);
+    REQUIRE(info != nullptr);
+    StatsAccumulator acc(info->element);
+    acc.add(bytes.data_ptr(), bytes.nbytes());
+    const TensorStats host = acc.result();
+    const at::Tensor v = tensortap::detail::device_stats(t);
+    require_same(tensortap::detail::stats_from_vector(v.data_ptr<double>()), host);
+    require_same(host, reference(unsigned_int ? t.to(at::kDouble) : t.to(at::kFloat)));
+  }
+}
+#endif
+
 TEST_CASE("statistics of an empty or all-NaN tensor are NaN, with the counts", "[sdk][stats]") {
   for (const at::Tensor& t : {at::empty({0, 3}), at::full({4}, kNaN), at::full({2}, -kInf)}) {
     const TensorStats want = reference(t);
-    StatsAccumulator acc(at::kFloat);
+    StatsAccumulator acc(Element::F32);
     acc.add(t.data_ptr(), t.nbytes());
     require_same(acc.result(), want);
     require_same(tensortap::detail::stats_from_vector(tensortap::detail::device_stats(t).data_ptr<double>()), want);
   }
 }
 
+TEST_CASE("device statistics of bfloat16 match the host scan of the float32 it is stored as", "[sdk][stats]") {
+  // The host scans what the writers store (bfloat16 widened to float32);
+  // the device path reduces the bfloat16 tensor itself.
+  const at::Tensor t = sample(at::kFloat).to(at::kBFloat16);
+  const at::Tensor stored = t.to(at::kFloat);
+  StatsAccumulator host(Element::F32);
+  host.add(stored.data_ptr(), stored.nbytes());
+  const TensorStats want = host.result();
+  REQUIRE(want.nan == 1);
+  REQUIRE(want.posinf == 1);
+  REQUIRE(want.neginf == 1);
+  require_same(tensortap::detail::stats_from_vector(tensortap::detail::device_stats(t).data_ptr<double>()), want);
+  // A strided view with a storage offset reduces the same as its copy.
+  const at::Tensor view = at::cat({t, t}).view({2, -1}).t().select(1, 1);
+  require_same(tensortap::detail::stats_from_vector(tensortap::detail::device_stats(view).data_ptr<double>()), want);
+}
+
 TEST_CASE("a large mean does not cost std its precision", "[sdk][stats]") {
   const at::Tensor t = at::arange(1000, at::kDouble) * 1e-3 + 1e8;
-  StatsAccumulator acc(at::kDouble);
+  StatsAccumulator acc(Element::F64);
   acc.add(t.data_ptr(), t.nbytes());
   REQUIRE(acc.result().std == Approx(t.std(/*unbiased=*/false).item<double>()).epsilon(1e-9));
 }

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import _index
+from . import _float8
 
 __all__ = ["open", "Run", "KINDS", "STATS_FIELDS", "RunError", "RunWarning"]
 __version__ = "0.1.0"
@@ -46,11 +47,16 @@ KINDS = ("activation", "activation_grad", "param", "buffer", "grad", "tensor")
 # The columns of stats.npy after "step" and "series", in order.
 STATS_FIELDS = ("min", "max", "mean", "std", "norm", "nan", "posinf", "neginf", "zeros", "numel")
 
-# NumPy dtypes of what tensortap writes; bfloat16 is stored as float32.
+# NumPy dtypes of the arrays the reader returns, by the index's dtype.
+# bfloat16 is stored as float32; a float8 is stored as its bytes (uint8) and
+# returned widened to float32 (_float8.py); both exactly.
 NUMPY_DTYPES = {
     "bool": "bool", "uint8": "uint8", "int8": "int8", "int16": "int16", "int32": "int32",
-    "int64": "int64", "float16": "float16", "float32": "float32", "float64": "float64",
+    "int64": "int64", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
+    "float16": "float16", "float32": "float32", "float64": "float64",
     "complex64": "complex64", "complex128": "complex128", "bfloat16": "float32",
+    "float8_e4m3fn": "float32", "float8_e5m2": "float32", "float8_e4m3fnuz": "float32",
+    "float8_e5m2fnuz": "float32", "float8_e8m0fnu": "float32",
 }
 
 
@@ -300,6 +306,14 @@ class Run:
 def _read_record(rec, mmap, h5_files, h5_lock):
     """The array of one index record; HDF5 files are opened once into
     `h5_files` (guarded by `h5_lock`: dask reads from several threads)."""
+    a = _read_stored(rec, mmap, h5_files, h5_lock)
+    if rec["dtype"] in _float8.FORMATS:
+        return _float8.widen(a, rec["dtype"], f"{rec.index}:{rec.lineno}")
+    return a
+
+
+def _read_stored(rec, mmap, h5_files, h5_lock):
+    """The array of one index record as the file holds it."""
     path = _resolve(rec)
     if "dataset" in rec:
         with h5_lock:
@@ -481,9 +495,13 @@ def _read_many(recs, h5_files, h5_lock):
             size, buf = seg
             shape, order, dtype, data_at, count = _packed_layout(
                 rec, size, lambda offset: _cached_header(buf, offset, headers))
-            out.append(buf[data_at:data_at + count * dtype.itemsize].view(dtype).reshape(shape, order=order))
+            a = buf[data_at:data_at + count * dtype.itemsize].view(dtype).reshape(shape, order=order)
         else:
-            out.append(_read_npy(_resolve(rec, dirs), headers))
+            a = _read_npy(_resolve(rec, dirs), headers)
+        # As _read_record: a float8's bytes come back widened to float32.
+        if rec["dtype"] in _float8.FORMATS:
+            a = _float8.widen(a, rec["dtype"], f"{rec.index}:{rec.lineno}")
+        out.append(a)
     return out
 
 

@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 
+from . import _float8
 from ._optional import need
 
 # HDF5 files the lazy arrays' tasks opened, per process: a task carries only
@@ -32,9 +33,11 @@ def _itemsize(dtype):
     from . import NUMPY_DTYPES
 
     # The bytes as captured: a bfloat16 is two, even though NumPy gets float32
-    # (and the .npy file holds four).
+    # (and the .npy file holds four); a float8 is one (and so is its file's).
     if dtype == "bfloat16":
         return 2
+    if dtype in _float8.FORMATS:
+        return 1
     try:
         return np.dtype(NUMPY_DTYPES.get(dtype, dtype)).itemsize
     except TypeError:

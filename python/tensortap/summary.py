@@ -9,6 +9,7 @@ import sys
 import numpy as np
 
 from . import NUMPY_DTYPES, RunError
+from ._float8 import FORMATS as FORMATS_FLOAT8
 from ._optional import progress
 
 # Names and paths come from the run's files: printed raw, a planted escape
@@ -37,7 +38,9 @@ def _human(n):
 
 def _nbytes(shape, dtype):
     # Python integers: the index's shape is not trusted to fit in int64 products.
-    return math.prod(shape) * np.dtype(NUMPY_DTYPES.get(dtype, "uint8")).itemsize
+    # A float8's file holds its bytes, not the float32 the reader returns.
+    itemsize = 1 if dtype in FORMATS_FLOAT8 else np.dtype(NUMPY_DTYPES.get(dtype, "uint8")).itemsize
+    return math.prod(shape) * itemsize
 
 
 def summarize(run, out=None):

@@ -60,7 +60,7 @@ void Enqueue::check(Kind kind, const std::string& name, const at::Tensor& t, std
   else if (t.is_meta())
     why = "meta tensors have no data";
   else if (dtype_info(t.scalar_type()) == nullptr)
-    why = "NumPy has no dtype for it";
+    why = "NumPy has no dtype for it, nor does tensortap store one in its place (README.md, \"dtypes\")";
   else if (t.dim() > max_dims_)
     why = max_dims_why_;
   if (why != nullptr)
@@ -88,6 +88,9 @@ bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::
   const bool stats_vector = !full && !tensor.device().is_cpu();
   at::Tensor src = stats_vector ? device_stats(tensor) : tensor;
   const DtypeInfo& info = *dtype_info(src.scalar_type());
+  // A float8 travels as its bytes (a view, no copy): every copy below is
+  // then a byte copy, on the host or the device.
+  if (info.bits) src = src.view(info.stored);
   // Only ATen ops need autograd off; the common case, a memcpy of a CPU
   // tensor, runs none (and the guard's two thread-local switches were 5% of
   // a small capture).
@@ -107,8 +110,7 @@ bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::
   desc.kind = kind;
   desc.name = std::move(name);
   desc.step = step;
-  desc.dtype = src.scalar_type();
-  desc.stored = info.stored;
+  desc.dtype = info;
   const at::IntArrayRef sizes = src.sizes();
   desc.shape.assign(sizes.begin(), sizes.end());
   desc.nbytes = static_cast<std::uint64_t>(src.numel()) * c10::elementSize(info.stored);
@@ -143,7 +145,7 @@ bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::
   // large as the room in the filling buffer allows. It may be dropped only
   // before its first chunk; once started, it waits for room so that no half
   // record is ever written.
-  const at::Tensor flat = src.to(info.stored).contiguous().resolve_conj().resolve_neg();
+  const at::Tensor flat = as_stored(src, info).contiguous().resolve_conj().resolve_neg();
   const char* bytes = static_cast<const char*>(flat.data_ptr());
   const std::size_t unit = c10::elementSize(info.stored);
   for (std::uint64_t off = 0; off < nbytes;) {

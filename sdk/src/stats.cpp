@@ -1,5 +1,6 @@
 #include "sdk/src/stats.h"
 
+#include <array>
 #include <cmath>
 #include <complex>
 #include <limits>
@@ -37,14 +38,14 @@ double value_of(std::complex<double> v) {
 // Two passes over a chunk that is in cache: counts, extremes and the mean,
 // then the squared deviations from that mean (a one-pass sum of squares
 // loses std to cancellation when the mean is large).
-template <typename T>
-StatsAccumulator::Part scan(const T* p, std::size_t n) {
+template <typename T, typename Value>
+StatsAccumulator::Part scan(const T* p, std::size_t n, Value value) {
   StatsAccumulator::Part r;
   r.numel = static_cast<std::int64_t>(n);
   double sum = 0, sumsq = 0;
   double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   for (std::size_t i = 0; i < n; ++i) {
-    const double v = value_of(p[i]);
+    const double v = value(p[i]);
     if (std::isnan(v)) {
       ++r.nan;
       continue;
@@ -67,7 +68,7 @@ StatsAccumulator::Part scan(const T* p, std::size_t n) {
   r.mean = sum / static_cast<double>(r.finite);
   double m2 = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    const double v = value_of(p[i]);
+    const double v = value(p[i]);
     if (std::isfinite(v)) m2 += (v - r.mean) * (v - r.mean);
   }
   r.m2 = m2;
@@ -76,7 +77,20 @@ StatsAccumulator::Part scan(const T* p, std::size_t n) {
 
 template <typename T>
 StatsAccumulator::Part scan_bytes(const void* data, std::size_t nbytes) {
-  return scan(static_cast<const T*>(data), nbytes / sizeof(T));
+  return scan(static_cast<const T*>(data), nbytes / sizeof(T), [](T v) { return value_of(v); });
+}
+
+// The value of each code of a float8 format, decoded once.
+const float* float8_table(Element format) {
+  static const auto tables = [] {
+    constexpr Element kFormats[] = {Element::F8E4M3FN, Element::F8E5M2, Element::F8E4M3FNUZ, Element::F8E5M2FNUZ,
+                                    Element::F8E8M0FNU};
+    std::array<std::array<float, 256>, std::size(kFormats)> t{};
+    for (std::size_t f = 0; f < std::size(kFormats); ++f)
+      for (int c = 0; c < 256; ++c) t[f][c] = float8_value(kFormats[f], static_cast<std::uint8_t>(c));
+    return t;
+  }();
+  return tables[static_cast<std::size_t>(format) - static_cast<std::size_t>(Element::F8E4M3FN)].data();
 }
 
 }  // namespace
@@ -84,18 +98,30 @@ StatsAccumulator::Part scan_bytes(const void* data, std::size_t nbytes) {
 void StatsAccumulator::add(const void* data, std::size_t nbytes) {
   Part c;
   switch (stored_) {
-    case c10::kBool: c = scan_bytes<std::uint8_t>(data, nbytes); break;
-    case c10::kByte: c = scan_bytes<std::uint8_t>(data, nbytes); break;
-    case c10::kChar: c = scan_bytes<std::int8_t>(data, nbytes); break;
-    case c10::kShort: c = scan_bytes<std::int16_t>(data, nbytes); break;
-    case c10::kInt: c = scan_bytes<std::int32_t>(data, nbytes); break;
-    case c10::kLong: c = scan_bytes<std::int64_t>(data, nbytes); break;
-    case c10::kHalf: c = scan_bytes<c10::Half>(data, nbytes); break;
-    case c10::kFloat: c = scan_bytes<float>(data, nbytes); break;
-    case c10::kDouble: c = scan_bytes<double>(data, nbytes); break;
-    case c10::kComplexFloat: c = scan_bytes<std::complex<float>>(data, nbytes); break;
-    case c10::kComplexDouble: c = scan_bytes<std::complex<double>>(data, nbytes); break;
-    default: fail("statistics of dtype {} are not supported", c10::toString(stored_));
+    case Element::Bool:
+    case Element::U8: c = scan_bytes<std::uint8_t>(data, nbytes); break;
+    case Element::I8: c = scan_bytes<std::int8_t>(data, nbytes); break;
+    case Element::I16: c = scan_bytes<std::int16_t>(data, nbytes); break;
+    case Element::I32: c = scan_bytes<std::int32_t>(data, nbytes); break;
+    case Element::I64: c = scan_bytes<std::int64_t>(data, nbytes); break;
+    case Element::U16: c = scan_bytes<std::uint16_t>(data, nbytes); break;
+    case Element::U32: c = scan_bytes<std::uint32_t>(data, nbytes); break;
+    case Element::U64: c = scan_bytes<std::uint64_t>(data, nbytes); break;
+    case Element::F16: c = scan_bytes<c10::Half>(data, nbytes); break;
+    case Element::F32: c = scan_bytes<float>(data, nbytes); break;
+    case Element::F64: c = scan_bytes<double>(data, nbytes); break;
+    case Element::C64: c = scan_bytes<std::complex<float>>(data, nbytes); break;
+    case Element::C128: c = scan_bytes<std::complex<double>>(data, nbytes); break;
+    case Element::F8E4M3FN:
+    case Element::F8E5M2:
+    case Element::F8E4M3FNUZ:
+    case Element::F8E5M2FNUZ:
+    case Element::F8E8M0FNU: {
+      const float* table = float8_table(stored_);
+      c = scan(static_cast<const std::uint8_t*>(data), nbytes,
+               [table](std::uint8_t code) { return double{table[code]}; });
+      break;
+    }
   }
   Part& t = total_;
   if (c.finite > 0) {
@@ -138,9 +164,39 @@ TensorStats StatsAccumulator::result() const {
   return s;
 }
 
+namespace {
+
+// The statistics vector from the pieces device_stats reduced: `xd` holds
+// the finite values in float64 with every other value at the mean (so they
+// move neither min, max nor the deviations); `counts` is [finite, nan,
+// posinf, nonzero].
+at::Tensor stats_vector(const at::Tensor& xd, const at::Tensor& mean, const at::Tensor& counts, double numel) {
+  const auto minmax = at::aminmax(xd);
+  const at::Tensor& v_min = std::get<0>(minmax);
+  const at::Tensor& v_max = std::get<1>(minmax);
+  const std::vector<at::Tensor> c = counts.to(at::kDouble).unbind();
+  const at::Tensor &finite = c[0], &v_nan = c[1], &v_posinf = c[2];
+  // Welford in double over every element: the deviations of those at the
+  // mean are zero, so this is the finite values' sum of squared deviations.
+  const at::Tensor m2 = at::var(xd, /*unbiased=*/false) * numel;
+  const at::Tensor v_mean = mean;
+  const at::Tensor v_std = (m2 / finite).sqrt();
+  // sum(v^2) = M2 + n mean^2: two non-negative terms, no cancellation.
+  const at::Tensor v_norm = (m2 + finite * mean * mean).sqrt();
+  const at::Tensor v_neginf = numel - finite - v_nan - v_posinf;
+  const at::Tensor v_zeros = numel - c[3];
+  const at::Tensor v_numel = at::full({}, numel, xd.options());
+#define TENSORTAP_FIELD_(name) v_##name,
+  return at::stack({TENSORTAP_STATS_FIELDS(TENSORTAP_FIELD_, TENSORTAP_FIELD_)});
+#undef TENSORTAP_FIELD_
+}
+
+}  // namespace
+
 at::Tensor device_stats(const at::Tensor& t) {
   at::NoGradGuard no_grad;
   const auto dbl = at::TensorOptions().dtype(at::kDouble).device(t.device());
+  const auto numel = static_cast<double>(t.numel());
   if (t.numel() == 0) {
     // Reductions of nothing have no identity for min/max; build the answer
     // on the device directly rather than copying one from the host.
@@ -148,36 +204,37 @@ at::Tensor device_stats(const at::Tensor& t) {
     v.narrow(0, kStatsRealFields, kStatsFields - kStatsRealFields).zero_();
     return v;
   }
+  // Sums in double, as the host scan's. ATen's reductions convert a float
+  // tensor to double whole for that anyway (sum(dtype=kDouble) does), so
+  // there is one float64 copy, made once and reused in place; classes and
+  // zeros are counted on the tensor as it is.
   at::Tensor x = t.detach();
+  bool owned = false;  // whether `x` is a temporary of ours, free to overwrite
+  const DtypeInfo* info = dtype_info(x.scalar_type());
+  // ATen has no isfinite or isnan for float8; float32 holds each value exactly.
+  if (info != nullptr && is_float8(info->element)) x = x.to(at::kFloat);
   // Magnitudes in double, as the host path computes them.
-  if (x.is_complex()) x = x.to(at::kComplexDouble).abs();
-  x = x.to(at::kDouble);
+  if (x.is_complex()) {
+    x = x.to(at::kComplexDouble).abs();
+    owned = true;
+  }
+  if (!at::isFloatingType(x.scalar_type())) {
+    // Integers and bool: every value is finite.
+    const at::Tensor xd = x.to(at::kDouble);
+    const at::Tensor none = at::zeros({}, dbl.dtype(at::kLong));
+    const at::Tensor counts =
+        at::stack({at::full({}, t.numel(), dbl.dtype(at::kLong)), none, none, at::count_nonzero(xd)});
+    return stats_vector(xd, xd.sum() / numel, counts, numel);
+  }
   const at::Tensor finite = at::isfinite(x);
-  const at::Tensor count = finite.sum().to(at::kDouble);
-  const at::Tensor zero = at::zeros({}, dbl);
-  const at::Tensor xf = at::where(finite, x, zero);
-  const at::Tensor none = count.eq(0);
-  const at::Tensor nan = at::full({}, kNaN, dbl);
-  // Every statistic of the finite values is NaN when none is finite.
-  const auto of_finite = [&](const at::Tensor& v) { return at::where(none, nan, v); };
-  const auto count_of = [](const at::Tensor& mask) { return mask.sum().to(at::kDouble); };
-  const double inf = std::numeric_limits<double>::infinity();
-  const at::Tensor mean_raw = xf.sum() / count;  // 0/0 = NaN when nothing is finite
-  const at::Tensor dev = at::where(finite, x - mean_raw, zero);
-  // One tensor per field, named as the schema names them.
-  const at::Tensor v_min = of_finite(at::where(finite, x, at::full({}, inf, dbl)).min());
-  const at::Tensor v_max = of_finite(at::where(finite, x, at::full({}, -inf, dbl)).max());
-  const at::Tensor v_mean = of_finite(mean_raw);
-  const at::Tensor v_std = of_finite((dev * dev).sum().div(count).sqrt());
-  const at::Tensor v_norm = of_finite((xf * xf).sum().sqrt());
-  const at::Tensor v_nan = count_of(at::isnan(x));
-  const at::Tensor v_posinf = count_of(at::isposinf(x));
-  const at::Tensor v_neginf = count_of(at::isneginf(x));
-  const at::Tensor v_zeros = count_of(x.eq(0));
-  const at::Tensor v_numel = at::full({}, static_cast<double>(t.numel()), dbl);
-#define TENSORTAP_FIELD_(name) v_##name,
-  return at::stack({TENSORTAP_STATS_FIELDS(TENSORTAP_FIELD_, TENSORTAP_FIELD_)});
-#undef TENSORTAP_FIELD_
+  // count_nonzero, not sum: a sum of a mask converts it to int64 first.
+  const at::Tensor counts = at::stack({at::count_nonzero(finite), at::count_nonzero(at::isnan(x)),
+                                       at::count_nonzero(at::isposinf(x)), at::count_nonzero(x)});
+  at::Tensor xd = owned && x.scalar_type() == at::kDouble ? x : x.to(at::kDouble, false, /*copy=*/true);
+  at::where_out(xd, finite, xd, at::zeros({}, dbl));
+  const at::Tensor mean = xd.sum() / counts[0];  // 0/0 when nothing is finite: NaN, and so is all it feeds
+  at::where_out(xd, finite, xd, mean);
+  return stats_vector(xd, mean, counts, numel);
 }
 
 TensorStats stats_from_vector(const double* v) {

@@ -6,18 +6,20 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include "writers/src/dtypes.h"
 #include "writers/src/stats_file.h"
 
 namespace tensortap::detail {
 
-/// Statistics of a record's bytes (C order, dtype `stored` as staged: bool,
-/// integers, float16, float32, float64, complex), fed chunk by chunk in
-/// order. Complex values count by magnitude. Sums are in double, and chunks
+/// Statistics of a record's bytes (C order, elements as staged: bool,
+/// integers, float16, float32, float64, complex, float8 codes), fed chunk by
+/// chunk in order. Complex values count by magnitude; float8 codes by the
+/// value they encode. Sums are in double, and chunks
 /// are merged with Chan's formula, so std is as exact as NumPy's in float64
 /// however the record was chunked.
 class StatsAccumulator {
  public:
-  explicit StatsAccumulator(c10::ScalarType stored) : stored_(stored) {}
+  explicit StatsAccumulator(Element stored) : stored_(stored) {}
   /// `nbytes` must be whole elements.
   void add(const void* data, std::size_t nbytes);
   TensorStats result() const;
@@ -31,7 +33,7 @@ class StatsAccumulator {
   };
 
  private:
-  c10::ScalarType stored_;
+  Element stored_;
   Part total_;
 };
 

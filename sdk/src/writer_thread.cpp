@@ -115,11 +115,11 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
   std::optional<TensorStats> stats;
   if (record.computes_stats()) {
     if (open == nullptr) {
-      StatsAccumulator acc(desc.stored);
+      StatsAccumulator acc(desc.dtype.element);
       acc.add(data, slot.nbytes);
       stats = acc.result();
     } else {
-      if (!open->stats) open->stats = std::make_unique<StatsAccumulator>(desc.stored);
+      if (!open->stats) open->stats = std::make_unique<StatsAccumulator>(desc.dtype.element);
       open->stats->add(data, slot.nbytes);
       if (slot.last) stats = open->stats->result();
     }

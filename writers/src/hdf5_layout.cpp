@@ -13,24 +13,32 @@ namespace {
 constexpr hsize_t kMaxRowsPerChunk = 256;
 constexpr hsize_t kStepsChunk = 256;
 
-// The file type of each stored dtype, the way h5py writes (and reads) it.
-H5::DataType file_type(c10::ScalarType t) {
-  using c10::ScalarType;
-  switch (t) {
-    case ScalarType::Bool: {
+// The file type of each stored element, the way h5py writes (and reads) it.
+H5::DataType file_type(Element e) {
+  switch (e) {
+    case Element::Bool: {
       // h5py's bool: an int8 enum of FALSE and TRUE.
-      H5::EnumType e(H5::PredType::NATIVE_INT8);
+      H5::EnumType en(H5::PredType::NATIVE_INT8);
       std::int8_t f = 0, v = 1;
-      e.insert("FALSE", &f);
-      e.insert("TRUE", &v);
-      return e;
+      en.insert("FALSE", &f);
+      en.insert("TRUE", &v);
+      return en;
     }
-    case ScalarType::Byte: return H5::PredType::STD_U8LE;
-    case ScalarType::Char: return H5::PredType::STD_I8LE;
-    case ScalarType::Short: return H5::PredType::STD_I16LE;
-    case ScalarType::Int: return H5::PredType::STD_I32LE;
-    case ScalarType::Long: return H5::PredType::STD_I64LE;
-    case ScalarType::Half: {
+    // A float8's bit patterns: the group's dtype attribute names the format.
+    case Element::F8E4M3FN:
+    case Element::F8E5M2:
+    case Element::F8E4M3FNUZ:
+    case Element::F8E5M2FNUZ:
+    case Element::F8E8M0FNU:
+    case Element::U8: return H5::PredType::STD_U8LE;
+    case Element::I8: return H5::PredType::STD_I8LE;
+    case Element::I16: return H5::PredType::STD_I16LE;
+    case Element::I32: return H5::PredType::STD_I32LE;
+    case Element::I64: return H5::PredType::STD_I64LE;
+    case Element::U16: return H5::PredType::STD_U16LE;
+    case Element::U32: return H5::PredType::STD_U32LE;
+    case Element::U64: return H5::PredType::STD_U64LE;
+    case Element::F16: {
       // HDF5 1.10 has no predefined half: build IEEE binary16 as h5py does.
       H5::FloatType h(H5::PredType::IEEE_F32LE);
       h.setFields(15, 10, 5, 0, 10);
@@ -38,20 +46,20 @@ H5::DataType file_type(c10::ScalarType t) {
       h.setEbias(15);
       return h;
     }
-    case ScalarType::Float: return H5::PredType::IEEE_F32LE;
-    case ScalarType::Double: return H5::PredType::IEEE_F64LE;
-    case ScalarType::ComplexFloat:
-    case ScalarType::ComplexDouble: {
+    case Element::F32: return H5::PredType::IEEE_F32LE;
+    case Element::F64: return H5::PredType::IEEE_F64LE;
+    case Element::C64:
+    case Element::C128: {
       // h5py's complex: a compound of `r` and `i`.
-      const bool f32 = t == ScalarType::ComplexFloat;
+      const bool f32 = e == Element::C64;
       const H5::PredType& part = f32 ? H5::PredType::IEEE_F32LE : H5::PredType::IEEE_F64LE;
       H5::CompType c(static_cast<std::size_t>(f32 ? 8 : 16));
       c.insertMember("r", 0, part);
       c.insertMember("i", f32 ? 4 : 8, part);
       return c;
     }
-    default: fail("HDF5 cannot store dtype {}", c10::toString(t));
   }
+  fail("HDF5 cannot store element type {}", static_cast<int>(e));
 }
 
 void write_string_attr(H5::H5Object& obj, const char* name, const std::string& value) {
@@ -108,16 +116,16 @@ void create_series_group(H5::H5File& file, const RecordDesc& first, const Hdf5Op
   H5::Group g = file.createGroup(s.group);
   write_string_attr(g, "name", first.name);
   write_string_attr(g, "kind", kind_name(first.kind));
-  write_string_attr(g, "dtype", dtype_name(first.dtype));
+  write_string_attr(g, "dtype", first.dtype.name);
   write_ints_attr(g, "shape", first.shape);
 
   const std::vector<hsize_t> max(s.rank + 1, H5S_UNLIMITED);
   H5::DSetCreatPropList dcpl;
-  s.chunk = chunk_dims(first.shape, c10::elementSize(first.stored), options.chunk_bytes());
+  s.chunk = chunk_dims(first.shape, element_size(first.dtype.element), options.chunk_bytes());
   dcpl.setChunk(static_cast<int>(s.chunk.size()), s.chunk.data());
   if (options.shuffle()) dcpl.setShuffle();
   if (options.deflate() > 0) dcpl.setDeflate(static_cast<unsigned>(options.deflate()));
-  s.data = g.createDataSet("data", file_type(first.stored),
+  s.data = g.createDataSet("data", file_type(first.dtype.element),
                            H5::DataSpace(static_cast<int>(s.rank + 1), s.extent.data(), max.data()), dcpl);
 
   const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
@@ -136,7 +144,7 @@ void create_series_group(H5::H5File& file, const RecordDesc& first, const Hdf5Op
 
 std::uint64_t new_chunk_bytes(const Hdf5Series& s, c10::IntArrayRef shape, hsize_t row) {
   if (s.chunk.empty() || row % s.chunk[0] != 0) return 0;
-  std::uint64_t bytes = c10::elementSize(s.stored);
+  std::uint64_t bytes = element_size(s.element);
   for (hsize_t d : s.chunk) bytes *= d;
   for (std::size_t i = 0; i < shape.size() && i + 1 < s.chunk.size(); ++i)
     bytes *= (std::max<std::uint64_t>(shape[i], 1) + s.chunk[i + 1] - 1) / s.chunk[i + 1];

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include <H5Cpp.h>
-#include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
 
 #include <tensortap/error.h>
@@ -49,7 +48,9 @@ auto wrap(const std::string& file, const std::string& object, const char* action
 struct Hdf5Series {
   /// Its path in the file, `/<kind>/<encoded name>`.
   std::string group;
-  c10::ScalarType stored;
+  /// What its rows hold, and the dtype's name (the group's attribute).
+  Element element;
+  std::string dtype;
   std::size_t rank;
   /// The extent of `data`: rows (those in flight, and those of records that
   /// failed, included: their step stays -1), then the largest shape seen.

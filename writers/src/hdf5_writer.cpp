@@ -29,15 +29,15 @@ constexpr std::uint64_t kHeadroomBytes = std::uint64_t{4} << 20;
 class Hdf5Sink final : public RecordSink {
  public:
   Hdf5Sink(Hdf5Writer& w, Hdf5Writer::Series& s, const RecordDesc& meta)
-      : w_(w), s_(s), meta_(meta), row_(s.next_row), elem_(c10::elementSize(meta.stored)) {
+      : w_(w), s_(s), meta_(meta), row_(s.next_row), elem_(element_size(meta.dtype.element)) {
     if (meta.shape.size() != s.rank)
       fail(
           "HDF5: record '{}' (kind {}, step {}) has shape of rank {}, but '{}/data' "
           "in '{}' holds rank {}; a name keeps its rank in an HDF5 run",
           meta.name, kind_name(meta.kind), meta.step, meta.shape.size(), s.group, w.path_, s.rank);
-    if (meta.stored != s.stored)
+    if (meta.dtype.element != s.element)
       fail("HDF5: record '{}' (kind {}, step {}) is {}, but '{}/data' in '{}' is {}", meta.name, kind_name(meta.kind),
-           meta.step, dtype_name(meta.dtype), s.group, w.path_, dtype_name(s.stored));
+           meta.step, meta.dtype.name, s.group, w.path_, s.dtype);
     std::vector<hsize_t> extent = s.extent;
     extent[0] = std::max<hsize_t>(extent[0], row_ + 1);
     for (std::size_t i = 0; i < s.rank; ++i)
@@ -289,7 +289,8 @@ void Hdf5Writer::create_series(const std::vector<const RecordDesc*>& records) {
       creation_errors_.erase(key);
       Series s;
       s.group = key;
-      s.stored = m->stored;
+      s.element = m->dtype.element;
+      s.dtype = m->dtype.name;
       s.rank = m->shape.size();
       s.extent.assign(s.rank + 1, 0);
       try {

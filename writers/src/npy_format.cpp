@@ -173,6 +173,17 @@ class DictParser {
         return;
       }
     }
+    // LibTorch 2.3 and later have unsigned integers of 16 to 64 bits.
+    static const std::pair<const char*, const char*> kUnsigned[] = {
+        {"u2", "UInt16"}, {"u4", "UInt32"}, {"u8", "UInt64"}};
+    for (const auto& [c, torch_name] : kUnsigned) {
+      if (code != c) continue;
+      if (const std::optional<ScalarType> t = scalar_type_named(torch_name)) {
+        h.dtype = *t;
+        return;
+      }
+      fail(fmt::format("unsupported dtype '{}' (this LibTorch has no {})", descr, torch_name));
+    }
     fail(fmt::format("unsupported dtype '{}'", descr));
   }
 
@@ -183,12 +194,10 @@ class DictParser {
 
 }  // namespace
 
-std::string npy_descr(c10::ScalarType stored) {
-  const DtypeInfo* info = dtype_info(stored);
-  if (info == nullptr) throw Error(fmt::format("no NumPy dtype for {}", c10::toString(stored)));
-  const char order = c10::elementSize(stored) == 1 ? '|' : (little_endian_host() ? '<' : '>');
+std::string npy_descr(Element stored) {
+  const char order = element_size(stored) == 1 ? '|' : (little_endian_host() ? '<' : '>');
   std::string descr(1, order);
-  descr += info->numpy;
+  descr += numpy_code(stored);
   return descr;
 }
 

@@ -9,6 +9,8 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
 
+#include "writers/src/dtypes.h"
+
 namespace tensortap::detail {
 
 /// The bytes before the data of a `.npy` file for a C-order array of this
@@ -31,7 +33,7 @@ struct NpyField {
 std::string npy_header(const std::vector<NpyField>& fields, c10::IntArrayRef shape, std::size_t min_size = 0);
 
 /// The NumPy type string of `stored` in this machine's byte order ("<f4").
-std::string npy_descr(c10::ScalarType stored);
+std::string npy_descr(Element stored);
 
 /// What a `.npy` header says.
 struct NpyHeader {

@@ -143,11 +143,8 @@ void save_npy(const std::string& path, const at::Tensor& tensor) {
     throw Error(
         fmt::format("tensortap::save_npy: '{}': cannot store this tensor ({})", path, detail::describe_tensor(tensor)));
   at::NoGradGuard no_grad;
-  const at::Tensor data = tensor.to(at::kCPU, info->stored, /*non_blocking=*/false, /*copy=*/false)
-                              .contiguous()
-                              .resolve_conj()
-                              .resolve_neg();
-  const std::string header = detail::npy_header(detail::npy_descr(info->stored), data.sizes().vec());
+  const at::Tensor data = detail::as_stored(tensor.to(at::kCPU), *info).contiguous().resolve_conj().resolve_neg();
+  const std::string header = detail::npy_header(detail::npy_descr(info->element), data.sizes().vec());
   // The user's own path: its directory is followed as given, the file
   // itself is written through a temporary and renamed, never through a link.
   const std::size_t slash = path.rfind('/');

@@ -59,7 +59,7 @@ std::unique_ptr<RecordSink> NpyWriter::begin(const RecordDesc& meta) {
   std::string file = step_stem(meta.step) + ".npy";
   std::string rel = rel_dir + "/" + file;
   return std::make_unique<NpySink>(std::move(dir), std::move(file), std::move(rel),
-                                   npy_header(npy_descr(meta.stored), meta.shape), meta.nbytes);
+                                   npy_header(npy_descr(meta.dtype.element), meta.shape), meta.nbytes);
 }
 
 }  // namespace tensortap::detail

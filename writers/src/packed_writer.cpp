@@ -114,7 +114,7 @@ void PackedWriter::open_segment() {
 }
 
 std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
-  std::string header = npy_header(npy_descr(meta.stored), meta.shape);
+  std::string header = npy_header(npy_descr(meta.dtype.element), meta.shape);
   const std::uint64_t size = header.size() + meta.nbytes;
   if (!file_) {
     open_segment();

@@ -106,7 +106,7 @@ void append_index_line(std::string& out, const RecordDesc& meta, const std::stri
   out += "\",\"name\":";
   append_json_string(out, meta.name);
   out += ",\"dtype\":\"";
-  out += dtype_name(meta.dtype);
+  out += meta.dtype.name;
   out += "\",\"shape\":";
   append_json_ints(out, meta.shape);
   out += ',';

@@ -28,7 +28,7 @@ constexpr std::size_t kHeaderBytes = 512;
 
 std::string header(std::int64_t rows) {
   static const std::vector<NpyField> fields = [] {
-    const std::string i8 = npy_descr(c10::kLong), f8 = npy_descr(c10::kDouble);
+    const std::string i8 = npy_descr(Element::I64), f8 = npy_descr(Element::F64);
     std::vector<NpyField> f{{"step", i8}, {"series", i8}};
 #define TENSORTAP_REAL_(name) f.push_back({#name, f8});
 #define TENSORTAP_COUNT_(name) f.push_back({#name, i8});

@@ -6,11 +6,12 @@
 #include <string>
 #include <vector>
 
-#include <c10/core/ScalarType.h>
 #include <c10/util/SmallVector.h>
 
 #include <tensortap/format.h>
 #include <tensortap/kinds.h>
+
+#include "writers/src/dtypes.h"
 
 namespace tensortap::detail {
 
@@ -24,10 +25,11 @@ struct RecordDesc {
   /// The record's name, with its `#k` repeat suffix.
   std::string name;
   std::int64_t step = 0;
-  /// The dtype as captured (bfloat16 stays bfloat16 here).
-  c10::ScalarType dtype = c10::ScalarType::Float;
-  /// The dtype of the bytes (bfloat16 arrives as float32).
-  c10::ScalarType stored = c10::ScalarType::Float;
+  /// The dtype as captured (its name: bfloat16 stays bfloat16 here) and
+  /// what its bytes hold (bfloat16 arrives as float32). A description, not
+  /// a LibTorch dtype, so records of dtypes the LibTorch at hand lacks
+  /// (uint16, float8 on 1.13) can be written in tests.
+  DtypeInfo dtype;
   /// Inline up to 8 dimensions: a record's metadata is built on the
   /// training thread for every capture, and a heap-allocated shape was a
   /// malloc there and a free on the writer thread each time.

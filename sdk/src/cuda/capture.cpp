@@ -71,7 +71,7 @@ bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, cons
   const c10::Device device = tensor.device();
   if (!device.is_cuda() || !device.has_index())
     fail("cuda_capture() of {}, which is not on a CUDA device", describe(record->desc, tensor));
-  const c10::ScalarType stored = record->desc.stored;
+  const c10::ScalarType stored = record->desc.dtype.stored;
   const auto nbytes = static_cast<std::size_t>(record->desc.nbytes);
   // Autograd runs a CUDA backward on its own thread, with the op's stream
   // current there: the current stream of the tensor's device is the one its

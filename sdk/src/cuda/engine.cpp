@@ -21,7 +21,7 @@ std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a;
 std::string CudaEngine::describe(const RecordDesc* meta, int device) {
   if (meta == nullptr) return fmt::format("a record on cuda:{}", device);
   return fmt::format("'{}' (kind {}, step {}, {} [{}], cuda:{})", meta->name, kind_name(meta->kind), meta->step,
-                     dtype_name(meta->dtype), fmt::join(meta->shape, ", "), device);
+                     meta->dtype.name, fmt::join(meta->shape, ", "), device);
 }
 
 CudaEngine::CudaEngine(Staging& staging, CudaEngineOptions options, Report report)
