@@ -3,7 +3,7 @@
 //       captures every step until killed: tensors of 1 KiB to 1 MiB, several
 //       names, a repeat, bfloat16; prints "step N" now and then. With
 //       new_names, no 1 MiB tensor but eight names never seen before every step
-//       ("new<step>"), so an HDF5 writer often dies while out of SWMR mode
+//       ("new<step>", "new<step>.<k>"), so an HDF5 writer often dies while making datasets
 //   reliability_proc fill DIR continue|stop STEPS
 //       captures 64 KiB a step into a small filesystem until it is full;
 //       prints one line: "steps <s> stopped <0|1> error <what step() or close() threw>"

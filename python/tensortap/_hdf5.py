@@ -71,8 +71,8 @@ def open_h5(path, run_error, run_warning):
         if not alive:
             break
         if time.monotonic() > deadline:
-            raise run_error(f"{path}: its writer is alive and has kept the file unreadable for "
-                            f"{WAIT_FOR_WRITER_S:.0f} s: {refused}")
+            raise run_error(f"{path}: its writer is alive and has kept the file unreadable (out of SWMR mode, or "
+                            f"its journal open) for {WAIT_FOR_WRITER_S:.0f} s: {refused}")
         time.sleep(0.01)
     how = ("its writer stopped (killed?) while the file was open for writing; reading it as of its last flush "
            "(h5clear -s would clear the flags on disk)")
