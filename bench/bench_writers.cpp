@@ -142,16 +142,20 @@ void BM_PackedWrite(benchmark::State& state) {
 }
 
 #ifdef TENSORTAP_HAVE_HDF5
-// One series growing by a row per record, flushed after each record as the
-// default cadence does (one record per sampled step). Arg 1: deflate level.
-// The data is a ramp of small integers as floats: compressible, like many
-// activations, but not all zeros.
+// One series growing by a row per record, one record per sampled step, the
+// writer synced after each as the writer thread does after each batch: at
+// the default cadence (Hdf5Options::flush_every 0, sized from the records)
+// or, with arg 2 set, flushed every step. The last row is flushed inside the
+// timing. Arg 1: deflate level. The data is a ramp of small integers as
+// floats: compressible, like many activations, but not all zeros.
 void BM_Hdf5Write(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   BenchDir dir;
   const auto run_dir = tensortap::detail::Dir::open(dir.path, false);
-  tensortap::detail::Hdf5Writer writer(
-      run_dir, tensortap::Hdf5Options().deflate(static_cast<int>(state.range(1))).shuffle(state.range(1) > 0));
+  tensortap::detail::Hdf5Writer writer(run_dir, tensortap::Hdf5Options()
+                                                    .deflate(static_cast<int>(state.range(1)))
+                                                    .shuffle(state.range(1) > 0)
+                                                    .flush_every(state.range(2)));
   std::vector<float> data(n / 4);
   for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i % 251);
   tensortap::detail::RecordDesc meta;
@@ -159,11 +163,12 @@ void BM_Hdf5Write(benchmark::State& state) {
   meta.shape = {static_cast<std::int64_t>(n / 4)};
   meta.nbytes = n;
   writer.prepare({&meta});
+  std::int64_t i = 0;
   for (auto _ : state) {
     auto sink = writer.begin(meta);
     sink->append(data.data(), n);
     benchmark::DoNotOptimize(sink->finish());
-    writer.sync(/*force=*/true);
+    writer.sync(/*force=*/++i == static_cast<std::int64_t>(state.max_iterations));
     ++meta.step;
   }
   writer.close();
@@ -171,18 +176,21 @@ void BM_Hdf5Write(benchmark::State& state) {
 }
 
 // The cost of a name that first appears when the file already holds
-// range(0) names, each written in the step before (as in training, where
-// every step writes every name): HDF5 1.10 cannot create datasets in SWMR
-// mode, so the writer closes every dataset and the file, creates the new
-// name's datasets and returns to SWMR mode. Counters: `outside_swmr_ms`,
-// how long a crash would have found the file outside SWMR mode (readers
-// then need h5clear -s), and `next_row_us`, what a row to an old series
-// costs on the step after, when its datasets are opened again.
+// range(0) names, each written in the step before and the step after (as in
+// training, where every step writes every name), 1 KiB rows, every step
+// flushed. Timed: the new name's datasets, its row and the flush. Counters:
+// `journal_span_ms`, the span the journal covers (a crash in it is rolled back
+// to before it); `step_after_extra_ms`, how much longer the step after the
+// new name takes than the step before it (before the datasets were made in
+// SWMR mode, it reopened every dataset the new name's window had closed);
+// `row_us`, a row of an old name in the step before, its flush included;
+// `old_name_ms`, the timed work for a name the file already has (a row and
+// a flush, whose cost grows with the datasets open, new name or not).
 void BM_Hdf5NewName(benchmark::State& state) {
   const auto names = static_cast<int>(state.range(0));
   BenchDir dir;
   const auto run_dir = tensortap::detail::Dir::open(dir.path, false);
-  tensortap::detail::Hdf5Writer writer(run_dir, tensortap::Hdf5Options());
+  tensortap::detail::Hdf5Writer writer(run_dir, tensortap::Hdf5Options().flush_every(1));
   std::vector<float> data(256, 1.0f);
   std::vector<tensortap::detail::RecordDesc> metas(static_cast<std::size_t>(names));
   std::vector<const tensortap::detail::RecordDesc*> all;
@@ -198,16 +206,28 @@ void BM_Hdf5NewName(benchmark::State& state) {
     sink->append(data.data(), 1024);
     benchmark::DoNotOptimize(sink->finish());
   };
-  writer.prepare(all);
   std::int64_t step = 0;
-  double outside = 0, next_row = 0;
-  for (auto _ : state) {
-    state.PauseTiming();
+  // Every old name's step, flushed: its time in milliseconds.
+  const auto old_names_step = [&] {
     const auto t0 = std::chrono::steady_clock::now();
     for (auto& m : metas) write_row(m, step);
     writer.sync(/*force=*/true);
-    next_row += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     ++step;
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  writer.prepare(all);
+  old_names_step();
+  double span = 0, before = 0, after = 0, old_row = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    before += old_names_step();
+    {
+      // The same work for a name the file has: one row, flushed.
+      const auto t0 = std::chrono::steady_clock::now();
+      write_row(metas[0], step);
+      writer.sync(/*force=*/true);
+      old_row += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
     tensortap::detail::RecordDesc fresh;
     fresh.name = fmt::format("new{}", step);
     fresh.shape = {256};
@@ -216,11 +236,16 @@ void BM_Hdf5NewName(benchmark::State& state) {
     writer.prepare({&fresh});
     write_row(fresh, step);
     writer.sync(/*force=*/true);
-    outside += std::chrono::duration<double, std::milli>(writer.last_swmr_gap()).count();
+    state.PauseTiming();
+    span += std::chrono::duration<double, std::milli>(writer.last_span()).count();
+    after += old_names_step();
+    state.ResumeTiming();
   }
   const auto n = static_cast<double>(state.iterations());
-  state.counters["outside_swmr_ms"] = outside / n;
-  state.counters["next_row_us"] = names > 0 ? next_row / n / names : 0;
+  state.counters["journal_span_ms"] = span / n;
+  state.counters["old_name_ms"] = old_row / n;
+  state.counters["step_after_extra_ms"] = (after - before) / n;
+  state.counters["row_us"] = names > 0 ? before * 1e3 / n / names : 0;
   writer.close();
 }
 #endif
@@ -257,12 +282,13 @@ const bool registered = [] {
 #ifdef TENSORTAP_HAVE_HDF5
   for (std::int64_t n : sizes) {
     if (n < (1 << 10)) continue;
-    benchmark::RegisterBenchmark("BM_Hdf5Write", BM_Hdf5Write)
-        ->Args({n, 0})
-        ->Iterations(iterations(n, std::int64_t{512} << 20, 300));
+    // As many rows as raw write() writes files, for the same noise.
+    const std::int64_t it = iterations(n, std::int64_t{512} << 20, 2000);
+    benchmark::RegisterBenchmark("BM_Hdf5Write", BM_Hdf5Write)->Args({n, 0, 0})->Iterations(it);
+    benchmark::RegisterBenchmark("BM_Hdf5Write", BM_Hdf5Write)->Args({n, 0, 1})->Iterations(it);
     // deflate recompresses a whole chunk per flush: far slower, fewer rows.
     benchmark::RegisterBenchmark("BM_Hdf5Write", BM_Hdf5Write)
-        ->Args({n, 4})
+        ->Args({n, 4, 0})
         ->Iterations(iterations(n, std::int64_t{64} << 20, 100));
   }
   for (std::int64_t names : {10, 100, 1000, 3000})

@@ -2,8 +2,8 @@
 //   reliability_proc crash DIR npy|hdf5|packed [new_names]
 //       captures every step until killed: tensors of 1 KiB to 1 MiB, several
 //       names, a repeat, bfloat16; prints "step N" now and then. With
-//       new_names, no 1 MiB tensor but a name never seen before every step
-//       ("new<step>"), so an HDF5 writer often dies while out of SWMR mode
+//       new_names, no 1 MiB tensor but eight names never seen before every step
+//       ("new<step>", "new<step>.<k>"), so an HDF5 writer often dies while making datasets
 //   reliability_proc fill DIR continue|stop STEPS
 //       captures 64 KiB a step into a small filesystem until it is full;
 //       prints one line: "steps <s> stopped <0|1> error <what step() or close() threw>"
@@ -32,7 +32,12 @@ static int crash(const std::string& dir, tensortap::Format format, bool new_name
       rec.capture("large", at::full({512, 512}, static_cast<double>(s)));                 // 1 MiB: streamed in chunks
     rec.capture("bf16", at::full({64}, static_cast<double>(s % 128)).to(at::kBFloat16));  // exact in bfloat16
     rec.capture("ids", at::arange(s, s + 100, at::kLong));
-    if (new_names) rec.capture("new" + std::to_string(s), at::full({64}, static_cast<double>(s)));
+    // Eight names a step never seen before: a crash finds the writer making
+    // datasets often, in a file holding thousands of names after a while.
+    if (new_names)
+      for (int k = 0; k < 8; ++k)
+        rec.capture("new" + std::to_string(s) + (k == 0 ? "" : "." + std::to_string(k)),
+                    at::full({64}, static_cast<double>(s)));
     if (s % 20 == 0) {
       std::printf("step %lld\n", static_cast<long long>(s));
       std::fflush(stdout);

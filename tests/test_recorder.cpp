@@ -344,8 +344,8 @@ TEST_CASE("invalid options are refused with the option named", "[sdk]") {
   REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).buffer_bytes(10)}; }), Catch::Contains("buffer_bytes(10)"));
   REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).hdf5(tensortap::Hdf5Options().deflate(12))}; }),
                Catch::Contains("deflate(12)"));
-  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).hdf5(tensortap::Hdf5Options().flush_every(0))}; }),
-               Catch::Contains("flush_every(0)"));
+  REQUIRE_THAT(error_of([&] { Recorder r{Options(dir.path).hdf5(tensortap::Hdf5Options().flush_every(-1))}; }),
+               Catch::Contains("flush_every(-1)"));
 }
 
 TEST_CASE("include and exclude patterns and kinds select what is captured", "[sdk]") {

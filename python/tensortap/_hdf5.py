@@ -1,15 +1,15 @@
 """Opening a run's tensors.h5, including one whose writer was killed.
 
-The writer keeps tensors.h5 in SWMR mode, which readers open at any time. It
-leaves SWMR mode for a moment whenever a name first appears (HDF5 1.10 cannot
-create a dataset in it). In that moment HDF5 overwrites metadata in place, in
-no safe order, so the writer first closes the file (whole on disk) and keeps a
-rollback journal (.tensors.h5.journal, writers/src/hdf5_journal.h) of every
-byte it overwrites below the file's length then. A reader that finds that
+The writer keeps tensors.h5 in SWMR mode, which readers open at any time.
+Whenever a name first appears it makes the name's datasets, which HDF5 1.10
+does not order for readers: it overwrites metadata in place, in no safe
+order. So the writer keeps a rollback journal (.tensors.h5.journal,
+writers/src/hdf5_journal.h) of every byte overwritten below the file's length
+from then until the flush that ends its batch. A reader that finds that
 journal and no live writer holding the run directory's lock reads the file as
 it was before the span, without writing to the run: every indexed row was
 flushed before its index line was written, and none is indexed during the span.
-While the writer lives, the reader waits for it to go back to SWMR mode.
+While the writer lives, the reader waits for the journal to go.
 
 A file left open for writing without a journal (a writer of an older
 tensortap) is read through a view that shows the consistency flags cleared,
@@ -41,33 +41,38 @@ def open_h5(path, run_error, run_warning):
     deadline = time.monotonic() + WAIT_FOR_WRITER_S
     while True:
         alive = writer_alive(directory)
-        # Only a dead writer's journal counts: a live writer may end its span
-        # (and write the file again) at any moment. Dead, it stays dead.
-        journal = None if alive else read_journal(journal_path)
-        if journal is not None:
-            # Killed out of SWMR mode: the file may be torn even where HDF5
-            # would open it. Read it as it was before.
+        journal = read_journal(journal_path)
+        if journal is not None and not alive:
+            # Killed while making new names' datasets: the file may be torn
+            # even where HDF5 would open it. Read it as it was before. (A dead
+            # writer stays dead: its journal will not change.)
             limit, patches = journal
             how = (f"its writer stopped (killed?) while making new names' datasets; reading it as it was before "
                    f"(rolled back with {_JOURNAL_NAME})")
             return _open_view(h5py, PatchedView(path, limit, patches), how, path, run_error, run_warning)
-        try:
-            return h5py.File(path, "r", swmr=True)
-        except (OSError, RuntimeError, ValueError):
-            pass
-        try:
-            return h5py.File(path, "r")
-        except (OSError, RuntimeError, ValueError) as e:  # h5py's choice varies with the damage
-            # Out of SWMR mode the writer's superblock says "open for write";
-            # other writers' HDF5 may hold a lock on the file as well.
-            if "already open for write" not in str(e) and "unable to lock file" not in str(e):
-                raise run_error(f"{path}: HDF5 cannot open it: {e}") from None
-            refused = e
+        if journal is not None:
+            # A live writer is making datasets, which HDF5 does not order for
+            # readers: wait for the flush that ends its journal.
+            refused = "it is making new names' datasets"
+        else:
+            try:
+                return h5py.File(path, "r", swmr=True)
+            except (OSError, RuntimeError, ValueError):
+                pass
+            try:
+                return h5py.File(path, "r")
+            except (OSError, RuntimeError, ValueError) as e:  # h5py's choice varies with the damage
+                # A writer of an older tensortap left SWMR mode to make new
+                # names, and its superblock says "open for write" then; other
+                # writers' HDF5 may hold a lock on the file as well.
+                if "already open for write" not in str(e) and "unable to lock file" not in str(e):
+                    raise run_error(f"{path}: HDF5 cannot open it: {e}") from None
+                refused = e
         if not alive:
             break
         if time.monotonic() > deadline:
-            raise run_error(f"{path}: its writer is alive and has kept the file out of SWMR mode for "
-                            f"{WAIT_FOR_WRITER_S:.0f} s: {refused}")
+            raise run_error(f"{path}: its writer is alive and has kept the file unreadable (out of SWMR mode, or "
+                            f"its journal open) for {WAIT_FOR_WRITER_S:.0f} s: {refused}")
         time.sleep(0.01)
     how = ("its writer stopped (killed?) while the file was open for writing; reading it as of its last flush "
            "(h5clear -s would clear the flags on disk)")

@@ -50,10 +50,12 @@ void validate(const Options& o) {
   for (std::int64_t s : o.steps()) TENSORTAP_CHECK(s >= 0, "Options::steps() holds {}: steps must not be negative", s);
   const Hdf5Options& h = o.hdf5();
   TENSORTAP_CHECK(h.deflate() >= 0 && h.deflate() <= 9, "Hdf5Options::deflate({}) must be 0 (off) to 9", h.deflate());
-  TENSORTAP_CHECK(h.chunk_bytes() >= 1024 && h.chunk_bytes() <= kMaxChunkBytes,
-                  "Hdf5Options::chunk_bytes({}) must be at least 1024 and at most {} (1 GiB)", h.chunk_bytes(),
-                  kMaxChunkBytes);
-  TENSORTAP_CHECK(h.flush_every() >= 1, "Hdf5Options::flush_every({}) must be at least 1", h.flush_every());
+  TENSORTAP_CHECK(h.chunk_bytes() == 0 || (h.chunk_bytes() >= 1024 && h.chunk_bytes() <= kMaxChunkBytes),
+                  "Hdf5Options::chunk_bytes({}) must be 0 (sized from the records) or at least 1024 and at most {} "
+                  "(1 GiB)",
+                  h.chunk_bytes(), kMaxChunkBytes);
+  TENSORTAP_CHECK(h.flush_every() >= 0, "Hdf5Options::flush_every({}) must be 0 (sized from the records) or more",
+                  h.flush_every());
   const PackedOptions& pk = o.packed();
   // Below 4 KiB a segment holds hardly a record: a file per record, as Npy.
   TENSORTAP_CHECK(pk.segment_bytes() >= 4096, "PackedOptions::segment_bytes({}) must be at least 4096",

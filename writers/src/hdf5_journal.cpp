@@ -239,8 +239,8 @@ herr_t truncate(H5FD_t* file, hid_t, hbool_t) {
   return 0;
 }
 
-// No file lock (see journaled_fapl()); HDF5 still marks the superblock, so
-// plain readers refuse the file while it is out of SWMR mode.
+// No file lock (see journaled_fapl()): readers that want to wait for new
+// names' datasets look for the journal.
 herr_t lock(H5FD_t*, hbool_t) { return 0; }
 
 herr_t unlock(H5FD_t*) { return 0; }

@@ -10,19 +10,21 @@
 
 namespace tensortap::detail {
 
-/// A rollback journal for `tensors.h5`, kept while the writer is out of SWMR
-/// mode.
+/// A rollback journal for `tensors.h5`, kept while the writer makes the
+/// datasets of new names.
 ///
 /// In SWMR mode HDF5 orders its writes so that the file on disk is readable
-/// at every moment. Out of it (HDF5 1.10 creates datasets only there) it
-/// overwrites metadata in place, in no useful order: a writer killed then
-/// leaves a group index pointing at blocks never written, and the names
-/// indexed long before are lost with the new one. So the writer closes the
-/// file first (consistent on disk, `limit` bytes long), and this journal
-/// keeps every byte below `limit` that the span overwrites, saved before the
-/// overwrite. Once the file is back in SWMR mode the journal is emptied and
+/// at every moment, but only those of appends to existing datasets. Making a
+/// dataset (which HDF5 1.10 does not order for readers) overwrites metadata
+/// in place, in no useful order: a writer killed then could leave a group
+/// index pointing at blocks never written, and the names indexed long before
+/// would be lost with the new one. So from the moment the writer starts
+/// making datasets (the file on disk whole, `limit` bytes long) until a flush
+/// has written all of it, this journal keeps every byte below `limit` that is
+/// overwritten, saved before the overwrite. Then the journal is emptied and
 /// removed. A reader that finds a journal whose writer is dead reads the file
-/// as it was at `limit` (python/tensortap/_hdf5.py).
+/// as it was at `limit` (python/tensortap/_hdf5.py); while the writer lives,
+/// it waits for the journal to go.
 ///
 /// The file, little endian: "TTHDF5J1", uint64 limit, then records
 /// {uint64 offset, uint64 length, bytes}, each written before the overwrite

@@ -12,6 +12,19 @@ namespace {
 
 constexpr hsize_t kMaxRowsPerChunk = 256;
 constexpr hsize_t kStepsChunk = 256;
+// Automatic sizing (Hdf5Options::chunk_bytes and flush_every 0). A flush
+// writes every chunk it finds dirty whole, and costs about 10 us of its own
+// (the object headers and chunk indexes of the series written); a row costs
+// about 5 us whatever its size (bench/README.md, section 2). So small rows
+// share a chunk of kSmallChunk (a flush of one row rewrites 64 KiB at most,
+// about 20 us of memory bandwidth) and wait for a flush until about
+// kFlushBytes per series have come, kMaxFlushSteps steps at most; rows from
+// kSmallChunk up get chunks of their own, split above kLargeChunk so that a
+// reader of part of a row reads little more.
+constexpr std::size_t kSmallChunk = std::size_t{64} << 10;
+constexpr std::size_t kLargeChunk = std::size_t{1} << 20;
+constexpr std::uint64_t kFlushBytes = std::uint64_t{64} << 10;
+constexpr std::int64_t kMaxFlushSteps = 8;
 
 // The file type of each stored element, the way h5py writes (and reads) it.
 H5::DataType file_type(Element e) {
@@ -103,6 +116,37 @@ std::mutex& hdf5_mutex() {
   return mu;
 }
 
+std::vector<hsize_t> data_chunk(const RecordDesc& first, const Hdf5Options& options) {
+  const std::size_t elem = element_size(first.dtype.element);
+  std::size_t target = options.chunk_bytes();
+  if (target == 0) {
+    std::uint64_t row = elem;
+    for (std::int64_t d : first.shape) row *= static_cast<std::uint64_t>(std::max<std::int64_t>(d, 1));
+    target = row < kSmallChunk ? kSmallChunk : static_cast<std::size_t>(std::min<std::uint64_t>(row, kLargeChunk));
+  }
+  return chunk_dims(first.shape, elem, target);
+}
+
+std::uint64_t chunk_bytes(const std::vector<hsize_t>& chunk, Element stored) {
+  std::uint64_t bytes = element_size(stored);
+  for (hsize_t d : chunk) bytes *= d;
+  return bytes;
+}
+
+std::size_t chunk_cache_bytes(const std::vector<hsize_t>& chunk, Element stored) {
+  // Rows that share a chunk fill it in the cache, between flushes; a chunk
+  // that is one row, or part of one, is filled by the record's own writes,
+  // and a cache smaller than the chunk makes HDF5 write them straight from
+  // staging instead of copying them into the cache first.
+  if (chunk.empty() || chunk[0] == 1) return 0;
+  return static_cast<std::size_t>(chunk_bytes(chunk, stored));
+}
+
+std::int64_t auto_flush_steps(std::uint64_t mean_record_bytes) {
+  if (mean_record_bytes == 0) return 1;
+  return std::clamp<std::int64_t>(static_cast<std::int64_t>(kFlushBytes / mean_record_bytes), 1, kMaxFlushSteps);
+}
+
 void write_file_attributes(H5::H5File& file) {
   H5::Group root = file.openGroup("/");
   write_string_attr(root, "tensortap_version", kTensortapVersion);
@@ -121,12 +165,16 @@ void create_series_group(H5::H5File& file, const RecordDesc& first, const Hdf5Op
 
   const std::vector<hsize_t> max(s.rank + 1, H5S_UNLIMITED);
   H5::DSetCreatPropList dcpl;
-  s.chunk = chunk_dims(first.shape, element_size(first.dtype.element), options.chunk_bytes());
+  s.chunk = data_chunk(first, options);
   dcpl.setChunk(static_cast<int>(s.chunk.size()), s.chunk.data());
   if (options.shuffle()) dcpl.setShuffle();
   if (options.deflate() > 0) dcpl.setDeflate(static_cast<unsigned>(options.deflate()));
+  H5::DSetAccPropList dapl;
+  // One chunk at a time is filled: a few slots suffice (HDF5's default of
+  // 521 costs an allocation per dataset). w0 1: a full chunk goes first.
+  dapl.setChunkCache(13, chunk_cache_bytes(s.chunk, first.dtype.element), 1.0);
   s.data = g.createDataSet("data", file_type(first.dtype.element),
-                           H5::DataSpace(static_cast<int>(s.rank + 1), s.extent.data(), max.data()), dcpl);
+                           H5::DataSpace(static_cast<int>(s.rank + 1), s.extent.data(), max.data()), dcpl, dapl);
 
   const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
   H5::DSetCreatPropList steps_dcpl;
@@ -144,8 +192,7 @@ void create_series_group(H5::H5File& file, const RecordDesc& first, const Hdf5Op
 
 std::uint64_t new_chunk_bytes(const Hdf5Series& s, c10::IntArrayRef shape, hsize_t row) {
   if (s.chunk.empty() || row % s.chunk[0] != 0) return 0;
-  std::uint64_t bytes = element_size(s.element);
-  for (hsize_t d : s.chunk) bytes *= d;
+  std::uint64_t bytes = chunk_bytes(s.chunk, s.element);
   for (std::size_t i = 0; i < shape.size() && i + 1 < s.chunk.size(); ++i)
     bytes *= (std::max<std::uint64_t>(shape[i], 1) + s.chunk[i + 1] - 1) / s.chunk[i + 1];
   return bytes;

@@ -59,11 +59,27 @@ struct Hdf5Series {
   hsize_t next_row = 0;
   /// `data`'s chunk dimensions (rows first).
   std::vector<hsize_t> chunk;
+  /// Open from the series' creation to the file's close.
   H5::DataSet data, steps, shapes;
-  /// Whether the datasets above are open (they are closed whenever new
-  /// names make the writer leave SWMR mode, and reopened on next use).
-  bool open = true;
 };
+
+/// `data`'s chunk dimensions (rows first) for records like `first`: about
+/// `options.chunk_bytes()`, or, when that is 0, sized from the record (see
+/// Hdf5Options::chunk_bytes).
+std::vector<hsize_t> data_chunk(const RecordDesc& first, const Hdf5Options& options);
+
+/// The bytes of one chunk of dimensions `chunk` holding `stored` elements.
+std::uint64_t chunk_bytes(const std::vector<hsize_t>& chunk, Element stored);
+
+/// The raw-data chunk cache of a `data` dataset chunked as `chunk`: one
+/// chunk when rows share it, none (writes go straight to the file) when a
+/// row fills its chunks itself.
+std::size_t chunk_cache_bytes(const std::vector<hsize_t>& chunk, Element stored);
+
+/// Sampled steps between two flushes, when Hdf5Options::flush_every is 0,
+/// for records of `mean_record_bytes` on average: 1 from 64 KiB, up to 8
+/// for smaller ones.
+std::int64_t auto_flush_steps(std::uint64_t mean_record_bytes);
 
 /// Writes the file's attributes: the tensortap, torch and format versions.
 void write_file_attributes(H5::H5File& file);

@@ -59,8 +59,6 @@ class Hdf5Sink final : public RecordSink {
     std::lock_guard<std::mutex> lock(hdf5_mutex());
     w_.guarded([&] {
       w_.check_open();
-      // New names in a batch between two chunks close the datasets.
-      w_.ensure_open(s_);
       wrap(w_.path_, s_.group + "/data", "write", [&] { write_range(static_cast<const char*>(data), n / elem_); });
     });
   }
@@ -73,7 +71,6 @@ class Hdf5Sink final : public RecordSink {
  private:
   std::string finish_locked() {
     w_.check_open();
-    w_.ensure_open(s_);
     if (written_ * elem_ != meta_.nbytes)
       fail("HDF5: record '{}' in '{}' is {} bytes short", meta_.name, w_.path_, meta_.nbytes - written_ * elem_);
     wrap(w_.path_, s_.group + "/steps", "write", [&] {
@@ -89,6 +86,8 @@ class Hdf5Sink final : public RecordSink {
       }
     });
     w_.dirty_ = true;
+    if (w_.records_since_flush_++ == 0) w_.first_unflushed_ = std::chrono::steady_clock::now();
+    w_.bytes_since_flush_ += meta_.nbytes;
     if (meta_.step != w_.last_step_) {
       w_.last_step_ = meta_.step;
       ++w_.steps_since_flush_;
@@ -151,9 +150,10 @@ Hdf5Writer::Hdf5Writer(const Dir& dir, const Hdf5Options& options)
   // stack dump on stderr would only repeat them.
   H5::Exception::dontPrint();
   try {
-    open(/*create=*/true);
+    create_file();
     wrap(path_, "/", "write attributes of", [&] { write_file_attributes(*file_); });
-    start_swmr();
+    // The file stays in SWMR mode from here to its close (see create_series()).
+    if (H5Fstart_swmr_write(file_->getId()) < 0) fail("HDF5: cannot start SWMR writing of '{}'", path_);
   } catch (...) {
     drop_file();                                 // under the lock: its destructor calls HDF5
     if (file_leaked_) (void)journal_.release();  // HDF5's exit still reaches it
@@ -201,13 +201,13 @@ void Hdf5Writer::check_space(std::uint64_t bytes) const {
   struct statvfs st {};
   if (::fstatvfs(fd_.fd(), &st) != 0) return;  // unknown: let the write say
   const std::uint64_t free = static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
-  const std::uint64_t need = bytes + unflushed_bytes_ + options_.chunk_bytes() + kHeadroomBytes;
+  const std::uint64_t need = bytes + unflushed_bytes_ + largest_chunk_ + kHeadroomBytes;
   if (free < need)
     fail(std::error_code(ENOSPC, std::system_category()),
          "HDF5: not writing to '{}': {} bytes free on its file system, {} needed (the record's chunks, {} for "
-         "chunks not yet flushed, a chunk and {} of headroom: HDF5 1.10 cannot recover from a full disk, so "
-         "tensortap stops short of one) (errno {})",
-         path_, free, need, unflushed_bytes_, kHeadroomBytes, ENOSPC);
+         "chunks not yet flushed, the largest chunk, {}, and {} of headroom: HDF5 1.10 cannot recover from a full "
+         "disk, so tensortap stops short of one) (errno {})",
+         path_, free, need, unflushed_bytes_, largest_chunk_, kHeadroomBytes, ENOSPC);
 }
 
 void Hdf5Writer::release(Series& s) noexcept {
@@ -219,17 +219,6 @@ void Hdf5Writer::release(Series& s) noexcept {
     } catch (const H5::Exception&) {
     }
   }
-  s.open = false;
-}
-
-void Hdf5Writer::ensure_open(Series& s) {
-  if (s.open) return;
-  wrap(path_, s.group, "reopen", [&] {
-    s.data = file_->openDataSet(s.group + "/data");
-    s.steps = file_->openDataSet(s.group + "/steps");
-    if (s.rank > 0) s.shapes = file_->openDataSet(s.group + "/shapes");
-  });
-  s.open = true;
 }
 
 Hdf5Writer::~Hdf5Writer() {
@@ -241,18 +230,13 @@ Hdf5Writer::~Hdf5Writer() {
   if (file_leaked_) (void)journal_.release();  // HDF5's exit still reaches it
 }
 
-void Hdf5Writer::open(bool create) {
-  wrap(path_, "/", create ? "create" : "reopen", [&] {
+void Hdf5Writer::create_file() {
+  wrap(path_, "/", "create", [&] {
     H5::FileAccPropList fapl = journaled_fapl(fd_, journal_.get());
     // SWMR needs the latest file format.
     fapl.setLibverBounds(H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
-    file_ = std::make_unique<H5::H5File>(path_, create ? H5F_ACC_TRUNC : H5F_ACC_RDWR, H5::FileCreatPropList::DEFAULT,
-                                         fapl);
+    file_ = std::make_unique<H5::H5File>(path_, H5F_ACC_TRUNC, H5::FileCreatPropList::DEFAULT, fapl);
   });
-}
-
-void Hdf5Writer::start_swmr() {
-  if (H5Fstart_swmr_write(file_->getId()) < 0) fail("HDF5: cannot start SWMR writing of '{}'", path_);
 }
 
 std::string Hdf5Writer::key_of(const RecordDesc& meta) const {
@@ -269,21 +253,30 @@ void Hdf5Writer::create_series(const std::vector<const RecordDesc*>& records) {
   }
   if (fresh.empty()) return;
   check_open();
-  // Each new series allocates a first chunk, and reopening the file costs
-  // room of its own.
-  check_space(fresh.size() * options_.chunk_bytes());
-  // Leave SWMR mode: only appends are allowed in it. The other series'
-  // datasets are reopened when their next record comes, not here: the time
-  // outside SWMR, and a new name's cost, do not grow with the names there are.
-  for (auto& [key, s] : series_) release(s);
-  close_file();
-  // Closed, the file on disk is whole. From here until the journal ends,
-  // HDF5 overwrites its metadata in place, in no safe order: the journal
-  // keeps what was there, so a reader can roll a crash in this span back.
-  const auto left_swmr = std::chrono::steady_clock::now();
+  // Each new series allocates a first chunk.
+  std::uint64_t first_chunks = 0;
+  for (const RecordDesc* m : fresh) {
+    const std::uint64_t chunk = chunk_bytes(data_chunk(*m, options_), m->dtype.element);
+    first_chunks += chunk;
+    largest_chunk_ = std::max(largest_chunk_, chunk);
+  }
+  check_space(first_chunks);
+  // The datasets are made without leaving SWMR mode: leaving it means
+  // closing the file, and with it every open dataset, which cost a new name
+  // time in proportion to the names there were (bench/README.md). HDF5 1.10
+  // refuses nothing here, but orders none of these writes for readers the
+  // way it orders appends: it links the new objects into groups in place.
+  // In SWMR mode the file on disk is whole at any moment (what a crash
+  // between two flushes leaves), so the journal keeps, from now until the
+  // next flush has written everything (sync(), at the latest at the end of
+  // this batch), every byte overwritten below the file's present length: a
+  // reader that finds the journal of a dead writer reads the file as it was
+  // now. Rows written in the span are indexed only after it ends.
   try {
-    journal_->begin(fd_.size());
-    open(/*create=*/false);
+    if (!journal_->active()) {
+      journal_->begin(fd_.size());
+      span_began_ = std::chrono::steady_clock::now();
+    }
     for (const RecordDesc* m : fresh) {
       const std::string key = key_of(*m);
       creation_errors_.erase(key);
@@ -307,17 +300,25 @@ void Hdf5Writer::create_series(const std::vector<const RecordDesc*>& records) {
         }
       }
     }
-    // Whatever failed above, the series that exist must work again, in SWMR.
-    wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); });
-    start_swmr();
-    journal_->end();
   } catch (const Error& e) {
-    // The span did not end: nothing more is written (rows indexed later
-    // would be rolled back with it), and the journal stays for readers.
+    // The journal could not be begun or saved to: nothing more is written
+    // (rows indexed later would be rolled back with it), and what journal
+    // there is stays for readers.
     give_up(e.what());
     throw;
   }
-  last_swmr_gap_ = std::chrono::steady_clock::now() - left_swmr;
+}
+
+void Hdf5Writer::end_span() {
+  try {
+    journal_->end();
+  } catch (const Error& e) {
+    // A journal left behind would roll the rows flushed since back for a
+    // reader once the writer is gone: nothing more is indexed.
+    give_up(e.what());
+    throw;
+  }
+  last_span_ = std::chrono::steady_clock::now() - span_began_;
 }
 
 void Hdf5Writer::prepare(const std::vector<const RecordDesc*>& records) {
@@ -346,23 +347,39 @@ std::unique_ptr<RecordSink> Hdf5Writer::begin(const RecordDesc& meta) {
     Series& s = series_of(meta);
     const std::uint64_t grows = new_chunk_bytes(s, meta.shape, s.next_row);
     check_space(std::max<std::uint64_t>(grows, meta.nbytes));
-    ensure_open(s);
     auto sink = std::make_unique<Hdf5Sink>(*this, s, meta);
     unflushed_bytes_ += grows;  // counted once the row is taken
     return std::unique_ptr<RecordSink>(std::move(sink));
   });
 }
 
+bool Hdf5Writer::flush_due() const {
+  if (options_.flush_every() > 0) return steps_since_flush_ >= options_.flush_every();
+  // Sized from the records, and bounded in time: a reader waits for rows
+  // (and their index lines) a second at most, when steps keep coming.
+  const std::uint64_t mean =
+      bytes_since_flush_ / static_cast<std::uint64_t>(std::max<std::int64_t>(records_since_flush_, 1));
+  return steps_since_flush_ >= auto_flush_steps(mean) ||
+         std::chrono::steady_clock::now() - first_unflushed_ >= std::chrono::seconds(1);
+}
+
 bool Hdf5Writer::sync(bool force) {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
-  if (!dirty_) return true;
+  const bool span = journal_->active();
+  if (!dirty_ && !span) return true;
   check_open();
-  if (!force && steps_since_flush_ < options_.flush_every()) return false;
+  // New names' span ends at the end of their batch: readers wait for it.
+  if (!force && !span && !flush_due()) return false;
   // In SWMR mode a flush is what makes the new rows visible to readers.
-  guarded([&] { wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); }); });
+  guarded([&] {
+    wrap(path_, "/", "flush", [&] { file_->flush(H5F_SCOPE_GLOBAL); });
+    if (span) end_span();
+  });
   unflushed_bytes_ = 0;
   dirty_ = false;
   steps_since_flush_ = 0;
+  records_since_flush_ = 0;
+  bytes_since_flush_ = 0;
   // More records of the same step may come in later batches: they count as
   // a step of their own, so the next sync flushes them too.
   last_step_ = -1;
@@ -392,6 +409,9 @@ void Hdf5Writer::close() {
   series_.clear();
   try {
     close_file();
+    // Closed, the file is whole: new names made since the last flush no
+    // longer need their journal.
+    if (journal_->active()) end_span();
   } catch (...) {
     fd_ = File();
     throw;

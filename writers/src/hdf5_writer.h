@@ -31,11 +31,13 @@ namespace tensortap::detail {
 /// "bfloat16"), `shape` (the first record's). File attributes:
 /// `tensortap_version`, `torch_version`, `format_version`.
 ///
-/// SWMR allows only appends to existing datasets, so the writer leaves SWMR
-/// mode to create the groups of new names (once per batch that brings
-/// any: in practice, the first sampled step) and enters it again. A rollback
-/// journal (Hdf5Journal) covers that span, so a crash in it loses nothing
-/// indexed before.
+/// The file is in SWMR mode from its creation to its close. HDF5 1.10 orders
+/// only appends for SWMR readers, so the groups of new names (made once per
+/// batch that brings any: in practice, the first sampled step) are made
+/// between two flushes under a rollback journal (Hdf5Journal): a crash in
+/// that span loses nothing indexed before, and the reader waits for a live
+/// writer to end it. Chunks and the flush cadence are sized from the records
+/// (hdf5_layout.h) unless Hdf5Options fixes them.
 class Hdf5Writer final : public Writer {
  public:
   /// Creates `tensors.h5` in `dir`.
@@ -46,18 +48,21 @@ class Hdf5Writer final : public Writer {
   std::unique_ptr<RecordSink> begin(const RecordDesc& meta) override;
   bool sync(bool force) override;
   void close() override;
-  /// How long the last creation of new names kept the file outside SWMR
-  /// mode (for the benchmark).
-  std::chrono::steady_clock::duration last_swmr_gap() const { return last_swmr_gap_; }
+  /// How long the journal of the last new names was kept, from their
+  /// creation to the flush that ended it: the span a crash is rolled back
+  /// over, and a reader waits for (for the benchmark).
+  std::chrono::steady_clock::duration last_span() const { return last_span_; }
 
   using Series = Hdf5Series;
 
  private:
   friend class Hdf5Sink;
-  void open(bool create);
-  void start_swmr();
+  void create_file();
   void create_series(const std::vector<const RecordDesc*>& records);
-  void ensure_open(Series& s);
+  // Whether the rows written since the last flush are due to be flushed.
+  bool flush_due() const;
+  // After a flush: the journal of new names is no longer needed.
+  void end_span();
   // Throws if an earlier failure closed the file.
   void check_open() const {
     if (!file_ || !broken_.empty())
@@ -104,12 +109,21 @@ class Hdf5Writer final : public Writer {
   std::map<std::string, std::string> creation_errors_;
   std::int64_t last_step_ = -1;
   std::int64_t steps_since_flush_ = 0;
+  // Records and their bytes since the last flush, and when the first came:
+  // the automatic cadence (Hdf5Options::flush_every 0) is sized from them.
+  std::int64_t records_since_flush_ = 0;
+  std::uint64_t bytes_since_flush_ = 0;
+  std::chrono::steady_clock::time_point first_unflushed_{};
+  // The largest chunk of any series: what a flush may newly allocate at most
+  // per series beyond the counted rows (check_space()).
+  std::uint64_t largest_chunk_ = 0;
   // File space that records accepted since the last flush may still take:
   // HDF5 allocates a chunk when its cache writes it, so free space on disk
   // does not show it yet (check_space() counts it).
   std::uint64_t unflushed_bytes_ = 0;
   bool dirty_ = false;
-  std::chrono::steady_clock::duration last_swmr_gap_{};
+  std::chrono::steady_clock::time_point span_began_{};
+  std::chrono::steady_clock::duration last_span_{};
 };
 
 }  // namespace tensortap::detail

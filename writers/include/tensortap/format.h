@@ -39,11 +39,18 @@ struct Hdf5Options {
   /// Byte-shuffle before deflate: helps floats compress.
   TORCH_ARG(bool, shuffle) = false;
   /// About how many bytes one HDF5 chunk holds. Small records share a chunk
-  /// (up to 256 rows), large ones are split.
-  TORCH_ARG(std::size_t, chunk_bytes) = std::size_t{1} << 20;
+  /// (up to 256 rows), large ones are split. 0 (the default): sized from each
+  /// name's first record, so that a flush rewrites little more than the rows
+  /// it adds: rows of up to 64 KiB share a chunk of about 64 KiB, larger rows
+  /// get a chunk each, split into chunks of about 1 MiB above that.
+  TORCH_ARG(std::size_t, chunk_bytes) = 0;
   /// Flush the file (and with it, make the rows visible to SWMR readers and
-  /// safe from a crash) every this many sampled steps.
-  TORCH_ARG(std::int64_t, flush_every) = 1;
+  /// safe from a crash, and index them) every this many sampled steps.
+  /// 0 (the default): sized from the records: after every sampled step for
+  /// records of 64 KiB and more on average, up to every 8 sampled steps for
+  /// smaller ones, and at the first step that ends a second or more after
+  /// the oldest row not yet flushed. `Recorder::flush()` always flushes.
+  TORCH_ARG(std::int64_t, flush_every) = 0;
 };
 
 /// Settings of the packed writer (`Format::Packed`).
