@@ -21,6 +21,7 @@
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
 #include "sdk/src/staging.h"
+#include "tests/alloc_faults.h"
 
 namespace {
 
@@ -736,5 +737,143 @@ TEST_CASE("a cancelled snapshot gives its room back and writes nothing", "[gpu][
   CHECK(engine.counters().records == 1);
   std::lock_guard<std::mutex> lock(drain.mu);
   CHECK(drain.records.size() == 1);
+  cudaStreamDestroy(stream);
+}
+
+// Runs `f` on another thread and says whether it returned within a minute:
+// a call that hangs fails the test instead of hanging the suite. (The
+// thread is left to finish; a hang is a failure whatever it does next.)
+bool returns(std::function<void()> f) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto finished = done->get_future();
+  std::thread([f = std::move(f), done] {
+    f();
+    done->set_value();
+  }).detach();
+  return finished.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+}
+
+TEST_CASE("submit() and cancel() give the room back even with no memory left, and stop() returns", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngine engine(staging, CudaEngineOptions{}, collect());
+  constexpr std::size_t n = 4096;
+  const auto bytes = pattern(n, 11);
+  DeviceBuffer src(n);
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaMemcpy(src.data, bytes.data(), n, cudaMemcpyHostToDevice));
+  auto kept = engine.reserve(0, n, false);
+  auto cancelled = engine.reserve(0, n, false);
+  REQUIRE(kept);
+  REQUIRE(cancelled);
+  // The legacy default stream: the calls below queue no work that the fake
+  // runtime would allocate for.
+  CUDA_OK(cudaMemcpyAsync(kept->data, src.data, n, cudaMemcpyDeviceToDevice, nullptr));
+  auto record = meta_for(0, n);
+  bool threw = false;
+  tt_test::fail_allocations(1000);
+  try {
+    engine.submit(*kept, nullptr, std::move(record), 0, 1);
+    engine.cancel(*cancelled, nullptr);
+  } catch (...) {
+    threw = true;
+  }
+  tt_test::fail_allocations(0);
+  CHECK_FALSE(threw);
+  REQUIRE(returns([&] { engine.flush(); }));
+  REQUIRE(returns([&] { engine.stop(); }));
+  staging.wait_drained();
+  CHECK(reports() == 0);
+  CHECK(engine.counters().records == 1);
+  std::lock_guard<std::mutex> lock(drain.mu);
+  REQUIRE(drain.records.size() == 1);
+  CHECK(drain.records[0] == bytes);
+}
+
+TEST_CASE("flush() waits for every record submitted before it, whichever device finishes first", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  int devices = 0;
+  CUDA_OK(cudaGetDeviceCount(&devices));
+  if (devices < 2) {
+    WARN("skipped: needs 2 CUDA devices, found " << devices);
+    return;
+  }
+  Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngine engine(staging, CudaEngineOptions{}, collect());
+  cudaStream_t s0, s1;
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+  CUDA_OK(cudaSetDevice(1));
+  CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  constexpr std::size_t n = 1000;
+  DeviceBuffer src0(n, 0), src1(n, 1);
+  std::atomic<bool> gate0{false}, gate1{false};
+  CUDA_OK(cudaLaunchHostFunc(s0, wait_for_gate, &gate0));
+  CUDA_OK(cudaSetDevice(1));
+  CUDA_OK(cudaLaunchHostFunc(s1, wait_for_gate, &gate1));
+  // The copier waits for record 0 (device 0, held), so records 1 and 2 are
+  // taken together: device 0's batch (record 2) is issued, and completes,
+  // before device 1's (record 1, held).
+  REQUIRE(push(engine, 0, src0.data, n, s0, false, 0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(push(engine, 1, src1.data, n, s1, false, 1));
+  auto flushed = std::async(std::launch::async, [&] { engine.flush(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(push(engine, 2, src0.data, n, s0, false, 0));
+  gate0 = true;
+  // Records 0 and 2 reach staging: as many records as flush() waits for
+  // have retired, but not record 1, which it waits for.
+  for (int i = 0; i < 6000 && engine.counters().records < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(engine.counters().records == 2);
+  CHECK(flushed.wait_for(std::chrono::milliseconds(200)) == std::future_status::timeout);
+  gate1 = true;
+  flushed.get();
+  staging.wait_drained();
+  std::lock_guard<std::mutex> lock(drain.mu);
+  CHECK(drain.records.size() == 3);
+  cudaStreamDestroy(s0);
+  cudaStreamDestroy(s1);
+}
+
+TEST_CASE("a copier out of memory drops what it holds, reported, and flush() and stop() return", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngine engine(staging, CudaEngineOptions{}, collect());
+  cudaStream_t stream;
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr std::size_t n = 4096;
+  const auto bytes = pattern(n, 13);
+  DeviceBuffer src(n);
+  CUDA_OK(cudaMemcpy(src.data, bytes.data(), n, cudaMemcpyHostToDevice));
+  // Record 0's release runs on the copier thread: from there on, the
+  // copier's next allocation fails (while it takes records 1 to 4).
+  std::atomic<bool> armed{false};
+  REQUIRE(push(engine, 0, src.data, n, stream, false, 0, [&armed] {
+    tt_test::fail_allocations(1);
+    armed = true;
+  }));
+  REQUIRE(returns([&] { engine.flush(); }));
+  REQUIRE(armed);
+  for (int i = 1; i <= 4; ++i) REQUIRE(push(engine, i, src.data, n, stream));
+  REQUIRE(returns([&] { engine.flush(); }));
+  const auto dropped = engine.counters().dropped;
+  CHECK(dropped >= 1);
+  // It goes on: later records arrive.
+  REQUIRE(push(engine, 5, src.data, n, stream));
+  REQUIRE(returns([&] { engine.flush(); }));
+  REQUIRE(returns([&] { engine.stop(); }));
+  staging.wait_drained();
+  CHECK(reports() == dropped);
+  CHECK(engine.counters().records + dropped == 6);
+  std::lock_guard<std::mutex> lock(drain.mu);
+  CHECK(drain.records.size() + dropped == 6);
+  CHECK(drain.records.count(0) == 1);
+  CHECK(drain.records.count(5) == 1);
+  for (const auto& [id, got] : drain.records) CHECK(got == bytes);
   cudaStreamDestroy(stream);
 }
