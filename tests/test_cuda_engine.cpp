@@ -877,3 +877,93 @@ TEST_CASE("a copier out of memory drops what it holds, reported, and flush() and
   for (const auto& [id, got] : drain.records) CHECK(got == bytes);
   cudaStreamDestroy(stream);
 }
+
+namespace {
+
+// Staging memory that says who allocated it: how often, on which thread,
+// with which device current.
+std::atomic<int> g_staging_allocs{0};
+std::atomic<int> g_staging_releases{0};
+std::atomic<int> g_staging_device{-1};
+std::mutex g_staging_mu;
+std::thread::id g_staging_thread;
+
+void* staging_allocate(std::size_t bytes) {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) cudaGetLastError();
+  g_staging_device = device;
+  {
+    std::lock_guard<std::mutex> lock(g_staging_mu);
+    g_staging_thread = std::this_thread::get_id();
+  }
+  ++g_staging_allocs;
+  return tensortap::detail::pinned_host_memory().allocate(bytes);
+}
+void staging_release(void* p) {
+  ++g_staging_releases;
+  tensortap::detail::pinned_host_memory().release(p);
+}
+
+}  // namespace
+
+TEST_CASE("staging moves to pinned memory once, from the copier, with the record's device current", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  int devices = 0;
+  CUDA_OK(cudaGetDeviceCount(&devices));
+  const int device = devices - 1;  // the last: a wrong device 0 shows
+  g_staging_allocs = 0;
+  g_staging_releases = 0;
+  g_staging_device = -1;
+  {
+    Staging staging(64 << 10, Overflow::Block);
+    Drain drain(staging);
+    CudaEngineOptions options;
+    options.staging_memory.allocate = staging_allocate;
+    options.staging_memory.release = staging_release;
+    CudaEngine engine(staging, options, collect());
+    // CPU records only: nothing pinned.
+    for (int i = 0; i < 3; ++i) {
+      tensortap::detail::Slot slot;
+      slot.record = meta_for(100 + i, 1000);
+      slot.id = 100 + i;
+      slot.nbytes = 1000;
+      auto t = staging.reserve(slot, false);
+      REQUIRE(t);
+      std::memset(t->dst, 'c', t->nbytes);
+      staging.commit(*t, true);
+    }
+    staging.wait_drained();
+    CHECK(g_staging_allocs == 0);
+    cudaStream_t stream;
+    CUDA_OK(cudaSetDevice(device));
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    constexpr std::size_t n = 40 << 10;
+    std::vector<std::vector<char>> expected;
+    std::vector<std::unique_ptr<DeviceBuffer>> sources;
+    for (int i = 0; i < 10; ++i) {
+      expected.push_back(pattern(n, 70 + i));
+      sources.push_back(std::make_unique<DeviceBuffer>(n, device));
+      CUDA_OK(cudaMemcpy(sources.back()->data, expected.back().data(), n, cudaMemcpyHostToDevice));
+    }
+    // The training thread's current device is left alone.
+    CUDA_OK(cudaSetDevice(0));
+    for (int i = 0; i < 10; ++i) REQUIRE(push(engine, i, sources[i]->data, n, stream, false, device));
+    engine.flush();
+    staging.wait_drained();
+    CHECK(g_staging_allocs == 2);  // both buffers, once
+    CHECK(g_staging_device == device);
+    {
+      std::lock_guard<std::mutex> lock(g_staging_mu);
+      CHECK(g_staging_thread != std::this_thread::get_id());
+    }
+    CHECK(reports() == 0);
+    engine.stop();
+    drain.stop();
+    std::lock_guard<std::mutex> lock(drain.mu);
+    REQUIRE(drain.records.size() == 13);
+    for (int i = 0; i < 10; ++i) CHECK(drain.records[i] == expected[i]);
+    CHECK(drain.records[100] == std::vector<char>(1000, 'c'));
+    cudaStreamDestroy(stream);
+  }
+  CHECK(g_staging_releases == 2);
+}

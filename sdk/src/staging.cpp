@@ -26,7 +26,10 @@ Staging::Staging(std::size_t capacity, Overflow overflow, HostMemory memory)
     : capacity_(capacity), overflow_(overflow), memory_(memory) {}
 
 Staging::~Staging() {
-  for (Buffer& b : buffers_) release_memory(b.data);
+  for (int i = 0; i < 2; ++i) {
+    release_memory(buffers_[i].data, held_[i]);
+    release_memory(spare_[i], memory_);
+  }
 }
 
 void* Staging::allocate(std::size_t bytes) const {
@@ -34,12 +37,48 @@ void* Staging::allocate(std::size_t bytes) const {
   return std::aligned_alloc(kPage, bytes);
 }
 
-void Staging::release_memory(void* data) const {
+void Staging::release_memory(void* data, const HostMemory& from) {
   if (data == nullptr) return;
-  if (memory_.release != nullptr)
-    memory_.release(data);
+  if (from.release != nullptr)
+    from.release(data);
   else
     std::free(data);
+}
+
+std::pair<void*, HostMemory> Staging::move_to_spare(int i) {
+  std::pair<void*, HostMemory> old{buffers_[i].data, held_[i]};
+  buffers_[i].data = static_cast<char*>(spare_[i]);
+  held_[i] = memory_;
+  spare_[i] = nullptr;
+  return old;
+}
+
+bool Staging::adopt(HostMemory memory) {
+  if (memory.allocate == nullptr) return false;
+  const std::size_t bytes = align_up(capacity_, kPage);
+  void* fresh[2] = {memory.allocate(bytes), nullptr};
+  if (fresh[0] != nullptr) fresh[1] = memory.allocate(bytes);
+  std::pair<void*, HostMemory> old[2];
+  bool adopted = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_ && fresh[0] != nullptr && fresh[1] != nullptr && spare_[0] == nullptr && spare_[1] == nullptr) {
+      adopted = true;
+      memory_ = memory;
+      for (int i = 0; i < 2; ++i) {
+        spare_[i] = fresh[i];
+        fresh[i] = nullptr;
+        // No slot: no reservation points into it, and the writer does not
+        // hold it (it takes only a buffer with slots).
+        if (buffers_[i].slots.empty()) old[i] = move_to_spare(i);
+      }
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    release_memory(fresh[i], memory);
+    release_memory(old[i].first, old[i].second);
+  }
+  return adopted;
 }
 
 std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop, std::size_t unit, bool wait) {
@@ -61,6 +100,7 @@ std::optional<Staging::Ticket> Staging::reserve(Slot slot, bool may_drop, std::s
     if (fits) {
       if (b.data == nullptr) {
         b.data = static_cast<char*>(allocate(align_up(capacity_, kPage)));
+        held_[fill_] = memory_;
         if (b.data == nullptr)
           fail(
               "cannot allocate a staging buffer of {} bytes "
@@ -142,12 +182,16 @@ Staging::Buffer* Staging::take() {
 }
 
 void Staging::release(Buffer* buffer) {
+  std::pair<void*, HostMemory> old;
   {
     std::lock_guard<std::mutex> lock(mu_);
     released_ += buffer->slots.size();
     buffer->slots.clear();
     buffer->used = 0;
+    const int i = static_cast<int>(buffer - buffers_);
+    if (spare_[i] != nullptr) old = move_to_spare(i);
   }
+  release_memory(old.first, old.second);
   drained_cv_.notify_all();
 }
 
@@ -162,9 +206,12 @@ void Staging::stop() {
 
 void Staging::free_memory() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (Buffer& b : buffers_) {
-    release_memory(b.data);
+  for (int i = 0; i < 2; ++i) {
+    Buffer& b = buffers_[i];
+    release_memory(b.data, held_[i]);
+    release_memory(spare_[i], memory_);
     b.data = nullptr;
+    spare_[i] = nullptr;
     b.slots.shrink_to_fit();
   }
 }

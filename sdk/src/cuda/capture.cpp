@@ -56,13 +56,12 @@ void snapshot_into(void* dst, const at::Tensor& src, c10::ScalarType stored, std
 
 }  // namespace
 
-HostMemory cuda_staging_memory() { return cuda_device_count() > 0 ? pinned_host_memory() : HostMemory{}; }
-
 std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t device_bytes,
                                              std::function<void(const std::string&)> report) {
   if (cuda_device_count() == 0) return nullptr;
   CudaEngineOptions options;
   options.device_bytes = device_bytes;
+  options.staging_memory = pinned_host_memory();
   return std::make_shared<CudaEngine>(staging, options, std::move(report));
 }
 

@@ -28,7 +28,11 @@ void CudaEngine::report_nothrow(fmt::format_string<Args...> format, Args&&... ar
   }
 }
 
-void CudaEngine::run() noexcept {
+void CudaEngine::run(int device) noexcept {
+  // A new thread's current device is 0: the first runtime call below would
+  // create a context there, which on a DDP rank of another GPU costs that
+  // GPU memory in every process.
+  if (cudaSetDevice(device) != cudaSuccess) cudaGetLastError();
   // A user capturing a CUDA graph in the default (global) mode would have
   // the capture invalidated by this thread's event queries, copies and
   // syncs; in thread-local mode they are this thread's own business, as
@@ -71,6 +75,13 @@ void CudaEngine::process(Item& item) {
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != item.snap.device) {
     if (cudaSetDevice(item.snap.device) != cudaSuccess) cudaGetLastError();
+  }
+  if (!staging_moved_) {
+    // Once, here rather than under the staging's lock on whichever thread
+    // reserved first: CPU captures and the writer never wait for the
+    // pinning, and a run without CUDA records never pins.
+    staging_moved_ = true;
+    staging_.adopt(options_.staging_memory);
   }
   // Every record's own event: records from several threads and streams
   // arrive in any order, so no event stands for another.

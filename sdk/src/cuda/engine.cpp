@@ -98,7 +98,7 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
       d.ready_total = d.cuda->ready_events.size();
       d.done_total = d.cuda->done_events.size();
     }
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    if (!thread_.joinable()) thread_ = std::thread([this, device] { run(device); });
 
     Snapshot snap;
     snap.device = device;

@@ -58,6 +58,12 @@ struct CudaEngineOptions {
   /// flight. Not a limit: a step with more records in flight creates more
   /// (events are cheap), and the pool keeps them.
   std::size_t max_records = 1024;
+  /// Memory the staging buffers move to once the first CUDA record reaches
+  /// the copier (pinned memory: `pinned_host_memory()`), allocated by the
+  /// copier thread with the record's device current. None (the default):
+  /// the staging keeps its own. A run that captures no CUDA tensor never
+  /// allocates it, and so never creates a CUDA context for it.
+  HostMemory staging_memory;
 };
 
 /// Counters, for tests and benchmarks.
@@ -245,8 +251,8 @@ class CudaEngine {
   // Training threads (engine.cpp).
   void enqueue(Item* item) noexcept;
 
-  // Copier thread (copier.cpp).
-  void run() noexcept;
+  // Copier thread (copier.cpp), started for a record on `device`.
+  void run(int device) noexcept;
   // Formats and passes a message to report_, which must not throw; neither
   // may the formatting here (a batch must not be left half retired).
   template <typename... Args>
@@ -311,6 +317,8 @@ class CudaEngine {
   Items work_;
   std::vector<Batch> open_;
   std::deque<Batch> inflight_;
+  // Whether options_.staging_memory was handed to the staging yet.
+  bool staging_moved_ = false;
   std::thread thread_;
 };
 
