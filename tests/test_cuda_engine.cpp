@@ -967,3 +967,46 @@ TEST_CASE("staging moves to pinned memory once, from the copier, with the record
   }
   CHECK(g_staging_releases == 2);
 }
+
+TEST_CASE("snapshots larger than the arena are bounded by bytes, not one at a time", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Staging staging(1 << 20, Overflow::DropNewest, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngineOptions options;
+  options.device_bytes = 1 << 20;
+  options.large_bytes = 4 << 20;
+  CudaEngine engine(staging, options, collect());
+  cudaStream_t stream;
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr std::size_t large = (3 << 20) / 2, huge = 5 << 20;
+  const auto bytes = pattern(huge, 17);
+  DeviceBuffer src(huge);
+  CUDA_OK(cudaMemcpy(src.data, bytes.data(), huge, cudaMemcpyHostToDevice));
+  // The stream is held: every snapshot stays alive.
+  std::atomic<bool> gate{false};
+  CUDA_OK(cudaLaunchHostFunc(stream, wait_for_gate, &gate));
+  // Two fit in the 4 MiB budget (one at a time would refuse the second), a
+  // third does not, nor one over the budget while others are held.
+  CHECK(push(engine, 0, src.data, large, stream, /*may_drop=*/true));
+  CHECK(push(engine, 1, src.data, large, stream, /*may_drop=*/true));
+  CHECK_FALSE(push(engine, 2, src.data, large, stream, /*may_drop=*/true));
+  CHECK_FALSE(push(engine, 3, src.data, huge, stream, /*may_drop=*/true));
+  CHECK(engine.counters().refused == 2);
+  // Small records still use the arena meanwhile.
+  CHECK(push(engine, 4, src.data, 1000, stream, /*may_drop=*/true));
+  gate = true;
+  engine.flush();
+  // Alone, one over the budget goes.
+  CHECK(push(engine, 5, src.data, huge, stream, /*may_drop=*/true));
+  engine.flush();
+  staging.wait_drained();
+  CHECK(reports() == 0);
+  std::lock_guard<std::mutex> lock(drain.mu);
+  REQUIRE(drain.records.size() == 4);
+  CHECK(drain.records[0] == std::vector<char>(bytes.begin(), bytes.begin() + large));
+  CHECK(drain.records[1] == std::vector<char>(bytes.begin(), bytes.begin() + large));
+  CHECK(drain.records[4] == std::vector<char>(bytes.begin(), bytes.begin() + 1000));
+  CHECK(drain.records[5] == bytes);
+  cudaStreamDestroy(stream);
+}

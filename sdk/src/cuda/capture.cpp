@@ -61,6 +61,7 @@ std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t devic
   if (cuda_device_count() == 0) return nullptr;
   CudaEngineOptions options;
   options.device_bytes = device_bytes;
+  options.large_bytes = device_bytes;
   options.staging_memory = pinned_host_memory();
   return std::make_shared<CudaEngine>(staging, options, std::move(report));
 }

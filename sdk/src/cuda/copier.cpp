@@ -268,8 +268,8 @@ void CudaEngine::finish(Batch& b, const char* failure) noexcept {
 }
 
 void CudaEngine::free_items(Items& items) noexcept {
-  // Owners free external snapshots before the device's external slot is
-  // given to the next one: at most one is ever alive per device.
+  // Owners free external snapshots before their bytes go back to the
+  // device's budget: what is alive never exceeds it.
   for (Item* item = items.head; item != nullptr; item = item->next)
     if (item->release) {
       try {
@@ -284,7 +284,7 @@ void CudaEngine::free_items(Items& items) noexcept {
     while (Item* item = items.pop()) {
       Device& d = *devices_[static_cast<std::size_t>(item->snap.device)];
       if (item->snap.region != 0) d.ring.free(item->snap.region);
-      if (item->snap.external) d.external_busy = false;
+      if (item->snap.external) d.large_held -= item->snap.nbytes;
       // Never reallocates: the pool has room for every event of the device.
       if (item->snap.ready != nullptr) d.cuda->ready_events.push_back(item->snap.ready);
       --d.in_flight;

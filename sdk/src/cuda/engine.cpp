@@ -110,10 +110,12 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
     bool room = true;
     if (room && nbytes > 0) {
       if (align_up(nbytes, kAlign) > d.ring.capacity()) {
-        // The caller allocates it; one at a time per device keeps the
-        // device memory bounded all the same.
+        // The caller allocates it, within the byte budget: several fit when
+        // they are small enough, and a step's second large tensor does not
+        // wait for the first one's copy. One over the budget alone still
+        // goes, by itself.
         snap.external = true;
-        room = !d.external_busy;
+        room = d.large_held == 0 || d.large_held + nbytes <= options_.large_bytes;
       } else {
         region = d.ring.allocate(align_up(nbytes, kAlign));
         room = region.has_value();
@@ -147,7 +149,7 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
         }
       }
       if (snap.external) {
-        d.external_busy = true;
+        d.large_held += nbytes;
       } else if (region) {
         snap.region = region->id;
         snap.data = d.cuda->arena + region->offset;

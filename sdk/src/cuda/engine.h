@@ -21,9 +21,10 @@
 //                                              commit the staging tickets,
 //                                              free the arena room
 //
-// The arena is a ring per device, allocated once: the device memory that
-// snapshots hold is bounded by it (plus, at most, one snapshot larger than
-// the arena per device, which the caller allocates).
+// The arena is a ring per device, allocated once. Snapshots larger than it
+// are the caller's to allocate, up to a budget of bytes per device (and one
+// at a time when a single one exceeds the budget): the device memory that
+// snapshots hold is bounded by the arena plus that budget.
 
 #include <cuda_runtime_api.h>
 
@@ -54,6 +55,10 @@ struct CudaEngineOptions {
   /// Device memory per device that snapshots may hold (the arena), taken
   /// when the device's first snapshot is reserved.
   std::size_t device_bytes = std::size_t{128} << 20;
+  /// Device memory per device that snapshots larger than the arena may hold
+  /// at once (the caller allocates them). One larger than this is taken
+  /// only when no other such snapshot is held on its device.
+  std::size_t large_bytes = std::size_t{128} << 20;
   /// CUDA events created per device with the arena, one per record in
   /// flight. Not a limit: a step with more records in flight creates more
   /// (events are cheap), and the pool keeps them.
@@ -167,7 +172,8 @@ class CudaEngine {
     // and threads submit in any order: out of the order they were taken.
     RingAllocator ring;
     std::size_t in_flight = 0;
-    bool external_busy = false;
+    // Bytes of snapshots larger than the arena, held now.
+    std::size_t large_held = 0;
     // Events of the device in existence: the pools' vectors are kept at
     // least this large, so giving an event back never allocates.
     std::size_t ready_total = 0;
