@@ -1010,3 +1010,110 @@ TEST_CASE("snapshots larger than the arena are bounded by bytes, not one at a ti
   CHECK(drain.records[5] == bytes);
   cudaStreamDestroy(stream);
 }
+
+namespace {
+
+// Arena memory that fails, or counts.
+std::atomic<int> g_arena_allocs{0};
+std::atomic<int> g_arena_releases{0};
+std::atomic<int> g_arena_device{-1};
+
+tensortap::detail::DeviceMemory arena_memory(bool fails) {
+  tensortap::detail::DeviceMemory m;
+  m.allocate = [fails](int device, std::size_t bytes) -> void* {
+    ++g_arena_allocs;
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) cudaGetLastError();
+    g_arena_device = current == device ? device : -1;
+    if (fails) throw std::runtime_error("CUDA out of memory (test)");
+    void* p = nullptr;
+    return cudaMalloc(&p, bytes) == cudaSuccess ? p : nullptr;
+  };
+  m.release = [](int device, void* p) {
+    ++g_arena_releases;
+    cudaSetDevice(device);
+    cudaFree(p);
+  };
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("the arena comes from the memory the engine is given, and goes back to it", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  int devices = 0;
+  CUDA_OK(cudaGetDeviceCount(&devices));
+  const int device = devices - 1;
+  g_arena_allocs = 0;
+  g_arena_releases = 0;
+  g_arena_device = -1;
+  Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngineOptions options;
+  options.arena_memory = arena_memory(/*fails=*/false);
+  CudaEngine engine(staging, options, collect());
+  cudaStream_t stream;
+  CUDA_OK(cudaSetDevice(device));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr std::size_t n = 10000;
+  const auto bytes = pattern(n, 19);
+  DeviceBuffer src(n, device);
+  CUDA_OK(cudaMemcpy(src.data, bytes.data(), n, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaSetDevice(0));
+  for (int i = 0; i < 20; ++i) {
+    auto snap = engine.reserve(device, n, false);
+    REQUIRE(snap);
+    CHECK_FALSE(snap->external);  // in the arena
+    CUDA_OK(cudaMemcpyAsync(snap->data, src.data, n, cudaMemcpyDeviceToDevice, stream));
+    engine.submit(*snap, stream, meta_for(i, n), i, 1);
+  }
+  engine.flush();
+  CHECK(g_arena_allocs == 1);
+  CHECK(g_arena_device == device);
+  engine.stop();
+  CHECK(g_arena_releases == 1);
+  staging.wait_drained();
+  CHECK(reports() == 0);
+  std::lock_guard<std::mutex> lock(drain.mu);
+  REQUIRE(drain.records.size() == 20);
+  for (const auto& [id, got] : drain.records) CHECK(got == bytes);
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("an arena out of memory is tried and reported once, and captures go on without it", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  g_arena_allocs = 0;
+  g_arena_releases = 0;
+  Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngineOptions options;
+  options.arena_memory = arena_memory(/*fails=*/true);
+  std::vector<std::string> warnings;
+  options.warn = [&warnings](const std::string& what) { warnings.push_back(what); };
+  CudaEngine engine(staging, options, collect());
+  cudaStream_t stream;
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr std::size_t n = 10000;
+  const auto bytes = pattern(n, 23);
+  DeviceBuffer src(n);
+  CUDA_OK(cudaMemcpy(src.data, bytes.data(), n, cudaMemcpyHostToDevice));
+  // No arena: a small snapshot is the caller's to allocate, as a large one.
+  auto probe = engine.reserve(0, n, false);
+  REQUIRE(probe);
+  CHECK(probe->external);
+  engine.cancel(*probe, stream);
+  for (int i = 0; i < 30; ++i) REQUIRE(push(engine, i, src.data, n, stream));
+  engine.flush();
+  CHECK(g_arena_allocs == 1);
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Catch::Contains("cuda:0") && Catch::Contains("CUDA out of memory (test)"));
+  engine.stop();
+  CHECK(g_arena_releases == 0);
+  staging.wait_drained();
+  CHECK(reports() == 0);
+  std::lock_guard<std::mutex> lock(drain.mu);
+  REQUIRE(drain.records.size() == 30);
+  for (const auto& [id, got] : drain.records) CHECK(got == bytes);
+  cudaStreamDestroy(stream);
+}

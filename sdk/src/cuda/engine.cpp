@@ -4,6 +4,7 @@
 #include "sdk/src/cuda/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -78,6 +79,16 @@ CudaEngine::CudaEngine(Staging& staging, CudaEngineOptions options, Report repor
 
 CudaEngine::~CudaEngine() { stop(); }
 
+void CudaEngine::warn(const std::string& what) noexcept {
+  try {
+    if (options_.warn)
+      options_.warn(what);
+    else
+      std::fprintf(stderr, "%s\n", what.c_str());
+  } catch (...) {
+  }
+}
+
 std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t nbytes, bool may_drop) {
   TENSORTAP_CHECK(device >= 0 && static_cast<std::size_t>(device) < devices_.size(),
                   "no CUDA device cuda:{} (the CUDA runtime sees {} device(s))", device, devices_.size());
@@ -89,12 +100,29 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
   for (;;) {
     if (stopping_) return std::nullopt;
     if (d.cuda == nullptr) {
+      if (!d.error.empty()) fail("{}", d.error);
       // The events the device usually needs, now: a pool of record events,
       // one completion event per batch in flight.
       const std::size_t arena = options_.device_bytes / kAlign * kAlign;
-      d.cuda =
-          std::make_unique<DeviceResources>(device, arena, options_.max_records, kMaxInflight + 1, events_created_);
-      d.ring = RingAllocator(arena);
+      try {
+        d.cuda = std::make_unique<DeviceResources>(device, arena, options_.arena_memory, options_.max_records,
+                                                   kMaxInflight + 1, events_created_);
+      } catch (const std::exception& e) {
+        // Kept without fail()'s prefix, which fail() adds again below.
+        d.error = e.what();
+        const std::string prefix = "tensortap: ";
+        if (d.error.compare(0, prefix.size(), prefix) == 0) d.error.erase(0, prefix.size());
+        throw;
+      }
+      // Once per device, never retried: a failed allocation from torch's
+      // allocator frees its whole cache first, which on every capture
+      // would cost the training more than the snapshots do.
+      if (d.cuda->arena == nullptr && arena > 0)
+        warn(fmt::format(
+            "tensortap: warning: cannot allocate {} bytes on cuda:{} for tensor snapshots ({}); its snapshots are "
+            "allocated one by one instead",
+            arena, device, d.cuda->arena_error));
+      d.ring = RingAllocator(d.cuda->arena != nullptr ? arena : 0);
       d.ready_total = d.cuda->ready_events.size();
       d.done_total = d.cuda->done_events.size();
     }

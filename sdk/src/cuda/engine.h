@@ -69,6 +69,12 @@ struct CudaEngineOptions {
   /// the staging keeps its own. A run that captures no CUDA tensor never
   /// allocates it, and so never creates a CUDA context for it.
   HostMemory staging_memory;
+  /// Where the arenas come from (default: cudaMalloc). When a device's
+  /// arena cannot be allocated, `warn` says so once, and that device's
+  /// snapshots are all allocated by the caller, within `large_bytes`.
+  DeviceMemory arena_memory;
+  /// Warnings: what goes on working, less well. Default: stderr.
+  std::function<void(const std::string& what)> warn;
 };
 
 /// Counters, for tests and benchmarks.
@@ -174,6 +180,9 @@ class CudaEngine {
     std::size_t in_flight = 0;
     // Bytes of snapshots larger than the arena, held now.
     std::size_t large_held = 0;
+    // Why the device's stream or events could not be created: later
+    // captures fail with it at once rather than retry on every capture.
+    std::string error;
     // Events of the device in existence: the pools' vectors are kept at
     // least this large, so giving an event back never allocates.
     std::size_t ready_total = 0;
@@ -256,6 +265,7 @@ class CudaEngine {
 
   // Training threads (engine.cpp).
   void enqueue(Item* item) noexcept;
+  void warn(const std::string& what) noexcept;
 
   // Copier thread (copier.cpp), started for a record on `device`.
   void run(int device) noexcept;
