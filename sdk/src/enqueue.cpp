@@ -18,7 +18,7 @@ namespace tensortap::detail {
 void copy_into(char* dst, const at::Tensor& src, c10::ScalarType stored, std::size_t nbytes) {
   if (nbytes == 0) return;
   if (is_byte_copy(src, stored)) {
-    std::memcpy(dst, src.data_ptr(), nbytes);
+    std::memcpy(dst, bytes_of(src), nbytes);
     return;
   }
   at::from_blob(dst, src.sizes(), at::TensorOptions().dtype(stored)).copy_(src);
@@ -129,7 +129,7 @@ bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::
   // before its first chunk; once started, it waits for room so that no half
   // record is ever written.
   const at::Tensor flat = src.to(info.stored).contiguous().resolve_conj().resolve_neg();
-  const char* bytes = static_cast<const char*>(flat.data_ptr());
+  const char* bytes = static_cast<const char*>(bytes_of(flat));
   const std::size_t unit = c10::elementSize(info.stored);
   std::shared_ptr<const Record> shared = std::move(record);
   for (std::uint64_t off = 0; off < nbytes;) {

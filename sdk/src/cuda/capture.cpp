@@ -38,7 +38,7 @@ void snapshot_into(void* dst, const at::Tensor& src, c10::ScalarType stored, std
   if (is_byte_copy(src, stored)) {
     // Cheaper for the training thread than ATen's dispatch and
     // TensorIterator, and what most captures (contiguous float32) take.
-    const cudaError_t e = cudaMemcpyAsync(dst, src.data_ptr(), nbytes, cudaMemcpyDeviceToDevice, stream);
+    const cudaError_t e = cudaMemcpyAsync(dst, bytes_of(src), nbytes, cudaMemcpyDeviceToDevice, stream);
     if (e != cudaSuccess) {
       cudaGetLastError();
       throw Error(fmt::format("cudaMemcpyAsync (device to device, {} bytes) failed: {}", nbytes, cuda_error_string(e)));
