@@ -904,6 +904,25 @@ void staging_release(void* p) {
   tensortap::detail::pinned_host_memory().release(p);
 }
 
+// What the driver says the memory of the staging buffer being filled is: a
+// reservation of a few bytes, committed (as failed: nothing is written).
+cudaMemoryType memory_type(Staging& staging) {
+  tensortap::detail::Slot slot;
+  slot.record = meta_for(999999, 64);
+  slot.id = 999999;
+  slot.nbytes = 64;
+  auto t = staging.reserve(slot, false);
+  if (!t) return cudaMemoryTypeUnregistered;
+  cudaPointerAttributes attr{};
+  const cudaError_t e = cudaPointerGetAttributes(&attr, t->dst);
+  staging.commit(*t, false);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return cudaMemoryTypeUnregistered;  // older runtimes: an error for pageable memory
+  }
+  return attr.type;
+}
+
 }  // namespace
 
 TEST_CASE("staging moves to pinned memory once, from the copier, with the record's device current", "[gpu][cuda]") {
@@ -934,6 +953,7 @@ TEST_CASE("staging moves to pinned memory once, from the copier, with the record
     }
     staging.wait_drained();
     CHECK(g_staging_allocs == 0);
+    CHECK(memory_type(staging) == cudaMemoryTypeUnregistered);  // pageable, as the driver sees it
     cudaStream_t stream;
     CUDA_OK(cudaSetDevice(device));
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -952,6 +972,7 @@ TEST_CASE("staging moves to pinned memory once, from the copier, with the record
     staging.wait_drained();
     CHECK(g_staging_allocs == 2);  // both buffers, once
     CHECK(g_staging_device == device);
+    CHECK(memory_type(staging) == cudaMemoryTypeHost);  // pinned, as the driver sees it
     {
       std::lock_guard<std::mutex> lock(g_staging_mu);
       CHECK(g_staging_thread != std::this_thread::get_id());
