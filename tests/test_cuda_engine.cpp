@@ -160,6 +160,14 @@ bool push(CudaEngine& engine, std::uint64_t id, const void* src, std::size_t n, 
   return true;
 }
 
+// A non-blocking stream on `device`, which is left current.
+cudaStream_t new_stream(int device = 0) {
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaSetDevice(device));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+
 // Blocks `stream` until `gate` opens: lets a test hold snapshots "in
 // flight" for as long as it likes without touching the host side.
 void CUDART_CB wait_for_gate(void* gate) {
@@ -802,11 +810,7 @@ TEST_CASE("flush() waits for every record submitted before it, whichever device 
   Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
   Drain drain(staging);
   CudaEngine engine(staging, CudaEngineOptions{}, collect());
-  cudaStream_t s0, s1;
-  CUDA_OK(cudaSetDevice(0));
-  CUDA_OK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
-  CUDA_OK(cudaSetDevice(1));
-  CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  cudaStream_t s0 = new_stream(0), s1 = new_stream(1);
   constexpr std::size_t n = 1000;
   DeviceBuffer src0(n, 0), src1(n, 1);
   std::atomic<bool> gate0{false}, gate1{false};
@@ -843,9 +847,7 @@ TEST_CASE("a copier out of memory drops what it holds, reported, and flush() and
   Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
   Drain drain(staging);
   CudaEngine engine(staging, CudaEngineOptions{}, collect());
-  cudaStream_t stream;
-  CUDA_OK(cudaSetDevice(0));
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaStream_t stream = new_stream();
   constexpr std::size_t n = 4096;
   const auto bytes = pattern(n, 13);
   DeviceBuffer src(n);
@@ -954,9 +956,7 @@ TEST_CASE("staging moves to pinned memory once, from the copier, with the record
     staging.wait_drained();
     CHECK(g_staging_allocs == 0);
     CHECK(memory_type(staging) == cudaMemoryTypeUnregistered);  // pageable, as the driver sees it
-    cudaStream_t stream;
-    CUDA_OK(cudaSetDevice(device));
-    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaStream_t stream = new_stream(device);
     constexpr std::size_t n = 40 << 10;
     std::vector<std::vector<char>> expected;
     std::vector<std::unique_ptr<DeviceBuffer>> sources;
@@ -997,9 +997,7 @@ TEST_CASE("snapshots larger than the arena are bounded by bytes, not one at a ti
   options.device_bytes = 1 << 20;
   options.large_bytes = 4 << 20;
   CudaEngine engine(staging, options, collect());
-  cudaStream_t stream;
-  CUDA_OK(cudaSetDevice(0));
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaStream_t stream = new_stream();
   constexpr std::size_t large = (3 << 20) / 2, huge = 5 << 20;
   const auto bytes = pattern(huge, 17);
   DeviceBuffer src(huge);
@@ -1073,9 +1071,7 @@ TEST_CASE("the arena comes from the memory the engine is given, and goes back to
   CudaEngineOptions options;
   options.arena_memory = arena_memory(/*fails=*/false);
   CudaEngine engine(staging, options, collect());
-  cudaStream_t stream;
-  CUDA_OK(cudaSetDevice(device));
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaStream_t stream = new_stream(device);
   constexpr std::size_t n = 10000;
   const auto bytes = pattern(n, 19);
   DeviceBuffer src(n, device);
@@ -1112,9 +1108,7 @@ TEST_CASE("an arena out of memory is tried and reported once, and captures go on
   std::vector<std::string> warnings;
   options.warn = [&warnings](const std::string& what) { warnings.push_back(what); };
   CudaEngine engine(staging, options, collect());
-  cudaStream_t stream;
-  CUDA_OK(cudaSetDevice(0));
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaStream_t stream = new_stream();
   constexpr std::size_t n = 10000;
   const auto bytes = pattern(n, 23);
   DeviceBuffer src(n);

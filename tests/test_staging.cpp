@@ -29,6 +29,13 @@ void counting_release(void* p) {
   std::free(p);
 }
 
+HostMemory counting_memory() {
+  HostMemory memory;
+  memory.allocate = counting_allocate;
+  memory.release = counting_release;
+  return memory;
+}
+
 Slot slot_of(std::size_t nbytes, std::uint64_t record) {
   Slot s;
   s.id = record;
@@ -42,10 +49,7 @@ TEST_CASE("staging buffers come from the HostMemory hook and go back to it", "[s
   g_allocated = 0;
   g_released = 0;
   {
-    HostMemory memory;
-    memory.allocate = counting_allocate;
-    memory.release = counting_release;
-    Staging staging(8192, Overflow::Block, memory);
+    Staging staging(8192, Overflow::Block, counting_memory());
     CHECK(g_allocated == 0);  // taken on first use, not before
     auto t = staging.reserve(slot_of(100, 1), false);
     REQUIRE(t);
@@ -89,9 +93,7 @@ TEST_CASE("reserve without waiting returns nullopt where it would wait", "[sdk][
 TEST_CASE("adopt() moves an idle buffer at once, one in use when the writer gives it back", "[sdk][staging]") {
   g_allocated = 0;
   g_released = 0;
-  HostMemory memory;
-  memory.allocate = counting_allocate;
-  memory.release = counting_release;
+  const HostMemory memory = counting_memory();
   Staging staging(8192, Overflow::Block);  // heap memory to begin with
   auto t = staging.reserve(slot_of(100, 1), false);
   REQUIRE(t);
