@@ -111,6 +111,7 @@ thread_local cudaError_t t_last_error = cudaSuccess;
 
 std::mutex g_mem_mu;
 std::unordered_map<void*, std::size_t> g_device_blocks;
+std::unordered_map<void*, std::size_t> g_host_blocks;
 std::size_t g_device_used = 0;
 constexpr std::size_t kTotal = std::size_t{16} << 30;
 
@@ -199,11 +200,37 @@ cudaError_t CUDARTAPI cudaSetDevice(int device) {
 
 cudaError_t CUDARTAPI cudaHostAlloc(void** p, size_t size, unsigned int) {
   *p = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
-  return *p != nullptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+  if (*p == nullptr) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(g_mem_mu);
+  g_host_blocks[*p] = size;
+  return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaFreeHost(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(g_mem_mu);
+    g_host_blocks.erase(p);
+  }
   std::free(p);
+  return cudaSuccess;
+}
+
+// Pinned host memory (cudaHostAlloc's) says cudaMemoryTypeHost, device
+// memory cudaMemoryTypeDevice, anything else cudaMemoryTypeUnregistered.
+cudaError_t CUDARTAPI cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const void* ptr) {
+  *attr = cudaPointerAttributes{};
+  attr->type = cudaMemoryTypeUnregistered;
+  const auto* p = static_cast<const char*>(ptr);
+  std::lock_guard<std::mutex> lock(g_mem_mu);
+  const auto within = [&](const std::unordered_map<void*, std::size_t>& blocks) {
+    for (const auto& [base, size] : blocks)
+      if (p >= static_cast<const char*>(base) && p < static_cast<const char*>(base) + size) return true;
+    return false;
+  };
+  if (within(g_host_blocks))
+    attr->type = cudaMemoryTypeHost;
+  else if (within(g_device_blocks))
+    attr->type = cudaMemoryTypeDevice;
   return cudaSuccess;
 }
 

@@ -4,13 +4,17 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
 #include <torch/nn/modules/container/functional.h>
@@ -23,6 +27,7 @@
 #include "helpers.h"
 #include "sdk/src/cuda/capture.h"
 #include "sdk/src/cuda/engine.h"
+#include "sdk/src/cuda/pinned.h"
 
 namespace {
 
@@ -47,6 +52,18 @@ at::Tensor expected_of(const at::Tensor& t) {
 
 bool same(const at::Tensor& got, const at::Tensor& want) {
   return got.scalar_type() == want.scalar_type() && got.sizes() == want.sizes() && torch::equal(got, want);
+}
+
+// Host memory the kernel counts as locked or pinned for this process
+// (VmLck + VmPin in /proc/self/status, kB): the operating system's view,
+// not tensortap's counter.
+std::int64_t locked_kb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  std::int64_t kb = 0;
+  while (std::getline(in, line))
+    if (line.rfind("VmLck:", 0) == 0 || line.rfind("VmPin:", 0) == 0) kb += std::stoll(line.substr(6));
+  return kb;
 }
 
 }  // namespace
@@ -83,6 +100,15 @@ TEST_CASE("CUDA captures hold exactly t.cpu(), every dtype and layout", "[gpu][c
       // (its own snapshot).
       {"large", torch::randn({3 << 20}, on(torch::kFloat))},
       {"large_t", torch::randn({1024, 1500}, on(torch::kFloat)).t()},
+      // Contiguous, but not at the start of its storage: a byte copy from
+      // the view's first element, not the storage's.
+      {"offset", torch::randn({4096}, on(torch::kFloat)).slice(0, 100, 1100)},
+      {"offset_2d", torch::randn({64, 64}, on(torch::kFloat)).slice(0, 3, 10)},
+      // Not C-contiguous: ATen's copy into C order.
+      {"channels_last", torch::randn({2, 3, 8, 8}, on(torch::kFloat)).contiguous(at::MemoryFormat::ChannelsLast)},
+      // Every row the same memory: stored as the full expanded array.
+      {"expanded", torch::randn({1, 64}, on(torch::kFloat)).expand({32, 64})},
+      {"expanded_scalar", torch::randn({}, on(torch::kFloat)).expand({5, 7})},
   };
   const std::uint64_t before = tensortap::detail::cuda_captures();
   std::vector<at::Tensor> expected;
@@ -187,10 +213,12 @@ TEST_CASE("no growth of pinned or device memory over 10,000 captures", "[gpu][cu
   REQUIRE(cudaMemGetInfo(&free_before, &total) == cudaSuccess);
   const auto reserved_before = reserved();
   const std::size_t pinned_before = tensortap::detail::pinned_host_bytes();
+  const std::int64_t locked_before = locked_kb();
   const int n = 10000 / static_cast<int>(tensors.size()) + 1;
   steps(n);
   REQUIRE(cudaMemGetInfo(&free_after, &total) == cudaSuccess);
   CHECK(free_after == free_before);
+  CHECK(locked_kb() == locked_before);
   CHECK(reserved() == reserved_before);
   CHECK(tensortap::detail::pinned_host_bytes() == pinned_before);
   CHECK(pinned_before >= 2 * kBuffer);  // the staging buffers are pinned
@@ -288,5 +316,76 @@ TEST_CASE("statistics and full captures of CUDA tensors never synchronize the ho
     CHECK(nan == h.isnan().sum().item<std::int64_t>());
     CHECK(v[4] == Approx(fin.mean().item<double>()).epsilon(1e-9).margin(1e-12));
     CHECK(v[6] == Approx(fin.norm().item<double>()).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("captures return while a long kernel still runs: no host synchronization, seen from outside",
+          "[gpu][cuda][torch]") {
+  if (!have_cuda()) return;
+  tt_test::TempDir dir;
+  const torch::Device gpu(torch::kCUDA, 0);
+  // Arena 2 MiB: `large` is over it; the rest stay in it while nothing
+  // leaves the device.
+  tensortap::Recorder rec(tensortap::Options(dir / "run").every(1).stats_every(1).buffer_bytes(1 << 20));
+  const at::Tensor small = torch::randn({256}, gpu);
+  const at::Tensor large = torch::randn({1 << 20}, gpu);  // 4 MiB
+  constexpr int kMany = 1100;                             // more than the 1024 events made up front
+  // Warm-up: the arena, the first events, pinned staging, allocator blocks.
+  rec.step(0);
+  rec.capture("small", small);
+  rec.capture("large", large);
+  rec.flush();
+  // A kernel of seconds on the current stream, and an event after it: any
+  // wait of the host for the stream, a device synchronization, or a free or
+  // allocation that synchronizes, would return only once it is ready.
+  at::cuda::sleep(std::int64_t{1} << 32);
+  cudaEvent_t after = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&after, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventRecord(after, c10::cuda::getCurrentCUDAStream(0).stream()) == cudaSuccess);
+  rec.step(1);  // full tensors and statistics of each
+  rec.capture("small", small);
+  rec.capture("large", large);
+  for (int i = 0; i < kMany; ++i) rec.capture("many", small);
+  const cudaError_t still = cudaEventQuery(after);
+  CHECK(still == cudaErrorNotReady);
+  REQUIRE(cudaEventSynchronize(after) == cudaSuccess);
+  cudaEventDestroy(after);
+  rec.close();
+  CHECK(rec.stats().errors == 0);
+  CHECK(rec.stats().dropped == 0);
+  CHECK(rec.stats().records == 2 + 2 + kMany);
+  CHECK(rec.stats().stats_rows == 2 + 2 + kMany);
+}
+
+TEST_CASE("a capture on a non-default current stream is ordered on that stream", "[gpu][cuda][torch]") {
+  if (!have_cuda()) return;
+  tt_test::TempDir dir;
+  const std::string run = dir / "run";
+  const torch::Device gpu(torch::kCUDA, 0);
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
+  REQUIRE(side != c10::cuda::getDefaultCUDAStream(0));
+  std::vector<at::Tensor> expected;
+  {
+    tensortap::Recorder rec(tensortap::Options(run).every(1));
+    c10::cuda::CUDAStreamGuard guard(side);
+    at::Tensor t = torch::zeros({1 << 16}, gpu);
+    for (int step = 0; step < 20; ++step) {
+      // Held back on the side stream, so the capture's snapshot, the
+      // writes before it and the one after it are all still queued there:
+      // only the stream order keeps them apart.
+      at::cuda::sleep(std::int64_t{1} << 20);
+      t.add_(1);
+      rec.step(step);
+      rec.capture("t", t);
+      expected.push_back(torch::full({1 << 16}, static_cast<float>(step + 1)));
+      t.mul_(-1);  // after the capture: must not be in its file
+      t.mul_(-1);
+    }
+    rec.close();
+    CHECK(rec.stats().errors == 0);
+  }
+  for (int step = 0; step < 20; ++step) {
+    INFO("step " << step);
+    CHECK(same(tensortap::load_npy(npy(run, "tensor", "t", step)), expected[static_cast<std::size_t>(step)]));
   }
 }

@@ -21,6 +21,7 @@
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
 #include "sdk/src/staging.h"
+#include "tests/alloc_faults.h"
 
 namespace {
 
@@ -157,6 +158,14 @@ bool push(CudaEngine& engine, std::uint64_t id, const void* src, std::size_t n, 
     throw std::runtime_error("cudaMemcpyAsync failed");
   engine.submit(*snap, stream, meta_for(id, n), id, 1, std::move(release));
   return true;
+}
+
+// A non-blocking stream on `device`, which is left current.
+cudaStream_t new_stream(int device = 0) {
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaSetDevice(device));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
 }
 
 // Blocks `stream` until `gate` opens: lets a test hold snapshots "in
@@ -736,5 +745,390 @@ TEST_CASE("a cancelled snapshot gives its room back and writes nothing", "[gpu][
   CHECK(engine.counters().records == 1);
   std::lock_guard<std::mutex> lock(drain.mu);
   CHECK(drain.records.size() == 1);
+  cudaStreamDestroy(stream);
+}
+
+// Runs `f` on another thread and says whether it returned within a minute:
+// a call that hangs fails the test instead of hanging the suite. (The
+// thread is left to finish; a hang is a failure whatever it does next.)
+bool returns(std::function<void()> f) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto finished = done->get_future();
+  std::thread([f = std::move(f), done] {
+    f();
+    done->set_value();
+  }).detach();
+  return finished.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+}
+
+TEST_CASE("submit() and cancel() give the room back even with no memory left, and stop() returns", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngine engine(staging, CudaEngineOptions{}, collect());
+  constexpr std::size_t n = 4096;
+  const auto bytes = pattern(n, 11);
+  DeviceBuffer src(n);
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaMemcpy(src.data, bytes.data(), n, cudaMemcpyHostToDevice));
+  auto kept = engine.reserve(0, n, false);
+  auto cancelled = engine.reserve(0, n, false);
+  REQUIRE(kept);
+  REQUIRE(cancelled);
+  // The legacy default stream: the calls below queue no work that the fake
+  // runtime would allocate for.
+  CUDA_OK(cudaMemcpyAsync(kept->data, src.data, n, cudaMemcpyDeviceToDevice, nullptr));
+  auto record = meta_for(0, n);
+  bool threw = false;
+  tt_test::fail_allocations(1000);
+  try {
+    engine.submit(*kept, nullptr, std::move(record), 0, 1);
+    engine.cancel(*cancelled, nullptr);
+  } catch (...) {
+    threw = true;
+  }
+  tt_test::fail_allocations(0);
+  CHECK_FALSE(threw);
+  REQUIRE(returns([&] { engine.flush(); }));
+  REQUIRE(returns([&] { engine.stop(); }));
+  staging.wait_drained();
+  CHECK(reports() == 0);
+  CHECK(engine.counters().records == 1);
+  std::lock_guard<std::mutex> lock(drain.mu);
+  REQUIRE(drain.records.size() == 1);
+  CHECK(drain.records[0] == bytes);
+}
+
+TEST_CASE("flush() waits for every record submitted before it, whichever device finishes first", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  int devices = 0;
+  CUDA_OK(cudaGetDeviceCount(&devices));
+  if (devices < 2) {
+    WARN("skipped: needs 2 CUDA devices, found " << devices);
+    return;
+  }
+  Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngine engine(staging, CudaEngineOptions{}, collect());
+  cudaStream_t s0 = new_stream(0), s1 = new_stream(1);
+  constexpr std::size_t n = 1000;
+  DeviceBuffer src0(n, 0), src1(n, 1);
+  std::atomic<bool> gate0{false}, gate1{false};
+  CUDA_OK(cudaLaunchHostFunc(s0, wait_for_gate, &gate0));
+  CUDA_OK(cudaSetDevice(1));
+  CUDA_OK(cudaLaunchHostFunc(s1, wait_for_gate, &gate1));
+  // The copier waits for record 0 (device 0, held), so records 1 and 2 are
+  // taken together: device 0's batch (record 2) is issued, and completes,
+  // before device 1's (record 1, held).
+  REQUIRE(push(engine, 0, src0.data, n, s0, false, 0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(push(engine, 1, src1.data, n, s1, false, 1));
+  auto flushed = std::async(std::launch::async, [&] { engine.flush(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(push(engine, 2, src0.data, n, s0, false, 0));
+  gate0 = true;
+  // Records 0 and 2 reach staging: as many records as flush() waits for
+  // have retired, but not record 1, which it waits for.
+  for (int i = 0; i < 6000 && engine.counters().records < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(engine.counters().records == 2);
+  CHECK(flushed.wait_for(std::chrono::milliseconds(200)) == std::future_status::timeout);
+  gate1 = true;
+  flushed.get();
+  staging.wait_drained();
+  std::lock_guard<std::mutex> lock(drain.mu);
+  CHECK(drain.records.size() == 3);
+  cudaStreamDestroy(s0);
+  cudaStreamDestroy(s1);
+}
+
+TEST_CASE("a copier out of memory drops what it holds, reported, and flush() and stop() return", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngine engine(staging, CudaEngineOptions{}, collect());
+  cudaStream_t stream = new_stream();
+  constexpr std::size_t n = 4096;
+  const auto bytes = pattern(n, 13);
+  DeviceBuffer src(n);
+  CUDA_OK(cudaMemcpy(src.data, bytes.data(), n, cudaMemcpyHostToDevice));
+  // Record 0's release runs on the copier thread: from there on, the
+  // copier's next allocation fails (while it takes records 1 to 4).
+  std::atomic<bool> armed{false};
+  REQUIRE(push(engine, 0, src.data, n, stream, false, 0, [&armed] {
+    tt_test::fail_allocations(1);
+    armed = true;
+  }));
+  REQUIRE(returns([&] { engine.flush(); }));
+  REQUIRE(armed);
+  for (int i = 1; i <= 4; ++i) REQUIRE(push(engine, i, src.data, n, stream));
+  REQUIRE(returns([&] { engine.flush(); }));
+  const auto dropped = engine.counters().dropped;
+  CHECK(dropped >= 1);
+  // It goes on: later records arrive.
+  REQUIRE(push(engine, 5, src.data, n, stream));
+  REQUIRE(returns([&] { engine.flush(); }));
+  REQUIRE(returns([&] { engine.stop(); }));
+  staging.wait_drained();
+  CHECK(reports() == dropped);
+  CHECK(engine.counters().records + dropped == 6);
+  std::lock_guard<std::mutex> lock(drain.mu);
+  CHECK(drain.records.size() + dropped == 6);
+  CHECK(drain.records.count(0) == 1);
+  CHECK(drain.records.count(5) == 1);
+  for (const auto& [id, got] : drain.records) CHECK(got == bytes);
+  cudaStreamDestroy(stream);
+}
+
+namespace {
+
+// Staging memory that says who allocated it: how often, on which thread,
+// with which device current.
+std::atomic<int> g_staging_allocs{0};
+std::atomic<int> g_staging_releases{0};
+std::atomic<int> g_staging_device{-1};
+std::mutex g_staging_mu;
+std::thread::id g_staging_thread;
+
+void* staging_allocate(std::size_t bytes) {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) cudaGetLastError();
+  g_staging_device = device;
+  {
+    std::lock_guard<std::mutex> lock(g_staging_mu);
+    g_staging_thread = std::this_thread::get_id();
+  }
+  ++g_staging_allocs;
+  return tensortap::detail::pinned_host_memory().allocate(bytes);
+}
+void staging_release(void* p) {
+  ++g_staging_releases;
+  tensortap::detail::pinned_host_memory().release(p);
+}
+
+// What the driver says the memory of the staging buffer being filled is: a
+// reservation of a few bytes, committed (as failed: nothing is written).
+cudaMemoryType memory_type(Staging& staging) {
+  tensortap::detail::Slot slot;
+  slot.record = *meta_for(999999, 64);
+  slot.id = 999999;
+  slot.nbytes = 64;
+  auto t = staging.reserve(slot, false);
+  if (!t) return cudaMemoryTypeUnregistered;
+  cudaPointerAttributes attr{};
+  const cudaError_t e = cudaPointerGetAttributes(&attr, t->dst);
+  staging.commit(*t, false);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return cudaMemoryTypeUnregistered;  // older runtimes: an error for pageable memory
+  }
+  return attr.type;
+}
+
+}  // namespace
+
+TEST_CASE("staging moves to pinned memory once, from the copier, with the record's device current", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  int devices = 0;
+  CUDA_OK(cudaGetDeviceCount(&devices));
+  const int device = devices - 1;  // the last: a wrong device 0 shows
+  g_staging_allocs = 0;
+  g_staging_releases = 0;
+  g_staging_device = -1;
+  {
+    Staging staging(64 << 10, Overflow::Block);
+    Drain drain(staging);
+    CudaEngineOptions options;
+    options.staging_memory.allocate = staging_allocate;
+    options.staging_memory.release = staging_release;
+    CudaEngine engine(staging, options, collect());
+    // CPU records only: nothing pinned.
+    for (int i = 0; i < 3; ++i) {
+      tensortap::detail::Slot slot;
+      slot.record = *meta_for(100 + i, 1000);
+      slot.id = 100 + i;
+      slot.nbytes = 1000;
+      auto t = staging.reserve(slot, false);
+      REQUIRE(t);
+      std::memset(t->dst, 'c', t->nbytes);
+      staging.commit(*t, true);
+    }
+    staging.wait_drained();
+    CHECK(g_staging_allocs == 0);
+    CHECK(memory_type(staging) == cudaMemoryTypeUnregistered);  // pageable, as the driver sees it
+    cudaStream_t stream = new_stream(device);
+    constexpr std::size_t n = 40 << 10;
+    std::vector<std::vector<char>> expected;
+    std::vector<std::unique_ptr<DeviceBuffer>> sources;
+    for (int i = 0; i < 10; ++i) {
+      expected.push_back(pattern(n, 70 + i));
+      sources.push_back(std::make_unique<DeviceBuffer>(n, device));
+      CUDA_OK(cudaMemcpy(sources.back()->data, expected.back().data(), n, cudaMemcpyHostToDevice));
+    }
+    // The training thread's current device is left alone.
+    CUDA_OK(cudaSetDevice(0));
+    for (int i = 0; i < 10; ++i) REQUIRE(push(engine, i, sources[i]->data, n, stream, false, device));
+    engine.flush();
+    staging.wait_drained();
+    CHECK(g_staging_allocs == 2);  // both buffers, once
+    CHECK(g_staging_device == device);
+    CHECK(memory_type(staging) == cudaMemoryTypeHost);  // pinned, as the driver sees it
+    {
+      std::lock_guard<std::mutex> lock(g_staging_mu);
+      CHECK(g_staging_thread != std::this_thread::get_id());
+    }
+    CHECK(reports() == 0);
+    engine.stop();
+    drain.stop();
+    std::lock_guard<std::mutex> lock(drain.mu);
+    REQUIRE(drain.records.size() == 13);
+    for (int i = 0; i < 10; ++i) CHECK(drain.records[i] == expected[i]);
+    CHECK(drain.records[100] == std::vector<char>(1000, 'c'));
+    cudaStreamDestroy(stream);
+  }
+  CHECK(g_staging_releases == 2);
+}
+
+TEST_CASE("snapshots larger than the arena are bounded by bytes, not one at a time", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Staging staging(1 << 20, Overflow::DropNewest, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngineOptions options;
+  options.device_bytes = 1 << 20;
+  options.large_bytes = 4 << 20;
+  CudaEngine engine(staging, options, collect());
+  cudaStream_t stream = new_stream();
+  constexpr std::size_t large = (3 << 20) / 2, huge = 5 << 20;
+  const auto bytes = pattern(huge, 17);
+  DeviceBuffer src(huge);
+  CUDA_OK(cudaMemcpy(src.data, bytes.data(), huge, cudaMemcpyHostToDevice));
+  // The stream is held: every snapshot stays alive.
+  std::atomic<bool> gate{false};
+  CUDA_OK(cudaLaunchHostFunc(stream, wait_for_gate, &gate));
+  // Two fit in the 4 MiB budget (one at a time would refuse the second), a
+  // third does not, nor one over the budget while others are held.
+  CHECK(push(engine, 0, src.data, large, stream, /*may_drop=*/true));
+  CHECK(push(engine, 1, src.data, large, stream, /*may_drop=*/true));
+  CHECK_FALSE(push(engine, 2, src.data, large, stream, /*may_drop=*/true));
+  CHECK_FALSE(push(engine, 3, src.data, huge, stream, /*may_drop=*/true));
+  CHECK(engine.counters().refused == 2);
+  // Small records still use the arena meanwhile.
+  CHECK(push(engine, 4, src.data, 1000, stream, /*may_drop=*/true));
+  gate = true;
+  engine.flush();
+  // Alone, one over the budget goes.
+  CHECK(push(engine, 5, src.data, huge, stream, /*may_drop=*/true));
+  engine.flush();
+  staging.wait_drained();
+  CHECK(reports() == 0);
+  std::lock_guard<std::mutex> lock(drain.mu);
+  REQUIRE(drain.records.size() == 4);
+  CHECK(drain.records[0] == std::vector<char>(bytes.begin(), bytes.begin() + large));
+  CHECK(drain.records[1] == std::vector<char>(bytes.begin(), bytes.begin() + large));
+  CHECK(drain.records[4] == std::vector<char>(bytes.begin(), bytes.begin() + 1000));
+  CHECK(drain.records[5] == bytes);
+  cudaStreamDestroy(stream);
+}
+
+namespace {
+
+// Arena memory that fails, or counts.
+std::atomic<int> g_arena_allocs{0};
+std::atomic<int> g_arena_releases{0};
+std::atomic<int> g_arena_device{-1};
+
+tensortap::detail::DeviceMemory arena_memory(bool fails) {
+  tensortap::detail::DeviceMemory m;
+  m.allocate = [fails](int device, std::size_t bytes) -> void* {
+    ++g_arena_allocs;
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) cudaGetLastError();
+    g_arena_device = current == device ? device : -1;
+    if (fails) throw std::runtime_error("CUDA out of memory (test)");
+    void* p = nullptr;
+    return cudaMalloc(&p, bytes) == cudaSuccess ? p : nullptr;
+  };
+  m.release = [](int device, void* p) {
+    ++g_arena_releases;
+    cudaSetDevice(device);
+    cudaFree(p);
+  };
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("the arena comes from the memory the engine is given, and goes back to it", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  int devices = 0;
+  CUDA_OK(cudaGetDeviceCount(&devices));
+  const int device = devices - 1;
+  g_arena_allocs = 0;
+  g_arena_releases = 0;
+  g_arena_device = -1;
+  Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngineOptions options;
+  options.arena_memory = arena_memory(/*fails=*/false);
+  CudaEngine engine(staging, options, collect());
+  cudaStream_t stream = new_stream(device);
+  constexpr std::size_t n = 10000;
+  const auto bytes = pattern(n, 19);
+  DeviceBuffer src(n, device);
+  CUDA_OK(cudaMemcpy(src.data, bytes.data(), n, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaSetDevice(0));
+  for (int i = 0; i < 20; ++i) {
+    auto snap = engine.reserve(device, n, false);
+    REQUIRE(snap);
+    CHECK_FALSE(snap->external);  // in the arena
+    CUDA_OK(cudaMemcpyAsync(snap->data, src.data, n, cudaMemcpyDeviceToDevice, stream));
+    engine.submit(*snap, stream, meta_for(i, n), i, 1);
+  }
+  engine.flush();
+  CHECK(g_arena_allocs == 1);
+  CHECK(g_arena_device == device);
+  engine.stop();
+  CHECK(g_arena_releases == 1);
+  staging.wait_drained();
+  CHECK(reports() == 0);
+  std::lock_guard<std::mutex> lock(drain.mu);
+  REQUIRE(drain.records.size() == 20);
+  for (const auto& [id, got] : drain.records) CHECK(got == bytes);
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("an arena out of memory is tried and reported once, and captures go on without it", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  g_arena_allocs = 0;
+  g_arena_releases = 0;
+  Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
+  Drain drain(staging);
+  CudaEngineOptions options;
+  options.arena_memory = arena_memory(/*fails=*/true);
+  std::vector<std::string> warnings;
+  options.warn = [&warnings](const std::string& what) { warnings.push_back(what); };
+  CudaEngine engine(staging, options, collect());
+  cudaStream_t stream = new_stream();
+  constexpr std::size_t n = 10000;
+  const auto bytes = pattern(n, 23);
+  DeviceBuffer src(n);
+  CUDA_OK(cudaMemcpy(src.data, bytes.data(), n, cudaMemcpyHostToDevice));
+  // No arena: a small snapshot is the caller's to allocate, as a large one.
+  auto probe = engine.reserve(0, n, false);
+  REQUIRE(probe);
+  CHECK(probe->external);
+  engine.cancel(*probe, stream);
+  for (int i = 0; i < 30; ++i) REQUIRE(push(engine, i, src.data, n, stream));
+  engine.flush();
+  CHECK(g_arena_allocs == 1);
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Catch::Contains("cuda:0") && Catch::Contains("CUDA out of memory (test)"));
+  engine.stop();
+  CHECK(g_arena_releases == 0);
+  staging.wait_drained();
+  CHECK(reports() == 0);
+  std::lock_guard<std::mutex> lock(drain.mu);
+  REQUIRE(drain.records.size() == 30);
+  for (const auto& [id, got] : drain.records) CHECK(got == bytes);
   cudaStreamDestroy(stream);
 }

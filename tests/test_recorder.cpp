@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <torch/version.h>
 
 #include <tensortap/tensortap.h>
 
@@ -707,3 +708,22 @@ TEST_CASE("old and new spellings of stop, rank and world size record the same", 
       error_of([&] { Recorder r{Options(dir / "g").distributed(tensortap::DistributedOptions().world_size(-1))}; }),
       Catch::Contains("DistributedOptions::world_size(-1) must be 1 or more"));
 }
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+// LibTorch 1.13 has no lazy clones; 2.x makes them (at::_lazy_clone, and
+// ops that may use it): reading one through data_ptr() would give it a
+// copy of its own, on the training thread.
+TEST_CASE("a capture reads a lazily cloned tensor where it is, without materializing it", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path)};
+  rec.step(0);
+  const at::Tensor t = at::arange(1000, at::kFloat);
+  const at::Tensor lazy = at::_lazy_clone(t);
+  REQUIRE(lazy.const_data_ptr() == t.const_data_ptr());
+  rec.capture("lazy", lazy);
+  rec.flush();
+  CHECK(lazy.const_data_ptr() == t.const_data_ptr());
+  CHECK(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "lazy", 0)), t));
+  rec.close();
+}
+#endif

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,13 @@ void counting_release(void* p) {
   std::free(p);
 }
 
+HostMemory counting_memory() {
+  HostMemory memory;
+  memory.allocate = counting_allocate;
+  memory.release = counting_release;
+  return memory;
+}
+
 Slot slot_of(std::size_t nbytes, std::uint64_t record) {
   Slot s;
   s.id = record;
@@ -45,10 +53,7 @@ TEST_CASE("staging buffers come from the HostMemory hook and go back to it", "[s
   g_allocated = 0;
   g_released = 0;
   {
-    HostMemory memory;
-    memory.allocate = counting_allocate;
-    memory.release = counting_release;
-    Staging staging(8192, Overflow::Block, memory);
+    Staging staging(8192, Overflow::Block, counting_memory());
     CHECK(g_allocated == 0);  // taken on first use, not before
     auto t = staging.reserve(slot_of(100, 1), false);
     REQUIRE(t);
@@ -178,4 +183,45 @@ TEST_CASE("put() under DropNewest drops when both buffers are full, and waits un
   REQUIRE(staging.put(slot_of(bytes.size(), 3), bytes.data(), true));  // the other buffer
   staging.release(b);
   staging.stop();
+}
+
+TEST_CASE("adopt() moves an idle buffer at once, one in use when the writer gives it back", "[sdk][staging]") {
+  g_allocated = 0;
+  g_released = 0;
+  const HostMemory memory = counting_memory();
+  Staging staging(8192, Overflow::Block);  // heap memory to begin with
+  auto t = staging.reserve(slot_of(100, 1), false);
+  REQUIRE(t);
+  std::memset(t->dst, 'a', 100);
+  char* const heap = t->dst;
+  // Both buffers allocated by adopt(), before it takes the lock.
+  REQUIRE(staging.adopt(memory));
+  CHECK(g_allocated == 2);
+  CHECK_FALSE(staging.adopt(memory));  // once: the second gives its memory back
+  CHECK(g_allocated == 4);
+  CHECK(g_released == 2);
+  staging.commit(*t, true);
+  // The reservation made before is intact in the buffer it was made in.
+  Staging::Buffer* b = staging.take();
+  REQUIRE(b != nullptr);
+  CHECK(b->data == heap);
+  CHECK(std::string(b->data, 100) == std::string(100, 'a'));
+  // The other buffer, idle at adopt(), is the adopted memory already.
+  auto u = staging.reserve(slot_of(100, 2), false);
+  REQUIRE(u);
+  CHECK(u->dst != heap);
+  staging.commit(*u, true);
+  staging.release(b);  // now the first one moves too
+  Staging::Buffer* c = staging.take();
+  REQUIRE(c != nullptr);
+  staging.release(c);
+  auto v = staging.reserve(slot_of(100, 3), false);
+  REQUIRE(v);
+  CHECK(v->dst != heap);
+  staging.commit(*v, true);
+  staging.stop();
+  while (Staging::Buffer* rest = staging.take()) staging.release(rest);
+  CHECK(g_released == 2);  // the heap buffer went back to the heap, not here
+  staging.free_memory();
+  CHECK(g_released == 4);
 }

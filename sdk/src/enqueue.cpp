@@ -27,7 +27,7 @@ constexpr std::uint64_t kPutBytes = 16 << 10;
 void copy_into(char* dst, const at::Tensor& src, c10::ScalarType stored, std::size_t nbytes) {
   if (nbytes == 0) return;
   if (is_byte_copy(src, stored)) {
-    std::memcpy(dst, src.data_ptr(), nbytes);
+    std::memcpy(dst, bytes_of(src), nbytes);
     return;
   }
   at::from_blob(dst, src.sizes(), at::TensorOptions().dtype(stored)).copy_(src);
@@ -125,7 +125,7 @@ bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::
 
   if (nbytes <= std::min<std::uint64_t>(kPutBytes, staging_.capacity()) && is_byte_copy(src, info.stored)) {
     slot.nbytes = nbytes;
-    return staging_.put(slot, src.data_ptr(), may_drop_);
+    return staging_.put(slot, bytes_of(src), may_drop_);
   }
   if (nbytes <= staging_.capacity()) {
     slot.nbytes = nbytes;
@@ -146,7 +146,7 @@ bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::
   // before its first chunk; once started, it waits for room so that no half
   // record is ever written.
   const at::Tensor flat = as_stored(src, info).contiguous().resolve_conj().resolve_neg();
-  const char* bytes = static_cast<const char*>(flat.data_ptr());
+  const char* bytes = static_cast<const char*>(bytes_of(flat));
   const std::size_t unit = c10::elementSize(info.stored);
   for (std::uint64_t off = 0; off < nbytes;) {
     slot.nbytes = static_cast<std::size_t>(nbytes - off);

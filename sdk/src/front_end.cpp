@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "sdk/src/cuda/capture.h"
 #include "sdk/src/output.h"
 #include "sdk/src/triggers.h"
 #include "writers/src/check.h"
@@ -25,7 +24,9 @@ FrontEnd::FrontEnd(Options options)
     : options_(validated(options)),
       placement_(place(options_)),
       sampling_(options_),
-      staging_(options_.buffer_bytes(), options_.overflow(), cuda_staging_memory()),
+      // Heap memory: the CUDA engine moves it to pinned memory once, from
+      // its copier thread, if a CUDA tensor is ever captured.
+      staging_(options_.buffer_bytes(), options_.overflow()),
       enqueue_(options_, staging_, sampling_, closed_, options_.flight_recorder() > 0, scans_non_finite(options_)) {
   const auto& only = options_.ranks();
   // A rank left out captures nothing and creates nothing: no directory, no

@@ -7,8 +7,21 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
+#include <torch/version.h>
 
 namespace tensortap::detail {
+
+/// The address of `t`'s first element, to read its bytes. LibTorch 2.1 and
+/// later have const_data_ptr(), which reads a lazily cloned (copy-on-write)
+/// tensor where it is: data_ptr() would first give it a copy of its own,
+/// on the training thread. 1.13 has only data_ptr(), and no lazy clones.
+inline const void* bytes_of(const at::Tensor& t) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  return t.const_data_ptr();
+#else
+  return t.data_ptr();
+#endif
+}
 
 /// Whether `src`'s memory already holds its values as C-order bytes of
 /// `stored`, so a byte copy (memcpy, cudaMemcpyAsync) snapshots it. A

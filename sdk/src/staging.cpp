@@ -43,7 +43,10 @@ Staging::Staging(std::size_t capacity, Overflow overflow, HostMemory memory)
     : capacity_(capacity), overflow_(overflow), memory_(memory) {}
 
 Staging::~Staging() {
-  for (Buffer& b : buffers_) release_memory(b.data);
+  for (int i = 0; i < 2; ++i) {
+    release_memory(buffers_[i].data, held_[i]);
+    release_memory(spare_[i], memory_);
+  }
 }
 
 void* Staging::allocate() const {
@@ -52,18 +55,15 @@ void* Staging::allocate() const {
   return map_staging(bytes);
 }
 
-void Staging::release_memory(void* data) const {
+void Staging::release_memory(void* data, const HostMemory& from) const {
   if (data == nullptr) return;
-  if (memory_.release != nullptr)
-    memory_.release(data);
+  if (from.release != nullptr)
+    from.release(data);
   else
     ::munmap(data, align_up(capacity_, kPage));
 }
 
 void Staging::prepare() {
-  // Memory from a HostMemory hook (pinned, for CUDA) is its owner's to place:
-  // allocating it here, on this thread, could create a CUDA context.
-  if (memory_.allocate != nullptr) return;
   // Touched on first use, a 64 MiB buffer cost 37 ms of page faults spread
   // over the first captures (bench/README.md). Here every page is faulted
   // in by the writer thread instead.
@@ -72,7 +72,9 @@ void Staging::prepare() {
     char* data = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
+      // Memory from a HostMemory hook (pinned, once the copier adopted it)
+      // is its owner's to place.
+      if (stopping_ || memory_.allocate != nullptr) return;
       data = b.data;
     }
     if (data == nullptr) {
@@ -84,20 +86,60 @@ void Staging::prepare() {
         auto* page = static_cast<volatile char*>(static_cast<void*>(data));
         for (std::size_t i = 0; i < bytes; i += kPage) page[i] = 0;
       }
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       if (b.data == nullptr) {
         b.data = data;
+        held_[&b - buffers_] = HostMemory{};
       } else {
-        // A capture came first and mapped its own.
-        release_memory(data);
-        data = b.data;
+        // A capture (or adopt()) came first.
+        lock.unlock();
+        release_memory(data, HostMemory{});
+        continue;
       }
     }
     // Published at once: MADV_POPULATE_WRITE faults pages in without
     // writing to them, so captures may fill the buffer meanwhile (ENOMEM
-    // and the like leave the rest to first use, as before).
+    // and the like leave the rest to first use, as before). Should adopt()
+    // move the buffer to pinned memory meanwhile, this advice on a range
+    // that is gone changes nothing.
     (void)::madvise(data, bytes, MADV_POPULATE_WRITE);
   }
+}
+
+std::pair<void*, HostMemory> Staging::move_to_spare(int i) {
+  std::pair<void*, HostMemory> old{buffers_[i].data, held_[i]};
+  buffers_[i].data = static_cast<char*>(spare_[i]);
+  held_[i] = memory_;
+  spare_[i] = nullptr;
+  return old;
+}
+
+bool Staging::adopt(HostMemory memory) {
+  if (memory.allocate == nullptr) return false;
+  const std::size_t bytes = align_up(capacity_, kPage);
+  void* fresh[2] = {memory.allocate(bytes), nullptr};
+  if (fresh[0] != nullptr) fresh[1] = memory.allocate(bytes);
+  std::pair<void*, HostMemory> old[2];
+  bool adopted = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_ && fresh[0] != nullptr && fresh[1] != nullptr && spare_[0] == nullptr && spare_[1] == nullptr) {
+      adopted = true;
+      memory_ = memory;
+      for (int i = 0; i < 2; ++i) {
+        spare_[i] = fresh[i];
+        fresh[i] = nullptr;
+        // No slot: no reservation points into it, and the writer does not
+        // hold it (it takes only a buffer with slots).
+        if (buffers_[i].slots.empty()) old[i] = move_to_spare(i);
+      }
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    release_memory(fresh[i], memory);
+    release_memory(old[i].first, old[i].second);
+  }
+  return adopted;
 }
 
 std::optional<Staging::Ticket> Staging::reserve(const Slot& request, bool may_drop, std::size_t unit, bool wait) {
@@ -136,6 +178,7 @@ std::optional<Staging::Ticket> Staging::reserve_locked(std::unique_lock<std::mut
     if (fits) {
       if (b.data == nullptr) {
         b.data = static_cast<char*>(allocate());
+        held_[fill_] = memory_;
         if (b.data == nullptr)
           fail(
               "cannot allocate a staging buffer of {} bytes "
@@ -223,12 +266,16 @@ Staging::Buffer* Staging::take() {
 }
 
 void Staging::release(Buffer* buffer) {
+  std::pair<void*, HostMemory> old;
   {
     std::lock_guard<std::mutex> lock(mu_);
     released_ += buffer->slots.size();
     buffer->slots.clear();
     buffer->used = 0;
+    const int i = static_cast<int>(buffer - buffers_);
+    if (spare_[i] != nullptr) old = move_to_spare(i);
   }
+  release_memory(old.first, old.second);
   drained_cv_.notify_all();
 }
 
@@ -243,9 +290,12 @@ void Staging::stop() {
 
 void Staging::free_memory() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (Buffer& b : buffers_) {
-    release_memory(b.data);
+  for (int i = 0; i < 2; ++i) {
+    Buffer& b = buffers_[i];
+    release_memory(b.data, held_[i]);
+    release_memory(spare_[i], memory_);
     b.data = nullptr;
+    spare_[i] = nullptr;
     b.slots.shrink();
   }
 }

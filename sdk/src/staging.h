@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <tensortap/options.h>
@@ -65,7 +66,8 @@ class SlotList {
 };
 
 /// Where staging buffers' memory comes from. The default (both null) is
-/// page-aligned heap memory; the CUDA engine passes pinned memory, which the
+/// mapped heap memory, with huge pages where allowed, populated by
+/// `Staging::prepare()`; the CUDA engine passes pinned memory, which the
 /// GPU's copy engine can write into without a bounce through the driver.
 struct HostMemory {
   /// Returns `bytes` (a multiple of 4096) of page-aligned memory, or nullptr.
@@ -144,6 +146,14 @@ class Staging {
   Buffer* take();
   /// Writer side: hands a taken buffer back, empty.
   void release(Buffer* buffer);
+  /// Moves the buffers to memory from `memory` (the CUDA copier's pinned
+  /// memory, once a CUDA tensor is captured): both buffers are allocated by
+  /// the calling thread, before the lock is taken, so no capturing thread
+  /// waits for the allocation. An idle buffer moves at once, one in use when
+  /// the writer hands it back; the old memory goes back to where it came
+  /// from. Returns false, changing nothing, when `memory` gives no memory or
+  /// the staging is stopping.
+  bool adopt(HostMemory memory);
   /// Makes `take()` return nullptr once the staging is empty.
   void stop();
   /// Gives the buffers' memory back; only after the writer has stopped.
@@ -151,15 +161,24 @@ class Staging {
 
  private:
   void* allocate() const;
+  // Gives back memory taken from `from` (the default: mapped by allocate()).
+  void release_memory(void* data, const HostMemory& from) const;
+  // Under mu_: the buffer `i` is idle, so it moves to the memory adopt()
+  // set aside for it. Returns the memory it leaves, for the caller to give
+  // back outside the lock.
+  std::pair<void*, HostMemory> move_to_spare(int i);
   std::optional<Ticket> reserve_locked(std::unique_lock<std::mutex>& lock, const Slot& slot, bool may_drop,
                                        std::size_t unit, bool wait);
   // Returns whether the writer must be woken (after the lock is released).
   bool commit_locked(const Ticket& ticket, bool ok);
-  void release_memory(void* data) const;
 
   std::size_t capacity_;
   Overflow overflow_;
+  // Where new buffers come from, and where each buffer's memory came from.
   HostMemory memory_;
+  HostMemory held_[2];
+  // Memory adopt() allocated for a buffer that was in use then.
+  void* spare_[2] = {nullptr, nullptr};
   std::mutex mu_;
   std::condition_variable writer_cv_;   // the writer waits for data
   std::condition_variable space_cv_;    // capturers wait for room

@@ -10,6 +10,7 @@
 #include <atomic>
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
@@ -37,7 +38,7 @@ void snapshot_into(void* dst, const at::Tensor& src, c10::ScalarType stored, std
   if (is_byte_copy(src, stored)) {
     // Cheaper for the training thread than ATen's dispatch and
     // TensorIterator, and what most captures (contiguous float32) take.
-    const cudaError_t e = cudaMemcpyAsync(dst, src.data_ptr(), nbytes, cudaMemcpyDeviceToDevice, stream);
+    const cudaError_t e = cudaMemcpyAsync(dst, bytes_of(src), nbytes, cudaMemcpyDeviceToDevice, stream);
     if (e != cudaSuccess) {
       cudaGetLastError();
       throw Error(fmt::format("cudaMemcpyAsync (device to device, {} bytes) failed: {}", nbytes, cuda_error_string(e)));
@@ -54,15 +55,36 @@ void snapshot_into(void* dst, const at::Tensor& src, c10::ScalarType stored, std
       .copy_(src);
 }
 
-}  // namespace
+// The engine's arenas from torch's caching allocator: they count in torch's
+// memory statistics and its memory fraction, come out of what torch has
+// cached (in training, that is usually all the free memory), and go back to
+// the cache without the device synchronization of a cudaFree.
+DeviceMemory torch_device_memory() {
+  DeviceMemory m;
+  m.allocate = [](int device, std::size_t bytes) -> void* {
+    const auto index = static_cast<c10::DeviceIndex>(device);
+    // raw_alloc_with_stream allocates on the current device.
+    c10::cuda::CUDAGuard guard(index);
+    // Associated with the device's current stream, the training stream:
+    // once given back (when every copy from the arena has completed), the
+    // block serves that stream's allocations.
+    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes,
+                                                                  c10::cuda::getCurrentCUDAStream(index).stream());
+  };
+  m.release = [](int, void* data) { c10::cuda::CUDACachingAllocator::raw_delete(data); };
+  return m;
+}
 
-HostMemory cuda_staging_memory() { return cuda_device_count() > 0 ? pinned_host_memory() : HostMemory{}; }
+}  // namespace
 
 std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t device_bytes,
                                              std::function<void(const std::string&)> report) {
   if (cuda_device_count() == 0) return nullptr;
   CudaEngineOptions options;
   options.device_bytes = device_bytes;
+  options.large_bytes = device_bytes;
+  options.staging_memory = pinned_host_memory();
+  options.arena_memory = torch_device_memory();
   return std::make_shared<CudaEngine>(staging, options, std::move(report));
 }
 

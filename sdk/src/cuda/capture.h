@@ -20,16 +20,13 @@ namespace tensortap::detail {
 
 class CudaEngine;  // sdk/src/cuda/engine.h
 
-/// The memory a Staging's buffers should come from: pinned when this build
-/// has the engine and the machine a CUDA device, the default otherwise.
-HostMemory cuda_staging_memory();
-
 /// An engine that feeds `staging`, or nullptr when this build has no engine
-/// or the machine no CUDA device. `device_bytes` bounds the device memory
-/// that snapshots hold on each device (one tensor larger than that may be
-/// held besides, per device). `report` receives the copier thread's
+/// or the machine no CUDA device. `device_bytes` is each device's arena
+/// for snapshots, and as much again for snapshots of tensors larger than
+/// the arena (one larger than that is held alone). `report` receives the copier thread's
 /// failures (`Failures::add`); it must not throw. Creates no thread and
-/// touches no device until the first CUDA capture.
+/// touches no device until the first CUDA capture; then the copier thread
+/// moves `staging`'s buffers to pinned memory.
 std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t device_bytes,
                                              std::function<void(const std::string&)> report);
 

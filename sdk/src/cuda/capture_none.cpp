@@ -7,8 +7,6 @@
 
 namespace tensortap::detail {
 
-HostMemory cuda_staging_memory() { return {}; }
-
 std::shared_ptr<CudaEngine> make_cuda_engine(Staging&, std::size_t, std::function<void(const std::string&)>) {
   return nullptr;
 }

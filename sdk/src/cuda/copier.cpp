@@ -8,56 +8,67 @@
 
 namespace tensortap::detail {
 
-void CudaEngine::report_nothrow(const std::string& what) noexcept {
+namespace {
+
+// Room for `n` more elements ahead of time (doubling), so that the
+// push_back that follows cannot throw.
+template <typename T>
+void make_room(std::vector<T>& v, std::size_t n) {
+  const std::size_t need = v.size() + n;
+  if (v.capacity() < need) v.reserve(std::max(need, 2 * v.capacity()));
+}
+
+}  // namespace
+
+template <typename... Args>
+void CudaEngine::report_nothrow(fmt::format_string<Args...> format, Args&&... args) noexcept {
   try {
-    report_(what);
+    report_(fmt::format(format, std::forward<Args>(args)...));
   } catch (...) {
   }
 }
 
-void CudaEngine::run() noexcept {
+void CudaEngine::run(int device) noexcept {
+  // A new thread's current device is 0: the first runtime call below would
+  // create a context there, which on a DDP rank of another GPU costs that
+  // GPU memory in every process.
+  if (cudaSetDevice(device) != cudaSuccess) cudaGetLastError();
   // A user capturing a CUDA graph in the default (global) mode would have
   // the capture invalidated by this thread's event queries, copies and
   // syncs; in thread-local mode they are this thread's own business, as
   // PyTorch made its NCCL watchdog's.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
   if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) cudaGetLastError();
-  std::deque<Batch> inflight;
-  std::vector<Item> work;
-  // One batch being built per device: records of several devices may come
-  // interleaved.
-  std::vector<Batch> open(devices_.size());
-  for (std::size_t i = 0; i < open.size(); ++i) open[i].device = static_cast<int>(i);
   for (;;) {
     try {
       {
         std::unique_lock<std::mutex> lock(mu_);
-        if (queue_.empty() && !inflight.empty()) {
+        if (queue_.empty() && !inflight_.empty()) {
           // Nothing new: finish what is in flight, so flush() returns and
           // the room is freed, without spinning on event queries.
           lock.unlock();
-          retire(inflight, /*block=*/true);
+          retire(/*block=*/true);
           continue;
         }
         work_cv_.wait(lock, [&] { return !queue_.empty() || (stopping_ && outstanding_ == 0); });
         if (queue_.empty()) break;
-        work.swap(queue_);
+        work_.splice(queue_);
+        taken_ = submitted_;
       }
-      for (Item& item : work) process(item, open, inflight);
-      work.clear();
-      for (Batch& batch : open) issue(batch, inflight);
-      while (!inflight.empty() && retire(inflight, /*block=*/false)) {
+      while (!work_.empty()) process(*work_.head);
+      for (Batch& batch : open_) issue(batch);
+      while (!inflight_.empty() && retire(/*block=*/false)) {
       }
     } catch (const std::exception& e) {
-      // Only allocation failures get here; the records in `work` are lost.
-      report_nothrow(fmt::format("tensortap: the CUDA copier thread failed: {}", e.what()));
-      work.clear();
+      abandon(e.what());
+    } catch (...) {
+      abandon("an unknown exception");
     }
   }
 }
 
-void CudaEngine::process(Item& item, std::vector<Batch>& open, std::deque<Batch>& inflight) {
-  Batch& batch = open[static_cast<std::size_t>(item.snap.device)];
+void CudaEngine::process(Item& item) {
+  Batch& batch = open_[static_cast<std::size_t>(item.snap.device)];
   // The record's device is current before staging may allocate its pinned
   // buffers: cudaHostAlloc creates a context on the current device, and one
   // on device 0 would cost every process of a multi-GPU job memory there.
@@ -65,8 +76,16 @@ void CudaEngine::process(Item& item, std::vector<Batch>& open, std::deque<Batch>
   if (cudaGetDevice(&current) != cudaSuccess || current != item.snap.device) {
     if (cudaSetDevice(item.snap.device) != cudaSuccess) cudaGetLastError();
   }
+  if (!staging_moved_) {
+    // Once, here rather than under the staging's lock on whichever thread
+    // reserved first: CPU captures and the writer never wait for the
+    // pinning, and a run without CUDA records never pins.
+    staging_moved_ = true;
+    staging_.adopt(options_.staging_memory);
+  }
   // Every record's own event: records from several threads and streams
   // arrive in any order, so no event stands for another.
+  make_room(batch.waits, 1);
   if (item.snap.ready != nullptr) batch.waits.push_back(item.snap.ready);
   if (!item.skip) {
     const std::size_t total = item.snap.nbytes;
@@ -79,31 +98,43 @@ void CudaEngine::process(Item& item, std::vector<Batch>& open, std::deque<Batch>
       slot.id = item.id;
       slot.nbytes = total - offset;
       slot.first = offset == 0;
-      std::optional<Staging::Ticket> ticket;
-      try {
-        ticket = staging_.reserve(slot, /*may_drop=*/false, unit, /*wait=*/false);
-        if (!ticket) {
-          // The writer takes a buffer only when no copy into it is pending:
-          // commit ours before waiting for room.
-          for (Batch& b : open) issue(b, inflight);
-          retire_all(inflight);
-          ticket = staging_.reserve(std::move(slot), /*may_drop=*/false, unit, /*wait=*/true);
-          if (!ticket)
-            report_nothrow(fmt::format("tensortap: {} was lost: the writer stopped before it reached host memory",
-                                       describe(item.desc(), item.snap.device)));
+      // The batch (issued or not) may be another by the time the ticket
+      // comes: room in this one now, and again after an issue.
+      make_room(batch.pieces, 1);
+      make_room(batch.copies, 1);
+      // Staging's failures (no memory for a buffer) lose this record only.
+      bool lost = false;
+      const auto reserve = [&](bool wait) -> std::optional<Staging::Ticket> {
+        try {
+          return staging_.reserve(slot, /*may_drop=*/false, unit, wait);
+        } catch (const std::exception& e) {
+          lost = true;
+          report_nothrow("tensortap: {} was lost: {}", describe(item.desc(), item.snap.device), e.what());
+          return std::nullopt;
         }
-      } catch (const std::exception& e) {
-        report_nothrow(fmt::format("tensortap: {} was lost: {}", describe(item.desc(), item.snap.device), e.what()));
+      };
+      std::optional<Staging::Ticket> ticket = reserve(/*wait=*/false);
+      if (!ticket && !lost) {
+        // The writer takes a buffer only when no copy into it is pending:
+        // commit ours before waiting for room.
+        for (Batch& b : open_) issue(b);
+        retire_all();
+        make_room(batch.pieces, 1);
+        make_room(batch.copies, 1);
+        ticket = reserve(/*wait=*/true);
+        if (!ticket && !lost)
+          report_nothrow("tensortap: {} was lost: the writer stopped before it reached host memory",
+                         describe(item.desc(), item.snap.device));
       }
       if (!ticket) break;
       add_piece(batch, item, *ticket, offset);
       offset += ticket->nbytes;
     } while (offset < total);
   }
-  batch.items.push_back(std::move(item));
+  batch.items.push(work_.pop());
 }
 
-void CudaEngine::add_piece(Batch& batch, const Item& item, const Staging::Ticket& ticket, std::size_t offset) {
+void CudaEngine::add_piece(Batch& batch, const Item& item, const Staging::Ticket& ticket, std::size_t offset) noexcept {
   batch.pieces.push_back(Piece{ticket, item.desc()});
   if (ticket.nbytes == 0) return;
   const char* src = static_cast<const char*>(item.snap.data) + offset;
@@ -127,12 +158,15 @@ void CudaEngine::add_piece(Batch& batch, const Item& item, const Staging::Ticket
 }
 
 cudaEvent_t CudaEngine::done_event(int device, std::string& error) {
-  std::vector<cudaEvent_t>& pool = devices_[static_cast<std::size_t>(device)]->cuda->done_events;
+  Device& dev = *devices_[static_cast<std::size_t>(device)];
+  std::vector<cudaEvent_t>& pool = dev.cuda->done_events;
   if (!pool.empty()) {
     cudaEvent_t e = pool.back();
     pool.pop_back();
     return e;
   }
+  // Room in the pool first: retiring the batch gives the event back there.
+  make_room(pool, dev.done_total + 1 - pool.size());
   cudaEvent_t e = nullptr;
   const cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync);
   if (r != cudaSuccess) {
@@ -140,11 +174,12 @@ cudaEvent_t CudaEngine::done_event(int device, std::string& error) {
     if (error.empty()) error = fmt::format("cannot create a CUDA event on cuda:{}: {}", device, cuda_error_string(r));
     return nullptr;
   }
+  ++dev.done_total;
   events_created_.fetch_add(1, std::memory_order_relaxed);
   return e;
 }
 
-void CudaEngine::issue(Batch& batch, std::deque<Batch>& inflight) {
+void CudaEngine::issue(Batch& batch) {
   const int device = batch.device;
   if (batch.empty()) return;
   // Items exist only for devices whose state reserve() created.
@@ -176,67 +211,146 @@ void CudaEngine::issue(Batch& batch, std::deque<Batch>& inflight) {
     if (cudaStreamSynchronize(d.copy_stream) != cudaSuccess) cudaGetLastError();
   }
   copies_.fetch_add(error.empty() ? batch.copies.size() : 0, std::memory_order_relaxed);
-  inflight.push_back(std::move(batch));
+  inflight_.push_back(std::move(batch));
   batch = Batch{};
   batch.device = device;
-  if (inflight.size() > kMaxInflight) retire(inflight, /*block=*/true);
+  if (inflight_.size() > kMaxInflight) retire(/*block=*/true);
 }
 
-bool CudaEngine::retire(std::deque<Batch>& inflight, bool block) {
-  Batch& b = inflight.front();
+bool CudaEngine::retire(bool block) noexcept {
+  Batch& b = inflight_.front();
   if (b.done != nullptr) {
     const cudaError_t e = block ? cudaEventSynchronize(b.done) : cudaEventQuery(b.done);
     if (!block && e == cudaErrorNotReady) return false;
     if (e != cudaSuccess) {
       cudaGetLastError();
-      if (b.error.empty())
-        b.error = fmt::format("waiting for the copies on cuda:{} failed: {}", b.device, cuda_error_string(e));
+      if (b.error.empty()) {
+        try {
+          b.error = fmt::format("waiting for the copies on cuda:{} failed: {}", b.device, cuda_error_string(e));
+        } catch (...) {
+          b.error = "waiting for the copies failed";
+        }
+      }
     }
+    // Never reallocates: the pool has room for every event of the device.
     devices_[static_cast<std::size_t>(b.device)]->cuda->done_events.push_back(b.done);
     b.done = nullptr;
   }
-  const bool ok = b.error.empty();
+  finish(b);
+  inflight_.pop_front();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    update_retired();
+  }
+  room_cv_.notify_all();
+  done_cv_.notify_all();
+  return true;
+}
+
+void CudaEngine::retire_all() noexcept {
+  while (!inflight_.empty()) retire(/*block=*/true);
+}
+
+void CudaEngine::finish(Batch& b, const char* failure) noexcept {
+  const bool ok = b.error.empty() && failure == nullptr;
+  const char* why = failure != nullptr ? failure : b.error.c_str();
   const RecordDesc* reported = nullptr;
   for (const Piece& p : b.pieces) {
     staging_.commit(p.ticket, ok);
     // Once per record: its chunks come one after another.
     if (!ok && p.desc != reported) {
       reported = p.desc;
-      report_nothrow(fmt::format("tensortap: copying {} to the host failed: {}", describe(p.desc, b.device), b.error));
+      report_nothrow("tensortap: copying {} to the host failed: {}", describe(p.desc, b.device), why);
     }
   }
-  // Owners free external snapshots before the device's external slot is
-  // given to the next one: at most one is ever alive per device.
-  for (Item& item : b.items)
-    if (item.release) {
+  b.pieces.clear();
+  free_items(b.items);
+}
+
+void CudaEngine::free_items(Items& items) noexcept {
+  // Owners free external snapshots before their bytes go back to the
+  // device's budget: what is alive never exceeds it.
+  for (Item* item = items.head; item != nullptr; item = item->next)
+    if (item->release) {
       try {
-        item.release();
+        item->release();
       } catch (...) {
       }
-      item.release = nullptr;
+      item->release = nullptr;
     }
   std::uint64_t records = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const Item& item : b.items) {
-      Device& d = *devices_[static_cast<std::size_t>(item.snap.device)];
-      if (item.snap.region != 0) d.ring.free(item.snap.region);
-      if (item.snap.external) d.external_busy = false;
-      if (item.snap.ready != nullptr) d.cuda->ready_events.push_back(item.snap.ready);
+    while (Item* item = items.pop()) {
+      Device& d = *devices_[static_cast<std::size_t>(item->snap.device)];
+      if (item->snap.region != 0) d.ring.free(item->snap.region);
+      if (item->snap.external) d.large_held -= item->snap.nbytes;
+      // Never reallocates: the pool has room for every event of the device.
+      if (item->snap.ready != nullptr) d.cuda->ready_events.push_back(item->snap.ready);
       --d.in_flight;
-      if (!item.skip) ++records;
+      if (!item->skip) ++records;
+      delete item;
     }
-    retired_ += b.items.size();
   }
   records_.fetch_add(records, std::memory_order_relaxed);
-  inflight.pop_front();
-  room_cv_.notify_all();
-  done_cv_.notify_all();
-  return true;
 }
 
-void CudaEngine::retire_all(std::deque<Batch>& inflight) {
-  while (!inflight.empty()) retire(inflight, /*block=*/true);
+void CudaEngine::update_retired() noexcept {
+  // Every list the copier holds is in submission order, so its head is its
+  // oldest record; records not taken yet are newer than all of them.
+  std::uint64_t oldest = taken_ + 1;
+  const auto consider = [&](const Items& items) {
+    if (!items.empty()) oldest = std::min(oldest, items.head->seq);
+  };
+  consider(work_);
+  for (const Batch& b : open_) consider(b.items);
+  for (const Batch& b : inflight_) consider(b.items);
+  retired_ = oldest - 1;
+}
+
+void CudaEngine::abandon(const char* why) noexcept {
+  // Batches in flight were issued whole: they complete as usual.
+  retire_all();
+  Items dropped;
+  for (Batch& b : open_) {
+    if (b.empty()) continue;
+    DeviceResources& d = *devices_[static_cast<std::size_t>(b.device)]->cuda;
+    // The batch may be partly issued, and its snapshots' copies into the
+    // arena still running: nothing of it is freed before they end (the
+    // copier's own wait, never the training thread's).
+    for (cudaEvent_t e : b.waits)
+      if (cudaEventSynchronize(e) != cudaSuccess) cudaGetLastError();
+    if (cudaStreamSynchronize(d.copy_stream) != cudaSuccess) cudaGetLastError();
+    if (b.done != nullptr) d.done_events.push_back(b.done);
+    b.done = nullptr;
+    b.waits.clear();
+    b.copies.clear();
+    // Its pieces are committed as failed (each record reported) and its
+    // records freed.
+    finish(b, b.error.empty() ? why : nullptr);
+    b.error.clear();
+  }
+  // Records not processed yet (the first one perhaps in part): none has a
+  // copy on the copy stream, but its snapshot may still be being taken.
+  std::uint64_t lost = 0;
+  while (Item* item = work_.pop()) {
+    if (item->snap.ready != nullptr && cudaEventSynchronize(item->snap.ready) != cudaSuccess) cudaGetLastError();
+    if (!item->skip) {
+      ++lost;
+      report_nothrow("tensortap: {} was lost: the CUDA copier thread failed: {}",
+                     describe(item->desc(), item->snap.device), why);
+      item->skip = true;  // not among the records that reached staging
+    }
+    dropped.push(item);
+  }
+  dropped_.fetch_add(lost, std::memory_order_relaxed);
+  free_items(dropped);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    update_retired();
+  }
+  room_cv_.notify_all();
+  done_cv_.notify_all();
 }
 
 }  // namespace tensortap::detail

@@ -40,23 +40,11 @@ DeviceGuard::~DeviceGuard() {
   if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
 }
 
-DeviceResources::DeviceResources(int device, std::size_t arena_bytes, std::size_t ready_count, std::size_t done_count,
-                                 std::atomic<std::uint64_t>& events_created)
-    : device_(device) {
+DeviceResources::DeviceResources(int device, std::size_t arena_bytes, DeviceMemory memory, std::size_t ready_count,
+                                 std::size_t done_count, std::atomic<std::uint64_t>& events_created)
+    : device_(device), memory_(std::move(memory)) {
   DeviceGuard guard(device);
   try {
-    if (arena_bytes > 0) {
-      void* p = nullptr;
-      const cudaError_t e = cudaMalloc(&p, arena_bytes);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        fail(
-            "cannot allocate {} bytes on cuda:{} for tensor snapshots (the device memory budget of the CUDA "
-            "engine): {}",
-            arena_bytes, device, cuda_error_string(e));
-      }
-      arena = static_cast<char*>(p);
-    }
     // Non-blocking: the copies must not wait for work on the legacy default
     // stream, only for the events they are told to wait for.
     const cudaError_t e = cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking);
@@ -89,6 +77,32 @@ DeviceResources::DeviceResources(int device, std::size_t arena_bytes, std::size_
     release();
     throw;
   }
+  if (arena_bytes == 0) return;
+  // Last, and not fatal: in training, the free memory is usually torch's
+  // cache, and the engine can do without an arena.
+  try {
+    arena_error.reserve(200);  // a message of the usual length fits
+    void* p = nullptr;
+    if (memory_.allocate) {
+      p = memory_.allocate(device, arena_bytes);
+      if (p == nullptr) arena_error = "no memory";
+    } else {
+      const cudaError_t e = cudaMalloc(&p, arena_bytes);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        p = nullptr;
+        arena_error = cuda_error_string(e);
+      }
+    }
+    arena = static_cast<char*>(p);
+  } catch (const std::exception& e) {
+    arena = nullptr;
+    try {
+      arena_error = e.what();
+    } catch (...) {
+      arena_error = "no memory";  // fits: reserved above
+    }
+  }
 }
 
 DeviceResources::~DeviceResources() { release(); }
@@ -100,7 +114,18 @@ void DeviceResources::release() noexcept {
   ready_events.clear();
   done_events.clear();
   if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
-  if (arena != nullptr) cudaFree(arena);
+  if (arena != nullptr) {
+    if (memory_.release) {
+      try {
+        memory_.release(device_, arena);
+      } catch (...) {
+        // It must not throw; if it does all the same, the memory is lost,
+        // not the teardown.
+      }
+    } else {
+      cudaFree(arena);
+    }
+  }
   copy_stream = nullptr;
   arena = nullptr;
   // At exit the runtime may be unloading already: nothing to do about it,

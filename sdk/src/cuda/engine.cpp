@@ -4,6 +4,7 @@
 #include "sdk/src/cuda/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -16,7 +17,48 @@ namespace {
 
 std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
+// Makes room for `n` events in a pool ahead of time (doubling), so that
+// giving one back later cannot throw.
+void make_room(std::vector<cudaEvent_t>& pool, std::size_t n) {
+  if (pool.capacity() < n) pool.reserve(std::max(n, 2 * pool.capacity()));
+}
+
 }  // namespace
+
+CudaEngine::Items& CudaEngine::Items::operator=(Items&& o) noexcept {
+  head = o.head;
+  tail = o.tail;
+  o.head = o.tail = nullptr;
+  return *this;
+}
+
+void CudaEngine::Items::push(Item* item) noexcept {
+  item->next = nullptr;
+  if (tail != nullptr)
+    tail->next = item;
+  else
+    head = item;
+  tail = item;
+}
+
+CudaEngine::Item* CudaEngine::Items::pop() noexcept {
+  Item* item = head;
+  if (item == nullptr) return nullptr;
+  head = item->next;
+  if (head == nullptr) tail = nullptr;
+  item->next = nullptr;
+  return item;
+}
+
+void CudaEngine::Items::splice(Items& other) noexcept {
+  if (other.head == nullptr) return;
+  if (tail != nullptr)
+    tail->next = other.head;
+  else
+    head = other.head;
+  tail = other.tail;
+  other.head = other.tail = nullptr;
+}
 
 std::string CudaEngine::describe(const RecordDesc* meta, int device) {
   if (meta == nullptr) return fmt::format("a record on cuda:{}", device);
@@ -31,26 +73,60 @@ CudaEngine::CudaEngine(Staging& staging, CudaEngineOptions options, Report repor
   const int n = cuda_device_count();
   devices_.reserve(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) devices_.push_back(std::make_unique<Device>());
+  open_.resize(devices_.size());
+  for (std::size_t i = 0; i < open_.size(); ++i) open_[i].device = static_cast<int>(i);
 }
 
 CudaEngine::~CudaEngine() { stop(); }
 
+void CudaEngine::warn(const std::string& what) noexcept {
+  try {
+    if (options_.warn)
+      options_.warn(what);
+    else
+      std::fprintf(stderr, "%s\n", what.c_str());
+  } catch (...) {
+  }
+}
+
 std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t nbytes, bool may_drop) {
   TENSORTAP_CHECK(device >= 0 && static_cast<std::size_t>(device) < devices_.size(),
                   "no CUDA device cuda:{} (the CUDA runtime sees {} device(s))", device, devices_.size());
+  // The record's queue entry, now: once the room is taken, submit() and
+  // cancel() must be able to queue it without allocating.
+  auto item = std::make_unique<Item>();
   std::unique_lock<std::mutex> lock(mu_);
   Device& d = *devices_[static_cast<std::size_t>(device)];
   for (;;) {
     if (stopping_) return std::nullopt;
     if (d.cuda == nullptr) {
-      // Every event the device can need, now: one per record in flight, one
-      // per batch in flight. Capturing never creates one after this.
+      if (!d.error.empty()) fail("{}", d.error);
+      // The events the device usually needs, now: a pool of record events,
+      // one completion event per batch in flight.
       const std::size_t arena = options_.device_bytes / kAlign * kAlign;
-      d.cuda =
-          std::make_unique<DeviceResources>(device, arena, options_.max_records, kMaxInflight + 1, events_created_);
-      d.ring = RingAllocator(arena);
+      try {
+        d.cuda = std::make_unique<DeviceResources>(device, arena, options_.arena_memory, options_.max_records,
+                                                   kMaxInflight + 1, events_created_);
+      } catch (const std::exception& e) {
+        // Kept without fail()'s prefix, which fail() adds again below.
+        d.error = e.what();
+        const std::string prefix = "tensortap: ";
+        if (d.error.compare(0, prefix.size(), prefix) == 0) d.error.erase(0, prefix.size());
+        throw;
+      }
+      // Once per device, never retried: a failed allocation from torch's
+      // allocator frees its whole cache first, which on every capture
+      // would cost the training more than the snapshots do.
+      if (d.cuda->arena == nullptr && arena > 0)
+        warn(fmt::format(
+            "tensortap: warning: cannot allocate {} bytes on cuda:{} for tensor snapshots ({}); its snapshots are "
+            "allocated one by one instead",
+            arena, device, d.cuda->arena_error));
+      d.ring = RingAllocator(d.cuda->arena != nullptr ? arena : 0);
+      d.ready_total = d.cuda->ready_events.size();
+      d.done_total = d.cuda->done_events.size();
     }
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    if (!thread_.joinable()) thread_ = std::thread([this, device] { run(device); });
 
     Snapshot snap;
     snap.device = device;
@@ -62,10 +138,12 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
     bool room = true;
     if (room && nbytes > 0) {
       if (align_up(nbytes, kAlign) > d.ring.capacity()) {
-        // The caller allocates it; one at a time per device keeps the
-        // device memory bounded all the same.
+        // The caller allocates it, within the byte budget: several fit when
+        // they are small enough, and a step's second large tensor does not
+        // wait for the first one's copy. One over the budget alone still
+        // goes, by itself.
         snap.external = true;
-        room = !d.external_busy;
+        room = d.large_held == 0 || d.large_held + nbytes <= options_.large_bytes;
       } else {
         region = d.ring.allocate(align_up(nbytes, kAlign));
         room = region.has_value();
@@ -80,23 +158,33 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
           snap.ready = pool.back();
           pool.pop_back();
         } else {
-          DeviceGuard guard(device);
-          const cudaError_t e = cudaEventCreateWithFlags(&snap.ready, cudaEventDisableTiming);
+          // Room in the pool first: the copier gives the event back there
+          // and must not fail to.
+          cudaError_t e = cudaErrorMemoryAllocation;
+          try {
+            make_room(pool, d.ready_total + 1);
+            DeviceGuard guard(device);
+            e = cudaEventCreateWithFlags(&snap.ready, cudaEventDisableTiming);
+            if (e != cudaSuccess) cudaGetLastError();
+          } catch (...) {
+          }
           if (e != cudaSuccess) {
-            cudaGetLastError();
+            if (region) d.ring.free(region->id);
             fail("cannot create a CUDA event on cuda:{}: {}", device, cuda_error_string(e));
           }
+          ++d.ready_total;
           events_created_.fetch_add(1, std::memory_order_relaxed);
         }
       }
       if (snap.external) {
-        d.external_busy = true;
+        d.large_held += nbytes;
       } else if (region) {
         snap.region = region->id;
         snap.data = d.cuda->arena + region->offset;
       }
       ++d.in_flight;
       ++outstanding_;
+      snap.item = item.release();
       return snap;
     }
     if (may_drop) {
@@ -107,55 +195,56 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
   }
 }
 
-void CudaEngine::enqueue(Item item) {
+void CudaEngine::enqueue(Item* item) noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(item));
+    item->seq = ++submitted_;
+    queue_.push(item);
     --outstanding_;
-    ++submitted_;
   }
   work_cv_.notify_one();
 }
 
 void CudaEngine::submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<const Record> record, std::uint64_t id,
                         std::size_t unit, std::function<void()> release) {
-  Item item;
-  item.record = std::move(record);
-  item.id = id;
-  item.snap = snap;
-  item.unit = std::max<std::size_t>(unit, 1);
-  item.release = std::move(release);
-  std::string error;
-  if (snap.nbytes > 0 && snap.data == nullptr) {
-    item.skip = true;
-    error = fmt::format("no snapshot memory for {}", describe(item.desc(), snap.device));
-  } else if (snap.ready != nullptr) {
-    const cudaError_t e = cudaEventRecord(snap.ready, stream);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      item.skip = true;
-      error = fmt::format("cannot record a CUDA event after the snapshot of {}: {}", describe(item.desc(), snap.device),
-                          cuda_error_string(e));
-    }
+  TENSORTAP_CHECK(snap.item != nullptr, "CudaEngine::submit() of a snapshot that reserve() did not return");
+  Item* item = snap.item;
+  // Nothing before enqueue() may throw: the reservation must reach the
+  // copier, which gives the room back, or stop() would wait for it forever.
+  item->record = std::move(record);
+  item->id = id;
+  item->snap = snap;
+  item->unit = std::max<std::size_t>(unit, 1);
+  item->release = std::move(release);
+  const bool no_memory = snap.nbytes > 0 && snap.data == nullptr;
+  cudaError_t recorded = cudaSuccess;
+  if (!no_memory && snap.ready != nullptr) {
+    recorded = cudaEventRecord(snap.ready, stream);
+    if (recorded != cudaSuccess) cudaGetLastError();
   }
-  // A failed record still goes through the copier, which frees its room.
-  enqueue(std::move(item));
-  if (!error.empty()) fail("{}", error);
+  // A failed record still goes through the copier, which frees its room;
+  // the message needs the record after the copier may have freed the item.
+  const bool failed = no_memory || recorded != cudaSuccess;
+  std::shared_ptr<const Record> kept = failed ? item->record : nullptr;
+  item->skip = failed;
+  enqueue(item);
+  const RecordDesc* desc = kept ? &kept->desc : nullptr;
+  if (no_memory) fail("no snapshot memory for {}", describe(desc, snap.device));
+  if (failed)
+    fail("cannot record a CUDA event after the snapshot of {}: {}", describe(desc, snap.device),
+         cuda_error_string(recorded));
 }
 
 void CudaEngine::cancel(Snapshot snap, cudaStream_t stream, std::function<void()> release) noexcept {
-  Item item;
-  item.snap = snap;
-  item.skip = true;
-  item.release = std::move(release);
+  Item* item = snap.item;
+  if (item == nullptr) return;  // not a reservation: nothing to give back
+  item->snap = snap;
+  item->skip = true;
+  item->release = std::move(release);
   // Part of the copy may have been enqueued: the room is reused only once
   // the stream is past it.
   if (snap.ready != nullptr && cudaEventRecord(snap.ready, stream) != cudaSuccess) cudaGetLastError();
-  try {
-    enqueue(std::move(item));
-  } catch (...) {
-    // Out of memory queueing it: the room stays taken, which only costs room.
-  }
+  enqueue(item);
 }
 
 void CudaEngine::flush() {
@@ -186,6 +275,7 @@ CudaEngineCounters CudaEngine::counters() const {
   c.copies = copies_.load(std::memory_order_relaxed);
   c.refused = refused_.load(std::memory_order_relaxed);
   c.events_created = events_created_.load(std::memory_order_relaxed);
+  c.dropped = dropped_.load(std::memory_order_relaxed);
   return c;
 }
 

@@ -21,9 +21,10 @@
 //                                              commit the staging tickets,
 //                                              free the arena room
 //
-// The arena is a ring per device, allocated once: the device memory that
-// snapshots hold is bounded by it (plus, at most, one snapshot larger than
-// the arena per device, which the caller allocates).
+// The arena is a ring per device, allocated once. Snapshots larger than it
+// are the caller's to allocate, up to a budget of bytes per device (and one
+// at a time when a single one exceeds the budget): the device memory that
+// snapshots hold is bounded by the arena plus that budget.
 
 #include <cuda_runtime_api.h>
 
@@ -40,6 +41,8 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "sdk/src/cuda/device.h"
 #include "sdk/src/cuda/ring.h"
 #include "sdk/src/record.h"
@@ -52,10 +55,26 @@ struct CudaEngineOptions {
   /// Device memory per device that snapshots may hold (the arena), taken
   /// when the device's first snapshot is reserved.
   std::size_t device_bytes = std::size_t{128} << 20;
+  /// Device memory per device that snapshots larger than the arena may hold
+  /// at once (the caller allocates them). One larger than this is taken
+  /// only when no other such snapshot is held on its device.
+  std::size_t large_bytes = std::size_t{128} << 20;
   /// CUDA events created per device with the arena, one per record in
   /// flight. Not a limit: a step with more records in flight creates more
   /// (events are cheap), and the pool keeps them.
   std::size_t max_records = 1024;
+  /// Memory the staging buffers move to once the first CUDA record reaches
+  /// the copier (pinned memory: `pinned_host_memory()`), allocated by the
+  /// copier thread with the record's device current. None (the default):
+  /// the staging keeps its own. A run that captures no CUDA tensor never
+  /// allocates it, and so never creates a CUDA context for it.
+  HostMemory staging_memory;
+  /// Where the arenas come from (default: cudaMalloc). When a device's
+  /// arena cannot be allocated, `warn` says so once, and that device's
+  /// snapshots are all allocated by the caller, within `large_bytes`.
+  DeviceMemory arena_memory;
+  /// Warnings: what goes on working, less well. Default: stderr.
+  std::function<void(const std::string& what)> warn;
 };
 
 /// Counters, for tests and benchmarks.
@@ -69,6 +88,9 @@ struct CudaEngineCounters {
   std::uint64_t refused = 0;
   /// Record events and completion events created (they are pooled).
   std::uint64_t events_created = 0;
+  /// Records the copier dropped, each reported, because it failed on its
+  /// own account (out of host memory for its bookkeeping).
+  std::uint64_t dropped = 0;
 };
 
 /// Moves device snapshots into a Staging, through one copier thread.
@@ -81,6 +103,10 @@ class CudaEngine {
  public:
   using Report = std::function<void(const std::string& what)>;
 
+ private:
+  struct Item;
+
+ public:
   /// Room for one snapshot, from `reserve()` to `submit()` or `cancel()`.
   struct Snapshot {
     int device = -1;
@@ -90,9 +116,12 @@ class CudaEngine {
     void* data = nullptr;
     std::size_t nbytes = 0;
     bool external = false;
-    // The engine's own: the arena region and the pooled event.
+    // The engine's own: the arena region, the pooled event, and the queue
+    // entry allocated by reserve(), so that submit() and cancel() queue the
+    // record without allocating (they cannot fail to give the room back).
     std::uint64_t region = 0;
     cudaEvent_t ready = nullptr;
+    Item* item = nullptr;
   };
 
   /// `staging` and `report` must outlive the engine.
@@ -116,7 +145,8 @@ class CudaEngine {
   /// larger than a staging buffer is split on element boundaries. `release`
   /// runs on the copier thread when the copy from `snap.data` has completed
   /// (for an external snapshot: frees it). Throws `Error` when the event
-  /// cannot be recorded; the snapshot is given back all the same.
+  /// cannot be recorded; the snapshot is queued (and given back) before
+  /// anything can throw, so `stop()` never waits for it.
   void submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<const Record> record, std::uint64_t id,
               std::size_t unit, std::function<void()> release = {});
 
@@ -126,7 +156,8 @@ class CudaEngine {
   void cancel(Snapshot snap, cudaStream_t stream, std::function<void()> release = {}) noexcept;
 
   /// Returns when every record submitted before the call is committed to
-  /// staging (or has failed).
+  /// staging (or has failed): all of them, whichever device's copies end
+  /// first.
   void flush();
 
   /// Commits everything submitted, ends the copier thread and frees the
@@ -138,7 +169,8 @@ class CudaEngine {
 
  private:
   // One CUDA device's share of the engine, all under mu_ but `cuda`'s
-  // completion events and stream, which only the copier thread uses.
+  // completion events and stream, and `done_total`, which only the copier
+  // thread uses.
   struct Device {
     // Null until the device gets its first snapshot, and after stop().
     std::unique_ptr<DeviceResources> cuda;
@@ -146,12 +178,23 @@ class CudaEngine {
     // and threads submit in any order: out of the order they were taken.
     RingAllocator ring;
     std::size_t in_flight = 0;
-    bool external_busy = false;
+    // Bytes of snapshots larger than the arena, held now.
+    std::size_t large_held = 0;
+    // Why the device's stream or events could not be created: later
+    // captures fail with it at once rather than retry on every capture.
+    std::string error;
+    // Events of the device in existence: the pools' vectors are kept at
+    // least this large, so giving an event back never allocates.
+    std::size_t ready_total = 0;
+    std::size_t done_total = 0;
   };
-  // A submitted record, as the copier sees it.
+  // A submitted record, as the copier sees it. Allocated by reserve(),
+  // owned by whichever list holds it, deleted once retired.
   struct Item {
     std::shared_ptr<const Record> record;
     std::uint64_t id = 0;
+    // Submission order (1, 2, ...): what flush() waits for.
+    std::uint64_t seq = 0;
     /// What it is, for messages; null for a cancelled snapshot.
     const RecordDesc* desc() const { return record ? &record->desc : nullptr; }
     Snapshot snap;
@@ -159,6 +202,23 @@ class CudaEngine {
     std::function<void()> release;
     // Cancelled, or its event could not be recorded: free it, copy nothing.
     bool skip = false;
+    Item* next = nullptr;
+  };
+  // Items in submission order, linked through Item::next: queueing one and
+  // moving them from list to list never allocates, so it cannot fail.
+  struct Items {
+    Item* head = nullptr;
+    Item* tail = nullptr;
+    Items() = default;
+    Items(Items&& o) noexcept : head(o.head), tail(o.tail) { o.head = o.tail = nullptr; }
+    Items& operator=(Items&& o) noexcept;
+    Items(const Items&) = delete;
+    Items& operator=(const Items&) = delete;
+    bool empty() const { return head == nullptr; }
+    void push(Item* item) noexcept;
+    Item* pop() noexcept;
+    // Moves all of `other` to the end.
+    void splice(Items& other) noexcept;
   };
   // One cudaMemcpyAsync.
   struct Copy {
@@ -184,7 +244,7 @@ class CudaEngine {
     std::vector<Piece> pieces;
     // Records whose last byte is copied by this batch: their snapshot is
     // freed when it completes.
-    std::vector<Item> items;
+    Items items;
     cudaEvent_t done = nullptr;
     std::string error;
     bool empty() const { return waits.empty() && copies.empty() && pieces.empty() && items.empty(); }
@@ -204,19 +264,38 @@ class CudaEngine {
   static std::string describe(const RecordDesc* desc, int device);
 
   // Training threads (engine.cpp).
-  void enqueue(Item item);
+  void enqueue(Item* item) noexcept;
+  void warn(const std::string& what) noexcept;
 
-  // Copier thread (copier.cpp).
-  void run() noexcept;
-  // Passes `what` to report_, which must not throw; if it does all the same,
-  // the exception goes no further (a batch must not be left half retired).
-  void report_nothrow(const std::string& what) noexcept;
-  void process(Item& item, std::vector<Batch>& open, std::deque<Batch>& inflight);
-  void add_piece(Batch& batch, const Item& item, const Staging::Ticket& ticket, std::size_t offset);
-  void issue(Batch& batch, std::deque<Batch>& inflight);
-  // Completes the oldest batch; with `block` false only if it is done.
-  bool retire(std::deque<Batch>& inflight, bool block);
-  void retire_all(std::deque<Batch>& inflight);
+  // Copier thread (copier.cpp), started for a record on `device`.
+  void run(int device) noexcept;
+  // Formats and passes a message to report_, which must not throw; neither
+  // may the formatting here (a batch must not be left half retired).
+  template <typename... Args>
+  void report_nothrow(fmt::format_string<Args...> format, Args&&... args) noexcept;
+  // Moves work_'s first record into its device's open batch. Whatever it
+  // allocates, it allocates before taking a staging ticket: when it throws,
+  // the record is still work_'s first and every ticket is in a batch.
+  void process(Item& item);
+  void add_piece(Batch& batch, const Item& item, const Staging::Ticket& ticket, std::size_t offset) noexcept;
+  void issue(Batch& batch);
+  // Completes the oldest batch in flight; with `block` false only if it is
+  // done.
+  bool retire(bool block) noexcept;
+  void retire_all() noexcept;
+  // Commits a completed batch's pieces (as failed, each record reported,
+  // when it has an error or `failure` says why it was abandoned) and frees
+  // its records.
+  void finish(Batch& batch, const char* failure = nullptr) noexcept;
+  // Frees what the records of `items` hold, and counts them retired.
+  void free_items(Items& items) noexcept;
+  // Under mu_: moves retired_ up to the record before the oldest one the
+  // copier still holds.
+  void update_retired() noexcept;
+  // After the copier failed on its own account (an exception out of
+  // process() or issue()): drops the batches being built and the records
+  // not yet processed, reported and retired, so nothing waits for them.
+  void abandon(const char* why) noexcept;
   cudaEvent_t done_event(int device, std::string& error);
 
   Staging& staging_;
@@ -228,11 +307,15 @@ class CudaEngine {
   std::condition_variable room_cv_;  // reserve() waits for arena room
   std::condition_variable done_cv_;  // flush() waits for the copier
   std::vector<std::unique_ptr<Device>> devices_;
-  std::vector<Item> queue_;
+  Items queue_;
   // Reservations not yet submitted or cancelled: the copier does not end
   // while one may still arrive.
   std::size_t outstanding_ = 0;
+  // Sequence numbers: the last one submitted, the last one the copier took
+  // from queue_, and the retirement watermark (every record up to it has
+  // retired; devices retire out of submission order).
   std::uint64_t submitted_ = 0;
+  std::uint64_t taken_ = 0;
   std::uint64_t retired_ = 0;
   bool stopping_ = false;
   bool stopped_ = false;
@@ -242,6 +325,16 @@ class CudaEngine {
   std::atomic<std::uint64_t> copies_{0};
   std::atomic<std::uint64_t> refused_{0};
   std::atomic<std::uint64_t> events_created_{0};
+  std::atomic<std::uint64_t> dropped_{0};
+
+  // The copier thread's own: records taken from queue_ and not yet in a
+  // batch, one batch being built per device (records of several devices
+  // come interleaved), and batches issued but not completed.
+  Items work_;
+  std::vector<Batch> open_;
+  std::deque<Batch> inflight_;
+  // Whether options_.staging_memory was handed to the staging yet.
+  bool staging_moved_ = false;
   std::thread thread_;
 };
 
