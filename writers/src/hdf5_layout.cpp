@@ -111,6 +111,21 @@ std::vector<hsize_t> chunk_dims(c10::IntArrayRef shape, std::size_t elem, std::s
 
 }  // namespace
 
+void set_dense_links(hid_t plist) {
+  if (H5Pset_link_phase_change(plist, 0, 0) < 0)
+    throw H5::PropListIException("set_dense_links", "H5Pset_link_phase_change failed");
+}
+
+H5::Group create_group(H5::H5File& file, const std::string& path) {
+  H5::PropList gcpl(H5P_GROUP_CREATE);
+  set_dense_links(gcpl.getId());
+  const hid_t id = H5Gcreate2(file.getId(), path.c_str(), H5P_DEFAULT, gcpl.getId(), H5P_DEFAULT);
+  if (id < 0) throw H5::GroupIException("create_group", "H5Gcreate2 failed");
+  H5::Group g(id);  // takes a reference of its own
+  H5Gclose(id);
+  return g;
+}
+
 std::mutex& hdf5_mutex() {
   static std::mutex mu;
   return mu;
@@ -156,8 +171,8 @@ void write_file_attributes(H5::H5File& file) {
 
 void create_series_group(H5::H5File& file, const RecordDesc& first, const Hdf5Options& options, Hdf5Series& s) {
   const std::string kind_group = fmt::format("/{}", kind_name(first.kind));
-  if (!file.nameExists(kind_group)) file.createGroup(kind_group);
-  H5::Group g = file.createGroup(s.group);
+  if (!file.nameExists(kind_group)) create_group(file, kind_group);
+  H5::Group g = create_group(file, s.group);
   write_string_attr(g, "name", first.name);
   write_string_attr(g, "kind", kind_name(first.kind));
   write_string_attr(g, "dtype", first.dtype.name);

@@ -44,6 +44,20 @@ auto wrap(const std::string& file, const std::string& object, const char* action
   }
 }
 
+/// Makes the group (or file: the root group) created with `plist` keep its
+/// links in dense storage (a fractal heap and a B-tree) from the first link.
+/// HDF5 1.10 does not support making objects in SWMR-write mode, and 1.10.8
+/// shows it: with links stored compactly in the group's object header,
+/// adding series to a kind group between flushes makes a later H5Fflush fail
+/// ("slist not empty (2)" in H5C_set_slist_enabled(): dirty metadata left
+/// after the flush), after which the file can be neither flushed nor closed.
+/// A plain C replay of the writer's calls fails that way every time; with
+/// dense links it has not failed once (the object header no longer grows
+/// with the links).
+void set_dense_links(hid_t plist);
+/// Creates `path` as a group with dense links (set_dense_links()).
+H5::Group create_group(H5::H5File& file, const std::string& path);
+
 /// One `/<kind>/<name>` group of `tensors.h5`.
 struct Hdf5Series {
   /// Its path in the file, `/<kind>/<encoded name>`.

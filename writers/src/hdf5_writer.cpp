@@ -235,7 +235,10 @@ void Hdf5Writer::create_file() {
     H5::FileAccPropList fapl = journaled_fapl(fd_, journal_.get());
     // SWMR needs the latest file format.
     fapl.setLibverBounds(H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
-    file_ = std::make_unique<H5::H5File>(path_, H5F_ACC_TRUNC, H5::FileCreatPropList::DEFAULT, fapl);
+    // The root group's links (the kinds) are dense too: set_dense_links().
+    H5::FileCreatPropList fcpl;
+    set_dense_links(fcpl.getId());
+    file_ = std::make_unique<H5::H5File>(path_, H5F_ACC_TRUNC, fcpl, fapl);
   });
 }
 
