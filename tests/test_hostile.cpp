@@ -413,9 +413,17 @@ TEST_CASE("stress: captures, steps, flushes and a close at a random moment alway
         must_end(
             [&] {
               std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
-              rec->close();
+              // A close() that throws fails the test, after the threads end:
+              // not an abort that hides which run it was.
+              std::exception_ptr closing;
+              try {
+                rec->close();
+              } catch (...) {
+                closing = std::current_exception();
+              }
               stop = true;
               for (auto& t : threads) t.join();
+              if (closing) std::rethrow_exception(closing);
             },
             120, "a stressed run");
         const auto s = rec->stats();
