@@ -250,6 +250,12 @@ def limit_of(r):
         slower = on / write
         return "disk: write() of the step's files takes longer than the step" + (
             "; the writer is %.1fx slower than raw write()" % slower if slower > 1.25 else "")
+    drain = float(r.get("drain_ms") or 0)
+    if drain > off + copy:
+        # The pipeline alone (no compute) needs longer than a step: the
+        # writer thread is the limit, not the file system's raw rate.
+        return "the writer thread: a step's records take it %.1f ms (raw write() of the bytes: %.1f ms)" % (
+            drain, write)
     if compute_on > 1.1 * off:
         return "CPU shared with the writer thread: compute %.0f%% slower while it writes" % ((compute_on / off - 1) * 100)
     # Beyond the copy, capture() costs about 0.5 us per record to enqueue
