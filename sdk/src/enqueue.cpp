@@ -94,8 +94,10 @@ bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::
   // Only ATen ops need autograd off; the common case, a memcpy of a CPU
   // tensor, runs none (and the guard's two thread-local switches were 5% of
   // a small capture).
+  // Asked once: it walks sizes and strides, and the copy below needs it too.
+  const bool host_bytes = src.device().is_cpu() && is_byte_copy(src, info.stored);
   std::optional<at::NoGradGuard> no_grad;
-  if (!src.device().is_cpu() || !is_byte_copy(src, info.stored)) no_grad.emplace();
+  if (!host_bytes) no_grad.emplace();
   // CUDA goes through the engine, without a host sync (for a statistics
   // vector: queued behind the reductions on the current stream). Devices
   // without an engine come to the host synchronously.
@@ -123,7 +125,7 @@ bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::
   if (on_engine)
     return cuda_capture(*engine_, std::make_shared<const Record>(std::move(record)), src, may_drop_, slot.id);
 
-  if (nbytes <= std::min<std::uint64_t>(kPutBytes, staging_.capacity()) && is_byte_copy(src, info.stored)) {
+  if (host_bytes && nbytes <= std::min<std::uint64_t>(kPutBytes, staging_.capacity())) {
     slot.nbytes = nbytes;
     return staging_.put(slot, bytes_of(src), may_drop_);
   }
