@@ -44,8 +44,12 @@ Slot slot_of(std::size_t nbytes, std::uint64_t record) {
   Slot s;
   s.id = record;
   s.nbytes = nbytes;
+  s.record.desc.nbytes = nbytes;
   return s;
 }
+
+// What put() takes: the record of `s`, all of its bytes.
+tensortap::detail::RecordSpec spec(const Slot& s) { return tensortap::detail::RecordSpec::of(s.record, s.id); }
 
 }  // namespace
 
@@ -159,7 +163,7 @@ TEST_CASE("put() copies a small record and publishes it in one step; after stop(
   const std::string bytes = "0123456789abcdef";
   Slot s = slot_of(bytes.size(), 7);
   s.record.desc.name = "small";
-  REQUIRE(staging.put(s, bytes.data(), false));
+  REQUIRE(staging.put(spec(s), bytes.data(), false));
   Staging::Buffer* b = staging.take();  // published: no commit() to wait for
   REQUIRE(b != nullptr);
   REQUIRE(b->slots.size() == 1);
@@ -170,18 +174,65 @@ TEST_CASE("put() copies a small record and publishes it in one step; after stop(
   CHECK(std::string(b->data + got.offset, got.nbytes) == bytes);
   staging.release(b);
   staging.stop();
-  CHECK_FALSE(staging.put(s, bytes.data(), false));
+  CHECK_FALSE(staging.put(spec(s), bytes.data(), false));
 }
 
 TEST_CASE("put() under DropNewest drops when both buffers are full, and waits under Block", "[sdk][staging]") {
   Staging staging(8192, Overflow::DropNewest);
   const std::string bytes(6000, 'x');
-  REQUIRE(staging.put(slot_of(bytes.size(), 1), bytes.data(), true));
-  CHECK_FALSE(staging.put(slot_of(bytes.size(), 2), bytes.data(), true));  // no room, may drop
+  REQUIRE(staging.put(spec(slot_of(bytes.size(), 1)), bytes.data(), true));
+  CHECK_FALSE(staging.put(spec(slot_of(bytes.size(), 2)), bytes.data(), true));  // no room, may drop
   Staging::Buffer* b = staging.take();
   REQUIRE(b != nullptr);
-  REQUIRE(staging.put(slot_of(bytes.size(), 3), bytes.data(), true));  // the other buffer
+  REQUIRE(staging.put(spec(slot_of(bytes.size(), 3)), bytes.data(), true));  // the other buffer
   staging.release(b);
+  staging.stop();
+}
+
+TEST_CASE("a kept slot a record is copied into keeps nothing of the record it held before", "[sdk][staging]") {
+  // Slots keep their memory from one fill of a buffer to the next: every
+  // member of the new record must replace the old one's, chunk flags and
+  // a failed copy's mark included.
+  Staging staging(1 << 16, Overflow::Block);
+  Slot big = slot_of(1 << 20, 1);  // larger than a buffer: a first chunk, not the last
+  big.record.desc.name = "a_long_name_that_does_not_fit_in_a_short_string";
+  big.record.desc.shape = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  big.record.desc.kind = tensortap::Kind::Grad;
+  big.record.op = tensortap::detail::Op::Hold;
+  big.record.stats_row = true;
+  auto t = staging.reserve(big, false, /*unit=*/4);
+  REQUIRE(t);
+  staging.commit(*t, false);
+  Staging::Buffer* b = staging.take();
+  REQUIRE(b != nullptr);
+  REQUIRE(b->slots.size() == 1);
+  CHECK_FALSE(b->slots[0].last);
+  CHECK_FALSE(b->slots[0].ok);
+  staging.release(b);
+  // The other buffer, then this one again: its kept slot is reused.
+  for (std::uint64_t id : {2, 3}) {
+    Slot small = slot_of(8, id);
+    small.record.desc.name = "x";
+    small.record.desc.shape = {2};
+    REQUIRE(staging.put(spec(small), "01234567", false));
+    b = staging.take();
+    REQUIRE(b != nullptr);
+    REQUIRE(b->slots.size() == 1);
+    const Slot& got = b->slots[0];
+    CHECK(got.id == id);
+    CHECK(got.first);
+    CHECK(got.last);
+    CHECK(got.ok);
+    CHECK(got.nbytes == 8);
+    CHECK(got.record.desc.name == "x");
+    CHECK(std::vector<std::int64_t>(got.record.desc.shape.begin(), got.record.desc.shape.end()) ==
+          std::vector<std::int64_t>{2});
+    CHECK(got.record.desc.kind == tensortap::Kind::Tensor);
+    CHECK(got.record.op == tensortap::detail::Op::Store);
+    CHECK_FALSE(got.record.stats_row);
+    CHECK(std::string(b->data + got.offset, 8) == "01234567");
+    staging.release(b);
+  }
   staging.stop();
 }
 

@@ -49,8 +49,9 @@ Enqueue::Enqueue(const Options& options, Staging& staging, const Sampling& sampl
               ? "an HDF5 run stores at most 31 dimensions (a dataset has at most 32 axes, one of them the row)"
               : "a .npy file NumPy can read has at most 32 dimensions") {}
 
-void Enqueue::check(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const {
+const DtypeInfo& Enqueue::check(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const {
   const char* why = nullptr;
+  const DtypeInfo* info = nullptr;
   if (!t.defined())
     why = "the tensor is undefined";
   else if (t.layout() != at::kStrided)
@@ -59,35 +60,36 @@ void Enqueue::check(Kind kind, const std::string& name, const at::Tensor& t, std
     why = "quantized tensors cannot be stored; call .dequantize() first";
   else if (t.is_meta())
     why = "meta tensors have no data";
-  else if (dtype_info(t.scalar_type()) == nullptr)
+  else if ((info = dtype_info(t.scalar_type())) == nullptr)
     why = "NumPy has no dtype for it, nor does tensortap store one in its place (README.md, \"dtypes\")";
   else if (t.dim() > max_dims_)
     why = max_dims_why_;
   if (why != nullptr)
     fail("cannot capture '{}' (kind {}, step {}): {} ({})", name, kind_name(kind), step, why, describe_tensor(t));
+  return *info;
 }
 
-void Enqueue::record(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step) {
+void Enqueue::record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
   if (closed_.load(std::memory_order_acquire)) return;
-  check(kind, name, tensor, step);
+  const DtypeInfo& info = check(kind, name, tensor, step);
   const bool open = flight_ != nullptr;
   const std::uint64_t plan = sampling_.plan(step, open, open && flight_->capture_halted());
   const bool full = Sampling::full(plan, kind);
   const bool stats = Sampling::stats(plan, kind);
   if (!full && !stats) return;
-  if (queue(kind, std::move(name), tensor, step, full, stats)) captured_.fetch_add(1, std::memory_order_relaxed);
+  if (queue(kind, name, tensor, info, step, full, stats)) captured_.fetch_add(1, std::memory_order_relaxed);
   // Refused after close() is not a drop: the run had ended.
   else if (!closed_.load(std::memory_order_acquire))
     dropped_.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step, bool full,
-                    bool stats_row) {
+bool Enqueue::queue(Kind kind, const std::string& name, const at::Tensor& tensor, const DtypeInfo& tensor_info,
+                    std::int64_t step, bool full, bool stats_row) {
   // Statistics only, of a tensor off the host: reduce it on its own device
   // and send the ten numbers down the same path as a tensor.
   const bool stats_vector = !full && !tensor.device().is_cpu();
   at::Tensor src = stats_vector ? device_stats(tensor) : tensor;
-  const DtypeInfo& info = *dtype_info(src.scalar_type());
+  const DtypeInfo& info = stats_vector ? *dtype_info(src.scalar_type()) : tensor_info;
   // A float8 travels as its bytes (a view, no copy): every copy below is
   // then a byte copy, on the host or the device.
   if (info.bits) src = src.view(info.stored);
@@ -104,34 +106,32 @@ bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::
   const bool on_engine = src.is_cuda() && engine_ != nullptr;
   if (!src.device().is_cpu() && !on_engine) src = src.to(at::kCPU);
 
-  // The record is built here and copied into a staging slot that keeps its
-  // memory (sdk/src/staging.h): nothing is allocated for it per capture.
-  Slot slot;
-  Record& record = slot.record;
-  RecordDesc& desc = record.desc;
-  desc.kind = kind;
-  desc.name = std::move(name);
-  desc.step = step;
-  desc.dtype = info;
-  const at::IntArrayRef sizes = src.sizes();
-  desc.shape.assign(sizes.begin(), sizes.end());
-  desc.nbytes = static_cast<std::uint64_t>(src.numel()) * c10::elementSize(info.stored);
-  record.op = full ? (holds_ ? Op::Hold : Op::Store) : stats_vector ? Op::StatsVector : Op::Stats;
-  record.stats_row = stats_row;
-  record.scan = full && scans_;
-  slot.id = next_id_.fetch_add(1, std::memory_order_relaxed);
-  const std::uint64_t nbytes = desc.nbytes;
+  // The record as references to what is at hand: staging copies it once,
+  // into a slot that keeps its memory (sdk/src/staging.h).
+  const std::uint64_t nbytes = static_cast<std::uint64_t>(src.numel()) * c10::elementSize(info.stored);
+  const RecordSpec spec{kind,
+                        name,
+                        step,
+                        info,
+                        src.sizes(),
+                        nbytes,
+                        full           ? (holds_ ? Op::Hold : Op::Store)
+                        : stats_vector ? Op::StatsVector
+                                       : Op::Stats,
+                        stats_row,
+                        full && scans_,
+                        next_id_.fetch_add(1, std::memory_order_relaxed)};
 
-  if (on_engine)
-    return cuda_capture(*engine_, std::make_shared<const Record>(std::move(record)), src, may_drop_, slot.id);
-
-  if (host_bytes && nbytes <= std::min<std::uint64_t>(kPutBytes, staging_.capacity())) {
-    slot.nbytes = nbytes;
-    return staging_.put(slot, bytes_of(src), may_drop_);
+  if (on_engine) {
+    auto record = std::make_shared<Record>();
+    record->assign(spec);
+    return cuda_capture(*engine_, std::move(record), src, may_drop_, spec.id);
   }
+
+  if (host_bytes && nbytes <= std::min<std::uint64_t>(kPutBytes, staging_.capacity()))
+    return staging_.put(spec, bytes_of(src), may_drop_);
   if (nbytes <= staging_.capacity()) {
-    slot.nbytes = nbytes;
-    auto ticket = staging_.reserve(slot, may_drop_);
+    auto ticket = staging_.reserve(spec, nbytes, /*first=*/true, may_drop_);
     if (!ticket) return false;
     try {
       copy_into(ticket->dst, src, info.stored, nbytes);
@@ -151,9 +151,7 @@ bool Enqueue::queue(Kind kind, std::string name, const at::Tensor& tensor, std::
   const char* bytes = static_cast<const char*>(bytes_of(flat));
   const std::size_t unit = c10::elementSize(info.stored);
   for (std::uint64_t off = 0; off < nbytes;) {
-    slot.nbytes = static_cast<std::size_t>(nbytes - off);
-    slot.first = off == 0;
-    auto ticket = staging_.reserve(slot, may_drop_ && off == 0, unit);
+    auto ticket = staging_.reserve(spec, static_cast<std::size_t>(nbytes - off), off == 0, may_drop_ && off == 0, unit);
     // Either dropped before its first chunk, or cut off by close(): the
     // writer discards the chunks it already has.
     if (!ticket) return false;

@@ -42,7 +42,7 @@ class Enqueue {
   /// step's plan says: the full tensor, its statistics, or nothing. Throws
   /// `Error` naming the record if it cannot be stored. Does nothing once
   /// closed: a late hook must not fail.
-  void record(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step);
+  void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step);
   /// Queues a `Recorder::dump()` marker behind every record queued before.
   void dump_marker(std::int64_t step);
   /// A record a hook could not hand over: counted as captured (and, by the
@@ -55,12 +55,14 @@ class Enqueue {
   std::int64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
 
  private:
-  // Throws `Error` naming the record if `t` cannot be stored.
-  void check(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const;
-  // Queues `t`: the full tensor if `full`, its statistics otherwise. False
-  // when refused: staging (or the device budget) full under
+  // Throws `Error` naming the record if `t` cannot be stored; returns its
+  // dtype's description.
+  const DtypeInfo& check(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const;
+  // Queues `t`, of dtype `info`: the full tensor if `full`, its statistics
+  // otherwise. False when refused: staging (or the device budget) full under
   // Overflow::DropNewest, or the pipeline stopped.
-  bool queue(Kind kind, std::string name, const at::Tensor& t, std::int64_t step, bool full, bool stats_row);
+  bool queue(Kind kind, const std::string& name, const at::Tensor& t, const DtypeInfo& info, std::int64_t step,
+             bool full, bool stats_row);
 
   Staging& staging_;
   const Sampling& sampling_;

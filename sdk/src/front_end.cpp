@@ -53,8 +53,8 @@ void FrontEnd::capture(const std::string& name, const at::Tensor& tensor) {
     return;
   }
   const std::int64_t step = current_step();
-  std::optional<std::string> record_name = names_.capture_name(name, step, sampling_);
-  if (record_name) record_as(Kind::Tensor, std::move(*record_name), tensor, step);
+  const std::optional<GivenName> record_name = names_.capture_name(name, step, sampling_);
+  if (record_name) record_as(Kind::Tensor, record_name->str(), tensor, step);
 }
 
 void FrontEnd::record_grads(const std::unordered_set<const void*>& params) {

@@ -76,11 +76,11 @@ class FrontEnd {
   /// k-th repeat in `step`). Throws `Error` for tensors that cannot be
   /// stored. Does nothing once closed: a late hook must not fail.
   void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
-    record_as(kind, names_.repeat_name(kind, name, step), tensor, step);
+    record_as(kind, names_.repeat(kind, name, step).str(), tensor, step);
   }
   /// As `record()`, under a name already given its repeat suffix.
-  void record_as(Kind kind, std::string name, const at::Tensor& tensor, std::int64_t step) {
-    enqueue_.record(kind, std::move(name), tensor, step);
+  void record_as(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
+    enqueue_.record(kind, name, tensor, step);
   }
   std::string repeat_name(Kind kind, const std::string& name, std::int64_t step) {
     return names_.repeat_name(kind, name, step);

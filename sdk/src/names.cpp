@@ -14,7 +14,15 @@ thread_local std::vector<std::pair<const NameTable*, std::string>> t_scopes;
 
 }  // namespace
 
-std::string NameTable::next_name(NameState& state, Kind kind, const std::string& name, std::int64_t step) {
+std::pair<const std::string, NameTable::NameState>& NameTable::entry(const std::string& name) {
+  auto [it, created] = names_.try_emplace(name);
+  if (created) it->second.has_hash = name.find('#') != std::string::npos;
+  return *it;
+}
+
+GivenName NameTable::next_name(std::pair<const std::string, NameState>& entry, Kind kind, std::int64_t step) {
+  const std::string& name = entry.first;
+  NameState& state = entry.second;
   auto& slots = state.counts[static_cast<std::size_t>(kind)];
   NameState::Count* count = slots[0].step == step ? &slots[0] : slots[1].step == step ? &slots[1] : nullptr;
   if (count == nullptr) {
@@ -26,16 +34,16 @@ std::string NameTable::next_name(NameState& state, Kind kind, const std::string&
       // of `name` that step had is forgotten, and restarting its count would
       // give a name (and a file) a record of that step already has. A name
       // of its own instead, which no counted record can have.
-      return fmt::format("{}#late{}", name, ++state.late[static_cast<std::size_t>(kind)]);
+      return GivenName(fmt::format("{}#late{}", name, ++state.late[static_cast<std::size_t>(kind)]));
     }
     *count = {step, 0};
   }
   int& k = count->next;
   // The common case: the name's first record in the step. A name without
   // '#' cannot be one that a repeat ("x#1") or the user ("h#1") took.
-  if (k == 0 && name.find('#') == std::string::npos) {
+  if (k == 0 && !state.has_hash) {
     k = 1;
-    return name;
+    return GivenName(&name);
   }
   TakenNames* taken = taken_[0].step == step ? &taken_[0] : taken_[1].step == step ? &taken_[1] : nullptr;
   if (taken == nullptr) {
@@ -50,7 +58,7 @@ std::string NameTable::next_name(NameState& state, Kind kind, const std::string&
   while (taken->names.count(candidate) != 0) candidate = fmt::format("{}#{}", key, ++k);
   ++k;
   taken->names.insert(candidate);
-  return candidate.substr(1);
+  return GivenName(candidate.substr(1));
 }
 
 void NameTable::push_scope(const std::string& name) {
@@ -75,28 +83,25 @@ std::string NameTable::scoped(Kind kind, const std::string& name) const {
   return out + name;
 }
 
-std::string NameTable::repeat_name(Kind kind, const std::string& name, std::int64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!t_scopes.empty()) {
-    const std::string full = scoped(kind, name);
-    return next_name(names_[full], kind, full, step);
-  }
-  return next_name(names_[name], kind, name, step);
+GivenName NameTable::repeat(Kind kind, const std::string& name, std::int64_t step) {
+  std::lock_guard<SpinLock> lock(mu_);
+  if (t_scopes.empty()) return next_name(entry(name), kind, step);
+  return next_name(entry(scoped(kind, name)), kind, step);
 }
 
-std::optional<std::string> NameTable::capture_name(const std::string& name, std::int64_t step,
-                                                   const Sampling& sampling) {
+std::optional<GivenName> NameTable::capture_name(const std::string& name, std::int64_t step, const Sampling& sampling) {
   if (!t_scopes.empty()) {
     // Inside a scope: selected by the caller's name, named by the scoped one.
     if (!sampling.selected(name)) return std::nullopt;
-    return repeat_name(Kind::Tensor, name, step);
+    return repeat(Kind::Tensor, name, step);
   }
   // Selection and the repeat suffix: one lock, one lookup.
-  std::lock_guard<std::mutex> lock(mu_);
-  NameState& state = names_[name];
+  std::lock_guard<SpinLock> lock(mu_);
+  auto& e = entry(name);
+  NameState& state = e.second;
   if (state.selected < 0) state.selected = sampling.selected(name) ? 1 : 0;
   if (state.selected == 0) return std::nullopt;
-  return next_name(state, Kind::Tensor, name, step);
+  return next_name(e, Kind::Tensor, step);
 }
 
 }  // namespace tensortap::detail

@@ -11,8 +11,24 @@
 #include <tensortap/kinds.h>
 
 #include "sdk/src/sampling.h"
+#include "sdk/src/spin_lock.h"
 
 namespace tensortap::detail {
+
+/// A name a `NameTable` gave: in the common case, a name's first record in
+/// a step, the table's own copy of it, so that no string is built per
+/// record; a string of its own otherwise.
+class GivenName {
+ public:
+  explicit GivenName(const std::string* table_copy) : ref_(table_copy) {}
+  explicit GivenName(std::string own) : own_(std::move(own)) {}
+  const std::string& str() const { return ref_ != nullptr ? *ref_ : own_; }
+
+ private:
+  // The table's copy: it keeps every name until it is destroyed.
+  const std::string* ref_ = nullptr;
+  std::string own_;
+};
 
 /// The names records get: a repeat of a name within a step is `name#1`,
 /// `name#2`..., and inside `Recorder::scope()`s a name is prefixed with
@@ -20,13 +36,17 @@ namespace tensortap::detail {
 class NameTable {
  public:
   /// The name the next record of `name` in `step` gets: `name`, then
-  /// `name#1`, `name#2`... Lets a gradient hook keep its forward's suffix
-  /// whatever order backward runs in.
-  std::string repeat_name(Kind kind, const std::string& name, std::int64_t step);
+  /// `name#1`, `name#2`... Valid while the table lives.
+  GivenName repeat(Kind kind, const std::string& name, std::int64_t step);
+  /// `repeat()` as a string of its own: lets a gradient hook keep its
+  /// forward's suffix whatever order backward runs in.
+  std::string repeat_name(Kind kind, const std::string& name, std::int64_t step) {
+    return repeat(kind, name, step).str();
+  }
   /// For `capture()`: the record name of `name` in `step`, or nullopt if
   /// `sampling` does not select it. Outside scopes, the selection is looked
   /// up once per name and found with the suffix in one lookup.
-  std::optional<std::string> capture_name(const std::string& name, std::int64_t step, const Sampling& sampling);
+  std::optional<GivenName> capture_name(const std::string& name, std::int64_t step, const Sampling& sampling);
 
   /// Scopes (Recorder::scope) on this thread, innermost last.
   void push_scope(const std::string& name);
@@ -46,7 +66,10 @@ class NameTable {
       std::int64_t step = -1;
       int next = 0;
     };
-    std::int8_t selected = -1;                              // -1: not looked up yet
+    std::int8_t selected = -1;  // -1: not looked up yet
+    // Whether the name has a '#', so it may be one a repeat ("x#1") or the
+    // user ("h#1") took: asked once, not per record.
+    bool has_hash = false;
     std::array<std::array<Count, 2>, kKindCount> counts{};  // [kind][slot]
     // Records of a step older than both counters' (see next_name()).
     std::array<int, kKindCount> late{};
@@ -58,10 +81,13 @@ class NameTable {
     std::int64_t step = -1;
     std::unordered_set<std::string> names;
   };
-  // The repeat name of `name` in `step`; mu_ is held.
-  std::string next_name(NameState& state, Kind kind, const std::string& name, std::int64_t step);
+  // The state of `name`, created on its first use; mu_ is held. The key is
+  // the table's copy of the name.
+  std::pair<const std::string, NameState>& entry(const std::string& name);
+  // The repeat name of `entry`'s name in `step`; mu_ is held.
+  GivenName next_name(std::pair<const std::string, NameState>& entry, Kind kind, std::int64_t step);
 
-  std::mutex mu_;
+  SpinLock mu_;
   std::unordered_map<std::string, NameState> names_;
   TakenNames taken_[2];
 };

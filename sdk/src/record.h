@@ -26,6 +26,8 @@ enum class Op : std::uint8_t {
   Dump,
 };
 
+struct RecordSpec;
+
 /// One record in the pipeline.
 struct Record {
   RecordDesc desc;
@@ -43,6 +45,48 @@ struct Record {
   }
   /// Whether a statistics row is appended.
   bool has_row() const { return op == Op::Stats || op == Op::StatsVector || stats_row; }
+
+  /// Becomes the record `spec` describes, in place: into memory this
+  /// record already has (a kept staging slot's), a name and a shape are
+  /// copied without allocating.
+  inline void assign(const RecordSpec& spec);
 };
+
+/// A record as its producer already has it, by reference: what a capture
+/// hands to staging, which copies it once, into the slot that keeps it
+/// (sdk/src/staging.h). Building a `Record` on the capturing thread and
+/// copying it into the slot cost a name and a shape copied twice, per
+/// capture.
+struct RecordSpec {
+  Kind kind = Kind::Tensor;
+  const std::string& name;
+  std::int64_t step = 0;
+  const DtypeInfo& dtype;
+  c10::IntArrayRef shape;
+  std::uint64_t nbytes = 0;
+  Op op = Op::Store;
+  bool stats_row = false;
+  bool scan = false;
+  /// Identifies the record across its chunks.
+  std::uint64_t id = 0;
+
+  /// The spec of a record built beforehand (the CUDA copier's, a marker's).
+  static RecordSpec of(const Record& r, std::uint64_t id) {
+    return RecordSpec{r.desc.kind,   r.desc.name, r.desc.step, r.desc.dtype, r.desc.shape,
+                      r.desc.nbytes, r.op,        r.stats_row, r.scan,       id};
+  }
+};
+
+inline void Record::assign(const RecordSpec& spec) {
+  desc.kind = spec.kind;
+  desc.name.assign(spec.name);
+  desc.step = spec.step;
+  desc.dtype = spec.dtype;
+  desc.shape.assign(spec.shape.begin(), spec.shape.end());
+  desc.nbytes = spec.nbytes;
+  op = spec.op;
+  stats_row = spec.stats_row;
+  scan = spec.scan;
+}
 
 }  // namespace tensortap::detail

@@ -142,16 +142,17 @@ bool Staging::adopt(HostMemory memory) {
   return adopted;
 }
 
-std::optional<Staging::Ticket> Staging::reserve(const Slot& request, bool may_drop, std::size_t unit, bool wait) {
+std::optional<Staging::Ticket> Staging::reserve(const RecordSpec& spec, std::size_t nbytes, bool first, bool may_drop,
+                                                std::size_t unit, bool wait) {
   std::unique_lock<std::mutex> lock(mu_);
-  return reserve_locked(lock, request, may_drop, unit, wait);
+  return reserve_locked(lock, spec, nbytes, first, may_drop, unit, wait);
 }
 
-bool Staging::put(const Slot& request, const void* src, bool may_drop) {
+bool Staging::put(const RecordSpec& spec, const void* src, bool may_drop) {
   bool wake = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    const std::optional<Ticket> ticket = reserve_locked(lock, request, may_drop, 0, true);
+    const std::optional<Ticket> ticket = reserve_locked(lock, spec, spec.nbytes, true, may_drop, 0, true);
     if (!ticket) return false;
     if (ticket->nbytes != 0) std::memcpy(ticket->dst, src, ticket->nbytes);
     wake = commit_locked(*ticket, true);
@@ -160,19 +161,20 @@ bool Staging::put(const Slot& request, const void* src, bool may_drop) {
   return true;
 }
 
-std::optional<Staging::Ticket> Staging::reserve_locked(std::unique_lock<std::mutex>& lock, const Slot& request,
-                                                       bool may_drop, std::size_t unit, bool wait) {
+std::optional<Staging::Ticket> Staging::reserve_locked(std::unique_lock<std::mutex>& lock, const RecordSpec& spec,
+                                                       std::size_t nbytes, bool first, bool may_drop, std::size_t unit,
+                                                       bool wait) {
   for (;;) {
     // A hook that raced with close() must not queue what no writer drains.
     if (stopping_) return std::nullopt;
     Buffer& b = buffers_[fill_];
     const std::size_t offset = align_up(b.used, kRecordAlign);
     const std::size_t room = offset < capacity_ ? capacity_ - offset : 0;
-    std::size_t n = request.nbytes;
+    std::size_t n = nbytes;
     bool fits = n <= room;
     if (unit != 0) {
-      const std::size_t least = std::min(request.nbytes, std::max(unit, std::min(capacity_, kMinChunk) / unit * unit));
-      n = std::min(request.nbytes, room / unit * unit);
+      const std::size_t least = std::min(nbytes, std::max(unit, std::min(capacity_, kMinChunk) / unit * unit));
+      n = std::min(nbytes, room / unit * unit);
       fits = n >= least && n > 0;
     }
     if (fits) {
@@ -186,10 +188,19 @@ std::optional<Staging::Ticket> Staging::reserve_locked(std::unique_lock<std::mut
               capacity_);
       }
       // The slot goes in first: if that throws, nothing counts it as pending.
-      Slot& slot = b.slots.add(request);
+      Slot& slot = b.slots.add();
+      try {
+        slot.record.assign(spec);
+      } catch (...) {
+        b.slots.drop_last();
+        throw;
+      }
+      slot.id = spec.id;
       slot.offset = offset;
       slot.nbytes = n;
-      if (unit != 0) slot.last = n == request.nbytes;
+      slot.first = first;
+      slot.last = unit == 0 || n == nbytes;
+      slot.ok = true;
       b.used = offset + n;
       ++b.pending;
       ++reserved_;

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -38,20 +39,20 @@ struct Slot {
 /// back, so every such allocation took malloc's slow path).
 class SlotList {
  public:
-  const Slot* begin() const { return slots_.data(); }
-  const Slot* end() const { return slots_.data() + size_; }
+  std::deque<Slot>::const_iterator begin() const { return slots_.begin(); }
+  std::deque<Slot>::const_iterator end() const { return slots_.begin() + static_cast<std::ptrdiff_t>(size_); }
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   Slot& operator[](std::size_t i) { return slots_[i]; }
   const Slot& operator[](std::size_t i) const { return slots_[i]; }
-  /// Appends a copy of `slot`, into a kept slot where there is one.
-  Slot& add(const Slot& slot) {
-    if (size_ == slots_.size())
-      slots_.push_back(slot);
-    else
-      slots_[size_] = slot;
+  /// Appends a slot, a kept one where there is one: the caller overwrites
+  /// every member.
+  Slot& add() {
+    if (size_ == slots_.size()) slots_.emplace_back();
     return slots_[size_++];
   }
+  /// Takes back the slot `add()` returned last, which could not be filled.
+  void drop_last() { --size_; }
   void clear() { size_ = 0; }
   /// Gives the kept slots' memory back.
   void shrink() {
@@ -61,7 +62,9 @@ class SlotList {
   }
 
  private:
-  std::vector<Slot> slots_;
+  // A deque: growing it moves no slot (a vector copied every kept name and
+  // shape each time it grew, under staging's lock).
+  std::deque<Slot> slots_;
   std::size_t size_ = 0;
 };
 
@@ -109,24 +112,32 @@ class Staging {
 
   std::size_t capacity() const { return capacity_; }
 
-  /// Reserves `slot.nbytes` (at most `capacity()`) for a copy of `slot`. When there is
+  /// Reserves `nbytes` (at most `capacity()`) in a slot for record `spec`,
+  /// copied in. `first`: these are the record's first bytes. When there is
   /// no room it waits, or returns nullopt if `may_drop` and the policy is
   /// `DropNewest`. Returns nullopt once `stop()` was called.
   ///
-  /// With a `unit` (a chunk of a record larger than a buffer), `slot.nbytes`
-  /// is what remains of the record: it reserves as much of it as fits, in
-  /// whole units, but not less than 64 KiB (or the rest), and sets
-  /// `slot.last` when that is all of it.
+  /// With a `unit` (a chunk of a record larger than a buffer), `nbytes` is
+  /// what remains of the record: it reserves as much of it as fits, in
+  /// whole units, but not less than 64 KiB (or the rest), and sets the
+  /// slot's `last` when that is all of it.
   ///
   /// With `wait = false` it returns nullopt instead of waiting: a thread that
   /// holds uncommitted tickets (the CUDA copier, whose copies are in flight)
   /// must commit them before it waits, or the writer could never take the
   /// buffer it waits on.
-  std::optional<Ticket> reserve(const Slot& slot, bool may_drop, std::size_t unit = 0, bool wait = true);
-  /// `reserve()`, a copy of `slot.nbytes` from `src` and `commit()` under one
-  /// lock: for a small record, whose copy costs less than a second round
-  /// of the lock. False where `reserve()` returns nullopt.
-  bool put(const Slot& slot, const void* src, bool may_drop);
+  std::optional<Ticket> reserve(const RecordSpec& spec, std::size_t nbytes, bool first, bool may_drop,
+                                std::size_t unit = 0, bool wait = true);
+  /// The same, for a request built as a slot: its record and id, `nbytes`
+  /// (what remains) and `first`.
+  std::optional<Ticket> reserve(const Slot& slot, bool may_drop, std::size_t unit = 0, bool wait = true) {
+    return reserve(RecordSpec::of(slot.record, slot.id), slot.nbytes, slot.first, may_drop, unit, wait);
+  }
+  /// `reserve()` of all of `spec.nbytes`, a copy of them from `src` and
+  /// `commit()` under one lock: for a small record, whose copy costs less
+  /// than a second round of the lock. False where `reserve()` returns
+  /// nullopt.
+  bool put(const RecordSpec& spec, const void* src, bool may_drop);
   /// Publishes a reservation; `ok = false` tells the writer to drop it.
   /// Wakes the writer only when the buffer is half full or a thread waits.
   void commit(const Ticket& ticket, bool ok);
@@ -167,8 +178,8 @@ class Staging {
   // set aside for it. Returns the memory it leaves, for the caller to give
   // back outside the lock.
   std::pair<void*, HostMemory> move_to_spare(int i);
-  std::optional<Ticket> reserve_locked(std::unique_lock<std::mutex>& lock, const Slot& slot, bool may_drop,
-                                       std::size_t unit, bool wait);
+  std::optional<Ticket> reserve_locked(std::unique_lock<std::mutex>& lock, const RecordSpec& spec, std::size_t nbytes,
+                                       bool first, bool may_drop, std::size_t unit, bool wait);
   // Returns whether the writer must be woken (after the lock is released).
   bool commit_locked(const Ticket& ticket, bool ok);
 

@@ -93,11 +93,7 @@ void CudaEngine::process(Item& item) {
     const std::size_t unit = total > staging_.capacity() ? item.unit : 0;
     std::size_t offset = 0;
     do {
-      Slot slot;
-      slot.record = *item.record;
-      slot.id = item.id;
-      slot.nbytes = total - offset;
-      slot.first = offset == 0;
+      const RecordSpec spec = RecordSpec::of(*item.record, item.id);
       // The batch (issued or not) may be another by the time the ticket
       // comes: room in this one now, and again after an issue.
       make_room(batch.pieces, 1);
@@ -106,7 +102,7 @@ void CudaEngine::process(Item& item) {
       bool lost = false;
       const auto reserve = [&](bool wait) -> std::optional<Staging::Ticket> {
         try {
-          return staging_.reserve(slot, /*may_drop=*/false, unit, wait);
+          return staging_.reserve(spec, total - offset, offset == 0, /*may_drop=*/false, unit, wait);
         } catch (const std::exception& e) {
           lost = true;
           report_nothrow("tensortap: {} was lost: {}", describe(item.desc(), item.snap.device), e.what());
