@@ -232,27 +232,23 @@ class Index:
         self.cols["source"][at] = source
         self.n += n
 
-    def _meta(self, kind, name, dtype, shape, directory):
-        meta = (kind, name, dtype, tuple(shape), directory)
-        code = self._meta_code.get(meta)
+    @staticmethod
+    def _intern(codes, values, value):
+        # The code of `value` in `values`, appended on first sight.
+        code = codes.get(value)
         if code is None:
-            code = self._meta_code[meta] = len(self.metas)
-            self.metas.append(meta)
+            code = codes[value] = len(values)
+            values.append(value)
         return code
+
+    def _meta(self, kind, name, dtype, shape, directory):
+        return self._intern(self._meta_code, self.metas, (kind, name, dtype, tuple(shape), directory))
 
     def _base(self, base):
-        code = self._base_code.get(base)
-        if code is None:
-            code = self._base_code[base] = len(self.bases)
-            self.bases.append(base)
-        return code
+        return self._intern(self._base_code, self.bases, base)
 
     def _dataset(self, dataset):
-        code = self._dataset_code.get(dataset)
-        if code is None:
-            code = self._dataset_code[dataset] = len(self.datasets)
-            self.datasets.append(dataset)
-        return code
+        return self._intern(self._dataset_code, self.datasets, dataset)
 
     def finish(self):
         from . import _Record
