@@ -220,6 +220,30 @@ TEST_CASE("a tensor larger than a staging buffer is streamed through in chunks",
   REQUIRE(rec.stats().records == 4);
 }
 
+TEST_CASE("large records copied into staging past the caches read back exactly", "[sdk]") {
+  // From 32 KiB up a capture's bytes are stored into staging with streaming
+  // stores (Staging::copy): sources at odd offsets, sizes that are no
+  // multiple of 64 bytes, and chunks of a record larger than a buffer.
+  TempDir dir;
+  Recorder rec{Options(dir.path).buffer_bytes(1 << 20)};
+  rec.step(0);
+  const at::Tensor base = at::randn({(3 << 20) / 4 + 64});
+  const at::Tensor odd = base.narrow(0, 3, 8193);                 // 32,772 bytes, 12 bytes past an alignment
+  const at::Tensor mid = base.narrow(0, 1, 100001);               // 400,004 bytes
+  const at::Tensor big = base.narrow(0, 5, (3 << 20) / 4 + 7);    // past a buffer: chunks
+  const at::Tensor u8 = at::randint(0, 255, {65537}, at::kByte);  // a byte-sized tail
+  rec.capture("odd", odd);
+  rec.capture("mid", mid);
+  rec.capture("big", big);
+  rec.capture("u8", u8);
+  rec.close();
+  CHECK(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "odd", 0)), odd));
+  CHECK(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "mid", 0)), mid));
+  CHECK(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "big", 0)), big));
+  CHECK(at::equal(tensortap::load_npy(npy(dir.path, "tensor", "u8", 0)), u8));
+  CHECK(rec.stats().records == 4);
+}
+
 TEST_CASE("Overflow::DropNewest drops when staging is full, and counts every drop", "[sdk]") {
   TempDir dir;
   constexpr int kCaptures = 2000;

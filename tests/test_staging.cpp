@@ -276,3 +276,31 @@ TEST_CASE("adopt() moves an idle buffer at once, one in use when the writer give
   staging.free_memory();
   CHECK(g_released == 4);
 }
+
+TEST_CASE("Staging::copy copies every byte and no more, streamed or not, whatever the alignment", "[sdk][staging]") {
+  // Sizes on both sides of the streaming threshold (32 KiB) and of the
+  // 64-byte step, sources at every 16-byte misalignment and then some,
+  // destinations aligned (streamed) and not (memcpy).
+  const std::size_t sizes[] = {
+      0, 1, 63, 4096, (32 << 10) - 1, 32 << 10, (32 << 10) + 1, (32 << 10) + 63, (1 << 20) + 17};
+  std::vector<unsigned char> src((1 << 20) + 256);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + (i >> 8));
+  const std::size_t guard = 64;
+  for (std::size_t n : sizes) {
+    for (std::size_t src_off : {0, 1, 7, 16, 33}) {
+      for (std::size_t dst_off : {0, 16, 3}) {
+        CAPTURE(n, src_off, dst_off);
+        auto* raw = static_cast<unsigned char*>(std::aligned_alloc(64, (n + dst_off + 2 * guard + 63) / 64 * 64));
+        REQUIRE(raw != nullptr);
+        std::memset(raw, 0xAB, n + dst_off + 2 * guard);
+        unsigned char* dst = raw + guard + dst_off;
+        Staging::copy(reinterpret_cast<char*>(dst), src.data() + src_off, n);
+        CHECK(std::memcmp(dst, src.data() + src_off, n) == 0);
+        // Nothing before or after the destination is written.
+        CHECK(std::all_of(raw, dst, [](unsigned char c) { return c == 0xAB; }));
+        CHECK(std::all_of(dst + n, dst + n + guard, [](unsigned char c) { return c == 0xAB; }));
+        std::free(raw);
+      }
+    }
+  }
+}

@@ -27,7 +27,7 @@ constexpr std::uint64_t kPutBytes = 16 << 10;
 void copy_into(char* dst, const at::Tensor& src, c10::ScalarType stored, std::size_t nbytes) {
   if (nbytes == 0) return;
   if (is_byte_copy(src, stored)) {
-    std::memcpy(dst, bytes_of(src), nbytes);
+    Staging::copy(dst, bytes_of(src), nbytes);
     return;
   }
   at::from_blob(dst, src.sizes(), at::TensorOptions().dtype(stored)).copy_(src);
@@ -155,7 +155,7 @@ bool Enqueue::queue(Kind kind, const std::string& name, const at::Tensor& tensor
     // Either dropped before its first chunk, or cut off by close(): the
     // writer discards the chunks it already has.
     if (!ticket) return false;
-    std::memcpy(ticket->dst, bytes + off, ticket->nbytes);
+    Staging::copy(ticket->dst, bytes + off, ticket->nbytes);
     staging_.commit(*ticket, true);
     off += ticket->nbytes;
   }

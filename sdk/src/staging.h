@@ -138,6 +138,11 @@ class Staging {
   /// than a second round of the lock. False where `reserve()` returns
   /// nullopt.
   bool put(const RecordSpec& spec, const void* src, bool may_drop);
+  /// Copies `n` bytes from `src` to a ticket's `dst`. From 32 KiB up it
+  /// stores past the caches: the writer thread on the other core last
+  /// read these lines, and ordinary stores would first fetch each one back
+  /// from it (bench/README.md, "Large copies into staging").
+  static void copy(char* dst, const void* src, std::size_t n);
   /// Publishes a reservation; `ok = false` tells the writer to drop it.
   /// Wakes the writer only when the buffer is half full or a thread waits.
   void commit(const Ticket& ticket, bool ok);
