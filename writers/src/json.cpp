@@ -1,8 +1,7 @@
 #include "writers/src/json.h"
 
 #include <charconv>
-
-#include <fmt/format.h>
+#include <cstring>
 
 namespace tensortap::detail {
 namespace {
@@ -38,52 +37,41 @@ size_t utf8_sequence_length(std::string_view s, size_t i) {
 
 }  // namespace
 
-void append_int(std::string& out, std::int64_t v) {
-  char digits[24];
-  const auto [end, ec] = std::to_chars(digits, digits + sizeof digits, v);
-  (void)ec;  // 24 characters hold every int64
-  out.append(digits, end);
-}
+char* put_int(char* p, std::int64_t v) { return std::to_chars(p, p + kIntRoom, v).ptr; }
 
-void append_json_string(std::string& out, std::string_view s) {
-  out.push_back('"');
+char* put_json_string(char* p, std::string_view s) {
+  static const char kHex[] = "0123456789abcdef";
+  const auto put_u = [&p](unsigned v) {
+    const char u[6] = {'\\', 'u', kHex[(v >> 12) & 15], kHex[(v >> 8) & 15], kHex[(v >> 4) & 15], kHex[v & 15]};
+    std::memcpy(p, u, 6);
+    p += 6;
+  };
+  *p++ = '"';
   for (size_t i = 0; i < s.size();) {
-    // Runs of printable ASCII that need no escape go out in one append: an
+    // Runs of printable ASCII that need no escape go out in one copy: an
     // index line holds two strings per record, and this is the writer
     // thread's per-record path.
     size_t run = i;
     while (run < s.size() && s[run] >= 0x20 && s[run] < 0x7F && s[run] != '"' && s[run] != '\\') ++run;
     if (run > i) {
-      out.append(s.data() + i, run - i);
+      p = put(p, s.substr(i, run - i));
       i = run;
       continue;
     }
     const auto c = static_cast<unsigned char>(s[i]);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        ++i;
-        continue;
-      case '\\':
-        out += "\\\\";
-        ++i;
-        continue;
-      case '\n':
-        out += "\\n";
-        ++i;
-        continue;
-      case '\r':
-        out += "\\r";
-        ++i;
-        continue;
-      case '\t':
-        out += "\\t";
-        ++i;
-        continue;
-      default: break;
+    const char* escape = c == '"'    ? "\\\""
+                         : c == '\\' ? "\\\\"
+                         : c == '\n' ? "\\n"
+                         : c == '\r' ? "\\r"
+                         : c == '\t' ? "\\t"
+                                     : nullptr;
+    if (escape != nullptr) {
+      p = put(p, std::string_view(escape, 2));
+      ++i;
+      continue;
     }
     if (c < 0x20 || c == 0x7F) {
-      out += fmt::format("\\u{:04x}", c);
+      put_u(c);
       ++i;
       continue;
     }
@@ -93,23 +81,38 @@ void append_json_string(std::string& out, std::string_view s) {
       // U+DCFF, as Python's "surrogateescape" has it: distinct from every
       // real character (0xC3 alone is not "\u00c3", which is Ã), and
       // name.encode("utf-8", "surrogateescape") gives the bytes back.
-      out += fmt::format("\\u{:04x}", 0xDC00 + c);
+      put_u(0xDC00 + c);
       ++i;
     } else {
-      out.append(s.data() + i, n);
+      p = put(p, s.substr(i, n));
       i += n;
     }
   }
-  out.push_back('"');
+  *p++ = '"';
+  return p;
+}
+
+char* put_json_ints(char* p, c10::IntArrayRef values) {
+  *p++ = '[';
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i) *p++ = ',';
+    p = put_int(p, values[i]);
+  }
+  *p++ = ']';
+  return p;
+}
+
+void append_int(std::string& out, std::int64_t v) {
+  char digits[kIntRoom];
+  out.append(digits, put_int(digits, v));
+}
+
+void append_json_string(std::string& out, std::string_view s) {
+  append_put(out, json_string_room(s), [&](char* p) { return put_json_string(p, s); });
 }
 
 void append_json_ints(std::string& out, c10::IntArrayRef values) {
-  out.push_back('[');
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (i) out.push_back(',');
-    append_int(out, values[i]);
-  }
-  out.push_back(']');
+  append_put(out, json_ints_room(values), [&](char* p) { return put_json_ints(p, values); });
 }
 
 }  // namespace tensortap::detail

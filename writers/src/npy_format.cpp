@@ -25,19 +25,22 @@ bool little_endian_host() {
   return first == 1;
 }
 
-void append_shape_tuple(std::string& s, c10::IntArrayRef shape) {
-  s += '(';
+// The shape as a Python tuple: "(2, 3)", "(5,)", "()".
+std::size_t shape_tuple_room(c10::IntArrayRef shape) { return (kIntRoom + 2) * shape.size() + 3; }
+char* put_shape_tuple(char* p, c10::IntArrayRef shape) {
+  *p++ = '(';
   for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    append_int(s, shape[i]);
+    if (i) p = put(p, ", ");
+    p = put_int(p, shape[i]);
   }
-  if (shape.size() == 1) s += ',';
-  s += ')';
+  if (shape.size() == 1) *p++ = ',';
+  *p++ = ')';
+  return p;
 }
 
 std::string shape_tuple(c10::IntArrayRef shape) {
   std::string s;
-  append_shape_tuple(s, shape);
+  append_put(s, shape_tuple_room(shape), [&](char* p) { return put_shape_tuple(p, shape); });
   return s;
 }
 
@@ -203,45 +206,56 @@ std::string npy_descr(Element stored) {
 
 namespace {
 
-// The header around `descr`, the Python literal of the dtype (quoted when
-// `quote`). Built by hand: a packed run writes one per record, on the writer
-// thread's per-record path.
-std::string header_of(std::string_view descr, bool quote, c10::IntArrayRef shape, std::size_t min_size) {
-  std::string dict;
-  dict.reserve(descr.size() + 64 + 24 * shape.size());
-  dict += "{'descr': ";
-  if (quote) dict += '\'';
-  dict += descr;
-  if (quote) dict += '\'';
-  dict += ", 'fortran_order': False, 'shape': ";
-  append_shape_tuple(dict, shape);
-  dict += ", }";
-  // Version 1.0 stores the header length in 16 bits, 2.0 in 32.
+// Sets `out` to the header around `descr`, the Python literal of the dtype
+// (quoted when `quote`). Built in place, in memory `out` already has: a
+// packed run writes one per record, on the writer thread's per-record path.
+void header_into(std::string& out, std::string_view descr, bool quote, c10::IntArrayRef shape, std::size_t min_size) {
+  // Version 1.0 stores the header length in 16 bits (a prefix of 10
+  // bytes), 2.0 in 32 (12 bytes): the dict goes after the longer prefix,
+  // and moves back by 2 bytes if version 1.0 holds it.
+  constexpr size_t kPrefix2 = kMagicLen + 2 + 4;
+  out.clear();
+  append_put(out, kPrefix2 + 64 + descr.size() + shape_tuple_room(shape), [&](char* p) {
+    p += kPrefix2;
+    p = put(p, "{'descr': ");
+    if (quote) *p++ = '\'';
+    p = put(p, descr);
+    if (quote) *p++ = '\'';
+    p = put(p, ", 'fortran_order': False, 'shape': ");
+    p = put_shape_tuple(p, shape);
+    return put(p, ", }");
+  });
+  const size_t dict = out.size() - kPrefix2;
   for (int version = 1; version <= 2; ++version) {
     const size_t len_bytes = version == 1 ? 2 : 4;
     const size_t prefix = kMagicLen + 2 + len_bytes;
-    size_t total = std::max(prefix + dict.size() + 1, min_size);  // +1 for the closing '\n'
+    size_t total = std::max(prefix + dict + 1, min_size);  // +1 for the closing '\n'
     total = (total + kAlign - 1) / kAlign * kAlign;
     const size_t header_len = total - prefix;
     if (version == 1 && header_len > 0xFFFF) continue;
-    std::string out;
-    out.reserve(total);
-    out.append(kMagic, kMagicLen);
-    out.push_back(static_cast<char>(version));
-    out.push_back(0);
-    for (size_t b = 0; b < len_bytes; ++b) out.push_back(static_cast<char>((header_len >> (8 * b)) & 0xFF));
-    out += dict;
-    out.append(header_len - dict.size() - 1, ' ');
-    out.push_back('\n');
-    return out;
+    if (prefix != kPrefix2) out.erase(0, kPrefix2 - prefix);
+    std::memcpy(&out[0], kMagic, kMagicLen);
+    out[kMagicLen] = static_cast<char>(version);
+    out[kMagicLen + 1] = 0;
+    for (size_t b = 0; b < len_bytes; ++b) out[8 + b] = static_cast<char>((header_len >> (8 * b)) & 0xFF);
+    // Spaces to the length, then '\n'.
+    out.resize(total, ' ');
+    out.back() = '\n';
+    return;
   }
   throw Error("npy header too long");
 }
 
 }  // namespace
 
+void npy_header_into(std::string& out, Element stored, c10::IntArrayRef shape) {
+  header_into(out, npy_descr(stored), /*quote=*/true, shape, 0);
+}
+
 std::string npy_header(std::string_view descr, c10::IntArrayRef shape, std::size_t min_size) {
-  return header_of(descr, /*quote=*/true, shape, min_size);
+  std::string out;
+  header_into(out, descr, /*quote=*/true, shape, min_size);
+  return out;
 }
 
 std::string npy_header(const std::vector<NpyField>& fields, c10::IntArrayRef shape, std::size_t min_size) {
@@ -251,7 +265,9 @@ std::string npy_header(const std::vector<NpyField>& fields, c10::IntArrayRef sha
     descr += fmt::format("('{}', '{}')", f.name, f.descr);
   }
   descr += "]";
-  return header_of(descr, /*quote=*/false, shape, min_size);
+  std::string out;
+  header_into(out, descr, /*quote=*/false, shape, min_size);
+  return out;
 }
 
 std::uint64_t npy_header_end(std::string_view prefix, std::uint64_t file_size, const std::string& what) {

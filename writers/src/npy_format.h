@@ -28,6 +28,11 @@ struct NpyField {
   std::string descr;
 };
 
+/// `npy_header()` of `stored`'s type string, into `out` (replacing what it
+/// held): a writer that keeps `out` builds a header per record without
+/// allocating.
+void npy_header_into(std::string& out, Element stored, c10::IntArrayRef shape);
+
 /// `npy_header()` for a structured dtype of these fields, in this order,
 /// packed (no padding between them): NumPy reads it as a record array.
 std::string npy_header(const std::vector<NpyField>& fields, c10::IntArrayRef shape, std::size_t min_size = 0);

@@ -36,10 +36,13 @@ void fsync_dir(const Dir& dir) {
 
 class PackedSink final : public RecordSink {
  public:
-  PackedSink(PackedWriter& writer, std::uint64_t offset, std::string header, std::uint64_t nbytes)
-      : writer_(writer), offset_(offset), cursor_(offset), header_(std::move(header)), left_(nbytes) {
-    nbytes_ = header_.size() + nbytes;
-  }
+  // The header is already in place: `begin()` wrote it.
+  PackedSink(PackedWriter& writer, std::uint64_t offset, std::uint64_t header_bytes, std::uint64_t nbytes)
+      : writer_(writer),
+        offset_(offset),
+        cursor_(offset + header_bytes),
+        left_(nbytes),
+        nbytes_(header_bytes + nbytes) {}
 
   ~PackedSink() override {
     // Dropped before finish(): its stretch stays unindexed, the next record starts past it.
@@ -49,42 +52,33 @@ class PackedSink final : public RecordSink {
   void append(const void* data, std::size_t n) override {
     if (n > left_)
       fail("record at offset {} of '{}' got more bytes than its shape holds", offset_, writer_.segment_path());
-    write_header();
     writer_.put(cursor_, static_cast<const char*>(data), n);
     cursor_ += n;
     left_ -= n;
   }
 
   std::string finish() override {
-    write_header();
     if (left_ != 0) fail("record at offset {} of '{}' is {} bytes short", offset_, writer_.segment_path(), left_);
     std::string loc;
-    loc.reserve(writer_.segment_rel().size() + 64);
-    loc += "\"file\":";
-    append_json_string(loc, writer_.segment_rel());
-    loc += ",\"offset\":";
-    append_int(loc, static_cast<std::int64_t>(offset_));
-    loc += ",\"nbytes\":";
-    append_int(loc, static_cast<std::int64_t>(nbytes_));
+    append_put(loc, 32 + json_string_room(writer_.segment_rel()) + 2 * kIntRoom, [&](char* p) {
+      p = put(p, "\"file\":");
+      p = put_json_string(p, writer_.segment_rel());
+      p = put(p, ",\"offset\":");
+      p = put_int(p, static_cast<std::int64_t>(offset_));
+      p = put(p, ",\"nbytes\":");
+      return put_int(p, static_cast<std::int64_t>(nbytes_));
+    });
     finished_ = true;
     writer_.release(true);
     return loc;
   }
 
  private:
-  void write_header() {
-    if (header_.empty()) return;
-    writer_.put(cursor_, header_.data(), header_.size());
-    cursor_ += header_.size();
-    header_.clear();
-  }
-
   PackedWriter& writer_;
   std::uint64_t offset_;
   std::uint64_t cursor_;
-  std::string header_;
   std::uint64_t left_;
-  std::uint64_t nbytes_ = 0;
+  std::uint64_t nbytes_;
   bool finished_ = false;
 };
 
@@ -114,8 +108,8 @@ void PackedWriter::open_segment() {
 }
 
 std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
-  std::string header = npy_header(npy_descr(meta.dtype.element), meta.shape);
-  const std::uint64_t size = header.size() + meta.nbytes;
+  npy_header_into(header_, meta.dtype.element, meta.shape);
+  const std::uint64_t size = header_.size() + meta.nbytes;
   if (!file_) {
     open_segment();
   } else if (live_ == 0 && end_ > 0 && align_up(end_) + size > options_.segment_bytes()) {
@@ -126,9 +120,10 @@ std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
     open_segment();
   }
   const std::uint64_t offset = align_up(end_);
+  put(offset, header_.data(), header_.size());
   end_ = offset + size;
   ++live_;
-  return std::make_unique<PackedSink>(*this, offset, std::move(header), meta.nbytes);
+  return std::make_unique<PackedSink>(*this, offset, header_.size(), meta.nbytes);
 }
 
 void PackedWriter::put(std::uint64_t offset, const char* data, std::size_t n) {

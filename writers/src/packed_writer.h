@@ -54,6 +54,8 @@ class PackedWriter final : public Writer {
   // Bytes not yet written, for the segment's offsets [buf_start_, buf_start_ + buf_.size()).
   std::string buf_;
   std::uint64_t buf_start_ = 0;
+  // The record's .npy header, built here (its memory kept from record to record).
+  std::string header_;
   // Records begun and not yet finished or dropped: the segment cannot roll under them.
   int live_ = 0;
   // Whether a finished record's bytes may not be durable yet.
