@@ -202,26 +202,19 @@ def main():
                              "np_load_packed", "series_npy", "np_load_npy")}
         for _ in range(args.reps):
             t["json_packed"].append(timed(lambda: json_floor(os.path.join(packed, "index.jsonl")))[0])
-            dt, run = timed(lambda: tensortap.open(packed))
-            t["open_packed"].append(dt)
-            assert len(run.records) == lines
-            t["index_frame"].append(timed(run.index_frame)[0])
-            dt, s = timed(lambda: run.series(target, target_kind))
-            t["series_packed"].append(dt)
-            np.testing.assert_array_equal(s, want)
-            dt, s = timed(np_load_packed)
-            t["np_load_packed"].append(dt)
-            np.testing.assert_array_equal(s, want)
-            del run
-            dt, run = timed(lambda: tensortap.open(npy))
-            t["open_npy"].append(dt)
-            dt, s = timed(lambda: run.series(target, target_kind))
-            t["series_npy"].append(dt)
-            np.testing.assert_array_equal(s, want)
-            dt, s = timed(np_load_npy)
-            t["np_load_npy"].append(dt)
-            np.testing.assert_array_equal(s, want)
-            del run
+            for layout, path, np_floor in (("packed", packed, np_load_packed), ("npy", npy, np_load_npy)):
+                dt, run = timed(lambda: tensortap.open(path))
+                t[f"open_{layout}"].append(dt)
+                assert len(run.records) == lines
+                if layout == "packed":
+                    t["index_frame"].append(timed(run.index_frame)[0])
+                # series() against NumPy's own loads of the same records.
+                for key, read in ((f"series_{layout}", lambda: run.series(target, target_kind)),
+                                  (f"np_load_{layout}", np_floor)):
+                    dt, s = timed(read)
+                    t[key].append(dt)
+                    np.testing.assert_array_equal(s, want)
+                del run
         med = {k: statistics.median(v) for k, v in t.items()}
         mem_big = child_open(reader, packed)
         mem_npy = child_open(reader, npy)
