@@ -9,6 +9,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include <ATen/ATen.h>
 
@@ -347,4 +348,89 @@ TEST_CASE("a link planted at the next segment's name is refused, never followed"
   const auto recs = packed_records(dir.path);
   REQUIRE(recs.size() == 1);
   REQUIRE(at::equal(tensortap::load_npy(dir / recs[0].file, recs[0].offset), at::full({600}, 1.0f)));
+}
+
+TEST_CASE("packed segments roll while a record is still arriving in chunks; it finishes where it began",
+          "[writers][packed][hostile]") {
+  using namespace tensortap::detail;
+  TempDir dir;
+  const Dir run = Dir::open(dir.path, false);
+  PackedWriter w(run, PackedOptions().segment_bytes(4096));
+  RecordDesc big;
+  big.name = "big";
+  big.shape = {3000};
+  big.nbytes = 3000 * 4;  // larger than a segment: it has one to itself
+  const at::Tensor big_data = at::arange(3000, at::kFloat);
+  auto big_sink = w.begin(big);
+  big_sink->append(big_data.data_ptr(), 4000);  // its first chunk, then others' records meanwhile
+  RecordDesc small;
+  small.name = "small";
+  small.shape = {64};
+  small.nbytes = 256;
+  std::vector<std::string> locs;
+  for (int i = 0; i < 40; ++i) {
+    const at::Tensor v = at::full({64}, static_cast<float>(i));
+    auto sink = w.begin(small);
+    sink->append(v.data_ptr(), 256);
+    locs.push_back(sink->finish());
+    // Index lines are written only once sync() says every finished record is durable.
+    if (i % 10 == 9) REQUIRE(w.sync(true));
+  }
+  big_sink->append(static_cast<const char*>(big_data.data_ptr()) + 4000, 8000);
+  const std::string big_loc = big_sink->finish();
+  REQUIRE(w.sync(true));
+  w.close();
+
+  const std::regex re(R"re("file":"([^"]*)","offset":(\d+),"nbytes":(\d+))re");
+  std::map<std::string, int> per_file;
+  for (std::size_t i = 0; i <= locs.size(); ++i) {
+    const std::string& loc = i < locs.size() ? locs[i] : big_loc;
+    std::smatch m;
+    REQUIRE(std::regex_search(loc, m, re));
+    ++per_file[m[1]];
+    const at::Tensor got = tensortap::load_npy(dir / m[1].str(), std::stoull(m[2]));
+    REQUIRE(at::equal(got, i < locs.size() ? at::full({64}, static_cast<float>(i)) : big_data));
+  }
+  REQUIRE(big_loc.find("\"file\":\"packed/00000000.npys\",\"offset\":0,") != std::string::npos);
+  REQUIRE(per_file["packed/00000000.npys"] == 1);
+  REQUIRE(per_file.size() >= 4);  // 40 x 384 bytes rolled on, with the big record live
+  for (const auto& f : tt_test::files_under(dir / "packed"))
+    if (f.filename() != "00000000.npys") REQUIRE(fs::file_size(f) <= 4096);
+}
+
+TEST_CASE("segment_bytes holds while one thread streams large records and another captures small ones",
+          "[writers][packed][hostile]") {
+  TempDir dir;
+  const at::Tensor big = at::arange(1 << 20, at::kFloat);  // 4 MiB: in chunks through 64 KiB staging
+  {
+    Recorder rec{Options(dir.path)
+                     .format(Format::Packed)
+                     .buffer_bytes(64 << 10)
+                     .packed(PackedOptions().segment_bytes(64 << 10))};
+    rec.step(0);
+    std::thread streamer([&] {
+      for (int i = 0; i < 3; ++i) rec.capture("big", big);
+    });
+    for (int i = 0; i < 1000; ++i) rec.capture("small", at::full({256}, static_cast<float>(i)));
+    streamer.join();
+    rec.close();
+    const auto s = rec.stats();
+    REQUIRE(s.errors == 0);
+    REQUIRE(s.records == s.captured);
+  }
+  std::map<std::string, int> per_file;
+  for (const auto& r : packed_records(dir.path)) {
+    ++per_file[r.file];
+    INFO(r.name << " in " << r.file << " at " << r.offset);
+    if (r.name.rfind("big", 0) == 0)
+      REQUIRE(at::equal(tensortap::load_npy(dir / r.file, r.offset), big));
+    else  // "small#k" is the capture of i = k, in order on this thread
+      REQUIRE(at::equal(tensortap::load_npy(dir / r.file, r.offset),
+                        at::full({256}, r.name == "small" ? 0.0f : std::stof(r.name.substr(6)))));
+  }
+  for (const auto& [file, n] : per_file) {
+    INFO(file << " holds " << n << " record(s)");
+    // Only a record larger than a segment may pass segment_bytes, alone.
+    if (fs::file_size(dir / file) > (64u << 10)) REQUIRE(n == 1);
+  }
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 
 #include <fmt/format.h>
 
@@ -37,8 +38,8 @@ void fsync_dir(const Dir& dir) {
 class PackedSink final : public RecordSink {
  public:
   // The header is already in place: `begin()` wrote it.
-  PackedSink(PackedWriter& writer, std::uint64_t offset, std::uint64_t header_bytes, std::uint64_t nbytes)
-      : writer_(writer),
+  PackedSink(PackedWriter::Segment& segment, std::uint64_t offset, std::uint64_t header_bytes, std::uint64_t nbytes)
+      : segment_(segment),
         offset_(offset),
         cursor_(offset + header_bytes),
         left_(nbytes),
@@ -46,35 +47,37 @@ class PackedSink final : public RecordSink {
 
   ~PackedSink() override {
     // Dropped before finish(): its stretch stays unindexed, the next record starts past it.
-    if (!finished_) writer_.release(false);
+    if (!finished_) --segment_.live;
   }
 
   void append(const void* data, std::size_t n) override {
     if (n > left_)
-      fail("record at offset {} of '{}' got more bytes than its shape holds", offset_, writer_.segment_path());
-    writer_.put(cursor_, static_cast<const char*>(data), n);
+      fail("record at offset {} of '{}' got more bytes than its shape holds", offset_, segment_.file.path());
+    segment_.put(cursor_, static_cast<const char*>(data), n);
     cursor_ += n;
     left_ -= n;
   }
 
   std::string finish() override {
-    if (left_ != 0) fail("record at offset {} of '{}' is {} bytes short", offset_, writer_.segment_path(), left_);
+    if (left_ != 0) fail("record at offset {} of '{}' is {} bytes short", offset_, segment_.file.path(), left_);
     std::string loc;
-    append_put(loc, 32 + json_string_room(writer_.segment_rel()) + 2 * kIntRoom, [&](char* p) {
+    append_put(loc, 32 + json_string_room(segment_.rel) + 2 * kIntRoom, [&](char* p) {
       p = put(p, "\"file\":");
-      p = put_json_string(p, writer_.segment_rel());
+      p = put_json_string(p, segment_.rel);
       p = put(p, ",\"offset\":");
       p = put_int(p, static_cast<std::int64_t>(offset_));
       p = put(p, ",\"nbytes\":");
       return put_int(p, static_cast<std::int64_t>(nbytes_));
     });
     finished_ = true;
-    writer_.release(true);
+    --segment_.live;
+    segment_.undurable = true;
     return loc;
   }
 
  private:
-  PackedWriter& writer_;
+  // Outlives the sink: a segment is let go only once no record is live in it.
+  PackedWriter::Segment& segment_;
   std::uint64_t offset_;
   std::uint64_t cursor_;
   std::uint64_t left_;
@@ -89,108 +92,138 @@ PackedWriter::PackedWriter(const Dir& dir, const PackedOptions& options) : dir_(
 
 PackedWriter::~PackedWriter() = default;
 
-void PackedWriter::open_segment() {
+std::unique_ptr<PackedWriter::Segment> PackedWriter::open_segment() {
   if (!packed_) {
     packed_ = dir_.sub("packed", /*create=*/true);
     fsync_dir(dir_);
   }
   const std::string name = fmt::format("{:08d}.npys", next_segment_);
+  auto s = std::make_unique<Segment>();
   // O_EXCL: a segment is only ever appended by the writer that created it
   // (overwrite removed packed/ with the old run).
-  File f = packed_.open_file(name, O_WRONLY | O_CREAT | O_EXCL);
+  s->file = packed_.open_file(name, O_WRONLY | O_CREAT | O_EXCL);
+  s->rel = "packed/" + name;
   ++next_segment_;
-  file_ = std::move(f);
-  rel_ = "packed/" + name;
-  end_ = 0;
-  buf_.clear();
-  buf_start_ = 0;
-  new_segment_ = true;
+  return s;
+}
+
+void PackedWriter::close_segment(Segment& s) {
+  // Its records are made durable before it goes, so sync() has only the
+  // segments still open to think of.
+  s.flush();
+  if (s.undurable || s.new_entry) s.datasync(packed_);
+  s.file.close();
+}
+
+void PackedWriter::close_retired() {
+  for (auto it = retiring_.begin(); it != retiring_.end();) {
+    if ((*it)->live != 0) {
+      ++it;
+      continue;
+    }
+    close_segment(**it);
+    it = retiring_.erase(it);
+  }
 }
 
 std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
   npy_header_into(header_, meta.dtype.element, meta.shape);
   const std::uint64_t size = header_.size() + meta.nbytes;
-  if (!file_) {
-    open_segment();
-  } else if (live_ == 0 && end_ > 0 && align_up(end_) + size > options_.segment_bytes()) {
-    // The old segment is complete: make its records durable before letting it go,
-    // so sync() only ever has the open segment to think of.
-    flush();
-    datasync();
-    open_segment();
+  if (!open_) {
+    open_ = open_segment();
+    end_ = 0;
+  } else if (end_ > 0 && align_up(end_) + size > options_.segment_bytes()) {
+    // The next segment first: if it cannot be created, nothing changed.
+    std::unique_ptr<Segment> next = open_segment();
+    retiring_.push_back(std::move(open_));
+    open_ = std::move(next);
+    end_ = 0;
+    close_retired();
   }
   const std::uint64_t offset = align_up(end_);
-  put(offset, header_.data(), header_.size());
+  open_->put(offset, header_.data(), header_.size());
   end_ = offset + size;
-  ++live_;
-  return std::make_unique<PackedSink>(*this, offset, header_.size(), meta.nbytes);
+  ++open_->live;
+  return std::make_unique<PackedSink>(*open_, offset, header_.size(), meta.nbytes);
 }
 
-void PackedWriter::put(std::uint64_t offset, const char* data, std::size_t n) {
+void PackedWriter::Segment::put(std::uint64_t offset, const char* data, std::size_t n) {
   if (n == 0) return;
-  if (offset < buf_start_) {
+  if (offset < buf_start) {
     // Behind the buffer (another record's bytes went out meanwhile): straight to the file.
-    file_.pwrite_all(data, n, offset);
+    file.pwrite_all(data, n, offset);
     return;
   }
-  if (offset + n - buf_start_ > kBufferBytes) {
+  if (offset + n - buf_start > kBufferBytes) {
     flush();
-    buf_start_ = offset;
+    buf_start = offset;
     if (n > kBufferBytes) {
       // A large chunk needs no gathering.
-      file_.pwrite_all(data, n, offset);
-      buf_start_ = offset + n;
+      file.pwrite_all(data, n, offset);
+      buf_start = offset + n;
       return;
     }
   }
-  const auto at = static_cast<std::size_t>(offset - buf_start_);
+  const auto at = static_cast<std::size_t>(offset - buf_start);
   // Gaps (the alignment padding) become zeros. Bytes usually arrive in
   // order, at the end; a record begun earlier may still fill its place.
-  if (at > buf_.size()) buf_.append(at - buf_.size(), '\0');
-  const std::size_t inside = std::min(n, buf_.size() - at);
-  if (inside != 0) std::memcpy(&buf_[at], data, inside);
-  buf_.append(data + inside, n - inside);
+  if (at > buf.size()) buf.append(at - buf.size(), '\0');
+  const std::size_t inside = std::min(n, buf.size() - at);
+  if (inside != 0) std::memcpy(&buf[at], data, inside);
+  buf.append(data + inside, n - inside);
 }
 
-void PackedWriter::release(bool done) {
-  --live_;
-  if (done) undurable_ = true;
-}
-
-void PackedWriter::flush() {
-  if (buf_.empty()) return;
+void PackedWriter::Segment::flush() {
+  if (buf.empty()) return;
   // On failure (a full disk) the buffer stays, and a later flush writes it
   // again at the same offsets: finished records in it are not lost.
-  file_.pwrite_all(buf_.data(), buf_.size(), buf_start_);
-  buf_start_ += buf_.size();
-  buf_.clear();
+  file.pwrite_all(buf.data(), buf.size(), buf_start);
+  buf_start += buf.size();
+  buf.clear();
 }
 
-void PackedWriter::datasync() {
-  file_.datasync();
-  if (new_segment_) {
-    fsync_dir(packed_);
-    new_segment_ = false;
+void PackedWriter::Segment::datasync(const Dir& packed) {
+  file.datasync();
+  if (new_entry) {
+    fsync_dir(packed);
+    new_entry = false;
   }
-  undurable_ = false;
-  last_sync_ = std::chrono::steady_clock::now();
+  undurable = false;
 }
 
 bool PackedWriter::sync(bool force) {
-  if (!undurable_) return true;
+  bool undurable = open_ && open_->undurable;
+  for (const auto& s : retiring_) undurable = undurable || s->undurable;
+  if (!undurable) return true;
   // Written at every batch, so a process that dies loses nothing finished;
   // durable against a system crash at the cadence.
-  flush();
+  if (open_) open_->flush();
+  for (const auto& s : retiring_) s->flush();
   if (!force && std::chrono::steady_clock::now() - last_sync_ < kSyncInterval) return false;
-  datasync();
+  if (open_ && open_->undurable) open_->datasync(packed_);
+  for (const auto& s : retiring_)
+    if (s->undurable) s->datasync(packed_);
+  close_retired();
+  last_sync_ = std::chrono::steady_clock::now();
   return true;
 }
 
 void PackedWriter::close() {
-  if (!file_) return;
-  flush();
-  datasync();
-  file_.close();
+  // Every segment is closed, even after one fails (a full disk): the first
+  // error is reported. A record still live here was cut off: its stretch
+  // stays unindexed.
+  std::exception_ptr first;
+  auto close_one = [&](Segment& s) {
+    if (!s.file) return;
+    try {
+      close_segment(s);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  };
+  for (const auto& s : retiring_) close_one(*s);
+  if (open_) close_one(*open_);
+  if (first) std::rethrow_exception(first);
   packed_ = Dir();
 }
 

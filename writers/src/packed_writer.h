@@ -3,7 +3,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <tensortap/format.h>
 
@@ -14,9 +16,12 @@ namespace tensortap::detail {
 
 /// Appends each record, a complete `.npy` image, to a segment file
 /// `packed/<8 digits>.npys` at a 64-byte-aligned offset (the gaps are
-/// zeros), so `f.seek(offset); np.load(f)` reads it. One segment is open at
-/// a time; a new one starts, between records, when the next record would
-/// take it past `PackedOptions::segment_bytes`.
+/// zeros), so `f.seek(offset); np.load(f)` reads it. New records go to one
+/// open segment; a new one starts when the next record would take it past
+/// `PackedOptions::segment_bytes`. A record still arriving in chunks then
+/// finishes in the segment it began in, which stays open (retiring) until it
+/// does: with several capturing threads some record is nearly always in
+/// flight, and waiting for none would let a segment grow without bound.
 ///
 /// Every record's place is reserved when it begins, and its bytes are written
 /// at their own offsets (pwrite): a failed write leaves nothing to undo, and
@@ -30,38 +35,49 @@ class PackedWriter final : public Writer {
   bool sync(bool force) override;
   void close() override;
 
-  /// For PackedSink: writes `n` bytes at `offset` of the open segment, through the buffer.
-  void put(std::uint64_t offset, const char* data, std::size_t n);
-  /// For PackedSink: its record is finished (`done`) or dropped.
-  void release(bool done);
-  const std::string& segment_rel() const { return rel_; }
-  const std::string& segment_path() const { return file_.path(); }
+  /// One segment file and the bytes gathered for it.
+  struct Segment {
+    File file;
+    // Its path relative to the run, as index lines name it.
+    std::string rel;
+    // Bytes not yet written, for the offsets [buf_start, buf_start + buf.size()).
+    std::string buf;
+    std::uint64_t buf_start = 0;
+    // Records begun in it and not yet finished or dropped.
+    int live = 0;
+    // Whether a finished record's bytes may not be durable yet.
+    bool undurable = false;
+    // Whether its directory entry has not been synced yet.
+    bool new_entry = true;
+
+    /// Writes `n` bytes at `offset`, through the buffer.
+    void put(std::uint64_t offset, const char* data, std::size_t n);
+    /// Writes what the buffer holds.
+    void flush();
+    /// Makes what was written durable, its name included.
+    void datasync(const Dir& packed);
+  };
 
  private:
-  void open_segment();
-  void flush();
-  void datasync();
+  std::unique_ptr<Segment> open_segment();
+  // Lets go of `s`, whose records are all finished or dropped: durable, closed.
+  void close_segment(Segment& s);
+  // Closes the retiring segments whose last record has ended.
+  void close_retired();
 
   const Dir& dir_;
   PackedOptions options_;
   Dir packed_;
-  File file_;
-  // The next segment's number and the open one's path relative to the run.
+  // The next segment's number.
   std::uint32_t next_segment_ = 0;
-  std::string rel_;
-  // Where the next record may begin (before alignment): past every byte reserved.
+  // Where new records go.
+  std::unique_ptr<Segment> open_;
+  // Where the next record may begin in open_ (before alignment): past every byte reserved.
   std::uint64_t end_ = 0;
-  // Bytes not yet written, for the segment's offsets [buf_start_, buf_start_ + buf_.size()).
-  std::string buf_;
-  std::uint64_t buf_start_ = 0;
+  // Segments rolled past with records still arriving in chunks.
+  std::vector<std::unique_ptr<Segment>> retiring_;
   // The record's .npy header, built here (its memory kept from record to record).
   std::string header_;
-  // Records begun and not yet finished or dropped: the segment cannot roll under them.
-  int live_ = 0;
-  // Whether a finished record's bytes may not be durable yet.
-  bool undurable_ = false;
-  // Whether the directory entry of the open segment has not been synced yet.
-  bool new_segment_ = false;
   std::chrono::steady_clock::time_point last_sync_;
 };
 
