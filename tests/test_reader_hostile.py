@@ -192,6 +192,12 @@ class PathTest(TempCase):
         self.assert_refused(run, 0, "../../t.h5", 1)
         self.assertIn("absolute", self.assert_refused(run, 1, os.path.join(self.tmp, "t.h5"), 2))
 
+    def test_a_record_naming_the_run_directory_itself_is_refused_as_such(self):
+        make_run(self.run_dir, [line(record(0, file=".")), line(record(1, file="npy/.."))])
+        run, _ = open_run(self.run_dir)
+        self.assertIn("the run directory itself", self.assert_refused(run, 0, "'.'", 1))
+        self.assertIn("'..' component", self.assert_refused(run, 1, "'npy/..'", 2))
+
     def test_a_rank_cannot_reach_into_another(self):
         for r in (0, 1):
             make_run(os.path.join(self.run_dir, f"rank{r}"), [line(record(0))])

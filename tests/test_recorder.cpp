@@ -350,8 +350,15 @@ TEST_CASE("a directory that holds a run is refused unless overwrite is set", "[s
     rec.capture("old", at::ones({1}));
   }
   const std::string err = error_of([&] { Recorder rec{Options(dir.path)}; });
-  REQUIRE_THAT(err, Catch::Contains(dir.path) && Catch::Contains("already holds a run"));
+  REQUIRE_THAT(err, Catch::Contains(dir.path) && Catch::Contains("already holds a run (run.json)"));
   REQUIRE(std::filesystem::exists(npy(dir.path, "tensor", "old", 0)));
+  {
+    // An index without run.json marks a run too, and the message names it.
+    TempDir index_only;
+    std::ofstream(index_only / "index.jsonl") << "";
+    REQUIRE_THAT(error_of([&] { Recorder rec{Options(index_only.path)}; }),
+                 Catch::Contains("already holds a run (index.jsonl)"));
+  }
   {
     Recorder rec{Options(dir.path).overwrite(true)};
     rec.step(0);

@@ -733,7 +733,9 @@ def _resolve(rec, dirs=None):
         except OSError:
             mode = None  # missing: opening it says so
         # Both are real paths: inside is under the root's prefix.
-        if not real.startswith(os.path.join(rec.root, "")):
+        if real == rec.root:
+            why = "it is the run directory itself, not a file"
+        elif not real.startswith(os.path.join(rec.root, "")):
             why = f"it resolves to {real!r}, outside {rec.root!r}"
         elif mode is not None and not stat.S_ISREG(mode):
             why = "it is not a regular file"

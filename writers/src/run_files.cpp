@@ -51,12 +51,15 @@ RunDir::RunDir(const std::string& root, const std::string& sub, bool overwrite) 
         "'{}' is in use by another recorder (in this process or another); two recorders cannot write one run "
         "directory: choose another directory",
         dir_.path());
-  const bool holds_run = dir_.exists("run.json") || dir_.exists("index.jsonl");
-  if (holds_run && !overwrite)
+  // Either file marks a run; the message names the one found.
+  const char* const run_file = dir_.exists("run.json")      ? "run.json"
+                               : dir_.exists("index.jsonl") ? "index.jsonl"
+                                                            : nullptr;
+  if (run_file != nullptr && !overwrite)
     fail(
-        "'{}' already holds a run (run.json); choose another directory or set "
+        "'{}' already holds a run ({}); choose another directory or set "
         "Options::overwrite(true)",
-        dir_.path());
+        dir_.path(), run_file);
   // Only what tensortap writes goes: a user's other files stay.
   for (const char* name : kRunFileNames) {
     if (!dir_.exists(name)) continue;
