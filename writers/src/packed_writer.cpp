@@ -194,17 +194,19 @@ void PackedWriter::Segment::datasync(const Dir& packed) {
 bool PackedWriter::sync(bool force) {
   bool undurable = open_ && open_->undurable;
   for (const auto& s : retiring_) undurable = undurable || s->undurable;
-  if (!undurable) return true;
-  // Written at every batch, so a process that dies loses nothing finished;
-  // durable against a system crash at the cadence.
-  if (open_) open_->flush();
-  for (const auto& s : retiring_) s->flush();
-  if (!force && std::chrono::steady_clock::now() - last_sync_ < kSyncInterval) return false;
-  if (open_ && open_->undurable) open_->datasync(packed_);
-  for (const auto& s : retiring_)
-    if (s->undurable) s->datasync(packed_);
+  if (undurable) {
+    // Written at every batch, so a process that dies loses nothing finished;
+    // durable against a system crash at the cadence.
+    if (open_) open_->flush();
+    for (const auto& s : retiring_) s->flush();
+    if (!force && std::chrono::steady_clock::now() - last_sync_ < kSyncInterval) return false;
+    if (open_ && open_->undurable) open_->datasync(packed_);
+    for (const auto& s : retiring_)
+      if (s->undurable) s->datasync(packed_);
+    last_sync_ = std::chrono::steady_clock::now();
+  }
+  // A retiring segment whose last record was dropped, not finished, goes too.
   close_retired();
-  last_sync_ = std::chrono::steady_clock::now();
   return true;
 }
 
