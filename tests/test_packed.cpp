@@ -1,7 +1,10 @@
 // Format::Packed: .npy images appended to packed/<n>.npys at 64-byte-aligned
 // offsets. Python's side (np.load at the offset, the reader) is in
 // test_reader.py, on the runs e2e_writer makes.
+#include <sys/resource.h>
+
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -433,4 +436,53 @@ TEST_CASE("segment_bytes holds while one thread streams large records and anothe
     // Only a record larger than a segment may pass segment_bytes, alone.
     if (fs::file_size(dir / file) > (64u << 10)) REQUIRE(n == 1);
   }
+}
+
+TEST_CASE("on a full disk a packed segment does not roll: no new file, descriptor or buffer per failed record",
+          "[writers][packed][hostile]") {
+  using namespace tensortap::detail;
+  TempDir dir;
+  const Dir run = Dir::open(dir.path, false);
+  PackedWriter w(run, PackedOptions().segment_bytes(4096));
+  RecordDesc d;
+  d.name = "x";
+  d.shape = {640};
+  d.nbytes = 640 * 4;  // 2.5 KiB: every second record rolls
+  const at::Tensor first = at::full({640}, 1.0f);
+  auto sink = w.begin(d);
+  sink->append(first.data_ptr(), d.nbytes);
+  const std::string loc = sink->finish();  // gathered, not yet written
+  // A file size limit below what is gathered: every write fails (EFBIG), as
+  // on a full disk.
+  rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 64;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  int failed = 0;
+  for (int i = 0; i < 50; ++i) {
+    try {
+      auto s = w.begin(d);
+    } catch (const tensortap::Error& e) {
+      REQUIRE_THAT(e.what(), Catch::Contains("00000000.npys"));
+      ++failed;
+    }
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, old_handler);
+  REQUIRE(failed == 50);
+  REQUIRE(tt_test::files_under(dir / "packed").size() == 1);
+  // Space again: the gathered record reaches its segment, the next rolls.
+  const at::Tensor second = at::full({640}, 2.0f);
+  auto again = w.begin(d);
+  again->append(second.data_ptr(), d.nbytes);
+  const std::string loc2 = again->finish();
+  REQUIRE(w.sync(true));
+  w.close();
+  REQUIRE(loc.find("\"file\":\"packed/00000000.npys\",\"offset\":0,") != std::string::npos);
+  REQUIRE(loc2.find("\"file\":\"packed/00000001.npys\",\"offset\":0,") != std::string::npos);
+  REQUIRE(at::equal(tensortap::load_npy(dir / "packed/00000000.npys", 0), first));
+  REQUIRE(at::equal(tensortap::load_npy(dir / "packed/00000001.npys", 0), second));
+  REQUIRE(tt_test::files_under(dir / "packed").size() == 2);
 }

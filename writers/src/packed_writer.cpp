@@ -133,7 +133,12 @@ std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
     open_ = open_segment();
     end_ = 0;
   } else if (end_ > 0 && align_up(end_) + size > options_.segment_bytes()) {
-    // The next segment first: if it cannot be created, nothing changed.
+    // What could fail goes first, before the next segment exists: on a full
+    // disk the record fails here, as every one after it will, and no new
+    // segment (a file, a descriptor and a buffer) is opened per attempt. So
+    // retiring_ holds at most the segments with records in flight, and one.
+    open_->flush();
+    close_retired();
     std::unique_ptr<Segment> next = open_segment();
     retiring_.push_back(std::move(open_));
     open_ = std::move(next);
