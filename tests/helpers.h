@@ -1,5 +1,8 @@
 #pragma once
 
+#include <sys/resource.h>
+
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +25,33 @@ inline std::string error_of(const std::function<void()>& f) {
   }
   return "";
 }
+
+/// Until the scope ends, a write that would take any file past `bytes` fails
+/// (EFBIG, with SIGXFSZ ignored): a full disk in miniature.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) : handler_(::signal(SIGXFSZ, SIG_IGN)) {
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_) == 0);
+    rlimit small = old_;
+    small.rlim_cur = bytes;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  }
+  ~FileSizeLimit() { lift(); }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+  /// Ends the limit before the scope does.
+  void lift() {
+    if (lifted_) return;
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    ::signal(SIGXFSZ, handler_);
+    lifted_ = true;
+  }
+
+ private:
+  rlimit old_{};
+  void (*handler_)(int);
+  bool lifted_ = false;
+};
 
 /// A fresh directory under the system temp dir, removed at scope exit.
 struct TempDir {

@@ -2,8 +2,6 @@
 // before its fix (a hang, a heap overflow, writes outside the run directory,
 // lost or mixed data). tests/README.md lists them with what they do now.
 #include <dirent.h>
-#include <signal.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -157,21 +155,15 @@ TEST_CASE("index lines stay whole when an append fails part way", "[writers][hos
   tensortap::detail::LinesFile lines(d, "index.jsonl");
   lines.append("{\"a\":1}\n{\"b\":2}\n");
   // A file size limit just above what is there makes the next large append
-  // short, then fail: a full disk in miniature.
-  rlimit old{};
-  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-  const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
-  rlimit small = old;
-  small.rlim_cur = 64;
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  // short, then fail.
+  tt_test::FileSizeLimit limit(64);
   std::string err;
   try {
     lines.append(std::string(200, 'x') + "\n");
   } catch (const tensortap::Error& e) {
     err = e.what();
   }
-  ::setrlimit(RLIMIT_FSIZE, &old);
-  ::signal(SIGXFSZ, old_handler);
+  limit.lift();
   REQUIRE_THAT(err, Catch::Contains("index.jsonl"));
   REQUIRE(tt_test::read_file(dir / "index.jsonl") == "{\"a\":1}\n{\"b\":2}\n");
   lines.append("{\"c\":3}\n");

@@ -1,10 +1,7 @@
 // Format::Packed: .npy images appended to packed/<n>.npys at 64-byte-aligned
 // offsets. Python's side (np.load at the offset, the reader) is in
 // test_reader.py, on the runs e2e_writer makes.
-#include <sys/resource.h>
-
 #include <cmath>
-#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -54,6 +51,15 @@ std::vector<Located> packed_records(const std::string& run) {
 }
 
 using tt_test::error_of;
+
+// A float32 record of `n` elements, for the writer on its own.
+tensortap::detail::RecordDesc float_record(const std::string& name, std::int64_t n) {
+  tensortap::detail::RecordDesc d;
+  d.name = name;
+  d.shape = {n};
+  d.nbytes = static_cast<std::uint64_t>(n) * 4;
+  return d;
+}
 
 // Whether `got` holds exactly the bytes of `want` (NaNs and signed zeros included).
 bool same_bytes(const at::Tensor& got, const at::Tensor& want) {
@@ -249,10 +255,7 @@ TEST_CASE("a packed record dropped part way leaves an unindexed stretch the next
   TempDir dir;
   const Dir run = Dir::open(dir.path, false);
   PackedWriter w(run, PackedOptions());
-  RecordDesc d;
-  d.name = "x";
-  d.shape = {4};
-  d.nbytes = 16;
+  const RecordDesc d = float_record("x", 4);
   const float v[4] = {1, 2, 3, 4};
   {
     auto dropped = w.begin(d);
@@ -359,17 +362,11 @@ TEST_CASE("packed segments roll while a record is still arriving in chunks; it f
   TempDir dir;
   const Dir run = Dir::open(dir.path, false);
   PackedWriter w(run, PackedOptions().segment_bytes(4096));
-  RecordDesc big;
-  big.name = "big";
-  big.shape = {3000};
-  big.nbytes = 3000 * 4;  // larger than a segment: it has one to itself
+  const RecordDesc big = float_record("big", 3000);  // larger than a segment: it has one to itself
   const at::Tensor big_data = at::arange(3000, at::kFloat);
   auto big_sink = w.begin(big);
   big_sink->append(big_data.data_ptr(), 4000);  // its first chunk, then others' records meanwhile
-  RecordDesc small;
-  small.name = "small";
-  small.shape = {64};
-  small.nbytes = 256;
+  const RecordDesc small = float_record("small", 64);
   std::vector<std::string> locs;
   for (int i = 0; i < 40; ++i) {
     const at::Tensor v = at::full({64}, static_cast<float>(i));
@@ -444,22 +441,13 @@ TEST_CASE("on a full disk a packed segment does not roll: no new file, descripto
   TempDir dir;
   const Dir run = Dir::open(dir.path, false);
   PackedWriter w(run, PackedOptions().segment_bytes(4096));
-  RecordDesc d;
-  d.name = "x";
-  d.shape = {640};
-  d.nbytes = 640 * 4;  // 2.5 KiB: every second record rolls
+  const RecordDesc d = float_record("x", 640);  // 2.5 KiB: every second record rolls
   const at::Tensor first = at::full({640}, 1.0f);
   auto sink = w.begin(d);
   sink->append(first.data_ptr(), d.nbytes);
   const std::string loc = sink->finish();  // gathered, not yet written
-  // A file size limit below what is gathered: every write fails (EFBIG), as
-  // on a full disk.
-  rlimit old{};
-  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-  const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
-  rlimit small = old;
-  small.rlim_cur = 64;
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  // A file size limit below what is gathered: every write fails.
+  tt_test::FileSizeLimit limit(64);
   int failed = 0;
   for (int i = 0; i < 50; ++i) {
     try {
@@ -469,8 +457,7 @@ TEST_CASE("on a full disk a packed segment does not roll: no new file, descripto
       ++failed;
     }
   }
-  ::setrlimit(RLIMIT_FSIZE, &old);
-  ::signal(SIGXFSZ, old_handler);
+  limit.lift();
   REQUIRE(failed == 50);
   REQUIRE(tt_test::files_under(dir / "packed").size() == 1);
   // Space again: the gathered record reaches its segment, the next rolls.
