@@ -197,17 +197,16 @@ void PackedWriter::Segment::datasync(const Dir& packed) {
 }
 
 bool PackedWriter::sync(bool force) {
-  bool undurable = open_ && open_->undurable;
-  for (const auto& s : retiring_) undurable = undurable || s->undurable;
+  bool undurable = false;
+  each_segment([&](Segment& s) { undurable = undurable || s.undurable; });
   if (undurable) {
     // Written at every batch, so a process that dies loses nothing finished;
     // durable against a system crash at the cadence.
-    if (open_) open_->flush();
-    for (const auto& s : retiring_) s->flush();
+    each_segment([](Segment& s) { s.flush(); });
     if (!force && std::chrono::steady_clock::now() - last_sync_ < kSyncInterval) return false;
-    if (open_ && open_->undurable) open_->datasync(packed_);
-    for (const auto& s : retiring_)
-      if (s->undurable) s->datasync(packed_);
+    each_segment([&](Segment& s) {
+      if (s.undurable) s.datasync(packed_);
+    });
     last_sync_ = std::chrono::steady_clock::now();
   }
   // A retiring segment whose last record was dropped, not finished, goes too.
@@ -220,16 +219,14 @@ void PackedWriter::close() {
   // error is reported. A record still live here was cut off: its stretch
   // stays unindexed.
   std::exception_ptr first;
-  auto close_one = [&](Segment& s) {
+  each_segment([&](Segment& s) {
     if (!s.file) return;
     try {
       close_segment(s);
     } catch (...) {
       if (!first) first = std::current_exception();
     }
-  };
-  for (const auto& s : retiring_) close_one(*s);
-  if (open_) close_one(*open_);
+  });
   if (first) std::rethrow_exception(first);
   packed_ = Dir();
 }

@@ -64,6 +64,12 @@ class PackedWriter final : public Writer {
   void close_segment(Segment& s);
   // Closes the retiring segments whose last record has ended.
   void close_retired();
+  // Calls `f` on every segment still held: the retiring ones, then the open one.
+  template <typename F>
+  void each_segment(F&& f) {
+    for (const auto& s : retiring_) f(*s);
+    if (open_) f(*open_);
+  }
 
   const Dir& dir_;
   PackedOptions options_;
