@@ -638,6 +638,123 @@ class KilledHdf5WriterTest(TempCase):
         self.assertEqual(_hdf5.lookup3(b""), 0xDEADBEEF)
 
 
+class SmallItemsTest(TempCase):
+    """Damaged indexes and small things (issue 30, item 15)."""
+
+    def test_a_step_indexed_twice_is_one_row_of_series(self):
+        make_run(self.run_dir, [line(record(0)), line(record(1)), line(record(1)), line(record(2))])
+        run, _ = open_run(self.run_dir)
+        self.assertEqual(run.steps("w", "grad"), [0, 1, 2])
+        self.assertEqual(run.series("w", "grad").shape, (3, 2, 3))
+        self.assertEqual(run.series("w", "grad", lazy=True).compute().shape, (3, 2, 3))
+
+    def test_lazy_series_refuses_a_file_unlike_its_index(self):
+        make_run(self.run_dir, [line(record(0)), line(record(1))])
+        np.save(os.path.join(self.run_dir, "npy/grad/w/00000001.npy"), np.zeros((3, 2), np.float32))
+        lazy = tensortap.open(self.run_dir).series("w", "grad", lazy=True)
+        self.assertEqual(lazy.shape, (2, 2, 3))
+        with self.assertRaisesRegex(tensortap.RunError, r"holds shape \[3, 2\], the index says \[2, 3\]"):
+            lazy.compute()
+
+    def test_closed_must_be_json_true(self):
+        make_run(self.run_dir, [line(record(0))])
+        for closed, want in (("false", False), ("true", False), (1, False), (True, True), (None, False)):
+            with open(os.path.join(self.run_dir, "run.json"), "w") as f:
+                json.dump(dict(RUN_JSON, closed=closed), f)
+            self.assertIs(tensortap.open(self.run_dir).closed, want, closed)
+
+    def test_a_missing_name_lists_a_few_names_and_the_count(self):
+        make_run(self.run_dir, [line(record(0, name=f"layer{i}.weight")) for i in range(500)])
+        with self.assertRaises(KeyError) as caught:
+            tensortap.open(self.run_dir).load("nope", 0, "grad")
+        message = str(caught.exception)
+        self.assertIn("'layer0.weight'", message)
+        self.assertIn("(500 in all)", message)
+        self.assertLess(len(message), 600)
+
+    def test_report_page_follows_the_umask(self):
+        make_run(self.run_dir, [line(record(s)) for s in range(3)])
+        out = os.path.join(self.tmp, "report.html")
+        old = os.umask(0o022)
+        try:
+            from tensortap import report
+            report.write_report(tensortap.open(self.run_dir), out)
+        finally:
+            os.umask(old)
+        self.assertEqual(os.stat(out).st_mode & 0o777, 0o644)
+
+
+class PlantedHdf5Test(TempCase):
+    """An HDF5 run whose tensors.h5 points outside itself: HDF5 would follow
+    an external link, external storage or a virtual dataset's sources to
+    another file (outside the run, or a FIFO that blocks forever). The reader
+    refuses each, and inspect --check reports it."""
+
+    def run_with(self, plant):
+        import h5py
+
+        os.makedirs(self.run_dir)
+        outside = os.path.join(self.tmp, "secret.bin")
+        with open(outside, "wb") as f:
+            f.write(np.full((2, 3), 42, np.float32).tobytes())
+        other = os.path.join(self.tmp, "other.h5")
+        with h5py.File(other, "w") as f:
+            f.create_dataset("data", data=np.full((1, 2, 3), 42, np.float32))
+        with h5py.File(os.path.join(self.run_dir, "tensors.h5"), "w", libver="latest") as f:
+            f.create_dataset("grad/w/data", data=value(0)[None])
+            plant(f, h5py, outside, other)
+        make_run(self.run_dir, [line(record(0, name="v", file="tensors.h5", dataset="/grad/v/data", row=0)),
+                                line(record(0, name="w", file="tensors.h5", dataset="/grad/w/data", row=0))])
+        return self.run_dir
+
+    def assert_refused_load(self, why):
+        run = tensortap.open(self.run_dir)
+        np.testing.assert_array_equal(run.load("w", 0, "grad"), value(0))  # the honest one still reads
+        with self.assertRaisesRegex(tensortap.RunError, why):
+            run.load("v", 0, "grad")
+        rc, out, err = inspect(self.run_dir, "--check")
+        self.assertNotEqual(rc, 0, out + err)
+        self.assertRegex(out + err, why)
+
+    def test_external_storage_is_refused(self):
+        self.run_with(lambda f, h5py, outside, other: f.create_dataset(
+            "grad/v/data", shape=(1, 2, 3), dtype="f4", external=[(outside, 0, 24)]))
+        self.assert_refused_load("stored outside the file")
+
+    def test_external_link_is_refused(self):
+        def plant(f, h5py, outside, other):
+            f["grad/v"] = h5py.ExternalLink(other, "/")
+        self.run_with(plant)
+        self.assert_refused_load("external link")
+
+    def test_soft_link_through_an_external_link_is_refused(self):
+        def plant(f, h5py, outside, other):
+            f["elsewhere"] = h5py.ExternalLink(other, "/")
+            f["grad/v"] = h5py.SoftLink("/elsewhere")
+        self.run_with(plant)
+        self.assert_refused_load("external link")
+
+    def test_virtual_dataset_is_refused(self):
+        def plant(f, h5py, outside, other):
+            layout = h5py.VirtualLayout(shape=(1, 2, 3), dtype="f4")
+            layout[:] = h5py.VirtualSource(other, "data", shape=(1, 2, 3))
+            f["grad"].create_virtual_dataset("v/data", layout)
+        self.run_with(plant)
+        self.assert_refused_load("virtual dataset")
+
+    def test_external_storage_on_a_fifo_does_not_hang(self):
+        fifo = os.path.join(self.tmp, "fifo")
+        os.mkfifo(fifo)
+        self.run_with(lambda f, h5py, outside, other: f.create_dataset(
+            "grad/v/data", shape=(1, 2, 3), dtype="f4", external=[(fifo, 0, 24)]))
+        self.assert_refused_load("stored outside the file")
+
+    def test_journal_planted_as_a_fifo_does_not_hang(self):
+        self.run_with(lambda *a: None)
+        os.mkfifo(os.path.join(self.run_dir, ".tensors.h5.journal"))
+        np.testing.assert_array_equal(tensortap.open(self.run_dir).load("w", 0, "grad"), value(0))
+
+
 def compact(rec, ascii=True):
     """The index line of `rec` as the C++ writer prints it: no spaces, members
     in the dict's order (record() has the writer's); with ascii=False, other

@@ -105,7 +105,8 @@ class Run:
     @property
     def closed(self):
         """Whether every rank closed its run cleanly (False after a crash or while running)."""
-        return all(bool(i.get("closed", False)) for i in self.infos.values())
+        # Only JSON's true: a damaged run.json's "false" (a string) is truthy.
+        return all(i.get("closed", False) is True for i in self.infos.values())
 
     def kinds(self):
         """The kinds present, in tensortap's order."""
@@ -125,7 +126,12 @@ class Run:
 
     def load(self, name, step, kind, rank=None, mmap=True):
         """The array of `name` at `step`; memory-mapped (.npy) unless mmap=False.
-        On a multi-rank run, `rank` defaults to the lowest rank that has it."""
+        On a multi-rank run, `rank` defaults to the lowest rank that has it.
+
+        A memory-mapped array reads its file when used: if the file is
+        truncated or deleted-and-shrunk afterwards (an `overwrite` rerun, a
+        full disk's cleanup), touching the array kills Python with SIGBUS.
+        Pass mmap=False (or copy the array) to keep it past such changes."""
         by_rank = self._positions(name, kind)
         ranks = [rank] if rank is not None else sorted(by_rank, key=lambda r: -1 if r is None else r)
         for r in ranks:
@@ -271,8 +277,10 @@ class Run:
             raise RunError(f"unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
         key = self._index.key_code(kind, name)
         if key is None:
-            raise KeyError(f"{self.path}: no {kind} records of {name!r}; "
-                           f"names of that kind: {self.names(kind)}")
+            names = self.names(kind)
+            shown = ", ".join(repr(n) for n in names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+            raise KeyError(f"{self.path}: no {kind} records of {name!r}; names of that kind: "
+                           f"{shown or 'none'}")
         return self._index.positions(key)
 
     def _lookup(self, name, kind):
@@ -322,7 +330,7 @@ def _read_stored(rec, mmap, h5_files, h5_lock):
                 f = h5_files[path] = _open_h5(path)
         # A row is padded to the largest shape of its series: the index's
         # shape says which corner is this record.
-        ds = f[rec["dataset"]]
+        ds = _hdf5.dataset(f, rec["dataset"], path, RunError)
         if hasattr(ds, "refresh"):
             ds.refresh()  # rows appended since the file was opened (SWMR)
         return ds[(rec["row"],) + tuple(slice(0, n) for n in rec["shape"])]

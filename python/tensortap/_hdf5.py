@@ -18,8 +18,10 @@ as `h5clear -s` would.
 
 import io
 import os
+import stat
 import time
 import warnings
+import weakref
 
 # How long a reader waits for a live writer to return to SWMR mode; creating
 # a few datasets takes milliseconds.
@@ -89,13 +91,71 @@ def _open_view(h5py, view, how, path, run_error, run_warning):
     return f
 
 
+def dataset(f, name, path, run_error):
+    """f[name], refused unless its data lies in `path` itself. HDF5 would
+    follow an external link, read a dataset's external storage or a virtual
+    dataset's sources from other files: outside the run directory, or a FIFO
+    that blocks the reader forever. tensortap writes none of them, so any is
+    planted. Soft links are followed here, by hand, so that each hop is
+    checked the same way."""
+    import h5py
+
+    checked = _CHECKED.setdefault(f, set())
+    if name in checked:
+        return f[name]
+    parts = [p for p in name.split("/") if p]
+    node, walked, hops = f, [], 0
+    while parts:
+        part = parts.pop(0)
+        link = node.get(part, getlink=True)
+        here = "/" + "/".join(walked + [part])
+        if link is None:
+            raise run_error(f"{path}: no dataset {name!r} ({here!r} is missing)")
+        if isinstance(link, h5py.ExternalLink):
+            raise run_error(f"{path}: refused dataset {name!r}: {here!r} is an external link to "
+                            f"{link.filename!r}, another file")
+        if isinstance(link, h5py.SoftLink):
+            hops += 1
+            if hops > 32:
+                raise run_error(f"{path}: refused dataset {name!r}: more than 32 soft links (a loop?)")
+            target = link.path
+            base = [] if target.startswith("/") else walked
+            parts = base + [p for p in target.split("/") if p] + parts
+            node, walked = f, []
+            continue
+        if not isinstance(link, h5py.HardLink):
+            raise run_error(f"{path}: refused dataset {name!r}: {here!r} is a link of an unknown kind")
+        node = node[part]
+        walked.append(part)
+    if not isinstance(node, h5py.Dataset):
+        raise run_error(f"{path}: {name!r} is not a dataset")
+    if node.is_virtual:
+        raise run_error(f"{path}: refused dataset {name!r}: it is a virtual dataset, whose data is in other files")
+    if node.external:
+        files = sorted({e[0] for e in node.external})
+        raise run_error(f"{path}: refused dataset {name!r}: its data is stored outside the file (external "
+                        f"storage in {files!r})")
+    checked.add(name)
+    return node
+
+
+# Datasets of an open file already checked by dataset(): a series reads one
+# dataset row by row.
+_CHECKED = weakref.WeakKeyDictionary()
+
+
 def read_journal(path):
     """(limit, [(offset, bytes), ...]) from the writer's rollback journal,
     or None where there is none (an emptied journal is none). A record cut
-    short at the end is left out: the overwrite it preceded never happened."""
+    short at the end is left out: the overwrite it preceded never happened.
+    Anything but a regular file there (a FIFO would block the read) is none
+    too: tensortap's writer makes only regular journals."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
         return None
     with os.fdopen(fd, "rb") as f:
         data = f.read()

@@ -184,9 +184,15 @@ class _Block:
         self.dtype = dtype
 
     def __call__(self, rec):
-        from . import _read_record
+        from . import RunError, _read_record
 
         a = np.asarray(_read_record(rec, True, _H5_FILES, _H5_LOCK))
+        # The array was declared with the index's shape: a file that holds
+        # another (a damaged or hand-edited index) would make dask compute an
+        # array unlike the one it declared.
+        if a.shape != tuple(rec["shape"]):
+            raise RunError(f"{rec.index}:{rec.lineno}: {rec['name']!r} at step {rec['step']}: the file holds "
+                           f"shape {list(a.shape)}, the index says {list(rec['shape'])}")
         return a.astype(self.dtype, copy=False)[np.newaxis]
 
 

@@ -65,6 +65,9 @@ def write_report(run, out_path, steps=None, histograms=6, title=None):
     directory = os.path.dirname(os.path.abspath(out_path))
     fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=directory)
     try:
+        # mkstemp makes it 0600; a page is made to be shared, as any file
+        # written with open() would be: 0666 less the umask.
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(content)
         os.replace(tmp, out_path)
@@ -72,6 +75,21 @@ def write_report(run, out_path, steps=None, histograms=6, title=None):
         os.unlink(tmp)
         raise
     return out_path
+
+
+def _umask():
+    """The process's umask, read without changing it (os.umask can only set
+    it, which another thread would see for a moment)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _jsonable(value):
