@@ -1,6 +1,6 @@
 """Peer (b) of bench_training: the Python way to get tensors out of training.
 
-    /usr/bin/python3 bench/peer_python.py [--reps N] [--scale F] [--threads T] [--json PATH]
+    bash -c 'source scripts/common.sh; torch2_python bench/peer_python.py [--reps N] [--scale F] [--threads T] [--json PATH]' 
 
 PyTorch's own hooks (register_forward_hook on the modules where the C++ models
 have a Tap, Tensor.register_hook on the parameters and on those activations)
@@ -8,7 +8,8 @@ call .detach().cpu().numpy() and np.save, synchronously, on every step. Same
 models, initial weights, batches, optimizer and step counts as
 bench/bench_training.cpp (bench/bench_models.h), with its own "off" baseline
 run interleaved in the same process, so its overhead is a ratio measured in
-one run like the C++ ones. Needs Debian's python3-torch (/usr/bin/python3).
+one run like the C++ ones. Runs on PyPI's torch 2.x, which scripts/common.sh
+installs (install_torch2) into a folder of its own.
 """
 
 import argparse

@@ -15,13 +15,12 @@ QUICK=0
 [ "${1:-}" = "--quick" ] && QUICK=1
 START=$SECONDS
 
-install_missing $CORE_PACKAGES python3-torch
-# The Python peer needs Debian's torch; `python3` on PATH may not see it.
-PY=""
-for p in /usr/bin/python3 python3; do
-  if "$p" -c "import torch, numpy, matplotlib" >/dev/null 2>&1; then PY=$p; break; fi
-done
-[ -n "$PY" ] || { echo "tensortap: no python3 with torch, numpy and matplotlib" >&2; exit 1; }
+install_missing $CORE_PACKAGES
+# The Python peer runs on PyPI's torch (the LibTorch 2.x the suite also
+# builds against), installed by install_torch2 into a folder of its own.
+install_torch2
+PY=$(numpy_python)
+"$PY" -c "import matplotlib" || { echo "tensortap: $PY cannot import matplotlib (python3-matplotlib)" >&2; exit 1; }
 
 BUILD="$ROOT/build-bench"
 configure_and_build "$BUILD" -DTENSORTAP_BUILD_BENCH=ON -DTENSORTAP_BUILD_TESTS=OFF -DTENSORTAP_BUILD_EXAMPLES=OFF
@@ -51,8 +50,8 @@ mkdir -p "$DISK"
 TENSORTAP_BENCH_DIR="$DISK" gbench writers_disk bench_writers --benchmark_filter=Fsync
 echo "== training (tensortap, naive C++ peer)"
 "$BUILD/bench/bench_training" "${TRAIN[@]}" --json "$OUT/training.json"
-echo "== training (Python peer, $PY)"
-"$PY" "$ROOT/bench/peer_python.py" "${TRAIN[@]}" --json "$OUT/python.json"
+echo "== training (Python peer, torch $TORCH2_VERSION from PyPI)"
+torch2_python "$ROOT/bench/peer_python.py" "${TRAIN[@]}" --json "$OUT/python.json"
 echo "== scale"
 "$BUILD/bench/bench_scale" "${SCALE[@]}" --csv "$OUT/scale.csv"
 mkdir -p "$ROOT/bench/pictures"

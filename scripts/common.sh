@@ -57,10 +57,124 @@ install_reader() {
   "$py" -c "import tensortap" || { echo "tensortap: the reader did not install for $py" >&2; return 1; }
 }
 
-# configure_and_build BUILD_DIR [cmake args...]
+# configure_and_build BUILD_DIR [cmake args...]: against the LibTorch CMake
+# finds first (Debian's 1.13 unless CMAKE_PREFIX_PATH says otherwise).
 configure_and_build() {
   local dir=$1
   shift
   cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTENSORTAP_PYTHON="$(numpy_python)" "$@"
   cmake --build "$dir" --parallel "$(nproc)"
+}
+
+# PyTorch's own LibTorch 2.x with CUDA: the `torch` wheel from PyPI, which
+# brings its CUDA libraries (nvidia/cu13/...) as wheels of their own. 2.11.0
+# is what the GPU machine runs (2.11.0+cu130); PyPI's 2.11.0 for Linux is
+# that build, for the CUDA 13.0 toolkit in /usr/local/cuda. Installed with
+# pip's --target into a folder of the scripts' own, outside the repository
+# (about 4.6 GB, so a fresh clone does not download it again), never into a
+# system Python; Python finds it through PYTHONPATH (torch2_python).
+TORCH2_VERSION=2.11.0
+torch2_dir() {
+  local tag
+  tag=$("$(numpy_python)" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  echo "${TENSORTAP_TORCH2_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tensortap/torch-$TORCH2_VERSION-$tag}"
+}
+
+# The Python that sees Debian's NumPy and, through PYTHONPATH, the torch of
+# torch2_dir: torch2_python -c 'import torch'.
+torch2_python() {
+  PYTHONPATH="$(torch2_dir)${PYTHONPATH:+:$PYTHONPATH}" "$(numpy_python)" "$@"
+}
+
+# Installs torch==$TORCH2_VERSION into torch2_dir unless it is there. A
+# half-finished install (a failed download) is never taken for a finished
+# one: pip writes into DIR.partial, renamed only once complete.
+install_torch2() {
+  local py dir
+  py=$(numpy_python)
+  dir=$(torch2_dir)
+  if torch2_python -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$TORCH2_VERSION')" \
+    >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "tensortap: installing torch==$TORCH2_VERSION and its CUDA libraries from PyPI into $dir"
+  rm -rf "$dir.partial"
+  mkdir -p "$(dirname "$dir")"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore "$py" -m pip install -q --no-warn-script-location \
+    --target "$dir.partial" "torch==$TORCH2_VERSION"
+  rm -rf "$dir"
+  mv "$dir.partial" "$dir"
+  torch2_python -c 'import torch; print("tensortap: torch", torch.__version__, "CUDA", torch.version.cuda)'
+}
+
+# configure_torch2 BUILD_DIR PYTHON [cmake args...]: configures a build
+# against the LibTorch of PYTHON's torch, found as its users do
+# (torch.utils.cmake_prefix_path), with tensortap's CUDA engine. Used by
+# scripts/test.sh (CI, no GPU) and scripts/gpu.sh (the GPU machine), so both
+# compile the same way. Fails unless the engine is on and the toolkit is
+# the CUDA major version torch was built for (two runtimes do not mix).
+configure_torch2() {
+  local dir=$1 py=$2
+  shift 2
+  local prefix torch_py torch_cuda nvidia_libs rpath_link="" d
+  prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  torch_py=$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+  torch_cuda=$("$py" -c 'import torch; print(torch.version.cuda or "")')
+  # The wheels' CUDA libraries (nvidia/*/lib beside torch): libtorch_cuda.so
+  # finds them at run time through its own RPATH ($ORIGIN/../../nvidia/...),
+  # but the linker checking it needs them named.
+  nvidia_libs=$(ls -d "$torch_py"/../nvidia/*/lib 2>/dev/null || true)
+  for d in $nvidia_libs; do rpath_link+=" -Wl,-rpath-link,$d"; done
+  local args=(-DCMAKE_BUILD_TYPE=Release
+    # The torch folder itself too: TorchConfig's find_library(torch) would
+    # otherwise take the first libtorch.so on the system's paths (Debian's
+    # 1.13, where libtorch-dev is installed) for TORCH_LIBRARY.
+    "-DCMAKE_PREFIX_PATH=$prefix;$torch_py${CMAKE_PREFIX_PATH:+;$CMAKE_PREFIX_PATH}"
+    "-DCMAKE_EXE_LINKER_FLAGS=$rpath_link" "-DCMAKE_SHARED_LINKER_FLAGS=$rpath_link"
+    -DTENSORTAP_WITH_CUDA=ON)
+  [ -d /usr/local/cuda ] && args+=(-DCUDAToolkit_ROOT=/usr/local/cuda)
+  [ -x /usr/local/cuda/bin/nvcc ] && args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
+  # LibTorch's CMake asks the GPU for its architecture, or warns without
+  # one; tensortap compiles no kernels, so any list will do: the H100/H200's.
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+  cmake -S "$ROOT" -B "$dir" -G Ninja "${args[@]}" "$@" 2>&1 | tee "$dir.configure.log"
+  if ! grep -q "tensortap: CUDA engine on" "$dir.configure.log"; then
+    echo "tensortap: the LibTorch at $prefix has no CUDA (no TARGET torch_cuda), or no CUDA toolkit was found" >&2
+    return 1
+  fi
+  local toolkit
+  toolkit=$(sed -n 's/.*CUDA engine on (LibTorch with CUDA, toolkit \([0-9.]*\)).*/\1/p' "$dir.configure.log" | head -1)
+  if [ -z "$torch_cuda" ] || [ "${torch_cuda%%.*}" != "${toolkit%%.*}" ]; then
+    echo "tensortap: torch was built for CUDA '$torch_cuda' but the toolkit found is '$toolkit':" \
+      "set CUDAToolkit_ROOT to a toolkit of the same major version" >&2
+    return 1
+  fi
+}
+
+# configure_and_build_torch2 BUILD_DIR [cmake args...]: the CI build against
+# torch2_dir's LibTorch 2.x with CUDA.
+configure_and_build_torch2() {
+  local dir=$1
+  shift
+  mkdir -p "$dir"
+  local py=$dir/torch2-python
+  # One interpreter path for CMake and the tests: Debian's Python with
+  # torch2_dir on its path.
+  printf '#!/bin/sh\nPYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}" exec "%s" "$@"\n' "$(torch2_dir)" "$(numpy_python)" >"$py"
+  chmod +x "$py"
+  configure_torch2 "$dir" "$py" -DTENSORTAP_PYTHON="$(numpy_python)" -DTENSORTAP_TORCH_PYTHON="$py" "$@"
+  cmake --build "$dir" --parallel "$(nproc)"
+}
+
+# run_ctest BUILD_DIR LABEL: the build's whole suite; its summary line goes
+# to $CTEST_SUMMARY for the closing line of scripts/test.sh.
+run_ctest() {
+  local dir=$1 label=$2 log rc=0
+  log=$(mktemp)
+  (cd "$dir" && ctest --output-on-failure --parallel "$(nproc)" --timeout 900) 2>&1 | tee "$log" || rc=$?
+  local line
+  line=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$log" | tail -1 || true)
+  echo "$label: ${line:-no ctest summary (exit $rc)}" >>"$CTEST_SUMMARY"
+  rm -f "$log"
+  return $rc
 }

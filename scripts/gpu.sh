@@ -14,9 +14,7 @@
 # Environment: PYTHON (the interpreter with torch; default python3),
 # TENSORTAP_GPU_BUILD (build folder; default build-gpu), TORCH_CUDA_ARCH_LIST
 # (default 9.0, for the H200, which spares LibTorch's CMake probing the GPU).
-set -euo pipefail
-
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 BUILD=${TENSORTAP_GPU_BUILD:-$ROOT/build-gpu}
 RESULTS=${OUT:-$BUILD/out}
 PREFIX=$ROOT/.deb/prefix
@@ -48,10 +46,9 @@ unpack_debs() {
 
 ARCHLIB=$PREFIX/usr/lib/x86_64-linux-gnu
 TORCH_PY=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
-# PyTorch's wheels keep CUDA's libraries (cuDNN, cuBLAS...) in nvidia/*/lib
-# beside torch: the linker must find them to check libtorch_cuda.so.
-NVIDIA_LIBS=$(ls -d "$TORCH_PY"/../nvidia/*/lib 2>/dev/null | paste -sd: - || true)
-export LD_LIBRARY_PATH="$ARCHLIB:$TORCH_PY/lib${NVIDIA_LIBS:+:$NVIDIA_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Debian's runtime libraries unpacked from .deb (libfmt9, libbenchmark);
+# torch's own and its CUDA wheels' are found through their RPATHs.
+export LD_LIBRARY_PATH="$ARCHLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 build() {
   unpack_debs
@@ -63,34 +60,16 @@ build() {
     # Recent wheels ship fmt headers of their own (issue 17): say so.
     if [ -d "$TORCH_PY/include/fmt" ]; then echo "torch ships fmt headers: $TORCH_PY/include/fmt"; fi
   } >"$RESULTS/machine.txt" 2>&1
-  local torch_prefix
-  torch_prefix=$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')
-  local args=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$torch_prefix;$PREFIX/usr"
-    -DTENSORTAP_WITH_HDF5=OFF -DTENSORTAP_BUILD_TESTS=ON -DTENSORTAP_BUILD_BENCH=ON
+  local args=(-DTENSORTAP_WITH_HDF5=OFF -DTENSORTAP_BUILD_TESTS=ON -DTENSORTAP_BUILD_BENCH=ON
     -DTENSORTAP_BUILD_EXAMPLES=OFF -DTENSORTAP_INSTALL=OFF)
   [ -d "$PREFIX/usr/lib/cmake/Catch2" ] && args+=("-DCatch2_DIR=$PREFIX/usr/lib/cmake/Catch2")
   [ -d "$ARCHLIB/cmake/fmt" ] && args+=("-Dfmt_DIR=$ARCHLIB/cmake/fmt")
   [ -d "$ARCHLIB/cmake/benchmark" ] && args+=("-Dbenchmark_DIR=$ARCHLIB/cmake/benchmark")
-  [ -d /usr/local/cuda ] && args+=(-DCUDAToolkit_ROOT=/usr/local/cuda)
-  [ -x /usr/local/cuda/bin/nvcc ] && args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
-  local rpath_link=""
-  for d in ${NVIDIA_LIBS//:/ }; do rpath_link+=" -Wl,-rpath-link,$d"; done
-  args+=("-DCMAKE_EXE_LINKER_FLAGS=$rpath_link")
-  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-  cmake -S "$ROOT" -B "$BUILD" -G Ninja "${args[@]}" 2>&1 | tee "$RESULTS/configure.log"
-  if ! grep -q "tensortap: CUDA engine on" "$RESULTS/configure.log"; then
-    echo "tensortap: LibTorch at $torch_prefix has no CUDA (no TARGET torch_cuda): nothing to test" >&2
+  # The function CI's build of LibTorch 2.x goes through (scripts/common.sh).
+  configure_torch2 "$BUILD" "$PYTHON" "${args[@]}" >"$RESULTS/configure.log" 2>&1 || {
+    tail -30 "$RESULTS/configure.log" >&2
     return 1
-  fi
-  # The toolkit tensortap compiles the engine with must be the CUDA major
-  # version torch was built for: two runtimes in one process do not mix.
-  local torch_cuda toolkit
-  torch_cuda=$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")')
-  toolkit=$(sed -n 's/.*CUDA engine on (LibTorch with CUDA, toolkit \([0-9.]*\)).*/\1/p' "$RESULTS/configure.log" | head -1)
-  if [ -z "$torch_cuda" ] || [ "${torch_cuda%%.*}" != "${toolkit%%.*}" ]; then
-    echo "tensortap: torch was built for CUDA '${torch_cuda}' but the toolkit found is '${toolkit}': set CUDAToolkit_ROOT to a toolkit of the same major version" >&2
-    return 1
-  fi
+  }
   # The build's own status decides, not whether old binaries are there; the
   # log keeps everything, the terminal gets the errors.
   local rc=0

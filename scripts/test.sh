@@ -1,8 +1,26 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds everything and runs the whole test suite.
+# Installs what is missing, builds everything twice and runs the whole test
+# suite against each build:
+#   build/         Debian's LibTorch 1.13 (CPU), C++17
+#   build-torch2/  PyTorch's LibTorch 2.x with CUDA (the torch wheel from
+#                  PyPI), C++17; [gpu] cases skip without a device
+# Both consumer.cxx20 tests compile all of tensortap in C++20 as well.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 install_missing $CORE_PACKAGES $TEST_PACKAGES
 install_reader
-configure_and_build "$ROOT/build" -DTENSORTAP_BUILD_TESTS=ON -DTENSORTAP_BUILD_EXAMPLES=ON -DTENSORTAP_BUILD_BENCH=ON
-cd "$ROOT/build"
-ctest --output-on-failure --parallel 2 --timeout 900
+install_torch2
+ARGS=(-DTENSORTAP_BUILD_TESTS=ON -DTENSORTAP_BUILD_EXAMPLES=ON -DTENSORTAP_BUILD_BENCH=ON)
+configure_and_build "$ROOT/build" "${ARGS[@]}"
+configure_and_build_torch2 "$ROOT/build-torch2" "${ARGS[@]}"
+
+CTEST_SUMMARY=$(mktemp)
+rc=0
+run_ctest "$ROOT/build" "LibTorch 1.13 (Debian, CPU)" || rc=1
+run_ctest "$ROOT/build-torch2" "LibTorch $TORCH2_VERSION (PyPI, CUDA)" || rc=1
+echo
+cat "$CTEST_SUMMARY"
+# One closing line for both builds.
+awk '{ for (i = 1; i <= NF; i++) if ($i == "failed" && $(i+1) == "out") { failed += $(i-2); total += $(i+3) } }
+     END { printf "tensortap: %d passed, %d failed\n", total - failed, failed }' "$CTEST_SUMMARY"
+rm -f "$CTEST_SUMMARY"
+exit $rc

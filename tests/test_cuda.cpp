@@ -2,6 +2,10 @@
 // capture, memory over many captures, several devices. Built only with a
 // LibTorch that has CUDA; every case skips (with a warning) without a device.
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -388,4 +392,83 @@ TEST_CASE("a capture on a non-default current stream is ordered on that stream",
     INFO("step " << step);
     CHECK(same(tensortap::load_npy(npy(run, "tensor", "t", step)), expected[static_cast<std::size_t>(step)]));
   }
+}
+
+namespace {
+
+// The driver's own view of CUDA contexts in this process, asked through
+// libcuda directly (dlopen: the tests must not need the driver to link).
+// Returns "" when no context exists, otherwise what does; `driver` says
+// whether there was a driver to ask.
+std::string cuda_contexts(bool& driver) {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  driver = lib != nullptr;
+  if (!lib) return "";
+  using Init = int (*)(unsigned);
+  using Count = int (*)(int*);
+  using Get = int (*)(int*, int);
+  using State = int (*)(int, unsigned*, int*);
+  using Current = int (*)(void**);
+  const auto init = reinterpret_cast<Init>(dlsym(lib, "cuInit"));
+  const auto count = reinterpret_cast<Count>(dlsym(lib, "cuDeviceGetCount"));
+  const auto get = reinterpret_cast<Get>(dlsym(lib, "cuDeviceGet"));
+  const auto state = reinterpret_cast<State>(dlsym(lib, "cuDevicePrimaryCtxGetState"));
+  const auto current = reinterpret_cast<Current>(dlsym(lib, "cuCtxGetCurrent"));
+  if (!init || !count || !get || !state || !current) return "libcuda.so.1 lacks the driver API's context queries";
+  // cuInit starts the driver, it creates no context.
+  if (init(0) != 0) return "";  // a driver without a usable device: no context can exist
+  std::string found;
+  void* ctx = nullptr;
+  if (current(&ctx) == 0 && ctx != nullptr) found += "a current context on this thread; ";
+  int n = 0;
+  if (count(&n) != 0) n = 0;
+  for (int i = 0; i < n; ++i) {
+    int dev = 0;
+    unsigned flags = 0;
+    int active = 0;
+    if (get(&dev, i) == 0 && state(dev, &flags, &active) == 0 && active)
+      found += fmt::format("device {}'s primary context is active; ", i);
+  }
+  return found;
+}
+
+}  // namespace
+
+// Run alone, in a process of its own, by the case below: no earlier case may
+// have touched the device.
+TEST_CASE("cpu recording in a CUDA build, in a fresh process", "[.cuda_fresh_process]") {
+  tt_test::TempDir dir;
+  const std::string run = dir / "run";
+  {
+    tensortap::Recorder rec(tensortap::Options(run).stats_every(1));
+    for (int step = 0; step < 3; ++step) {
+      rec.step(step);
+      rec.capture("x", torch::arange(10, torch::kFloat) * step);
+    }
+    rec.close();
+    REQUIRE(rec.stats().records == 3);
+    REQUIRE(rec.stats().errors == 0);
+  }
+  REQUIRE(torch::equal(tensortap::load_npy(npy(run, "tensor", "x", 2)), torch::arange(10, torch::kFloat) * 2));
+  bool driver = false;
+  const std::string contexts = cuda_contexts(driver);
+  INFO((driver ? "the driver was asked" : "no CUDA driver here (libcuda.so.1 does not load)"));
+  REQUIRE(contexts.empty());
+}
+
+TEST_CASE("a CUDA build records CPU tensors, with or without a GPU or driver, and never creates a CUDA context",
+          "[cuda][torch]") {
+  // A CUDA-enabled LibTorch on a machine without a driver (CI) must not make
+  // a run fail; on a GPU machine, a run of CPU tensors must not take the
+  // device's memory for a context. A fresh process of this binary checks it.
+  char exe[4096] = {};
+  const ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  REQUIRE(len > 0);
+  const char* argv[] = {exe, "cpu recording in a CUDA build, in a fresh process", nullptr};
+  pid_t pid = 0;
+  REQUIRE(posix_spawn(&pid, exe, nullptr, nullptr, const_cast<char* const*>(argv), environ) == 0);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
 }

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/version.h>
 
 #include <tensortap/error.h>
 
@@ -12,9 +14,12 @@ namespace tensortap {
 namespace detail {
 
 at::Tensor tap_capture(const TapBinding& b, at::Tensor x, const std::string& suffix) {
+  // An output a module leaves undefined (MultiheadAttention's weights with
+  // need_weights=false) is no tensor to record, and no error.
+  if (!x.defined()) return x;
   FrontEnd& core = *b.core;
   const bool want_act = core.active(Kind::Activation);
-  const bool want_grad = core.active(Kind::ActivationGrad) && x.requires_grad() && at::GradMode::is_enabled();
+  const bool want_grad = core.active(Kind::ActivationGrad) && x.requires_grad() && c10::GradMode::is_enabled();
   if (!want_act && !want_grad) return x;
   const std::int64_t step = core.current_step();
   // Built only for a tuple's element: a plain output allocates nothing here.
@@ -188,8 +193,14 @@ TapPoint::OpScope::~OpScope() {
   point_->readers_.fetch_sub(1, std::memory_order_release);
 }
 
+// Cloneable derives from Module virtually up to LibTorch 2.1 (the most
+// derived class initializes a virtual base) and directly from 2.2 on.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+TapImpl::TapImpl(const TapImpl& other) : torch::nn::Cloneable<TapImpl>(other), TapPoint(other) {}
+#else
 TapImpl::TapImpl(const TapImpl& other)
     : torch::nn::Module(other), torch::nn::Cloneable<TapImpl>(other), TapPoint(other) {}
+#endif
 
 TapImpl& TapImpl::operator=(const TapImpl& other) {
   torch::nn::Cloneable<TapImpl>::operator=(other);

@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <tensortap/tap.h>
 
@@ -73,7 +74,7 @@ class ParamWatcher final : public Watcher {
   }
 
   void accumulate(std::size_t i, const at::Tensor& sparse_or_dense) {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     // A sparse gradient (an Embedding with sparse=true) is recorded dense:
     // that is what .npy holds and what a user compares against.
     const at::Tensor grad = sparse_or_dense.is_sparse() ? sparse_or_dense.to_dense() : sparse_or_dense;
@@ -130,14 +131,16 @@ class ParamWatcher final : public Watcher {
     for (Entry& e : entries_) {
       if (params.count(e.param.unsafeGetTensorImpl()) == 0) continue;
       const at::Tensor& grad = e.param.grad();
-      // Exactly what the optimizer is about to apply; none at all (a
-      // parameter no loss reached) is no record, as with step().
-      if (grad.defined()) {
-        try {
-          core_->record(Kind::Grad, e.name, grad.is_sparse() ? grad.to_dense() : grad, step);
-        } catch (...) {
-          if (!first) first = std::current_exception();
-        }
+      // No gradient yet (record_grads before backward(), or after a
+      // zero_grad that set it to none): nothing to take now. The parameter
+      // stays with the end-of-step record, the sum of the step's backward
+      // passes, so nothing is lost; it was taken and dropped before.
+      if (!grad.defined()) continue;
+      // Exactly what the optimizer is about to apply.
+      try {
+        core_->record(Kind::Grad, e.name, grad.is_sparse() ? grad.to_dense() : grad, step);
+      } catch (...) {
+        if (!first) first = std::current_exception();
       }
       e.taken_step = step;
       e.pending = false;

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include "sdk/src/cuda/capture.h"
 #include "sdk/src/flight.h"
@@ -54,6 +55,8 @@ const DtypeInfo& Enqueue::check(Kind kind, const std::string& name, const at::Te
   const DtypeInfo* info = nullptr;
   if (!t.defined())
     why = "the tensor is undefined";
+  else if (t.is_nested())
+    why = "nested tensors cannot be stored; capture each of t.unbind() instead";
   else if (t.layout() != at::kStrided)
     why = "only dense (strided) tensors can be stored; call .to_dense() first";
   else if (t.is_quantized())
@@ -98,7 +101,7 @@ bool Enqueue::queue(Kind kind, const std::string& name, const at::Tensor& tensor
   // a small capture).
   // Asked once: it walks sizes and strides, and the copy below needs it too.
   const bool host_bytes = src.device().is_cpu() && is_byte_copy(src, info.stored);
-  std::optional<at::NoGradGuard> no_grad;
+  std::optional<c10::NoGradGuard> no_grad;
   if (!host_bytes) no_grad.emplace();
   // CUDA goes through the engine, without a host sync (for a statistics
   // vector: queued behind the reductions on the current stream). Devices

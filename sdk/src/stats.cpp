@@ -6,6 +6,7 @@
 #include <limits>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Half.h>
 #include <fmt/format.h>
 
@@ -194,7 +195,7 @@ at::Tensor stats_vector(const at::Tensor& xd, const at::Tensor& mean, const at::
 }  // namespace
 
 at::Tensor device_stats(const at::Tensor& t) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const auto dbl = at::TensorOptions().dtype(at::kDouble).device(t.device());
   const auto numel = static_cast<double>(t.numel());
   if (t.numel() == 0) {

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include <torch/nn/modules/linear.h>
+#include <torch/version.h>
 
 #include <tensortap/tensortap.h>
 
@@ -15,7 +16,7 @@ int main(int argc, char** argv) {
   rec->close();
   const torch::Tensor g = tensortap::load_npy(std::string(argv[1]) + "/npy/grad/weight/00000000.npy");
   const bool ok = g.sizes() == torch::IntArrayRef{2, 4} && torch::allclose(g, x.sum(0).expand({2, 4}));
-  std::printf("consumer: %lld records, gradient %s\n", static_cast<long long>(rec->stats().records),
-              ok ? "exact" : "WRONG");
+  std::printf("consumer (LibTorch %s, C++ %ld): %lld records, gradient %s\n", TORCH_VERSION, __cplusplus,
+              static_cast<long long>(rec->stats().records), ok ? "exact" : "WRONG");
   return ok ? 0 : 1;
 }

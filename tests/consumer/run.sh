@@ -9,12 +9,16 @@ rm -rf "$work"
 mkdir -p "$work"
 gen=""
 command -v ninja >/dev/null 2>&1 && gen="-G Ninja"
+# The LibTorch, CUDA toolkit and link flags the parent build used
+# (tests/CMakeLists.txt writes them), so the consumer builds against the same.
+cache=""
+[ -f "$build/tests/consumer-cache.cmake" ] && cache="-C $build/tests/consumer-cache.cmake"
 if [ "$mode" = find_package ]; then
   cmake --install "$build" --prefix "$work/prefix" >/dev/null
-  cmake -S "$src/tests/consumer" -B "$work/build" $gen -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_PREFIX_PATH="$work/prefix" -DTENSORTAP_CONSUME=find_package -DCMAKE_CXX_STANDARD="$std"
+  cmake $cache -S "$src/tests/consumer" -B "$work/build" $gen -DCMAKE_BUILD_TYPE=Release \
+        -DTENSORTAP_PREFIX="$work/prefix" -DTENSORTAP_CONSUME=find_package -DCMAKE_CXX_STANDARD="$std"
 else
-  cmake -S "$src/tests/consumer" -B "$work/build" $gen -DCMAKE_BUILD_TYPE=Release \
+  cmake $cache -S "$src/tests/consumer" -B "$work/build" $gen -DCMAKE_BUILD_TYPE=Release \
         -DTENSORTAP_CONSUME=add_subdirectory -DTENSORTAP_SOURCE_DIR="$src" -DCMAKE_CXX_STANDARD="$std"
 fi
 cmake --build "$work/build" --parallel 2

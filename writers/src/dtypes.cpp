@@ -172,8 +172,14 @@ at::Tensor as_stored(const at::Tensor& t, const DtypeInfo& info) {
 std::string describe_tensor(const at::Tensor& t) {
   if (!t.defined()) return "undefined tensor";
   std::ostringstream os;
-  os << "dtype " << dtype_name(t.scalar_type()) << ", shape " << t.sizes() << ", layout " << t.layout() << ", device "
-     << t.device();
+  os << "dtype " << dtype_name(t.scalar_type());
+  // A nested tensor has no single shape: sizes() raises LibTorch's
+  // "Internal error", which would replace the message naming the tensor.
+  if (t.is_nested())
+    os << ", nested (" << t.dim() << " dimensions)";
+  else
+    os << ", shape " << t.sizes();
+  os << ", layout " << t.layout() << ", device " << t.device();
   return os.str();
 }
 

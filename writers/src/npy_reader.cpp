@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 #include <tensortap/error.h>
@@ -87,7 +88,10 @@ at::Tensor load_npy(const std::string& path, std::uint64_t offset, const LoadOpt
 namespace {
 
 at::Tensor load(const std::string& path, std::uint64_t offset, const LoadOptions& options, const std::string& what) {
-  const detail::File f = detail::File::open(path, O_RDONLY);
+  // O_NONBLOCK: opening a FIFO planted at `path` would otherwise wait for a
+  // writer forever, before the regular-file check below could refuse it. It
+  // changes nothing for a regular file.
+  const detail::File f = detail::File::open(path, O_RDONLY | O_NONBLOCK);
   const struct stat st = f.status();
   if (!S_ISREG(st.st_mode)) throw Error(fmt::format("{}: not a regular file", what));
   const auto whole_size = static_cast<std::uint64_t>(st.st_size);
@@ -142,7 +146,7 @@ void save_npy(const std::string& path, const at::Tensor& tensor) {
   if (info == nullptr || tensor.layout() != at::kStrided || tensor.is_quantized())
     throw Error(
         fmt::format("tensortap::save_npy: '{}': cannot store this tensor ({})", path, detail::describe_tensor(tensor)));
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const at::Tensor data = detail::as_stored(tensor.to(at::kCPU), *info).contiguous().resolve_conj().resolve_neg();
   const std::string header = detail::npy_header(detail::npy_descr(info->element), data.sizes().vec());
   // The user's own path: its directory is followed as given, the file
