@@ -184,3 +184,28 @@ TEST_CASE("record_grads() needs a step and an open recorder, and skips steps tha
   }
   REQUIRE_THAT(err, Catch::Contains("after close()"));
 }
+
+TEST_CASE("record_grads() before backward() loses nothing: the step's sum is recorded at its end", "[hooks][gan]") {
+  TempDir dir;
+  torch::manual_seed(3);
+  nn::Linear fc(3, 2);
+  torch::optim::SGD opt(fc->parameters(), 0.1);
+  auto rec = tensortap::watch(*fc, Options(dir.path));
+  std::vector<torch::Tensor> want_weight;
+  for (std::int64_t s = 0; s < 3; ++s) {
+    rec->step(s);
+    // Gradients set to none (LibTorch 2.x's zero_grad default, or never
+    // computed yet): nothing for record_grads to take here.
+    for (auto& p : fc->parameters()) p.mutable_grad() = torch::Tensor();
+    rec->record_grads(opt);  // too early: before backward()
+    fc->forward(torch::randn({4, 3})).pow(2).sum().backward();
+    want_weight.push_back(fc->weight.grad().clone());
+    opt.step();
+  }
+  rec->close();
+  // Every step's gradient of both parameters, as the optimizer applied it.
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"weight\"").size() == 3);
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"bias\"").size() == 3);
+  for (std::int64_t s = 0; s < 3; ++s)
+    CHECK(torch::equal(read_record(dir.path, "grad", "weight", s), want_weight[static_cast<std::size_t>(s)]));
+}

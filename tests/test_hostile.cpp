@@ -2,6 +2,7 @@
 // before its fix (a hang, a heap overflow, writes outside the run directory,
 // lost or mixed data). tests/README.md lists them with what they do now.
 #include <dirent.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -433,4 +434,173 @@ TEST_CASE("stress: captures, steps, flushes and a close at a random moment alway
     }
   }
   REQUIRE(runs >= 120);
+}
+
+TEST_CASE("in a fork() child the recorder is inert: calls return, nothing is written, the destructor returns",
+          "[sdk][hostile][fork]") {
+  TempDir dir;
+  const std::string run = dir / "run";
+  Net model;
+  auto rec = tensortap::watch(*model, Options(run).stats_every(1));
+  rec->step(0);
+  const torch::Tensor x = torch::randn({4, 3}), small = torch::ones({64});
+  // Another thread keeps the pipeline busy while the process forks, so a
+  // child inherits whatever locks the capturing and writer threads held.
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    while (!stop.load()) {
+      rec->capture("busy", small);
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+    }
+  });
+  int hung = 0, failed = 0;
+  for (int trial = 0; trial < 16; ++trial) {
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      alarm(20);  // a hang ends the child with SIGALRM
+      int rc = 0;
+      try {
+        rec->step(1);
+        rec->capture("child", small);
+        model->forward(x).sum().backward();
+        rec->flush();
+        rec->close();
+        if (rec->stats().records != 0) rc = 3;  // a child sees no counts of the parent's
+        rec.reset();
+        model = Net(nullptr);  // the hooks' hold on the recorder goes too
+      } catch (...) {
+        rc = 2;
+      }
+      _exit(rc);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    if (WIFSIGNALED(status))
+      ++hung;
+    else if (WEXITSTATUS(status) != 0)
+      ++failed;
+  }
+  stop = true;
+  busy.join();
+  CHECK(hung == 0);
+  CHECK(failed == 0);
+  // The parent's run: still open, nothing of the children's in it.
+  CHECK_THAT(tt_test::read_file(run + "/run.json"), Catch::Contains("\"closed\": false"));
+  rec->close();
+  const auto lines = tt_test::read_lines(run + "/index.jsonl");
+  CHECK(lines.size() == static_cast<std::size_t>(rec->stats().records));
+  for (const auto& l : lines) {
+    CHECK_THAT(l, !Catch::Contains("\"child\""));
+    CHECK_THAT(l, Catch::Contains("\"step\":0"));
+  }
+  CHECK_THAT(tt_test::read_file(run + "/run.json"), Catch::Contains("\"closed\": true"));
+}
+
+TEST_CASE("a recorder made in a fork() child works there", "[sdk][hostile][fork]") {
+  TempDir dir;
+  Recorder parent{Options(dir / "parent")};
+  parent.step(0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    alarm(20);
+    int rc = 0;
+    try {
+      Recorder child{Options(dir / "child")};
+      child.step(0);
+      child.capture("x", torch::ones({3}));
+      child.close();
+      rc = child.stats().records == 1 ? 0 : 3;
+    } catch (...) {
+      rc = 2;
+    }
+    _exit(rc);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(tt_test::read_lines(dir / "child/index.jsonl").size() == 1);
+  parent.close();
+}
+
+TEST_CASE("a Trigger::when predicate calling back into its recorder gets an error, never a deadlock",
+          "[sdk][hostile][triggers]") {
+  using Call = std::function<void(Recorder&)>;
+  const torch::Tensor large = torch::ones({1 << 18});  // 1 MiB, four times the staging buffers below
+  const std::vector<std::pair<std::string, Call>> calls{
+      {"flush", [](Recorder& r) { r.flush(); }},
+      {"close", [](Recorder& r) { r.close(); }},
+      {"capture", [&](Recorder& r) { r.capture("from_predicate", large); }},
+      {"step", [](Recorder& r) { r.step(100); }},
+      {"dump", [](Recorder& r) { r.dump(); }},
+  };
+  for (const auto& [what, call] : calls) {
+    INFO(what);
+    TempDir dir;
+    const std::string run = dir / "run";
+    Recorder* self = nullptr;
+    std::string seen;
+    const auto predicate = [&, call = call](const tensortap::TensorSummary& s) {
+      if (s.name != "x" || self == nullptr) return false;
+      try {
+        call(*self);
+        seen = "no error";
+      } catch (const tensortap::Error& e) {
+        seen = e.what();
+      }
+      return false;
+    };
+    must_end(
+        [&] {
+          Recorder rec{Options(run).buffer_bytes(256 << 10).stats_every(1).flight_recorder(2).dump_on(
+              tensortap::Trigger::when(predicate))};
+          self = &rec;
+          rec.step(0);
+          rec.capture("x", torch::ones({16}));
+          rec.flush();
+          rec.close();
+          self = nullptr;
+        },
+        30, "a recorder whose predicate calls " + what);
+    CHECK_THAT(seen, Catch::Contains("writer thread"));
+    // The real close() finished the run.
+    CHECK_THAT(tt_test::read_file(run + "/run.json"), Catch::Contains("\"closed\": true"));
+  }
+}
+
+TEST_CASE("overwrite over a run of another layout removes that run's files, and only those",
+          "[sdk][hostile][distributed]") {
+  TempDir dir;
+  const auto run_as = [&](std::int64_t rank, std::int64_t world, bool overwrite) {
+    Recorder rec{Options(dir.path)
+                     .distributed(tensortap::DistributedOptions().rank(rank).world_size(world))
+                     .overwrite(overwrite)};
+    rec.step(0);
+    rec.capture("x", torch::ones({2}));
+    rec.close();
+  };
+  for (int r = 0; r < 4; ++r) run_as(r, 4, false);
+  { std::ofstream(dir / "rank3/notes.txt") << "the user's"; }
+  // A two-rank rerun: rank2 goes, rank3 keeps only the user's file.
+  for (int r = 0; r < 2; ++r) run_as(r, 2, true);
+  CHECK_FALSE(fs::exists(dir / "rank2"));
+  CHECK_FALSE(fs::exists(dir / "rank3/run.json"));
+  CHECK_FALSE(fs::exists(dir / "rank3/index.jsonl"));
+  CHECK(fs::exists(dir / "rank3/notes.txt"));
+  CHECK(fs::exists(dir / "rank1/run.json"));
+  // A single-rank run over them: refused without overwrite, naming a rank.
+  CHECK_THAT(error_of([&] { run_as(0, 1, false); }), Catch::Contains("rank"));
+  run_as(0, 1, true);
+  CHECK(fs::exists(dir / "run.json"));
+  CHECK_FALSE(fs::exists(dir / "rank0"));
+  CHECK_FALSE(fs::exists(dir / "rank1"));
+  // And a multi-rank run over a single-rank root: the root's files go.
+  CHECK_THAT(error_of([&] { run_as(0, 2, false); }), Catch::Contains("run.json"));
+  for (int r = 0; r < 2; ++r) run_as(r, 2, true);
+  CHECK_FALSE(fs::exists(dir / "run.json"));
+  CHECK_FALSE(fs::exists(dir / "index.jsonl"));
+  CHECK_FALSE(fs::exists(dir / "npy"));
+  CHECK(fs::exists(dir / "rank0/run.json"));
 }

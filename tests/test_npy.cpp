@@ -1,5 +1,11 @@
+#include <sys/stat.h>
+
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <future>
+#include <memory>
+#include <thread>
 
 #include <ATen/ATen.h>
 
@@ -210,4 +216,22 @@ TEST_CASE("load_npy can map a file instead of reading it", "[writers][npy]") {
   // Empty arrays have nothing to map.
   tensortap::save_npy(dir / "e.npy", at::empty({0, 5}));
   REQUIRE(tensortap::load_npy(dir / "e.npy", tensortap::LoadOptions().mmap(true)).sizes() == at::IntArrayRef{0, 5});
+}
+
+TEST_CASE("load_npy refuses a FIFO at once instead of waiting for a writer", "[writers][npy]") {
+  TempDir dir;
+  const std::string fifo = dir / "planted.npy";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  // Before: open() blocked until someone opened the FIFO for writing, which
+  // nobody does. Run in a thread so a regression fails here, not hangs.
+  // (Detached: a std::async future would wait for a hung thread.)
+  auto done = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> result = done->get_future();
+  std::thread([done, fifo] { done->set_value(tt_test::error_of([&] { tensortap::load_npy(fifo); })); }).detach();
+  REQUIRE(result.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  const std::string error = result.get();
+  CHECK_THAT(error, Catch::Contains("planted.npy"));
+  CHECK_THAT(error, Catch::Contains("not a regular file"));
+  // And at an offset, as for a packed segment.
+  CHECK_THAT(tt_test::error_of([&] { tensortap::load_npy(fifo, 128); }), Catch::Contains("not a regular file"));
 }

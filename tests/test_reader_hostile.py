@@ -14,6 +14,7 @@ import subprocess
 import sys
 import re
 import tempfile
+import time
 import unittest
 import warnings
 from unittest import mock
@@ -682,6 +683,40 @@ class SmallItemsTest(TempCase):
         finally:
             os.umask(old)
         self.assertEqual(os.stat(out).st_mode & 0o777, 0o644)
+
+
+class MixedRunsTest(TempCase):
+    """Runs of two layouts in one directory, as an older tensortap left them
+    (issue 30, item 14): the reader shows the run that is there."""
+
+    def rank_run(self, r, world, step):
+        d = make_run(os.path.join(self.run_dir, f"rank{r}"), [line(record(step))])
+        with open(os.path.join(d, "run.json"), "w") as f:
+            json.dump(dict(RUN_JSON, rank=r, world_size=world), f)
+        return d
+
+    def test_a_two_rank_rerun_over_four_ranks_reads_as_two(self):
+        for r in range(4):
+            self.rank_run(r, 4, 0)
+        time.sleep(0.02)
+        for r in range(2):
+            self.rank_run(r, 2, 7)
+        run = tensortap.open(self.run_dir)
+        self.assertEqual(run.ranks, [0, 1])
+        self.assertEqual(run.series("w", "grad").shape, (2, 1, 2, 3))
+
+    def test_a_stale_single_rank_root_does_not_hide_a_newer_multi_rank_run(self):
+        make_run(self.run_dir, [line(record(0))])
+        time.sleep(0.02)
+        for r in range(2):
+            self.rank_run(r, 2, 3)
+        self.assertEqual(tensortap.open(self.run_dir).ranks, [0, 1])
+        # And the other way round: a newer single-rank run over old rank folders.
+        time.sleep(0.02)
+        make_run(self.run_dir, [line(record(5))])
+        run = tensortap.open(self.run_dir)
+        self.assertEqual(run.ranks, [])
+        self.assertEqual(run.steps("w", "grad"), [5])
 
 
 class PlantedHdf5Test(TempCase):

@@ -13,6 +13,7 @@
 #include "sdk/src/names.h"
 #include "sdk/src/run_json.h"
 
+using tensortap::Kind;
 using tensortap::Options;
 using tensortap::Recorder;
 using tt_test::TempDir;
@@ -78,6 +79,23 @@ TEST_CASE("every, start and stop choose the sampled steps", "[sdk]") {
   REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 4);
   for (std::int64_t s : sampled)
     REQUIRE(tensortap::load_npy(npy(dir.path, "tensor", "v", s)).item<float>() == static_cast<float>(s));
+}
+
+TEST_CASE("steps({...}) keeps a kind switched off with every(kind, 0) off", "[sdk]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path).steps({1, 4}).every(Kind::Tensor, 0).every(Kind::Grad, 7)};
+  std::vector<std::int64_t> tensor_sampled, grad_sampled;
+  for (std::int64_t s = 0; s < 6; ++s) {
+    rec.step(s);
+    if (rec.sampled(Kind::Tensor)) tensor_sampled.push_back(s);
+    if (rec.sampled(Kind::Grad)) grad_sampled.push_back(s);
+    rec.capture("v", at::full({1}, static_cast<double>(s)));
+  }
+  rec.close();
+  // Off stays off; a kind's own period gives way to the listed steps.
+  CHECK(tensor_sampled.empty());
+  CHECK(grad_sampled == std::vector<std::int64_t>{1, 4});
+  CHECK(rec.stats().records == 0);
 }
 
 TEST_CASE("a capture is a snapshot: later in-place changes are not in the file", "[sdk]") {
@@ -324,6 +342,12 @@ TEST_CASE("tensors NumPy cannot hold get an error naming them, and lose nothing"
   REQUIRE_THAT(error_of([&] { rec.capture("m", meta); }), Catch::Contains("'m'") && Catch::Contains("meta"));
   REQUIRE_THAT(error_of([&] { rec.capture("u", at::Tensor()); }),
                Catch::Contains("'u'") && Catch::Contains("undefined"));
+  // A nested tensor has no one shape: LibTorch's own "Internal error"
+  // named no tensor.
+  const at::Tensor nested = at::_nested_tensor_from_tensor_list({at::ones({2}), at::ones({3})});
+  REQUIRE_THAT(error_of([&] { rec.capture("n", nested); }),
+               Catch::Contains("'n'") && Catch::Contains("kind tensor") && Catch::Contains("step 0") &&
+                   Catch::Contains("nested") && !Catch::Contains("Internal error"));
   const at::Tensor c32 = at::ones({2}, at::kComplexHalf);
   REQUIRE_THAT(error_of([&] { rec.capture("c", c32); }),
                Catch::Contains("'c'") && Catch::Contains("NumPy has no dtype") && Catch::Contains("ComplexHalf"));

@@ -404,3 +404,25 @@ TEST_CASE("Tapped<M> keeps the module's behaviour in a Sequential, with eval(), 
   printed << *bn;
   REQUIRE(printed.str().find("tensortap::Tapped(torch::nn::BatchNorm2d") == 0);
 }
+
+TEST_CASE("Tapped<MultiheadAttention> with need_weights=false records its output and skips the undefined weights",
+          "[hooks][tapped]") {
+  struct AttnImpl : nn::Module {
+    tensortap::Tapped<nn::MultiheadAttention> attn{nullptr};
+    AttnImpl() { attn = register_module("attn", tensortap::Tapped<nn::MultiheadAttention>(4, 2)); }
+  };
+  TempDir dir;
+  auto model = std::make_shared<AttnImpl>();
+  auto rec = tensortap::watch(*model, Options(dir.path).on_error(tensortap::OnError::Stop));
+  for (std::int64_t s = 0; s < 3; ++s) {
+    rec->step(s);  // Stop would throw here after an error
+    const torch::Tensor x = torch::randn({5, 2, 4}, torch::requires_grad());
+    auto [out, weights] = model->attn(x, x, x, torch::Tensor(), /*need_weights=*/false);
+    CHECK_FALSE(weights.defined());
+    out.sum().backward();
+  }
+  rec->close();
+  CHECK(rec->stats().errors == 0);
+  CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"attn.0\"").size() == 6);  // activation and its gradient
+  CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"attn.1\"").empty());
+}

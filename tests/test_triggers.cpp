@@ -229,3 +229,74 @@ TEST_CASE("without a flight recorder a trigger marks the run; Throw still stops 
   REQUIRE_THAT(err, Catch::Contains("a trigger fired") && Catch::Contains("Trigger::when") &&
                         Catch::Contains("step 5") && Catch::Contains("'g'"));
 }
+
+TEST_CASE("cooldown(INT64_MAX) fires once, not every step (no overflow in the cooldown check)", "[sdk][triggers]") {
+  const std::vector<double> values{1, 1, 1, 100, 100, 100, 100, 100};
+  auto spike = Trigger::spike("loss", 5.0, 3);
+  REQUIRE(fires(Options("x").dump_on(spike.cooldown(INT64_MAX)), values) == std::vector<std::int64_t>{3});
+  // Steps near the top of the range, a cooldown that would pass 2^63 too.
+  Triggers t(Options("x").stats_every(1).dump_on(Trigger::norm_jump(2.0, 3).cooldown(INT64_MAX - 5)));
+  std::string error;
+  std::vector<std::int64_t> fired;
+  for (std::int64_t s = (std::int64_t{1} << 46); s < (std::int64_t{1} << 46) + 8; ++s) {
+    const double v = s - (std::int64_t{1} << 46) < 3 ? 1.0 : 50.0;
+    if (t.evaluate(summary(s, "w", v, v), false, error)) fired.push_back(s);
+  }
+  REQUIRE(fired == std::vector<std::int64_t>{(std::int64_t{1} << 46) + 3});
+}
+
+TEST_CASE("spike and norm_jump fire on a NaN or Inf of what they watch; explicit rules replace the default",
+          "[sdk][triggers]") {
+  Triggers spike(Options("x").stats_every(1).flight_recorder(4).dump_on(Trigger::spike("loss", 5.0, 50)));
+  std::string error;
+  for (std::int64_t s = 0; s < 5; ++s) REQUIRE_FALSE(spike.evaluate(summary(s, "loss", 1.0), false, error));
+  // The statistics of a NaN loss: no finite value, one NaN.
+  TensorSummary nan_loss = summary(5, "loss", 0.0, 0.0);
+  nan_loss.nan = 1;
+  auto d = spike.evaluate(nan_loss, false, error);
+  REQUIRE(d);
+  CHECK(d->trigger == "spike");
+  CHECK(d->reason == "nan");
+  CHECK(std::isnan(d->value));
+  // Even with no history at all, and for Inf.
+  Triggers fresh(Options("x").stats_every(1).dump_on(Trigger::spike("loss", 5.0, 50)));
+  TensorSummary inf_loss = summary(0, "loss", 0.0, 0.0);
+  inf_loss.posinf = 1;
+  d = fresh.evaluate(inf_loss, false, error);
+  REQUIRE(d);
+  CHECK(d->reason == "inf");
+
+  Triggers jump(Options("x").stats_every(1).dump_on(Trigger::norm_jump(10.0, 5)));
+  TensorSummary inf_grad = summary(0, "fc.weight", 0.0, 0.0, Kind::Grad);
+  inf_grad.neginf = 3;
+  REQUIRE(jump.evaluate(inf_grad, false, error));
+
+  // An explicit rule replaces the default non_finite rule: a NaN elsewhere
+  // does not fire a spike on "loss"; naming non_finite() keeps it.
+  Triggers only_spike(Options("x").stats_every(1).flight_recorder(4).dump_on(Trigger::spike("loss", 5.0, 50)));
+  TensorSummary nan_act = summary(0, "hidden", 0.0, 0.0, Kind::Activation);
+  nan_act.nan = 1;
+  CHECK_FALSE(only_spike.evaluate(nan_act, false, error));
+  Triggers both(Options("x").stats_every(1).flight_recorder(4).dump_on(Trigger::spike("loss", 5.0, 50)).dump_on(
+      Trigger::non_finite()));
+  CHECK(both.evaluate(nan_act, false, error));
+  REQUIRE(error.empty());
+}
+
+TEST_CASE("norm_jump and spike do not fire against a median of zero", "[sdk][triggers]") {
+  // A gradient of exact zeros for a while (a frozen layer, a masked head),
+  // then a tiny one: no ratio, no dump.
+  std::vector<double> zeros_then_tiny(20, 0.0);
+  zeros_then_tiny.push_back(2e-30);
+  zeros_then_tiny.push_back(1e-300);
+  CHECK(fires(Options("x").dump_on(Trigger::norm_jump(10.0, 20)), zeros_then_tiny).empty());
+  CHECK(fires(Options("x").dump_on(Trigger::spike("loss", 10.0, 20)), zeros_then_tiny).empty());
+  // Subnormal medians are no better.
+  std::vector<double> subnormal(10, 4e-320);
+  subnormal.push_back(1e-300);
+  CHECK(fires(Options("x").dump_on(Trigger::norm_jump(10.0, 10)), subnormal).empty());
+  // A real jump from a real median still fires.
+  std::vector<double> real(10, 1e-3);
+  real.push_back(1.0);
+  CHECK(fires(Options("x").dump_on(Trigger::norm_jump(10.0, 10)), real) == std::vector<std::int64_t>{10});
+}

@@ -346,17 +346,45 @@ def _read_stored(rec, mmap, h5_files, h5_lock):
 
 
 def _find_ranks(path):
-    if os.path.isfile(os.path.join(path, "run.json")):
-        return {None: path}
+    """{rank: directory} of the run in `path` ({None: path} for one rank).
+    tensortap removes another run's files when it overwrites one; in a
+    directory of an older tensortap, runs of two layouts can lie together (a
+    single-rank run.json at the root beside rank folders, rank folders of a
+    larger world). Then the newest run.json says which run is there: the
+    root's, or the rank folders of its world size."""
     ranks = {}
     if os.path.isdir(path):
         for entry in os.listdir(path):
             m = re.fullmatch(r"rank(\d+)", entry)
             if m and os.path.isfile(os.path.join(path, entry, "run.json")):
                 ranks[int(m.group(1))] = os.path.join(path, entry)
+    root = os.path.join(path, "run.json")
+    if os.path.isfile(root):
+        if not ranks or _mtime(root) >= max(_mtime(os.path.join(d, "run.json")) for d in ranks.values()):
+            return {None: path}
     if not ranks:
         raise RunError(f"{path}: not a tensortap run (no run.json, no rank<r>/run.json)")
-    return ranks
+    newest = max(ranks.values(), key=lambda d: _mtime(os.path.join(d, "run.json")))
+    world = _world_size(newest)
+    if world is None or world < 2:  # a rank folder's run.json says a multi-rank run, or cannot be trusted
+        return ranks
+    return {r: d for r, d in ranks.items() if r < world and _world_size(d) in (world, None)}
+
+
+def _mtime(path):
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _world_size(rank_dir):
+    """run.json's world_size in `rank_dir`, or None where it cannot say."""
+    try:
+        w = _read_json(os.path.join(rank_dir, "run.json")).get("world_size")
+    except (RunError, OSError):
+        return None
+    return w if _is_int(w) and w > 0 else None
 
 
 class _Record(dict):

@@ -44,7 +44,18 @@ FrontEnd::~FrontEnd() {
   }
 }
 
+void FrontEnd::refuse_on_background_thread(const char* call) const {
+  if (on_background_thread())
+    fail(
+        "Recorder::{}() called on tensortap's writer thread (from a Trigger::when predicate?) of run '{}': it "
+        "would wait for that thread itself; a predicate may only look at its TensorSummary (and call stats(), "
+        "sampled() or current_step())",
+        call, placement_.run_dir);
+}
+
 void FrontEnd::capture(const std::string& name, const at::Tensor& tensor) {
+  if (inert()) return;
+  refuse_on_background_thread("capture");
   if (!active(Kind::Tensor)) {
     TENSORTAP_CHECK(!closed(), "capture('{}') after close() of run '{}'", name, placement_.run_dir);
     TENSORTAP_CHECK(current_step() >= 0,
@@ -58,6 +69,8 @@ void FrontEnd::capture(const std::string& name, const at::Tensor& tensor) {
 }
 
 void FrontEnd::record_grads(const std::unordered_set<const void*>& params) {
+  if (inert()) return;
+  refuse_on_background_thread("record_grads");
   TENSORTAP_CHECK(!closed(), "record_grads() after close() of run '{}'", placement_.run_dir);
   const std::int64_t step = current_step();
   TENSORTAP_CHECK(step >= 0,
@@ -94,6 +107,8 @@ void FrontEnd::check_stopped() {
 }
 
 void FrontEnd::step(std::int64_t step) {
+  if (inert()) return;
+  refuse_on_background_thread("step");
   std::lock_guard<std::mutex> lock(control_mu_);
   TENSORTAP_CHECK(!closed(), "step({}) after close() of run '{}'", step, placement_.run_dir);
   const std::int64_t previous = current_step();
@@ -121,10 +136,12 @@ void FrontEnd::step(std::int64_t step) {
 }
 
 std::vector<DumpRecord> FrontEnd::dumps() const {
-  return capturing() ? back_->flight().seen() : std::vector<DumpRecord>{};
+  return capturing() && !inert() ? back_->flight().seen() : std::vector<DumpRecord>{};
 }
 
 void FrontEnd::dump() {
+  if (inert()) return;
+  refuse_on_background_thread("dump");
   TENSORTAP_CHECK(options_.flight_recorder() > 0,
                   "Recorder::dump() needs the flight recorder: set Options::flight_recorder(k)");
   TENSORTAP_CHECK(!closed(), "dump() after close() of run '{}'", placement_.run_dir);
@@ -140,13 +157,18 @@ std::string FrontEnd::failure_message(std::int64_t errors, const std::string& fi
 }
 
 void FrontEnd::flush() {
-  if (!capturing()) return;
+  if (inert() || !capturing()) return;
+  refuse_on_background_thread("flush");
   back_->flush(/*index=*/!closed());
   const std::string err = failures_.first();
   if (!err.empty()) throw Error(failure_message(failures_.lost(), err));
 }
 
 void FrontEnd::close() {
+  // A fork() child must not touch the parent's run: not its run.json, not
+  // its threads or locks.
+  if (inert()) return;
+  refuse_on_background_thread("close");
   std::lock_guard<std::mutex> closing(close_mu_);
   if (closed()) {
     if (!close_error_.empty()) throw Error(close_error_);
@@ -186,7 +208,7 @@ void FrontEnd::close() {
 
 Stats FrontEnd::stats() const {
   Stats s;
-  if (!capturing()) return s;
+  if (!capturing() || inert()) return s;
   s.captured = enqueue_.captured();
   s.records = back_->records();
   s.bytes = back_->bytes();
@@ -198,6 +220,11 @@ Stats FrontEnd::stats() const {
 }
 
 void FrontEnd::claim(const std::vector<Claim>& claims) {
+  TENSORTAP_CHECK(!inert(),
+                  "watch() in a fork() child on a recorder of the parent process (run '{}'): it is inert there; "
+                  "make a Recorder of the child's own",
+                  placement_.run_dir);
+  refuse_on_background_thread("watch");
   std::lock_guard<std::mutex> lock(control_mu_);
   TENSORTAP_CHECK(!closed(), "watch() on the closed recorder of run '{}'", placement_.run_dir);
   std::unordered_set<std::string> names;

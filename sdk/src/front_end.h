@@ -18,6 +18,7 @@
 #include "sdk/src/enqueue.h"
 #include "sdk/src/failures.h"
 #include "sdk/src/names.h"
+#include "sdk/src/process.h"
 #include "sdk/src/sampling.h"
 #include "sdk/src/settings.h"
 #include "sdk/src/staging.h"
@@ -63,10 +64,14 @@ class FrontEnd {
   FrontEnd(const FrontEnd&) = delete;
   FrontEnd& operator=(const FrontEnd&) = delete;
 
-  // The hot path's first half: inline, one relaxed load when not sampled.
+  // The hot path's first half: inline, one relaxed load when not sampled
+  // (the fork check only on sampled steps).
   /// False before the first step, on steps not sampled, for kinds not
-  /// captured, and after close.
-  bool active(Kind kind) const noexcept { return sampling_.active(kind); }
+  /// captured, after close, and in a fork() child.
+  bool active(Kind kind) const noexcept { return sampling_.active(kind) && !inert(); }
+  /// True in a fork() child of the process that made this front end: every
+  /// call returns at once there, and it is never destroyed (process.h).
+  bool inert() const noexcept { return forked_since(fork_generation_); }
   bool selected(const std::string& name) const { return sampling_.selected(name); }
   bool taps_sequential_child(const std::string& path) const { return sampling_.taps_sequential_child(path); }
   std::int64_t current_step() const noexcept { return sampling_.current_step(); }
@@ -93,8 +98,12 @@ class FrontEnd {
 
   // The Recorder's methods.
   void record_grads(const std::unordered_set<const void*>& params);
-  void push_scope(const std::string& name) { names_.push_scope(name); }
-  void pop_scope() noexcept { names_.pop_scope(); }
+  void push_scope(const std::string& name) {
+    if (!inert()) names_.push_scope(name);
+  }
+  void pop_scope() noexcept {
+    if (!inert()) names_.pop_scope();
+  }
   void step(std::int64_t step);
   void capture(const std::string& name, const at::Tensor& tensor);
   void flush();
@@ -125,11 +134,17 @@ class FrontEnd {
   void claim(const std::vector<Claim>& claims);
 
  private:
+  // Throws if called on one of this recorder's background threads (a
+  // Trigger::when predicate runs on the writer thread): `call` would wait for
+  // that very thread.
+  void refuse_on_background_thread(const char* call) const;
   // With OnError::Stop, throws once an error stopped capture.
   void check_stopped();
   // What flush() and close() throw after a background failure.
   std::string failure_message(std::int64_t errors, const std::string& first) const;
 
+  // The fork generation this front end belongs to (process.h).
+  const std::uint64_t fork_generation_ = fork_generation();
   const Options options_;
   const Placement placement_;
   Sampling sampling_;

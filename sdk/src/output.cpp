@@ -19,7 +19,7 @@ Output::Output(const Options& options, const Placement& placement, Staging& stag
     : staging_(staging), manifest_(options, run_info(placement)) {
   // Opened once: everything is written through this descriptor, so a
   // chdir() or a link planted in the directory cannot move the run.
-  run_dir_ = std::make_unique<RunDir>(options.dir(), placement.sub_dir, options.overwrite());
+  run_dir_ = std::make_unique<RunDir>(options.dir(), placement.sub_dir, options.overwrite(), placement.world_size);
   const Dir& dir = run_dir_->dir();
   auto writer = make_writer(options.format(), options.hdf5(), options.packed(), dir);
   manifest_.open(dir);

@@ -9,7 +9,19 @@
 
 namespace tensortap {
 
-Recorder::Recorder(Options options) : front_(std::make_shared<detail::FrontEnd>(std::move(options))) {}
+namespace {
+
+// Hooks and the Recorder share the front end; whoever lets go of it last
+// deletes it, except in a fork() child: there its threads do not exist and
+// its mutexes and condition variables may be held by them forever, so
+// destroying it could wait forever. It is left to the process's end.
+void delete_front_end(detail::FrontEnd* front) noexcept {
+  if (!front->inert()) delete front;
+}
+
+}  // namespace
+
+Recorder::Recorder(Options options) : front_(new detail::FrontEnd(std::move(options)), delete_front_end) {}
 
 Recorder::~Recorder() {
   try {

@@ -24,9 +24,12 @@ std::uint64_t Sampling::full_bits(std::int64_t step) const {
   if (o.stop() && step >= *o.stop()) return 0;
   if (!o.steps().empty() && std::find(o.steps().begin(), o.steps().end(), step) == o.steps().end()) return 0;
   std::uint64_t bits = 0;
-  for (Kind k : kAllKinds)
-    if (o.kinds().contains(k) && (!o.steps().empty() || (o.every(k) > 0 && (step - o.start()) % o.every(k) == 0)))
-      bits |= KindSetAccess::bit(k);
+  for (Kind k : kAllKinds) {
+    if (!o.kinds().contains(k)) continue;
+    // Listed steps replace the periods, but not a kind's own 0 (off).
+    const bool on = o.steps().empty() ? o.every(k) > 0 && (step - o.start()) % o.every(k) == 0 : o.every_of(k) != 0;
+    if (on) bits |= KindSetAccess::bit(k);
+  }
   return bits;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -112,7 +113,9 @@ bool Triggers::jumps(Rule& rule, const std::string& key, double value, double& m
   const std::size_t needed = static_cast<std::size_t>(std::min<std::int64_t>(rule.trigger.window(), 3));
   if (std::isfinite(value) && h.size() >= needed) {
     median = median_of(std::vector<double>(h.begin(), h.end()));
-    fires = std::fabs(value) > rule.trigger.factor() * median;
+    // A ratio to a median of zero (a run of exact zeros) or of a subnormal
+    // means nothing: 2e-30 after zeros is no jump. Such a median never fires.
+    fires = median >= std::numeric_limits<double>::min() && std::fabs(value) > rule.trigger.factor() * median;
   }
   // Magnitudes: a loss or a norm is compared by size, whatever its sign.
   if (std::isfinite(value)) {
@@ -125,6 +128,12 @@ bool Triggers::jumps(Rule& rule, const std::string& key, double value, double& m
 std::optional<DumpRecord> Triggers::evaluate(const TensorSummary& s, bool only_non_finite, std::string& error) {
   std::optional<DumpRecord> first;
   std::string key;
+  // A tensor holding a NaN or an Inf has no finite value to compare: to a
+  // spike or a norm jump that is the largest jump there is, so those fire on
+  // it too (whatever their history), and it stays out of their history.
+  const bool non_finite = s.nan > 0 || s.posinf > 0 || s.neginf > 0;
+  const double non_finite_value =
+      s.nan > 0 ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
   for (Rule& rule : rules_) {
     if (rule.stopped) continue;
     const Trigger& t = rule.trigger;
@@ -135,16 +144,16 @@ std::optional<DumpRecord> Triggers::evaluate(const TensorSummary& s, bool only_n
       case Trigger::Type::NonFinite: fires = s.nan > 0 || s.posinf > 0 || s.neginf > 0; break;
       case Trigger::Type::Spike:
         if (s.name != t.name()) continue;
-        value = s.mean;
-        fires = jumps(rule, t.name(), value, median);
+        value = non_finite ? non_finite_value : s.mean;
+        fires = non_finite || jumps(rule, t.name(), value, median);
         break;
       case Trigger::Type::NormJump:
         if (key.empty()) {
           key.assign(1, static_cast<char>(s.kind));
           key += s.name;
         }
-        value = s.norm;
-        fires = jumps(rule, key, value, median);
+        value = non_finite ? non_finite_value : s.norm;
+        fires = non_finite || jumps(rule, key, value, median);
         break;
       case Trigger::Type::When: try { fires = t.predicate()(s);
         } catch (const std::exception& e) {
@@ -164,13 +173,17 @@ std::optional<DumpRecord> Triggers::evaluate(const TensorSummary& s, bool only_n
     }
     if (!fires || first) continue;
     // Once per run, or again once the cooldown has passed.
-    if (rule.fired && (t.cooldown() == 0 || s.step < rule.last_fired + t.cooldown())) continue;
+    // (As a difference: last_fired + cooldown overflows for a cooldown near
+    // INT64_MAX, and the rule then fired every step.)
+    if (rule.fired && (t.cooldown() == 0 || s.step - rule.last_fired < t.cooldown())) continue;
     rule.fired = true;
     rule.last_fired = s.step;
     DumpRecord d;
     d.step = s.step;
     d.trigger = t.type_name();
-    d.reason = t.type() == Trigger::Type::NonFinite ? (s.nan > 0 ? "nan" : "inf") : t.type_name();
+    d.reason = t.type() == Trigger::Type::NonFinite || (non_finite && t.type() != Trigger::Type::When)
+                   ? (s.nan > 0 ? "nan" : "inf")
+                   : t.type_name();
     d.kind = s.kind;
     d.name = s.name;
     d.value = value;

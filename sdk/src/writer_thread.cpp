@@ -2,6 +2,8 @@
 
 #include <optional>
 
+#include "sdk/src/process.h"
+
 namespace tensortap::detail {
 
 WriterThread::WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight, Failures& failures)
@@ -38,6 +40,9 @@ void WriterThread::flush_stats(bool durable) noexcept {
 }
 
 void WriterThread::run() noexcept {
+  // Recorder calls from here (a Trigger::when predicate) are refused: most
+  // would wait for this thread (process.h).
+  mark_background_thread();
   staging_.prepare();
   while (Staging::Buffer* buffer = staging_.take()) {
     try {

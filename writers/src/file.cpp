@@ -92,6 +92,26 @@ std::pair<File, std::string> parent_of(const Dir& dir, const std::string& rel) {
   return {File(fd, dir.path_of(parent)), rel.substr(slash + 1)};
 }
 
+// The names in the directory open at `dirfd` (not "." or ".."), read
+// through a descriptor of their own: readdir moves the one it reads.
+std::vector<std::string> names_in(int dirfd, const std::string& path) {
+  const int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw_errno("open directory", path, errno);
+  DIR* d = ::fdopendir(fd);
+  if (d == nullptr) {
+    const int err = errno;
+    ::close(fd);
+    throw_errno("read directory", path, err);
+  }
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n != "." && n != "..") names.push_back(n);
+  }
+  ::closedir(d);
+  return names;
+}
+
 void remove_tree(int dirfd, const std::string& name, const std::string& path) {
   struct stat st {};
   if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
@@ -101,24 +121,13 @@ void remove_tree(int dirfd, const std::string& name, const std::string& path) {
   if (S_ISDIR(st.st_mode)) {
     const int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) throw_errno("open directory", path, errno);
-    DIR* d = ::fdopendir(fd);
-    if (d == nullptr) {
-      const int err = errno;
-      ::close(fd);
-      throw_errno("read directory", path, err);
-    }
-    std::vector<std::string> names;
-    while (const dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
-    }
     try {
-      for (const std::string& n : names) remove_tree(::dirfd(d), n, path + "/" + n);
+      for (const std::string& n : names_in(fd, path)) remove_tree(fd, n, path + "/" + n);
     } catch (...) {
-      ::closedir(d);
+      ::close(fd);
       throw;
     }
-    ::closedir(d);
+    ::close(fd);
     if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) throw_errno("remove", path, errno);
     return;
   }
@@ -330,6 +339,8 @@ bool Dir::exists(const std::string& rel) const {
   struct stat st {};
   return ::fstatat(parent ? parent.fd() : fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
 }
+
+std::vector<std::string> Dir::list() const { return names_in(fd(), path()); }
 
 bool Dir::is_link(const std::string& rel) const {
   check_relative(rel, path());

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <tensortap/error.h>
 
@@ -94,6 +95,8 @@ class Dir {
   File open_file(const std::string& rel, int flags, mode_t mode = 0644) const;
   /// Whether `rel` exists (a link counts; it is not followed).
   bool exists(const std::string& rel) const;
+  /// The names in this directory (not "." or ".."), unsorted.
+  std::vector<std::string> list() const;
   /// Whether `rel` is a symbolic link.
   bool is_link(const std::string& rel) const;
   /// Removes `rel`: a file, a link (not its target) or a whole tree, never

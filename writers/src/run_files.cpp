@@ -1,6 +1,7 @@
 #include "writers/src/run_files.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -42,8 +43,72 @@ std::string utc_now() {
 const char* const kRunFileNames[8] = {"run.json",   "index.jsonl",         "npy",       "packed",
                                       "tensors.h5", ".tensors.h5.journal", "stats.npy", "stats_series.jsonl"};
 
-RunDir::RunDir(const std::string& root, const std::string& sub, bool overwrite) {
+namespace {
+
+bool holds_run(const Dir& dir) { return dir.exists("run.json") || dir.exists("index.jsonl"); }
+
+// The rank<k> in a rank folder's name, or -1.
+std::int64_t rank_of(const std::string& name) {
+  if (name.size() < 5 || name.size() > 14 || name.compare(0, 4, "rank") != 0) return -1;
+  std::int64_t k = 0;
+  for (std::size_t i = 4; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    k = k * 10 + (name[i] - '0');
+  }
+  return k;
+}
+
+// Removes tensortap's files (only those) from `dir`.
+void remove_run_files(const Dir& dir) {
+  for (const char* name : kRunFileNames) dir.remove_all(name);
+}
+
+}  // namespace
+
+void RunDir::clear_other_runs(const Dir& top, const std::string& sub, std::int64_t world_size, bool overwrite) {
+  // Another run's files where the reader would take them for this run's: a
+  // single-rank run's at the root under a multi-rank run, rank folders
+  // beside a single-rank run, or rank folders past this run's world size.
+  // Each rank of a multi-rank run does this; removing is idempotent.
+  std::vector<std::string> stale;
+  if (!sub.empty() && holds_run(top)) stale.push_back("");
+  for (const std::string& name : top.list()) {
+    const std::int64_t k = rank_of(name);
+    if (k < 0 || (!sub.empty() && k < world_size) || top.is_link(name)) continue;
+    try {
+      if (holds_run(top.sub(name, /*create=*/false))) stale.push_back(name);
+    } catch (const Error&) {
+      // Not a directory, or gone meanwhile: not a run.
+    }
+  }
+  if (stale.empty()) return;
+  const std::string found = stale.front().empty() ? top.path_of("run.json") : top.path_of(stale.front());
+  if (!overwrite)
+    fail(
+        "'{}' already holds another run ({}{}); choose another directory or set Options::overwrite(true)", top.path(),
+        found, stale.size() > 1 ? fmt::format(" and {} more", stale.size() - 1) : "");
+  for (const std::string& name : stale) {
+    if (name.empty()) {
+      remove_run_files(top);
+      continue;
+    }
+    Dir d = top.sub(name, /*create=*/false);
+    File lock = d.open_file(kLockName, O_RDWR | O_CREAT);
+    // A rank folder some recorder holds is a live run's: not ours to remove.
+    if (!lock.try_lock()) continue;
+    remove_run_files(d);
+    d.unlink(kLockName);
+    lock.close();
+    // The folder goes too when nothing of the user's is left in it.
+    if (::unlinkat(top.fd(), name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOTEMPTY && errno != EEXIST &&
+        errno != ENOENT)
+      throw_errno("remove", top.path_of(name), errno);
+  }
+}
+
+RunDir::RunDir(const std::string& root, const std::string& sub, bool overwrite, std::int64_t world_size) {
   Dir top = Dir::open(root, /*create=*/true);
+  clear_other_runs(top, sub, world_size, overwrite);
   dir_ = sub.empty() ? std::move(top) : top.sub(sub, /*create=*/true);
   lock_ = dir_.open_file(kLockName, O_RDWR | O_CREAT);
   if (!lock_.try_lock())

@@ -20,16 +20,21 @@ extern const char* const kRunFileNames[8];
 /// run when overwriting.
 class RunDir {
  public:
-  /// Opens `root` (created if missing) and, for a rank of a multi-rank run,
-  /// its subdirectory `sub` ("" for none). Throws `Error` naming the
-  /// directory if another recorder holds it, if it already holds a run and
-  /// `overwrite` is off, or with the path and the OS error.
-  RunDir(const std::string& root, const std::string& sub, bool overwrite);
+  /// Opens `root` (created if missing) and, for a rank of a multi-rank run
+  /// of `world_size` ranks, its subdirectory `sub` ("" for none). Throws
+  /// `Error` naming the directory if another recorder holds it, if it (or
+  /// `root`, in another layout: a single-rank run's files at the root, rank
+  /// folders, rank folders past `world_size`) already holds a run and
+  /// `overwrite` is off, or with the path and the OS error. With
+  /// `overwrite`, those runs' files go, and only tensortap's files.
+  RunDir(const std::string& root, const std::string& sub, bool overwrite, std::int64_t world_size = 1);
   const Dir& dir() const { return dir_; }
   /// Unlocks and closes the directory; for after the last write.
   void release() noexcept;
 
  private:
+  static void clear_other_runs(const Dir& top, const std::string& sub, std::int64_t world_size, bool overwrite);
+
   Dir dir_;
   File lock_;
 };

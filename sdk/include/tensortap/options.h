@@ -148,8 +148,11 @@ struct Options {
   }
   /// The period of `kind`: its own, or `every()`.
   std::int64_t every(Kind kind) const { return every_kind_.at(static_cast<std::size_t>(kind)).value_or(every_); }
+  /// The period `every(kind, n)` set for `kind`, if it set one.
+  std::optional<std::int64_t> every_of(Kind kind) const { return every_kind_.at(static_cast<std::size_t>(kind)); }
   /// Capture exactly these steps (within `start`/`stop`) instead of every
-  /// n-th one; empty = use `every`.
+  /// n-th one; empty = use `every`. A kind switched off with
+  /// `every(kind, 0)` stays off at these steps too.
   TORCH_ARG(std::vector<std::int64_t>, steps) = {};
   /// The first step that may be sampled.
   TORCH_ARG(std::int64_t, start) = 0;

@@ -48,7 +48,18 @@ struct Stats {
 /// A recorder snapshots tensors on the calling thread (a copy into a staging
 /// buffer) and writes them on its own writer thread, so training never waits
 /// for the disk unless staging is full and the policy is `Overflow::Block`.
-/// All methods may be called from any thread.
+/// All methods may be called from any thread, with two exceptions:
+/// - On tensortap's own writer thread (where a `Trigger::when` predicate
+///   runs), `step`, `capture`, `record_grads`, `flush`, `close`, `dump` and
+///   `watch` throw `Error`: each could wait for that very thread. `stats`,
+///   `sampled` and `current_step` work there.
+/// - In a `fork()` child of the process that made it (a data-loading worker,
+///   a `system()`), a recorder is inert: every call returns at once and does
+///   nothing (`stats()` is all zeros, `watch` throws), it writes nothing and
+///   touches none of the parent's files, its hooks capture nothing, and its
+///   destructor returns without freeing it (the parent's threads, which it
+///   would wait for, do not exist in the child). A recorder made in the child
+///   works as any other.
 ///
 /// Example:
 /// ```

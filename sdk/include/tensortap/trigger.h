@@ -35,6 +35,19 @@ struct TensorSummary {
 /// A rule fires once per run, unless `cooldown(n)` lets it fire again `n`
 /// steps after it last did.
 ///
+/// How rules compose:
+/// - Without any `dump_on()`, the flight recorder dumps on `non_finite()`.
+///   Rules given to `dump_on()` replace that default: add
+///   `Trigger::non_finite()` among them to keep it.
+/// - `spike` and `norm_jump` also fire when the tensor they watch holds a
+///   NaN or an Inf (reason "nan" or "inf"), whatever their history: a loss
+///   that becomes NaN is the largest spike there is. Such a value does not
+///   enter their history.
+/// - A median of zero (or a subnormal one) has no ratio: after a run of
+///   exact zeros, `spike` and `norm_jump` do not fire on a small value.
+/// - Each rule is evaluated on every tensor; the first rule that fires on a
+///   tensor makes the dump, and each rule keeps its own cooldown.
+///
 /// Example:
 /// ```
 /// tensortap::Options("runs/x")
@@ -60,7 +73,10 @@ class Trigger {
   /// median of its own last `window` norms (same rule of earlier values).
   static Trigger norm_jump(double factor, std::int64_t window);
   /// Any tensor whose statistics make `predicate` true. A predicate that
-  /// throws is an error under `Options::on_error`, and the rule stops.
+  /// throws is an error under `Options::on_error`, and the rule stops. It
+  /// runs on tensortap's writer thread: a call back into the recorder that
+  /// would wait for that thread (`flush`, `close`, `capture`, `step`,
+  /// `dump`, `record_grads`) throws `Error` there instead of deadlocking.
   static Trigger when(std::function<bool(const TensorSummary&)> predicate);
 
   /// Lets the rule fire again `steps` steps after it last fired (0: once
@@ -95,7 +111,8 @@ struct DumpRecord {
   /// "non_finite", "spike", "norm_jump", "when", or "user" for
   /// `Recorder::dump()`.
   std::string trigger;
-  /// For non_finite: "nan" or "inf"; otherwise the trigger's type again.
+  /// "nan" or "inf" for non_finite, and for a spike or norm_jump that
+  /// fired on a non-finite value; otherwise the trigger's type again.
   std::string reason;
   /// The tensor that fired it (not for "user").
   Kind kind = Kind::Tensor;

@@ -3,6 +3,7 @@
 // commits them when the copies complete. Nothing here throws out of run().
 
 #include "sdk/src/cuda/engine.h"
+#include "sdk/src/process.h"
 
 #include <fmt/format.h>
 
@@ -29,6 +30,7 @@ void CudaEngine::report_nothrow(fmt::format_string<Args...> format, Args&&... ar
 }
 
 void CudaEngine::run(int device) noexcept {
+  mark_background_thread();
   // A new thread's current device is 0: the first runtime call below would
   // create a context there, which on a DDP rank of another GPU costs that
   // GPU memory in every process.
