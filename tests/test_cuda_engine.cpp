@@ -357,7 +357,7 @@ TEST_CASE("records larger than a staging buffer go in chunks, larger than the ar
   cudaStreamDestroy(stream);
 }
 
-TEST_CASE("a full arena blocks reserve() until the copier frees room; nothing is lost", "[gpu][cuda]") {
+TEST_CASE("a full arena blocks reserve() until the copier frees room, and nothing is lost", "[gpu][cuda]") {
   if (!have_gpu()) return;
   Staging staging(1 << 20, Overflow::Block, tensortap::detail::pinned_host_memory());
   Drain drain(staging);

@@ -356,7 +356,7 @@ TEST_CASE("a link planted at the next segment's name is refused, never followed"
   REQUIRE(at::equal(tensortap::load_npy(dir / recs[0].file, recs[0].offset), at::full({600}, 1.0f)));
 }
 
-TEST_CASE("packed segments roll while a record is still arriving in chunks; it finishes where it began",
+TEST_CASE("packed segments roll while a record is still arriving in chunks, and it finishes where it began",
           "[writers][packed][hostile]") {
   using namespace tensortap::detail;
   TempDir dir;

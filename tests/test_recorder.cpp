@@ -568,7 +568,7 @@ TORCH_MODULE(Odd);
 
 }  // namespace
 
-TEST_CASE("an error inside a hook never escapes into training; Stop stops at the next step", "[sdk][hooks]") {
+TEST_CASE("an error inside a hook never escapes into training, and Stop stops at the next step", "[sdk][hooks]") {
   for (auto policy : {tensortap::OnError::Continue, tensortap::OnError::Stop}) {
     TempDir dir;
     Odd model;

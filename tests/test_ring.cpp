@@ -99,7 +99,7 @@ TEST_CASE("ring reclaims from the front only: a hole in the middle stays taken",
   CHECK(d.offset == 0);
 }
 
-TEST_CASE("a region larger than the ring never fits; an empty one is refused", "[sdk][ring]") {
+TEST_CASE("a region larger than the ring never fits, and an empty one is refused", "[sdk][ring]") {
   RingAllocator ring(256);
   CHECK_FALSE(ring.allocate(257).has_value());
   CHECK_FALSE(ring.allocate(0).has_value());

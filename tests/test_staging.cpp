@@ -158,7 +158,7 @@ TEST_CASE("prepare() allocates and populates both default buffers: a capture tou
   staging.free_memory();
 }
 
-TEST_CASE("put() copies a small record and publishes it in one step; after stop() it refuses", "[sdk][staging]") {
+TEST_CASE("put() copies a small record and publishes it in one step, and after stop() it refuses", "[sdk][staging]") {
   Staging staging(1 << 16, Overflow::Block);
   const std::string bytes = "0123456789abcdef";
   Slot s = slot_of(bytes.size(), 7);

@@ -94,7 +94,7 @@ TEST_CASE("spike's window: shorter than the history, ties, and its first steps",
   REQUIRE(fires(Options("x").dump_on(Trigger::spike("loss", 5.0, 3)), {-1, 1, -1, -7}) == std::vector<std::int64_t>{3});
 }
 
-TEST_CASE("norm_jump watches every series on its own; when() any predicate", "[sdk][triggers]") {
+TEST_CASE("norm_jump watches every series on its own, and when() any predicate", "[sdk][triggers]") {
   Triggers t(Options("x").stats_every(1).dump_on(Trigger::norm_jump(10.0, 20)));
   std::string error;
   std::int64_t fired_at = -1;
@@ -194,7 +194,7 @@ TEST_CASE("a loss spike dumps the steps before it, run.json says which rule fire
   REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"w\"").size() == 5);
 }
 
-TEST_CASE("without a flight recorder a trigger marks the run; Throw still stops it", "[sdk][triggers]") {
+TEST_CASE("without a flight recorder a trigger marks the run, and Throw still stops it", "[sdk][triggers]") {
   TempDir dir;
   {
     Recorder rec{Options(dir.path).every(0).stats_every(1).dump_on(Trigger::norm_jump(10.0, 5).cooldown(3))};
@@ -245,7 +245,7 @@ TEST_CASE("cooldown(INT64_MAX) fires once, not every step (no overflow in the co
   REQUIRE(fired == std::vector<std::int64_t>{(std::int64_t{1} << 46) + 3});
 }
 
-TEST_CASE("spike and norm_jump fire on a NaN or Inf of what they watch; explicit rules replace the default",
+TEST_CASE("spike and norm_jump fire on a NaN or Inf of what they watch, and explicit rules replace the default",
           "[sdk][triggers]") {
   Triggers spike(Options("x").stats_every(1).flight_recorder(4).dump_on(Trigger::spike("loss", 5.0, 50)));
   std::string error;
