@@ -277,8 +277,11 @@ TEST_CASE("spike and norm_jump fire on a NaN or Inf of what they watch, and expl
   TensorSummary nan_act = summary(0, "hidden", 0.0, 0.0, Kind::Activation);
   nan_act.nan = 1;
   CHECK_FALSE(only_spike.evaluate(nan_act, false, error));
-  Triggers both(Options("x").stats_every(1).flight_recorder(4).dump_on(Trigger::spike("loss", 5.0, 50)).dump_on(
-      Trigger::non_finite()));
+  Triggers both(Options("x")
+                    .stats_every(1)
+                    .flight_recorder(4)
+                    .dump_on(Trigger::spike("loss", 5.0, 50))
+                    .dump_on(Trigger::non_finite()));
   CHECK(both.evaluate(nan_act, false, error));
   REQUIRE(error.empty());
 }

@@ -44,13 +44,12 @@ FrontEnd::~FrontEnd() {
   }
 }
 
-void FrontEnd::refuse_on_background_thread(const char* call) const {
-  if (on_background_thread())
-    fail(
-        "Recorder::{}() called on tensortap's writer thread (from a Trigger::when predicate?) of run '{}': it "
-        "would wait for that thread itself; a predicate may only look at its TensorSummary (and call stats(), "
-        "sampled() or current_step())",
-        call, placement_.run_dir);
+void FrontEnd::refuse(const char* call) const {
+  fail(
+      "Recorder::{}() called on tensortap's writer thread (from a Trigger::when predicate?) of run '{}': it would "
+      "wait for that thread itself; a predicate may only look at its TensorSummary (and call stats(), sampled() or "
+      "current_step())",
+      call, placement_.run_dir);
 }
 
 void FrontEnd::capture(const std::string& name, const at::Tensor& tensor) {

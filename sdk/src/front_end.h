@@ -136,8 +136,11 @@ class FrontEnd {
  private:
   // Throws if called on one of this recorder's background threads (a
   // Trigger::when predicate runs on the writer thread): `call` would wait for
-  // that very thread.
-  void refuse_on_background_thread(const char* call) const;
+  // that very thread. Inline: step() and capture() ask it every time.
+  void refuse_on_background_thread(const char* call) const {
+    if (on_background_thread()) refuse(call);
+  }
+  [[noreturn]] void refuse(const char* call) const;
   // With OnError::Stop, throws once an error stopped capture.
   void check_stopped();
   // What flush() and close() throw after a background failure.

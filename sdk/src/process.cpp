@@ -10,8 +10,6 @@ std::atomic<std::uint64_t> g_fork_generation{0};
 
 namespace {
 
-thread_local bool t_background = false;
-
 // Async-signal-safe, as an atfork child handler must be: one atomic add.
 void on_fork_child() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
 
@@ -22,9 +20,5 @@ std::uint64_t fork_generation() noexcept {
   std::call_once(registered, [] { pthread_atfork(nullptr, nullptr, on_fork_child); });
   return g_fork_generation.load(std::memory_order_relaxed);
 }
-
-void mark_background_thread() noexcept { t_background = true; }
-
-bool on_background_thread() noexcept { return t_background; }
 
 }  // namespace tensortap::detail

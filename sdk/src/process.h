@@ -31,8 +31,13 @@ inline bool forked_since(std::uint64_t generation) noexcept {
   return g_fork_generation.load(std::memory_order_relaxed) != generation;
 }
 
+/// Whether the calling thread is one of tensortap's background threads:
+/// read by every step() and capture(), so inline (a thread-local load, no
+/// call).
+inline thread_local bool t_background_thread = false;
+
 /// Marks the calling thread as one of tensortap's background threads.
-void mark_background_thread() noexcept;
-bool on_background_thread() noexcept;
+inline void mark_background_thread() noexcept { t_background_thread = true; }
+inline bool on_background_thread() noexcept { return t_background_thread; }
 
 }  // namespace tensortap::detail

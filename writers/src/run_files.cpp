@@ -84,9 +84,8 @@ void RunDir::clear_other_runs(const Dir& top, const std::string& sub, std::int64
   if (stale.empty()) return;
   const std::string found = stale.front().empty() ? top.path_of("run.json") : top.path_of(stale.front());
   if (!overwrite)
-    fail(
-        "'{}' already holds another run ({}{}); choose another directory or set Options::overwrite(true)", top.path(),
-        found, stale.size() > 1 ? fmt::format(" and {} more", stale.size() - 1) : "");
+    fail("'{}' already holds another run ({}{}); choose another directory or set Options::overwrite(true)", top.path(),
+         found, stale.size() > 1 ? fmt::format(" and {} more", stale.size() - 1) : "");
   for (const std::string& name : stale) {
     if (name.empty()) {
       remove_run_files(top);
