@@ -209,3 +209,38 @@ TEST_CASE("record_grads() before backward() loses nothing: the step's sum is rec
   for (std::int64_t s = 0; s < 3; ++s)
     CHECK(torch::equal(read_record(dir.path, "grad", "weight", s), want_weight[static_cast<std::size_t>(s)]));
 }
+
+TEST_CASE("with gradient clipping, grad is the backward sum and record_grads() what the optimizer applies",
+          "[hooks][gan]") {
+  // One loop twice, from the same weights and batches: once with the default
+  // record, once with record_grads(). Each against copies the loop takes.
+  const auto train = [](const std::string& run, bool record_grads, std::vector<torch::Tensor>& before_clip,
+                        std::vector<torch::Tensor>& after_clip) {
+    torch::manual_seed(11);
+    nn::Linear fc(6, 3);
+    torch::optim::SGD opt(fc->parameters(), 0.1);
+    auto rec = tensortap::watch(*fc, Options(run));
+    for (std::int64_t s = 0; s < 4; ++s) {
+      rec->step(s);
+      opt.zero_grad();
+      (fc->forward(torch::randn({8, 6})) * 10).pow(2).sum().backward();
+      before_clip.push_back(fc->weight.grad().clone());
+      torch::nn::utils::clip_grad_norm_(fc->parameters(), 0.5);
+      after_clip.push_back(fc->weight.grad().clone());
+      if (record_grads) rec->record_grads(opt);
+      opt.step();
+    }
+    rec->close();
+  };
+  TempDir dir;
+  std::vector<torch::Tensor> a_before, a_after, b_before, b_after;
+  train(dir / "default", false, a_before, a_after);
+  train(dir / "record_grads", true, b_before, b_after);
+  for (std::size_t s = 0; s < 4; ++s) {
+    INFO("step " << s);
+    // Clipping changed something, or the test would prove nothing.
+    REQUIRE_FALSE(torch::equal(a_before[s], a_after[s]));
+    CHECK(torch::equal(read_record(dir / "default", "grad", "weight", static_cast<std::int64_t>(s)), a_before[s]));
+    CHECK(torch::equal(read_record(dir / "record_grads", "grad", "weight", static_cast<std::int64_t>(s)), b_after[s]));
+  }
+}

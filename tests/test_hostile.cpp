@@ -2,6 +2,7 @@
 // before its fix (a hang, a heap overflow, writes outside the run directory,
 // lost or mixed data). tests/README.md lists them with what they do now.
 #include <dirent.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -603,4 +604,29 @@ TEST_CASE("overwrite over a run of another layout removes that run's files, and 
   CHECK_FALSE(fs::exists(dir / "index.jsonl"));
   CHECK_FALSE(fs::exists(dir / "npy"));
   CHECK(fs::exists(dir / "rank0/run.json"));
+}
+
+TEST_CASE("a record larger than flight_recorder_bytes is dropped before it is copied, its statistics kept",
+          "[sdk][hostile][flight]") {
+  TempDir dir;
+  const torch::Tensor big = torch::ones({64 << 20});  // 256 MiB, allocated before the peak is read
+  const auto peak_kb = [] {
+    struct rusage u {};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<std::int64_t>(u.ru_maxrss);
+  };
+  const std::int64_t before = peak_kb();
+  {
+    Recorder rec{Options(dir.path).buffer_bytes(1 << 20).stats_every(1).flight_recorder(2).flight_recorder_bytes(
+        1 << 20)};
+    rec.step(0);
+    rec.capture("big", big);
+    rec.capture("small", torch::ones({16}));
+    rec.close();
+    CHECK(rec.stats().dropped == 1);
+    CHECK(rec.stats().stats_rows == 2);  // the big one's statistics still taken
+  }
+  // Before: the record was assembled whole on the writer thread (+256 MiB),
+  // then dropped. Now memory stays within a few staging buffers.
+  CHECK(peak_kb() - before < 64 * 1024);
 }

@@ -42,6 +42,7 @@ Enqueue::Enqueue(const Options& options, Staging& staging, const Sampling& sampl
       may_drop_(options.overflow() == Overflow::DropNewest),
       holds_(holds),
       scans_(scans),
+      hold_budget_(options.flight_recorder_bytes()),
       // HDF5 datasets have at most 32 axes, one of them the row; NumPy 1.x
       // reads at most 32 axes.
       max_dims_(options.format() == Format::Hdf5 ? 31 : 32),
@@ -77,9 +78,19 @@ void Enqueue::record(Kind kind, const std::string& name, const at::Tensor& tenso
   const DtypeInfo& info = check(kind, name, tensor, step);
   const bool open = flight_ != nullptr;
   const std::uint64_t plan = sampling_.plan(step, open, open && flight_->capture_halted());
-  const bool full = Sampling::full(plan, kind);
+  bool full = Sampling::full(plan, kind);
   const bool stats = Sampling::stats(plan, kind);
   if (!full && !stats) return;
+  // A record larger than the flight recorder's whole budget can never be
+  // held: dropped here, before a byte of it is copied. (It was copied whole
+  // on the writer thread and dropped there: one record took memory far past
+  // the budget.) Its statistics, if the step takes them, still go.
+  if (full && holds_ &&
+      static_cast<std::uint64_t>(tensor.numel()) * c10::elementSize(info.stored) > hold_budget_) {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    if (!stats) return;
+    full = false;
+  }
   if (queue(kind, name, tensor, info, step, full, stats)) captured_.fetch_add(1, std::memory_order_relaxed);
   // Refused after close() is not a drop: the run had ended.
   else if (!closed_.load(std::memory_order_acquire))

@@ -72,6 +72,8 @@ class Enqueue {
   const bool may_drop_;
   const bool holds_;
   const bool scans_;
+  // Options::flight_recorder_bytes: a record larger is never held.
+  const std::uint64_t hold_budget_;
   // The most dimensions the run's format can store, and why.
   const std::int64_t max_dims_;
   const char* const max_dims_why_;

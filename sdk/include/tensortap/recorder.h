@@ -33,7 +33,9 @@ struct Stats {
   std::int64_t records = 0;
   /// Bytes of tensor data written to disk (headers not counted).
   std::int64_t bytes = 0;
-  /// Records dropped because staging was full (`Overflow::DropNewest`).
+  /// Records dropped: staging was full (`Overflow::DropNewest`), or the
+  /// flight recorder could not hold them within `flight_recorder_bytes`
+  /// (one larger than that is dropped before it is copied).
   std::int64_t dropped = 0;
   /// Records that failed on the writer thread.
   std::int64_t errors = 0;
