@@ -53,15 +53,18 @@ void FrontEnd::refuse(const char* call) const {
 }
 
 void FrontEnd::capture(const std::string& name, const at::Tensor& tensor) {
-  if (inert()) return;
-  refuse_on_background_thread("capture");
+  // active() is false in a fork() child: the child check costs the sampled
+  // path nothing more.
   if (!active(Kind::Tensor)) {
+    if (inert()) return;
+    refuse_on_background_thread("capture");
     TENSORTAP_CHECK(!closed(), "capture('{}') after close() of run '{}'", name, placement_.run_dir);
     TENSORTAP_CHECK(current_step() >= 0,
                     "capture('{}') before the first step(): call Recorder::step(s) at the start of each iteration",
                     name);
     return;
   }
+  refuse_on_background_thread("capture");
   const std::int64_t step = current_step();
   const std::optional<GivenName> record_name = names_.capture_name(name, step, sampling_);
   if (record_name) record_as(Kind::Tensor, record_name->str(), tensor, step);
