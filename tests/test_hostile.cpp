@@ -208,11 +208,13 @@ TEST_CASE("two writers cannot share a run directory", "[sdk][hostile]") {
 TEST_CASE("overwrite removes every file tensortap writes, and only those", "[sdk][hostile]") {
   TempDir dir;
   {
-    Recorder old{Options(dir.path).stats_every(1)};
+    Recorder old{Options(dir.path).stats_every(1).flight_recorder(2)};
     old.step(0);
     old.capture("a", torch::ones({2}));
+    old.dump();
   }
   REQUIRE(fs::exists(dir / "stats.npy"));
+  REQUIRE(fs::exists(dir / "dumps.jsonl"));
   std::ofstream(dir / "notes.txt") << "mine";
   {
     Recorder fresh{Options(dir.path).overwrite(true)};
@@ -221,6 +223,7 @@ TEST_CASE("overwrite removes every file tensortap writes, and only those", "[sdk
   }
   REQUIRE_FALSE(fs::exists(dir / "stats.npy"));
   REQUIRE_FALSE(fs::exists(dir / "stats_series.jsonl"));
+  REQUIRE_FALSE(fs::exists(dir / "dumps.jsonl"));
   REQUIRE_FALSE(fs::exists(dir / "npy/tensor/a"));
   REQUIRE(tt_test::read_file(dir / "notes.txt") == "mine");
   // Without overwrite, a file of tensortap's name in a directory with no run is refused.
@@ -271,7 +274,7 @@ TEST_CASE("links planted in a run directory are never followed", "[sdk][hostile]
   TempDir outside;
   std::ofstream(outside / "sentinel") << "keep";
   fs::create_directories(outside / "dir");
-  const std::vector<std::string> planted = {"npy", "stats.npy", "stats_series.jsonl"
+  const std::vector<std::string> planted = {"npy", "stats.npy", "stats_series.jsonl", "dumps.jsonl"
 #ifdef TENSORTAP_HAVE_HDF5
                                             ,
                                             "tensors.h5", ".tensors.h5.journal"
@@ -629,4 +632,67 @@ TEST_CASE("a record larger than flight_recorder_bytes is dropped before it is co
   // Before: the record was assembled whole on the writer thread (+256 MiB),
   // then dropped. Now memory stays within a few staging buffers.
   CHECK(peak_kb() - before < 64 * 1024);
+}
+
+TEST_CASE("a large non-contiguous tensor is streamed chunk by chunk, never copied whole", "[sdk][hostile]") {
+  TempDir dir;
+  // Allocated before the peak is read: 128 MiB, seen transposed; 128 MiB
+  // more that an expanded view claims with 4 bytes; bfloat16, stored as
+  // float32 (a dtype conversion per chunk), transposed.
+  const torch::Tensor base = torch::arange(1 << 25, torch::kFloat32).reshape({1 << 12, 1 << 13});
+  const torch::Tensor transposed = base.t();
+  const torch::Tensor expanded = torch::full({1}, 3.5f).expand({1 << 25});
+  const torch::Tensor bf16 = torch::arange(1 << 21, torch::kFloat32).reshape({1 << 10, 1 << 11}).to(torch::kBFloat16).t();
+  // A 3-d view whose chunks start and end inside rows and planes.
+  const torch::Tensor odd = torch::arange(3 * 1001 * 997, torch::kFloat64).reshape({3, 1001, 997}).permute({2, 0, 1});
+  const auto peak_kb = [] {
+    struct rusage u {};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<std::int64_t>(u.ru_maxrss);
+  };
+  const std::int64_t before = peak_kb();
+  {
+    Recorder rec{Options(dir.path).buffer_bytes(1 << 20)};
+    rec.step(0);
+    rec.capture("transposed", transposed);
+    rec.capture("expanded", expanded);
+    rec.capture("bf16", bf16);
+    rec.capture("odd", odd);
+    rec.close();
+    REQUIRE(rec.stats().records == 4);
+    REQUIRE(rec.stats().errors == 0);
+  }
+  // Before: each was first made contiguous, +128 MiB at a time. Now memory
+  // stays within a few staging buffers.
+  CHECK(peak_kb() - before < 32 * 1024);
+  const auto read = [&](const std::string& name) {
+    return tensortap::load_npy(dir / ("npy/tensor/" + name + "/00000000.npy"));
+  };
+  CHECK(torch::equal(read("transposed"), transposed));
+  CHECK(torch::equal(read("expanded"), expanded));
+  CHECK(torch::equal(read("bf16"), bf16.to(torch::kFloat32)));
+  CHECK(torch::equal(read("odd"), odd));
+}
+
+TEST_CASE("a tensor of absurd logical size is refused with its name before anything is copied", "[sdk][hostile]") {
+  TempDir dir;
+  Recorder rec{Options(dir.path).buffer_bytes(1 << 20)};
+  rec.step(0);
+  rec.capture("before", torch::ones({4}));
+  // 2^40 elements (4 TiB) of one float: more than any disk this runs on
+  // has free. It was a raw c10::Error from the allocator naming no tensor.
+  const torch::Tensor huge = torch::ones({1}).expand({std::int64_t{1} << 40});
+  CHECK_THAT(error_of([&] { rec.capture("huge", huge); }),
+             Catch::Contains("'huge'") && Catch::Contains("4398046511104 bytes") && Catch::Contains("free"));
+  // 2^62 elements of 16 bytes: more bytes than 64 bits count.
+  const torch::Tensor wide =
+      torch::ones({1, 1}, torch::kComplexDouble).expand({std::int64_t{1} << 31, std::int64_t{1} << 31});
+  CHECK_THAT(error_of([&] { rec.capture("wide", wide); }),
+             Catch::Contains("'wide'") && Catch::Contains("64 bits") && Catch::Contains("complex128"));
+  rec.capture("after", torch::ones({4}));
+  rec.close();
+  // Nothing already captured is lost, nor anything after.
+  CHECK(rec.stats().records == 2);
+  CHECK(fs::exists(dir / "npy/tensor/before/00000000.npy"));
+  CHECK(fs::exists(dir / "npy/tensor/after/00000000.npy"));
 }

@@ -719,6 +719,109 @@ class MixedRunsTest(TempCase):
         self.assertEqual(run.steps("w", "grad"), [5])
 
 
+class DumpsTest(TempCase):
+    """dumps.jsonl (issue 30, item 7): the writer appends a line per dump and
+    writes run.json's "dumps" once, at close. A closed run's dumps come from
+    run.json; one still going or cut short, from dumps.jsonl; an older run's,
+    from run.json."""
+
+    # Two dumps as the writer prints them (sdk/src/run_json.cpp, append_dump_json).
+    LINES = [
+        b'{"step": 3, "reason": "user", "steps": [1,2,3]}\n',
+        b'{"step": 7, "reason": "spike", "steps": [5,6,7], "kind": "tensor", "name": "loss", '
+        b'"trigger": {"kind": "spike", "factor": 5, "window": 10}, "value": 50, "median": 1.25}\n',
+    ]
+    WANT = [
+        {"step": 3, "reason": "user", "steps": [1, 2, 3]},
+        {"step": 7, "reason": "spike", "steps": [5, 6, 7], "kind": "tensor", "name": "loss",
+         "trigger": {"kind": "spike", "factor": 5, "window": 10}, "value": 50, "median": 1.25},
+    ]
+
+    def run_with(self, lines, closed=False, dumps=(), path=None, **info):
+        path = path or self.run_dir
+        make_run(path, [line(record(0))])
+        with open(os.path.join(path, "run.json"), "w") as f:
+            json.dump(dict(RUN_JSON, closed=closed, dumps=list(dumps), **info), f)
+        if lines is not None:
+            with open(os.path.join(path, "dumps.jsonl"), "wb") as f:
+                f.write(b"".join(lines))
+        return path
+
+    def dumps(self):
+        """The run's dumps and the messages of the RunWarnings reading them gave."""
+        run = tensortap.open(self.run_dir)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dumps = run.dumps
+        return dumps, [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
+
+    def test_a_run_cut_short_reads_its_dumps_from_dumps_jsonl(self):
+        # A crash: run.json as written at open (no dumps, not closed).
+        self.run_with(self.LINES)
+        self.assertEqual(self.dumps(), (self.WANT, []))
+
+    def test_a_torn_last_line_is_skipped_and_a_bad_line_warned_about(self):
+        self.run_with(self.LINES + [b'{"step": 9, "reason": "us'])
+        self.assertEqual(self.dumps(), (self.WANT, []))
+        self.run_with([self.LINES[0], b"garbage\n", b"[1, 2]\n", self.LINES[1], b"{\"step\": 9"])
+        dumps, warned = self.dumps()
+        self.assertEqual(dumps, self.WANT)
+        self.assertEqual(len(warned), 2, warned)
+        self.assertIn("dumps.jsonl:2: skipped: not a JSON line", warned[0])
+        self.assertIn("dumps.jsonl:3: skipped: an array, not an object", warned[1])
+
+    def test_an_older_run_reads_its_dumps_from_run_json(self):
+        # A tensortap before dumps.jsonl rewrote run.json with each dump,
+        # closed or not.
+        for closed in (True, False):
+            self.run_with(None, closed=closed, dumps=self.WANT)
+            self.assertEqual(self.dumps(), (self.WANT, []))
+
+    def test_a_closed_run_reads_run_json_which_lists_every_dump(self):
+        # close() lists every dump; dumps.jsonl may lack one whose append
+        # failed on a full disk.
+        self.run_with(self.LINES[:1], closed=True, dumps=self.WANT)
+        self.assertEqual(self.dumps(), (self.WANT, []))
+
+    def test_each_rank_reads_its_own(self):
+        # Rank 0 crashed (dumps.jsonl), rank 1 closed (run.json).
+        self.run_with(self.LINES[:1], path=os.path.join(self.run_dir, "rank0"), rank=0, world_size=2)
+        self.run_with(self.LINES, closed=True, dumps=self.WANT[1:], path=os.path.join(self.run_dir, "rank1"),
+                      rank=1, world_size=2)
+        dumps, warned = self.dumps()
+        self.assertEqual(warned, [])
+        self.assertEqual(dumps, [dict(self.WANT[0], rank=0), dict(self.WANT[1], rank=1)])
+
+    def test_a_fifo_or_a_link_at_dumps_jsonl_is_not_read(self):
+        self.run_with(None)
+        path = os.path.join(self.run_dir, "dumps.jsonl")
+        os.mkfifo(path)
+        # Opening a FIFO waits for a writer; fail instead of hanging if it is tried.
+        previous = signal.signal(signal.SIGALRM, lambda *_: self.fail("the reader opened a FIFO"))
+        signal.alarm(10)
+        try:
+            dumps, warned = self.dumps()
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        self.assertEqual(dumps, [])
+        self.assertEqual(len(warned), 1, warned)
+        self.assertIn("dumps.jsonl: not a regular file", warned[0])
+        # A link out of the run, to dumps that look real: never followed.
+        os.remove(path)
+        outside = os.path.join(self.tmp, "outside.jsonl")
+        with open(outside, "wb") as f:
+            f.write(b"".join(self.LINES))
+        os.symlink(outside, path)
+        dumps, warned = self.dumps()
+        self.assertEqual(dumps, [])
+        self.assertEqual(len(warned), 1, warned)
+        self.assertIn("dumps.jsonl: a symbolic link", warned[0])
+        # A dangling one too.
+        os.remove(outside)
+        self.assertEqual(self.dumps()[0], [])
+
+
 class PlantedHdf5Test(TempCase):
     """An HDF5 run whose tensors.h5 points outside itself: HDF5 would follow
     an external link, external storage or a virtual dataset's sources to

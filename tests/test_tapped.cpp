@@ -54,6 +54,39 @@ auto call_with(M& module, std::vector<torch::Tensor>& in, std::index_sequence<I.
   return module(in[I]...);
 }
 
+// `m->forward(...)` with the inputs only: trailing defaulted arguments left
+// out, as LibTorch code calls a plain module.
+template <class M, std::size_t... I>
+auto forward_with(M& module, std::vector<torch::Tensor>& in, std::index_sequence<I...>) {
+  return module->forward(in[I]...);
+}
+
+template <class Out>
+void require_same_outputs(const Out& a, const Out& b) {
+  std::vector<torch::Tensor> ta, tb;
+  tensors_of(a, ta);
+  tensors_of(b, tb);
+  REQUIRE(ta.size() == tb.size());
+  for (std::size_t i = 0; i < ta.size(); ++i) REQUIRE(torch::allclose(ta[i], tb[i], 1e-6, 1e-6, /*equal_nan=*/true));
+}
+
+template <class M>
+std::string printed(const M& module) {
+  std::ostringstream out;
+  out << module;
+  return out.str();
+}
+
+// LibTorch 1.13's Module is a virtual base: the name a module's constructor
+// gives it (MultiheadAttention's) is the most derived class's to give, so a
+// Tapped one prints under its class's name ("...Impl(") instead.
+std::string comparable(std::string text) {
+#if TORCH_VERSION_MAJOR < 2
+  for (std::size_t at; (at = text.find("Impl(")) != std::string::npos;) text.erase(at, 4);
+#endif
+  return text;
+}
+
 template <class Holder, std::size_t N, class... Ctor>
 void check(const std::string& label, const Inputs& make_inputs, Ctor... ctor) {
   INFO("module " << label);
@@ -108,6 +141,37 @@ void check(const std::string& label, const Inputs& make_inputs, Ctor... ctor) {
   for (const auto& l : lines) activations += l.find("\"kind\":\"activation\"") != std::string::npos;
   REQUIRE(activations == ot.size());
   REQUIRE(rec->stats().errors == 0);
+
+  // Wherever LibTorch's code looks, it is the plain module: printed the
+  // same, found by as<M>() in apply(), cloned with its values.
+  using Impl = typename Holder::ContainedType;
+  REQUIRE(comparable(printed(*tapped)) == comparable(printed(*plain)));
+  if constexpr (tensortap::detail::Derivable<Impl>::value) {
+    int found = 0;
+    parent->apply([&](nn::Module& m) { found += m.as<Holder>() != nullptr; });
+    REQUIRE(found == 1);
+  }
+  auto copy = std::dynamic_pointer_cast<tensortap::TappedImpl<Impl>>(tapped->clone());
+  REQUIRE(copy != nullptr);
+  REQUIRE(keys(copy->named_parameters()) == keys(tapped->named_parameters()));
+  for (const auto& p : tapped->named_parameters()) {
+    REQUIRE(torch::equal(p.value(), copy->named_parameters()[p.key()]));
+    REQUIRE(p.value().data_ptr() != copy->named_parameters()[p.key()].data_ptr());
+  }
+  for (const auto& b : tapped->named_buffers()) REQUIRE(torch::equal(b.value(), copy->named_buffers()[b.key()]));
+
+  // m->forward(...) takes what M's forward takes, defaulted trailing
+  // arguments left out (LSTM's state, MultiheadAttention's masks,
+  // ConvTranspose's output size...).
+  torch::manual_seed(4);
+  auto again_plain = make_inputs();
+  torch::manual_seed(4);
+  auto again_tapped = make_inputs();
+  torch::manual_seed(5);
+  auto fwd_plain = forward_with(plain, again_plain, std::make_index_sequence<N>{});
+  torch::manual_seed(5);
+  auto fwd_tapped = forward_with(tapped, again_tapped, std::make_index_sequence<N>{});
+  require_same_outputs(fwd_plain, fwd_tapped);
 }
 
 }  // namespace
@@ -396,13 +460,91 @@ TEST_CASE("Tapped<M> keeps the module's behaviour in a Sequential, with eval(), 
   torch::load(plain, dir / "ckpt.pt");
   for (const auto& p : seq->named_parameters()) REQUIRE(torch::equal(p.value(), plain->named_parameters()[p.key()]));
   for (const auto& b : seq->named_buffers()) REQUIRE(torch::equal(b.value(), plain->named_buffers()[b.key()]));
-  // A clone is a plain module with the same values.
-  auto copy = std::dynamic_pointer_cast<nn::BatchNorm2dImpl>(bn->clone());
+  // A clone is a tapped module with the same values, printed as the plain one.
+  auto copy = std::dynamic_pointer_cast<tensortap::TappedImpl<nn::BatchNorm2dImpl>>(bn->clone());
   REQUIRE(copy != nullptr);
-  REQUIRE(torch::equal(copy->running_mean, bn->named_buffers()["running_mean"]));
-  std::ostringstream printed;
-  printed << *bn;
-  REQUIRE(printed.str().find("tensortap::Tapped(torch::nn::BatchNorm2d") == 0);
+  REQUIRE(torch::equal(copy->inner().running_mean, bn->named_buffers()["running_mean"]));
+  REQUIRE(printed(*bn).find("torch::nn::BatchNorm2d(2") == 0);
+  // A cloned Sequential has every child (a Tapped one was null: its
+  // forward crashed) and computes the same.
+  auto seq_copy = std::dynamic_pointer_cast<nn::SequentialImpl>(seq->clone());
+  REQUIRE(seq_copy != nullptr);
+  REQUIRE(seq_copy->size() == 3);
+  for (std::size_t i = 0; i < seq_copy->size(); ++i) REQUIRE(seq_copy->ptr(i) != nullptr);
+  const torch::Tensor x = torch::randn({2, 3, 4, 4});
+  REQUIRE(torch::equal(seq->forward(x), seq_copy->forward(x)));
+  REQUIRE(printed(*seq_copy) == printed(*seq));
+}
+
+namespace {
+
+struct CloneNetImpl : nn::Cloneable<CloneNetImpl> {
+  tensortap::Tapped<nn::Linear> fc{nullptr};
+  tensortap::Tapped<nn::BatchNorm1d> bn{nullptr};
+  tensortap::Tapped<nn::LSTM> lstm{nullptr};
+  nn::Linear head{nullptr};
+  CloneNetImpl() { reset(); }
+  void reset() override {
+    fc = register_module("fc", tensortap::Tapped<nn::Linear>(4, 4));
+    bn = register_module("bn", tensortap::Tapped<nn::BatchNorm1d>(4));
+    lstm = register_module("lstm", tensortap::Tapped<nn::LSTM>(4, 3));
+    head = register_module("head", nn::Linear(3, 2));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    // lstm->forward(x) leaves out the state, as with a plain LSTM.
+    return head(std::get<0>(lstm->forward(bn(fc(x)).unsqueeze(0))));
+  }
+};
+TORCH_MODULE(CloneNet);
+
+}  // namespace
+
+TEST_CASE("a clone of a model holding Tapped<M> layers copies their weights and is bound to no recorder",
+          "[hooks][tapped]") {
+  CloneNet net;
+  TempDir dir;
+  auto rec = tensortap::watch(*net, Options(dir.path));
+  rec->step(0);
+  net->forward(torch::randn({5, 4}));  // the BatchNorm's running statistics move
+  // A common init pattern: apply() with as<Linear>() finds the tapped layer.
+  int linears = 0;
+  net->apply([&](nn::Module& m) {
+    if (auto* l = m.as<nn::Linear>()) {
+      ++linears;
+      nn::init::constant_(l->weight, 0.25);
+    }
+  });
+  CHECK(linears == 2);
+  CHECK(torch::all(net->fc->weight == 0.25).item<bool>());
+
+  auto copy = std::dynamic_pointer_cast<CloneNetImpl>(net->clone());
+  REQUIRE(copy != nullptr);
+  // Every value copied (the tapped layers had fresh random weights), into
+  // tensors of the copy's own.
+  for (const auto& p : net->named_parameters()) {
+    INFO(p.key());
+    CHECK(torch::equal(p.value(), copy->named_parameters()[p.key()]));
+    CHECK(p.value().data_ptr() != copy->named_parameters()[p.key()].data_ptr());
+  }
+  for (const auto& b : net->named_buffers()) {
+    INFO(b.key());
+    CHECK(torch::equal(b.value(), copy->named_buffers()[b.key()]));
+  }
+  // The copy's members are its registered children.
+  CHECK(copy->fc.ptr().get() == copy->named_children()["fc"].get());
+  CHECK(copy->lstm.ptr().get() == copy->named_children()["lstm"].get());
+  net->eval();
+  copy->eval();
+  const torch::Tensor x = torch::randn({5, 4});
+  CHECK(torch::equal(net->forward(x), copy->forward(x)));
+
+  // The recorder watches the original only.
+  copy->train();
+  rec->step(1);
+  copy->forward(torch::randn({5, 4}));
+  rec->close();
+  CHECK(tt_test::index_lines_with(dir.path, "\"step\":1,\"kind\":\"activation\"").empty());
+  CHECK_FALSE(tt_test::index_lines_with(dir.path, "\"name\":\"fc\"").empty());
 }
 
 TEST_CASE("Tapped<MultiheadAttention> with need_weights=false records its output and skips the undefined weights",

@@ -1,6 +1,8 @@
 // Flight-recorder triggers beyond NaN: each rule on synthetic series fires at
 // the right step (short windows, ties, cooldowns), never on a clean run, and
 // what a dump records.
+#include <sys/stat.h>
+
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -192,6 +194,68 @@ TEST_CASE("a loss spike dumps the steps before it, run.json says which rule fire
                                          "\"factor\": 5, \"window\": 10}, \"value\": 50, \"median\": 1.25"));
   // The held steps' tensors are on disk.
   REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"w\"").size() == 5);
+}
+
+TEST_CASE(
+    "a rule that fires on every step appends one line per dump to dumps.jsonl, and run.json is written at open and "
+    "close only",
+    "[sdk][triggers][flight]") {
+  // Issue 30 item 7: each dump rewrote the whole run.json (every dump so
+  // far) and step() copied the whole list: 8,000 dumps made 3.7 GB of
+  // writes. Now a dump is one line, and run.json lists them once, at close.
+  TempDir dir;
+  constexpr std::int64_t kSteps = 300;
+  Recorder rec{Options(dir.path)
+                   .stats_every(1)
+                   .flight_recorder(2)
+                   .after_dump(AfterDump::Continue)
+                   .dump_on(Trigger::when([](const TensorSummary&) { return true; }).cooldown(1))};
+  struct stat early {};
+  std::string early_text;
+  for (std::int64_t s = 0; s < kSteps; ++s) {
+    rec.step(s);
+    // As of this step(): the dumps of every step before it.
+    REQUIRE(rec.dumps().size() == static_cast<std::size_t>(s));
+    rec.capture("loss", at::full({}, 1.0));
+    rec.flush();  // the writer sees step s, and dumps, before step s + 1 begins
+    if (s == 5) {
+      REQUIRE(::stat((dir / "run.json").c_str(), &early) == 0);
+      early_text = tt_test::read_file(dir / "run.json");
+    }
+  }
+  // While the run is open: run.json is the one written at open, the same
+  // file (a rewrite renames a new one into place) with the same bytes.
+  struct stat late {};
+  REQUIRE(::stat((dir / "run.json").c_str(), &late) == 0);
+  CHECK(late.st_ino == early.st_ino);
+  CHECK(late.st_size == early.st_size);
+  REQUIRE(tt_test::read_file(dir / "run.json") == early_text);
+  REQUIRE_THAT(early_text, Catch::Contains("\"dumps\": []") && Catch::Contains("\"closed\": false"));
+  // dumps.jsonl has every dump so far, one whole line each, in order.
+  const auto lines = tt_test::read_lines(dir / "dumps.jsonl");
+  REQUIRE(lines.size() == static_cast<std::size_t>(kSteps));
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    INFO("line " << i + 1 << ": " << lines[i]);
+    const std::string starts = "{\"step\": " + std::to_string(i) + ", \"reason\": \"when\", \"steps\": [";
+    REQUIRE_THAT(lines[i], Catch::StartsWith(starts) && Catch::Contains("\"trigger\": {\"kind\": \"when\"}") &&
+                               Catch::EndsWith("}"));
+  }
+  rec.close();
+  // After close, Recorder::dumps() has them all, and run.json lists each
+  // once, in the form of its line: one rendering for both.
+  const auto dumps = rec.dumps();
+  REQUIRE(dumps.size() == static_cast<std::size_t>(kSteps));
+  for (std::size_t i = 0; i < dumps.size(); ++i) REQUIRE(dumps[i].step == static_cast<std::int64_t>(i));
+  const std::string closed = tt_test::read_file(dir / "run.json");
+  REQUIRE_THAT(closed, Catch::Contains("\"closed\": true"));
+  std::size_t listed = 0;
+  for (std::size_t at = closed.find("\"reason\": \"when\""); at != std::string::npos;
+       at = closed.find("\"reason\": \"when\"", at + 1))
+    ++listed;
+  REQUIRE(listed == static_cast<std::size_t>(kSteps));
+  for (const auto& line : lines) REQUIRE_THAT(closed, Catch::Contains(line));
+  // Still one line per dump: close() appends nothing.
+  REQUIRE(tt_test::read_lines(dir / "dumps.jsonl").size() == static_cast<std::size_t>(kSteps));
 }
 
 TEST_CASE("without a flight recorder a trigger marks the run, and Throw still stops it", "[sdk][triggers]") {

@@ -9,7 +9,7 @@
     w = run.series("fc1.weight", kind="grad")     # [n_steps, 128, 32]
     run.records                                   # the index, one dict per record
     st = run.stats("fc1.weight", "grad")          # {"step": [...], "min": [...], "nan": [...], ...}
-    run.dumps                                     # the flight recorder's dumps (run.json)
+    run.dumps                                     # the flight recorder's dumps (dumps.jsonl, run.json)
     run.index_frame(), run.stats_frame()          # pandas DataFrames (python3-pandas)
     run.series("hidden", "activation", lazy=True) # a dask array, read when computed (python3-dask)
     run.to_xarray("grad", lazy=True)              # an xarray Dataset (python3-xarray)
@@ -167,20 +167,17 @@ class Run:
 
     @property
     def dumps(self):
-        """The flight recorder's dumps, from run.json: dicts with "step", "reason"
-        ("nan", "inf" or "user") and "steps" (the steps written); on a multi-rank
-        run each also has "rank"."""
+        """The flight recorder's dumps and the triggers' marks: dicts with "step",
+        "reason" ("nan", "inf", "user" or the rule's kind) and "steps" (the steps
+        written), and for a rule "kind", "name", "trigger", "value", "median"; on
+        a multi-rank run each also has "rank". A closed run's come from
+        run.json's "dumps", which close() writes whole; a run still going or
+        cut short (a crash), from dumps.jsonl, where each dump is appended as it
+        is made (a torn last line is skipped, another bad line skipped with a
+        RunWarning); a run of a tensortap before dumps.jsonl, from run.json."""
         out = []
         for r, info in sorted(self.infos.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
-            dumps = info.get("dumps", [])
-            where = os.path.join(self._dirs[r], "run.json")
-            if not isinstance(dumps, list):
-                _warn(f"{where}: \"dumps\" is {_json_type(dumps)}, not an array; ignored")
-                continue
-            for i, d in enumerate(dumps):
-                if not isinstance(d, dict):
-                    _warn(f"{where}: dump {i} is {_json_type(d)}, not an object; skipped")
-                    continue
+            for d in _rank_dumps(self._dirs[r], info):
                 out.append(dict(d, rank=r) if r is not None else dict(d))
         return out
 
@@ -609,12 +606,21 @@ def _npy_header(f):
     raise ValueError(f".npy format version {version[0]}.{version[1]} is not one tensortap writes")
 
 
-def _open_regular(path):
+def _open_regular(path, follow=True):
     """An open binary file of `path`, refused unless it is a regular file: a FIFO
-    or a device planted under a known name would block the reader or never end."""
+    or a device planted under a known name would block the reader or never end.
+    With follow=False a symbolic link at `path` is refused too (RunError)."""
     # O_NONBLOCK so that opening a FIFO does not wait for a writer; it does not
     # change reads from a regular file.
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        if not follow and os.path.islink(path):
+            raise RunError(f"{path}: a symbolic link, not a file tensortap writes") from None
+        raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise RunError(f"{path}: not a regular file")
@@ -646,14 +652,15 @@ def _reason(e):
     return str(e)
 
 
-def _read_lines(path):
+def _read_lines(path, follow=True):
     """(line number, value) for each JSON line of `path`, if it exists. Read as
     bytes and decoded line by line, so that a bad line (torn, garbage, invalid
     UTF-8) costs only itself. An unterminated last line that does not parse is a
-    write torn by a crash: skipped silently. Other bad lines: a RunWarning."""
-    if not os.path.exists(path):
+    write torn by a crash: skipped silently. Other bad lines: a RunWarning.
+    With follow=False a symbolic link at `path` is a RunError, not followed."""
+    if not (os.path.exists(path) if follow else os.path.lexists(path)):
         return
-    with _open_regular(path) as f:
+    with _open_regular(path, follow) as f:
         lines = f.read().split(b"\n")
     last = len(lines) - 1  # b"" when the file ends with a newline
     for i, raw in enumerate(lines):
@@ -670,6 +677,41 @@ def _read_lines(path):
                 _warn(f"{path}:{i + 1}: skipped: not a JSON line ({_reason(e)})")
             continue
         yield i + 1, value
+
+
+def _rank_dumps(directory, info):
+    """The dumps of the run in `directory` whose run.json is `info`, as dicts:
+    a closed run.json's "dumps" (close() lists every dump); otherwise
+    dumps.jsonl's lines, if there is one (the run is going on, or it crashed
+    and run.json was never rewritten); otherwise run.json's "dumps" (a run of
+    a tensortap that rewrote run.json with each dump). dumps.jsonl is opened
+    as only a regular file and never through a symbolic link: a FIFO or a
+    link planted there is skipped with a RunWarning, never waited on or
+    followed out of the run."""
+    lines_path = os.path.join(directory, "dumps.jsonl")
+    if info.get("closed", False) is not True and os.path.lexists(lines_path):
+        out = []
+        try:
+            for lineno, d in _read_lines(lines_path, follow=False):
+                if not isinstance(d, dict):
+                    _warn(f"{lines_path}:{lineno}: skipped: {_json_type(d)}, not an object")
+                    continue
+                out.append(d)
+        except RunError as e:
+            _warn(f"{e}; its dumps are not read")
+        return out
+    dumps = info.get("dumps", [])
+    where = os.path.join(directory, "run.json")
+    if not isinstance(dumps, list):
+        _warn(f"{where}: \"dumps\" is {_json_type(dumps)}, not an array; ignored")
+        return []
+    out = []
+    for i, d in enumerate(dumps):
+        if not isinstance(d, dict):
+            _warn(f"{where}: dump {i} is {_json_type(d)}, not an object; skipped")
+            continue
+        out.append(d)
+    return out
 
 
 # The members every index line has; HDF5 records add "dataset" and "row",

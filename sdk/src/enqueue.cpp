@@ -5,6 +5,8 @@
 #include <memory>
 #include <optional>
 
+#include <sys/statvfs.h>
+
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
@@ -34,12 +36,41 @@ void copy_into(char* dst, const at::Tensor& src, c10::ScalarType stored, std::si
   at::from_blob(dst, src.sizes(), at::TensorOptions().dtype(stored)).copy_(src);
 }
 
+void copy_elements(char* dst, const at::Tensor& src, c10::ScalarType stored, std::int64_t first, std::int64_t count) {
+  if (count <= 0) return;
+  const std::size_t unit = c10::elementSize(stored);
+  if (src.dim() == 0) {
+    copy_into(dst, src, stored, unit);
+    return;
+  }
+  // Along the first axis: a partial slice at each end (recursively), the
+  // whole slices between them in one copy. A chunk costs at most two ATen
+  // copies per axis, whatever the tensor's size.
+  const std::int64_t inner = src.numel() / src.size(0);
+  std::int64_t i = first / inner;
+  if (const std::int64_t skip = first % inner; skip != 0) {
+    const std::int64_t n = std::min(count, inner - skip);
+    copy_elements(dst, src.select(0, i), stored, skip, n);
+    dst += n * unit;
+    count -= n;
+    ++i;
+  }
+  if (const std::int64_t whole = count / inner; whole > 0) {
+    copy_into(dst, src.narrow(0, i, whole), stored, static_cast<std::size_t>(whole * inner) * unit);
+    dst += whole * inner * unit;
+    count -= whole * inner;
+    i += whole;
+  }
+  if (count > 0) copy_elements(dst, src.select(0, i), stored, 0, count);
+}
+
 Enqueue::Enqueue(const Options& options, Staging& staging, const Sampling& sampling, const std::atomic<bool>& closed,
                  bool holds, bool scans)
     : staging_(staging),
       sampling_(sampling),
       closed_(closed),
       may_drop_(options.overflow() == Overflow::DropNewest),
+      compresses_(options.format() == Format::Hdf5 && options.hdf5().deflate() > 0),
       holds_(holds),
       scans_(scans),
       hold_budget_(options.flight_recorder_bytes()),
@@ -81,12 +112,17 @@ void Enqueue::record(Kind kind, const std::string& name, const at::Tensor& tenso
   bool full = Sampling::full(plan, kind);
   const bool stats = Sampling::stats(plan, kind);
   if (!full && !stats) return;
+  // numel() fits 63 bits, its bytes may not (an expanded view claims any
+  // size without memory): refused before anything is reserved or copied.
+  std::uint64_t nbytes = 0;
+  if (__builtin_mul_overflow(static_cast<std::uint64_t>(tensor.numel()), c10::elementSize(info.stored), &nbytes))
+    fail("cannot capture '{}' (kind {}, step {}): its {} elements are more bytes than 64 bits count ({})", name,
+         kind_name(kind), step, tensor.numel(), describe_tensor(tensor));
   // A record larger than the flight recorder's whole budget can never be
   // held: dropped here, before a byte of it is copied. (It was copied whole
   // on the writer thread and dropped there: one record took memory far past
   // the budget.) Its statistics, if the step takes them, still go.
-  if (full && holds_ &&
-      static_cast<std::uint64_t>(tensor.numel()) * c10::elementSize(info.stored) > hold_budget_) {
+  if (full && holds_ && nbytes > hold_budget_) {
     dropped_.fetch_add(1, std::memory_order_relaxed);
     if (!stats) return;
     full = false;
@@ -157,23 +193,52 @@ bool Enqueue::queue(Kind kind, const std::string& name, const at::Tensor& tensor
     return true;
   }
 
+  if (spec.op == Op::Store) check_room(spec, src);
+
   // Larger than a buffer: stream it through in chunks of whole elements, as
   // large as the room in the filling buffer allows. It may be dropped only
   // before its first chunk; once started, it waits for room so that no half
-  // record is ever written.
-  const at::Tensor flat = as_stored(src, info).contiguous().resolve_conj().resolve_neg();
-  const char* bytes = static_cast<const char*>(bytes_of(flat));
+  // record is ever written. A tensor that is not already its bytes (a
+  // transposed view, an expanded one, another dtype) is converted chunk by
+  // chunk too: never copied whole first, which took memory the size of the
+  // tensor (512 MiB for a transposed 512 MiB tensor, with 1 MiB of staging).
+  const char* bytes = host_bytes ? static_cast<const char*>(bytes_of(src)) : nullptr;
   const std::size_t unit = c10::elementSize(info.stored);
   for (std::uint64_t off = 0; off < nbytes;) {
     auto ticket = staging_.reserve(spec, static_cast<std::size_t>(nbytes - off), off == 0, may_drop_ && off == 0, unit);
     // Either dropped before its first chunk, or cut off by close(): the
     // writer discards the chunks it already has.
     if (!ticket) return false;
-    Staging::copy(ticket->dst, bytes + off, ticket->nbytes);
+    if (bytes != nullptr) {
+      Staging::copy(ticket->dst, bytes + off, ticket->nbytes);
+    } else {
+      try {
+        copy_elements(ticket->dst, src, info.stored, static_cast<std::int64_t>(off / unit),
+                      static_cast<std::int64_t>(ticket->nbytes / unit));
+      } catch (...) {
+        // The writer drops the record's chunks.
+        staging_.commit(*ticket, false);
+        throw;
+      }
+    }
     staging_.commit(*ticket, true);
     off += ticket->nbytes;
   }
   return true;
+}
+
+void Enqueue::check_room(const RecordSpec& spec, const at::Tensor& src) const {
+  // Only a record larger than staging gets here, so a system call is
+  // nothing beside its copy. Compression (HDF5's deflate) may make room
+  // where there seems to be none: not refused then.
+  struct statvfs fs {};
+  if (space_fd_ < 0 || compresses_ || ::fstatvfs(space_fd_, &fs) != 0) return;
+  const std::uint64_t free = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+  if (spec.nbytes <= free) return;
+  fail(
+      "cannot capture '{}' (kind {}, step {}): its {} bytes ({}) would not fit the {} bytes free on the run "
+      "directory's file system",
+      spec.name, kind_name(spec.kind), spec.step, spec.nbytes, describe_tensor(src), free);
 }
 
 void Enqueue::dump_marker(std::int64_t step) {

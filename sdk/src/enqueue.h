@@ -33,9 +33,12 @@ class Enqueue {
   /// On a rank that captures: records may be queued from now on, CUDA
   /// tensors through `engine` (null without CUDA), and full tensors stop
   /// once `flight` says capture has halted.
-  void open(CudaEngine* engine, const FlightRecorder* flight) {
+  /// `space_fd`, a descriptor in the run's file system, tells how much
+  /// room a record larger than staging has (-1: not checked).
+  void open(CudaEngine* engine, const FlightRecorder* flight, int space_fd) {
     engine_ = engine;
     flight_ = flight;
+    space_fd_ = space_fd;
   }
 
   /// Snapshots `tensor` and queues it as record `name` of `step`, as the
@@ -64,12 +67,20 @@ class Enqueue {
   bool queue(Kind kind, const std::string& name, const at::Tensor& t, const DtypeInfo& info, std::int64_t step,
              bool full, bool stats_row);
 
+  // Throws `Error` naming the record if its `spec.nbytes` cannot fit the
+  // free space where the run is written: a tensor whose logical size is
+  // absurd (an expanded view of 2^40 elements) is refused before a byte of
+  // it is streamed.
+  void check_room(const RecordSpec& spec, const at::Tensor& src) const;
+
   Staging& staging_;
   const Sampling& sampling_;
   const std::atomic<bool>& closed_;
   CudaEngine* engine_ = nullptr;
   const FlightRecorder* flight_ = nullptr;
+  int space_fd_ = -1;
   const bool may_drop_;
+  const bool compresses_;
   const bool holds_;
   const bool scans_;
   // Options::flight_recorder_bytes: a record larger is never held.

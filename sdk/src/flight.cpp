@@ -1,6 +1,7 @@
 #include "sdk/src/flight.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include <fmt/format.h>
@@ -81,8 +82,8 @@ void FlightRecorder::trigger(DumpRecord dump) {
     // What was dumped is made durable before the run says it was.
     store_.sync(/*force=*/true);
   }
-  // Without a flight recorder the trigger only marks the run. run.json
-  // lists the dump before step() can see the count and act on it.
+  // Without a flight recorder the trigger only marks the run. dumps.jsonl
+  // has the dump on disk before step() can see the count and act on it.
   try {
     manifest_.add_dump(dump);
   } catch (...) {
@@ -94,16 +95,13 @@ void FlightRecorder::trigger(DumpRecord dump) {
 void FlightRecorder::on_step() {
   const std::int64_t dumps = this->dumps();
   if (dumps == seen_.load(std::memory_order_relaxed)) return;
-  DumpRecord last;
-  {
-    std::lock_guard<std::mutex> lock(seen_mu_);
-    seen_dumps_ = manifest_.dumps();
-    if (!seen_dumps_.empty()) last = seen_dumps_.back();
-  }
   seen_.store(dumps, std::memory_order_relaxed);
+  visible_.store(static_cast<std::size_t>(dumps), std::memory_order_relaxed);
   if (options_.after_dump() != AfterDump::Throw) return;
   // Without a flight recorder a trigger only marks the run: only Throw acts.
   const bool marked_only = !holds();
+  // One dump copied, the last this step sees: not the list.
+  const DumpRecord last = manifest_.last_dump(static_cast<std::size_t>(dumps));
   std::string why = last.trigger == "user"         ? std::string("Recorder::dump()")
                     : last.trigger == "non_finite" ? "a " + last.reason
                                                    : fmt::format("Trigger::{}", last.trigger);
@@ -115,13 +113,12 @@ void FlightRecorder::on_step() {
 }
 
 std::vector<DumpRecord> FlightRecorder::seen() const {
-  std::lock_guard<std::mutex> lock(seen_mu_);
-  return seen_dumps_;
+  return manifest_.dumps(visible_.load(std::memory_order_relaxed));
 }
 
 void FlightRecorder::on_close() {
-  std::lock_guard<std::mutex> lock(seen_mu_);
-  seen_dumps_ = manifest_.dumps();
+  // The writer thread has stopped: no dump is still to come, all are shown.
+  visible_.store(std::numeric_limits<std::size_t>::max(), std::memory_order_relaxed);
 }
 
 }  // namespace tensortap::detail

@@ -1,9 +1,9 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include <tensortap/options.h>
@@ -59,7 +59,8 @@ class FlightRecorder {
   /// Acts on dumps since the last call: with AfterDump::Throw, throws
   /// `Error` naming the dump.
   void on_step();
-  /// The dumps as of the last `on_step()` (Recorder::dumps()).
+  /// The dumps as of the last `on_step()` (Recorder::dumps()): copied from
+  /// the manifest when asked, not at each step.
   std::vector<DumpRecord> seen() const;
   /// After the writer thread has stopped: every dump is seen.
   void on_close();
@@ -85,10 +86,11 @@ class FlightRecorder {
   std::int64_t window_lo_ = -1, window_hi_ = -1;
   std::atomic<std::int64_t> dumps_{0};
   std::atomic<std::int64_t> dropped_{0};
-  // Dumps that on_step() has acted on, and their records.
+  // Dumps that on_step() has acted on.
   std::atomic<std::int64_t> seen_{0};
-  mutable std::mutex seen_mu_;
-  std::vector<DumpRecord> seen_dumps_;
+  // How many of the manifest's dumps seen() shows: seen_, or all of them
+  // after on_close(). A count, not a copy: a step copies no dump.
+  std::atomic<std::size_t> visible_{0};
 };
 
 }  // namespace tensortap::detail

@@ -33,7 +33,7 @@ FrontEnd::FrontEnd(Options options)
   // thread, no memory. Its hooks see no sampled step.
   if (!only.empty() && std::find(only.begin(), only.end(), placement_.rank) == only.end()) return;
   back_ = std::make_unique<Output>(options_, placement_, staging_, failures_);
-  enqueue_.open(back_->engine(), &back_->flight());
+  enqueue_.open(back_->engine(), &back_->flight(), back_->space_fd());
 }
 
 FrontEnd::~FrontEnd() {

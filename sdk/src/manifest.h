@@ -1,5 +1,9 @@
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -9,25 +13,36 @@
 
 #include "sdk/src/run_json.h"
 #include "writers/src/file.h"
+#include "writers/src/run_files.h"
 
 namespace tensortap::detail {
 
-/// The run's `run.json`: what it says (RunInfo) and its rewrites. Written
-/// when the run opens, after each flight-recorder dump (from the writer
-/// thread) and at close (from the closing thread).
+/// The run's `run.json` (what it says: RunInfo) and `dumps.jsonl`. run.json
+/// is written twice: when the run opens and at close, which lists every
+/// dump. In between each flight-recorder dump (from the writer thread) is
+/// appended to dumps.jsonl, one line, made when the first dump is: a dump
+/// costs the same at the thousandth as at the first, where rewriting
+/// run.json with every dump so far grew with the run. run.json's reserved
+/// blocks grow with the dumps, so that close() still fits on a full disk.
 class RunManifest {
  public:
   /// `options` and `dir` must outlive it.
   RunManifest(const Options& options, RunInfo info) : options_(options), info_(std::move(info)) {}
 
-  /// Writes the first run.json into `dir`, which every later rewrite uses.
+  /// Writes the first run.json into `dir`, where dumps.jsonl goes too.
   void open(const Dir& dir);
-  /// Adds a dump and rewrites run.json. Throws `Error`.
+  /// Adds a dump and appends its line to dumps.jsonl, on disk (fdatasync)
+  /// when it returns. Throws `Error`; the dump is kept all the same, and
+  /// the next dump's append writes the lines a failed one left out. From
+  /// one thread (the writer thread), before close().
   void add_dump(const DumpRecord& dump);
-  /// The dumps so far.
-  std::vector<DumpRecord> dumps() const;
-  /// Marks the run closed with its counters and first error, and rewrites
-  /// run.json one last time. Throws `Error`.
+  /// A copy of the first `limit` dumps (all of them by default).
+  std::vector<DumpRecord> dumps(std::size_t limit = std::numeric_limits<std::size_t>::max()) const;
+  /// The last of the first `limit` dumps; a default DumpRecord if none.
+  DumpRecord last_dump(std::size_t limit) const;
+  /// Closes dumps.jsonl, marks the run closed with its counters and first
+  /// error, and rewrites run.json one last time, every dump listed. Throws
+  /// `Error`.
   void close(const Stats& stats, const std::string& first_error);
 
   /// Where and as which rank this process writes; fixed once placed.
@@ -40,6 +55,15 @@ class RunManifest {
   const Dir* dir_ = nullptr;
   mutable std::mutex mu_;
   RunInfo info_;
+  // dumps.jsonl, from the first dump on, and how many of info_.dumps it
+  // has. Not under mu_: only add_dump() (one thread) and then close() use
+  // them.
+  std::unique_ptr<LinesFile> dumps_file_;
+  std::size_t appended_ = 0;
+  // The bytes reserved for run.json, and what close() will write there at
+  // most. Set by open(), then the writer thread's like the file.
+  std::uint64_t run_json_room_ = 0;
+  std::uint64_t run_json_need_ = 0;
 };
 
 }  // namespace tensortap::detail

@@ -50,6 +50,9 @@ class Output {
   /// of the directory and its lock. Throws `Error`.
   void close(const Stats& stats, const std::string& first_error);
 
+  /// The run directory's descriptor, to ask its file system for room
+  /// (fstatvfs); valid until `close()`.
+  int space_fd() const { return run_dir_->dir().fd(); }
   std::int64_t records() const { return store_->records(); }
   std::int64_t bytes() const { return store_->bytes(); }
   std::int64_t stats_rows() const { return thread_->stats_rows(); }

@@ -28,6 +28,21 @@ std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", 
 
 }  // namespace
 
+void append_dump_json(std::string& j, const DumpRecord& d) {
+  j += fmt::format("{{\"step\": {}, \"reason\": \"{}\", \"steps\": ", d.step, d.reason);
+  append_json_ints(j, d.steps);
+  if (d.trigger != "user") {
+    j += fmt::format(", \"kind\": \"{}\", \"name\": ", kind_name(d.kind));
+    append_json_string(j, d.name);
+    j += fmt::format(", \"trigger\": {{\"kind\": \"{}\"", d.trigger);
+    if (d.window > 0) j += fmt::format(", \"factor\": {}, \"window\": {}", d.factor, d.window);
+    j += "}";
+    if (d.window > 0)
+      j += fmt::format(", \"value\": {}, \"median\": {}", json_number(d.value), json_number(d.median));
+  }
+  j += "}";
+}
+
 std::string run_json(const Options& o, const RunInfo& info) {
   std::string j = "{\n";
   j += fmt::format("  \"format_version\": {},\n", kFormatVersion);
@@ -95,19 +110,8 @@ std::string run_json(const Options& o, const RunInfo& info) {
   j += fmt::format("  \"start_time\": \"{}\",\n", info.start_time);
   j += "  \"dumps\": [";
   for (std::size_t i = 0; i < info.dumps.size(); ++i) {
-    const DumpRecord& d = info.dumps[i];
-    j += fmt::format("{}\n    {{\"step\": {}, \"reason\": \"{}\", \"steps\": ", i ? "," : "", d.step, d.reason);
-    append_json_ints(j, d.steps);
-    if (d.trigger != "user") {
-      j += fmt::format(", \"kind\": \"{}\", \"name\": ", kind_name(d.kind));
-      append_json_string(j, d.name);
-      j += fmt::format(", \"trigger\": {{\"kind\": \"{}\"", d.trigger);
-      if (d.window > 0) j += fmt::format(", \"factor\": {}, \"window\": {}", d.factor, d.window);
-      j += "}";
-      if (d.window > 0)
-        j += fmt::format(", \"value\": {}, \"median\": {}", json_number(d.value), json_number(d.median));
-    }
-    j += "}";
+    j += i ? ",\n    " : "\n    ";
+    append_dump_json(j, info.dumps[i]);
   }
   j += info.dumps.empty() ? "],\n" : "\n  ],\n";
   if (info.closed) {

@@ -1,8 +1,9 @@
 #pragma once
 
 // What run.json says: the recorder's options, its place in the world, its
-// counts and dumps. The sdk renders it because it knows Options, Stats and
-// DumpRecord; writers/ writes it (write_run_json() in run_files.h).
+// counts and dumps; and a dump's line of dumps.jsonl. The sdk renders them
+// because it knows Options, Stats and DumpRecord; writers/ writes them
+// (write_run_json() and LinesFile in run_files.h).
 
 #include <cstdint>
 #include <string>
@@ -30,5 +31,9 @@ struct RunInfo {
 
 /// The whole text of run.json for a run with `options` (DESIGN section 3).
 std::string run_json(const Options& options, const RunInfo& info);
+
+/// Appends `dump` as one JSON object, without a newline: an entry of
+/// run.json's "dumps" and a line of dumps.jsonl, in the same form.
+void append_dump_json(std::string& out, const DumpRecord& dump);
 
 }  // namespace tensortap::detail

@@ -4,6 +4,7 @@
 // host or on its device.
 
 #include <cstddef>
+#include <cstdint>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
@@ -34,5 +35,10 @@ inline bool is_byte_copy(const at::Tensor& src, c10::ScalarType stored) {
 /// Copies `src` (a CPU tensor) into `dst` as C-order bytes of dtype
 /// `stored` (`nbytes` of them).
 void copy_into(char* dst, const at::Tensor& src, c10::ScalarType stored, std::size_t nbytes);
+
+/// Copies elements `[first, first + count)` of `src` (a CPU tensor), in C
+/// order, into `dst` as dtype `stored`: one chunk of a record streamed
+/// through staging, without a copy of the whole tensor.
+void copy_elements(char* dst, const at::Tensor& src, c10::ScalarType stored, std::int64_t first, std::int64_t count);
 
 }  // namespace tensortap::detail

@@ -40,8 +40,9 @@ std::string utc_now() {
 }
 
 // The journal is Hdf5Journal::kName, left by an HDF5 writer that was killed.
-const char* const kRunFileNames[8] = {"run.json",   "index.jsonl",         "npy",       "packed",
-                                      "tensors.h5", ".tensors.h5.journal", "stats.npy", "stats_series.jsonl"};
+const char* const kRunFileNames[9] = {"run.json",   "index.jsonl",         "npy",       "packed",
+                                      "tensors.h5", ".tensors.h5.journal", "stats.npy", "stats_series.jsonl",
+                                      "dumps.jsonl"};
 
 namespace {
 
@@ -143,7 +144,7 @@ void RunDir::release() noexcept {
   dir_ = Dir();
 }
 
-void write_run_json(const Dir& dir, const std::string& json) {
+std::uint64_t write_run_json(const Dir& dir, const std::string& json) {
   const std::uint64_t reserve = std::max<std::uint64_t>(kRunJsonReserve, 2 * json.size());
   try {
     AtomicFile file(dir, "run.json");
@@ -161,6 +162,18 @@ void write_run_json(const Dir& dir, const std::string& json) {
     if (f.size() > json.size()) f.truncate(json.size());
     f.reserve(reserve);
     f.close();
+  }
+  return reserve;
+}
+
+bool reserve_run_json(const Dir& dir, std::uint64_t bytes) noexcept {
+  try {
+    File f = dir.open_file("run.json", O_WRONLY);
+    const bool reserved = f.reserve(bytes);
+    f.close();
+    return reserved;
+  } catch (...) {
+    return false;
   }
 }
 

@@ -11,7 +11,7 @@ namespace tensortap::detail {
 /// The names tensortap writes in a run directory, and only those:
 /// `Options::overwrite` removes them, and a directory that holds one of them
 /// but no run is refused (a planted file or link, or a user's own file).
-extern const char* const kRunFileNames[8];
+extern const char* const kRunFileNames[9];
 
 /// A run directory held by one recorder: open (so it stays the same
 /// directory whatever `chdir()` or a rename does), locked against a second
@@ -42,8 +42,13 @@ class RunDir {
 /// Rewrites `run.json` in `dir` atomically with `json`, its whole text.
 /// On a full disk, where no temporary fits, the file is rewritten in place,
 /// in blocks reserved for that when it was written. What the text says is
-/// the recorder's to render.
-void write_run_json(const Dir& dir, const std::string& json);
+/// the recorder's to render. Returns the bytes reserved (best effort).
+std::uint64_t write_run_json(const Dir& dir, const std::string& json);
+
+/// Reserves blocks for `run.json` in `dir` up to `bytes`, its size kept, so
+/// that a longer text still fits in place on a full disk. Best effort:
+/// false where it could not.
+bool reserve_run_json(const Dir& dir, std::uint64_t bytes) noexcept;
 
 /// The current UTC time as ISO 8601 ("2026-11-21T05:45:00.123Z").
 std::string utc_now();
@@ -51,10 +56,10 @@ std::string utc_now();
 /// The line index.jsonl gets for a record written at `location`.
 void append_index_line(std::string& out, const RecordDesc& meta, const std::string& location);
 
-/// A file of JSON lines (`index.jsonl`, `stats_series.jsonl`) opened for
-/// appending. Lines are written with one write() per batch; a batch that
-/// fails part way (a full disk) is cut off again, so the file only ever
-/// holds whole lines and a later append never glues onto a torn one.
+/// A file of JSON lines (`index.jsonl`, `stats_series.jsonl`, `dumps.jsonl`)
+/// opened for appending. Lines are written with one write() per batch; a
+/// batch that fails part way (a full disk) is cut off again, so the file only
+/// ever holds whole lines and a later append never glues onto a torn one.
 class LinesFile {
  public:
   /// Creates `name` in `dir`; it must not exist yet.

@@ -15,6 +15,13 @@
 #include <torch/nn/modules/container/any_value.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR < 2
+// For detail::Derivable (1.13's instancenorm.h does not include what it uses).
+#include <torch/nn/functional/instancenorm.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/instancenorm.h>
+#endif
 
 namespace tensortap {
 
@@ -129,38 +136,157 @@ struct Capturable : std::is_same<T, torch::Tensor> {};
 template <class... T>
 struct Capturable<std::tuple<T...>> : std::conjunction<Capturable<std::decay_t<T>>...> {};
 
+// Whether TappedImpl<Impl> can derive from Impl, and so be one wherever
+// LibTorch's code looks (as<M>(), apply(), clone_, pretty_print). LibTorch
+// 1.13 does not export the pretty_print of its BatchNorm and InstanceNorm
+// templates, which a derived class's construction vtables name (1.13's
+// Module is a virtual base): those wrap an Impl instead (TappedBase below).
+template <class Impl>
+struct Derivable : std::true_type {};
+#if TORCH_VERSION_MAJOR < 2
+template <>
+struct Derivable<torch::nn::BatchNorm1dImpl> : std::false_type {};
+template <>
+struct Derivable<torch::nn::BatchNorm2dImpl> : std::false_type {};
+template <>
+struct Derivable<torch::nn::BatchNorm3dImpl> : std::false_type {};
+template <>
+struct Derivable<torch::nn::InstanceNorm1dImpl> : std::false_type {};
+template <>
+struct Derivable<torch::nn::InstanceNorm2dImpl> : std::false_type {};
+template <>
+struct Derivable<torch::nn::InstanceNorm3dImpl> : std::false_type {};
+#endif
+
+// Builds a TappedImpl from a plain Impl that is a deep copy (clone()).
+struct FromPlain {};
+
+// What a TappedImpl is besides a tap point: the Impl itself ...
+template <class Impl, bool = Derivable<Impl>::value>
+class TappedBase : public Impl {
+ protected:
+  template <class... Args>
+  explicit TappedBase(Args&&... args) : Impl(std::forward<Args>(args)...) {
+    // Module::name() is the dynamic type's, asked for late: this module's
+    // would be TappedCalls<...>, in what pretty_print shows (RNNCell's) and
+    // in LibTorch's errors. A plain copy's name is Impl's; assigning its
+    // Module part, the same tensors and children as this one's, takes it.
+    if constexpr (std::is_copy_constructible_v<Impl>) {
+      const Impl plain(static_cast<const Impl&>(*this));
+      (void)plain.name();
+      static_cast<torch::nn::Module&>(*this) = static_cast<const torch::nn::Module&>(plain);
+    }
+  }
+  Impl& impl() { return *this; }
+  const Impl& impl() const { return *this; }
+  // A deep copy as a plain Impl: Cloneable<Impl>'s own.
+  std::shared_ptr<Impl> plain_clone(const c10::optional<torch::Device>& device) const {
+    return std::dynamic_pointer_cast<Impl>(Impl::clone(device));
+  }
+};
+
+// ... or, where it cannot derive (Derivable), a module that holds an Impl
+// and takes its parameters, buffers and children as its own, by name: the
+// same tensors, so an optimizer, a checkpoint or to() sees one set.
+template <class Impl>
+class TappedBase<Impl, false> : public torch::nn::Module {
+ public:
+  void train(bool on = true) override {
+    torch::nn::Module::train(on);
+    inner_->train(on);
+  }
+  void pretty_print(std::ostream& stream) const override { inner_->pretty_print(stream); }
+
+ protected:
+  template <class... Args>
+  explicit TappedBase(Args&&... args) : inner_(std::make_shared<Impl>(std::forward<Args>(args)...)) {
+    adopt();
+  }
+  explicit TappedBase(FromPlain, std::shared_ptr<Impl> plain) : inner_(std::move(plain)) { adopt(); }
+  Impl& impl() { return *inner_; }
+  const Impl& impl() const { return *inner_; }
+  std::shared_ptr<Impl> plain_clone(const c10::optional<torch::Device>& device) const {
+    return std::dynamic_pointer_cast<Impl>(inner_->clone(device));
+  }
+
+  // What Sequential (AnyModule) asks about defaulted forward arguments: the
+  // wrapped module's answers.
+  bool _forward_has_default_args() override {
+    return (static_cast<torch::nn::Module&>(*inner_).*&ModuleAccess::_forward_has_default_args)();
+  }
+  unsigned int _forward_num_required_args() override {
+    return (static_cast<torch::nn::Module&>(*inner_).*&ModuleAccess::_forward_num_required_args)();
+  }
+  std::vector<torch::nn::AnyValue> _forward_populate_default_args(
+      std::vector<torch::nn::AnyValue>&& arguments) override {
+    return (static_cast<torch::nn::Module&>(*inner_).*&ModuleAccess::_forward_populate_default_args)(
+        std::move(arguments));
+  }
+
+ private:
+  // A parent's clone() builds its children afresh (reset()) and then has
+  // each copy itself from the original: this one takes a deep copy's
+  // Impl, parameters and all. Module's default does nothing, which left
+  // fresh random weights in a cloned model.
+  void clone_(torch::nn::Module& other, const c10::optional<torch::Device>& device) override {
+    auto copy = std::dynamic_pointer_cast<TappedBase>(other.clone(device));
+    TORCH_CHECK(copy != nullptr, "tensortap::Tapped<M>: cannot clone a module of another type into it");
+    torch::nn::Module::operator=(static_cast<const torch::nn::Module&>(*copy));
+    inner_ = copy->inner_;
+  }
+
+  void adopt() {
+    for (const auto& p : inner_->named_parameters(/*recurse=*/false))
+      register_parameter(p.key(), p.value(), p.value().requires_grad());
+    for (const auto& b : inner_->named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
+    for (const auto& c : inner_->named_children()) register_module(c.key(), c.value());
+    torch::nn::Module::train(inner_->is_training());
+  }
+
+  std::shared_ptr<Impl> inner_;
+};
+
+template <class Impl>
+class TappedCalls;
+
 }  // namespace detail
 
 /// A module of type `Impl` (e.g. `torch::nn::LinearImpl`) whose output is a
-/// tap point. It wraps an `Impl` built from the same constructor arguments
-/// and takes its parameters, buffers and submodules as its own, under the
-/// same names: it replaces the plain module without touching `forward()`
-/// or a checkpoint, and `train()`/`eval()`, `to()` and `load` reach the
-/// wrapped module. `forward()` takes exactly `Impl::forward`'s arguments,
-/// defaults included, also inside a `Sequential`. A tensor output is
-/// captured under the module's path; a tuple's tensors (LSTM, GRU,
-/// MultiheadAttention) under `<path>.0`, `<path>.1`, nested ones
+/// tap point. It is an `Impl`, built from the same constructor arguments,
+/// with the same parameters, buffers and submodules under the same names:
+/// it replaces the plain module without touching `forward()` or a
+/// checkpoint, and LibTorch's own code treats it as the plain module
+/// (`as<M>()` in `apply()`, `clone()`, `pretty_print`, `to()`, `train()`,
+/// serialization). A `clone()` is a `TappedImpl` again, not bound to any
+/// recorder. `forward()` takes exactly `Impl::forward`'s arguments, also
+/// inside a `Sequential`; through the holder, `m(x)` and `m->forward(x)`
+/// also take them with trailing defaulted arguments left out. A tensor
+/// output is captured under the module's path; a tuple's tensors (LSTM,
+/// GRU, MultiheadAttention) under `<path>.0`, `<path>.1`, nested ones
 /// `<path>.1.0`. A module whose `forward` returns anything else is refused
-/// at compile time. `inner()` is the wrapped module; a `clone()` is a plain
-/// `Impl`.
+/// at compile time. `inner()` is the module as an `Impl`.
+///
+/// With LibTorch 1.13, `Tapped<BatchNorm*d>` and `Tapped<InstanceNorm*d>`
+/// hold the `Impl` instead of being one (1.13 does not export what a
+/// derived class needs): everything above holds except `as<M>()`, which
+/// finds no `M` there; use `inner()`.
 template <class Impl, class Forward = decltype(&Impl::forward)>
 class TappedImpl;
 
 template <class Impl, class R, class C, class... A>
-class TappedImpl<Impl, R (C::*)(A...)> : public torch::nn::Module, public TapPoint {
+class TappedImpl<Impl, R (C::*)(A...)> : public detail::TappedBase<Impl>, public TapPoint {
   static_assert(detail::Capturable<std::decay_t<R>>::value,
                 "tensortap::Tapped<M>: M::forward must return a torch::Tensor or a std::tuple of them; "
                 "capture other outputs with Recorder::capture() or a tensortap::Tap after the module");
+  using Base = detail::TappedBase<Impl>;
 
  public:
-  template <class... Args, class = std::enable_if_t<std::is_constructible_v<Impl, Args&&...>>>
-  explicit TappedImpl(Args&&... args) : inner_(std::make_shared<Impl>(std::forward<Args>(args)...)) {
-    adopt();
-  }
+  using Result = R;
+  static constexpr std::size_t kArity = sizeof...(A);
 
   R forward(A... args) {
     OpScope scope(*this);
-    return tap_result(inner_->forward(std::forward<A>(args)...), "");
+    return tap_result(this->impl().forward(std::forward<A>(args)...), "");
   }
 
   /// `forward()` with its trailing defaulted arguments left out, as a call
@@ -175,58 +301,34 @@ class TappedImpl<Impl, R (C::*)(A...)> : public torch::nn::Module, public TapPoi
       std::vector<torch::nn::AnyValue> values;
       values.reserve(sizeof...(A));
       push_values(values, std::make_index_sequence<sizeof...(Given)>{}, std::forward<Given>(given)...);
-      values = _forward_populate_default_args(std::move(values));
+      values = this->_forward_populate_default_args(std::move(values));
       return call_values(values, std::make_index_sequence<sizeof...(A)>{});
     }
   }
 
-  /// The wrapped module.
-  Impl& inner() { return *inner_; }
-  const Impl& inner() const { return *inner_; }
+  /// The module as an `Impl`.
+  Impl& inner() { return this->impl(); }
+  const Impl& inner() const { return this->impl(); }
 
-  void train(bool on = true) override {
-    torch::nn::Module::train(on);
-    inner_->train(on);
-  }
+  /// A deep copy with the same values, a `TappedImpl` not bound to any
+  /// recorder: in a cloned `Sequential` or a cloned parent too.
   std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& device = c10::nullopt) const override {
-    return inner_->clone(device);
-  }
-  void pretty_print(std::ostream& stream) const override {
-    stream << "tensortap::Tapped(";
-    inner_->pretty_print(stream);
-    stream << ")";
+    return detail::TappedCalls<Impl>::copy_of(static_cast<const detail::TappedCalls<Impl>&>(*this),
+                                              this->plain_clone(device));
   }
 
  protected:
-  // What Sequential (AnyModule) asks about defaulted forward arguments: the
-  // wrapped module's answers.
+  // Only TappedCalls<Impl> is ever built (the holder's operator-> relies on
+  // it): the constructors are its.
+  template <class... Args>
+  explicit TappedImpl(Args&&... args) : Base(std::forward<Args>(args)...) {}
+  TappedImpl(const TappedImpl&) = default;
+
+  // Sequential's AnyModule asks about defaulted arguments through these.
   template <typename ModuleType, typename... ArgumentTypes>
   friend struct torch::nn::AnyModuleHolder;
-  bool _forward_has_default_args() override {
-    return (static_cast<torch::nn::Module&>(*inner_).*&detail::ModuleAccess::_forward_has_default_args)();
-  }
-  unsigned int _forward_num_required_args() override {
-    return (static_cast<torch::nn::Module&>(*inner_).*&detail::ModuleAccess::_forward_num_required_args)();
-  }
-  std::vector<torch::nn::AnyValue> _forward_populate_default_args(
-      std::vector<torch::nn::AnyValue>&& arguments) override {
-    return (static_cast<torch::nn::Module&>(*inner_).*
-            &detail::ModuleAccess::_forward_populate_default_args)(std::move(arguments));
-  }
 
  private:
-  // The wrapped module's parameters, buffers and children become this
-  // module's, by name: the same tensors, so an optimizer, a checkpoint or
-  // to() sees one set. Deriving from Impl instead would need symbols
-  // LibTorch does not export (BatchNorm's pretty_print).
-  void adopt() {
-    for (const auto& p : inner_->named_parameters(/*recurse=*/false))
-      register_parameter(p.key(), p.value(), p.value().requires_grad());
-    for (const auto& b : inner_->named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
-    for (const auto& c : inner_->named_children()) register_module(c.key(), c.value());
-    torch::nn::Module::train(inner_->is_training());
-  }
-
   using Arguments = std::tuple<std::decay_t<A>...>;
   template <std::size_t... I, class... Given>
   static void push_values(std::vector<torch::nn::AnyValue>& values, std::index_sequence<I...>, Given&&... given) {
@@ -249,9 +351,43 @@ class TappedImpl<Impl, R (C::*)(A...)> : public torch::nn::Module, public TapPoi
   T tap_tuple(T out, const std::string& suffix, std::index_sequence<I...>) {
     return T{tap_result(std::move(std::get<I>(out)), suffix + "." + std::to_string(I))...};
   }
-
-  std::shared_ptr<Impl> inner_;
 };
+
+namespace detail {
+
+// The one class of TappedImpl object ever built: TappedImpl itself keeps a
+// single forward() (Sequential's AnyModule takes its address), and this
+// adds what `m->forward(x)` needs when M's forward has defaulted arguments:
+// an overload taking fewer.
+template <class Impl>
+class TappedCalls final : public TappedImpl<Impl> {
+  using Tapped = TappedImpl<Impl>;
+  using R = typename Tapped::Result;
+
+ public:
+  template <class... Args>
+  explicit TappedCalls(Args&&... args) : Tapped(std::forward<Args>(args)...) {}
+
+  using Tapped::forward;
+  template <class... Given, class = std::enable_if_t<(sizeof...(Given) < Tapped::kArity)>>
+  R forward(Given&&... given) {
+    return this->call(std::forward<Given>(given)...);
+  }
+
+  static std::shared_ptr<torch::nn::Module> copy_of(const TappedCalls& self, std::shared_ptr<Impl> plain) {
+    if constexpr (Derivable<Impl>::value) {
+      // A copy of this module (a copied tap point is unbound), then the deep
+      // copy's values, as Cloneable<Impl>::clone_ assigns them.
+      auto copy = std::make_shared<TappedCalls>(self);
+      static_cast<Impl&>(*copy) = *plain;
+      return copy;
+    } else {
+      return std::make_shared<TappedCalls>(FromPlain{}, std::move(plain));
+    }
+  }
+};
+
+}  // namespace detail
 
 /// The holder of a tapped module: `tensortap::Tapped<torch::nn::Linear>` is
 /// used like `torch::nn::Linear`, and its output is captured under its path.
@@ -266,14 +402,46 @@ class TappedImpl<Impl, R (C::*)(A...)> : public torch::nn::Module, public TapPoi
 /// ```
 template <class Holder>
 class Tapped : public torch::nn::ModuleHolder<TappedImpl<typename Holder::ContainedType>> {
+  using Impl = typename Holder::ContainedType;
+  using Contained = TappedImpl<Impl>;
+  using Calls = detail::TappedCalls<Impl>;
+  using Base = torch::nn::ModuleHolder<Contained>;
+
  public:
-  using torch::nn::ModuleHolder<TappedImpl<typename Holder::ContainedType>>::ModuleHolder;
+  /// A module built with `Impl`'s default constructor.
+  Tapped() : Base(make()) {}
+  /// An empty holder, to assign later.
+  Tapped(std::nullptr_t) : Base(nullptr) {}
+  /// A module already built (what `register_module` returns).
+  Tapped(std::shared_ptr<Contained> module) : Base(std::move(module)) {}
+  /// A module built from `Impl`'s constructor arguments.
+  template <class First, class... Rest,
+            class = std::enable_if_t<!std::is_same_v<std::decay_t<First>, std::nullptr_t> &&
+                                     !std::is_convertible_v<First&&, std::shared_ptr<Contained>> &&
+                                     !std::is_base_of_v<Base, std::decay_t<First>>>>
+  explicit Tapped(First&& first, Rest&&... rest)
+      : Base(make(std::forward<First>(first), std::forward<Rest>(rest)...)) {}
+
+  /// The module, with `forward()` callable as `Impl`'s is, defaulted
+  /// trailing arguments left out included.
+  Calls* operator->() { return static_cast<Calls*>(this->get()); }
+  const Calls* operator->() const { return static_cast<const Calls*>(this->get()); }
 
   /// Calls `forward()`, defaulted trailing arguments included, like the
   /// plain module's holder.
   template <class... Args>
   decltype(auto) operator()(Args&&... args) {
     return this->get()->call(std::forward<Args>(args)...);
+  }
+  // (operator-> may cast: every TappedImpl is a TappedCalls, whose
+  // constructors are the only ones that call TappedImpl's.)
+
+ private:
+  // As the Contained pointer: ModuleHolder's constructor from arguments
+  // would take any other pointer as an argument for a new Contained.
+  template <class... Args>
+  static std::shared_ptr<Contained> make(Args&&... args) {
+    return std::make_shared<Calls>(std::forward<Args>(args)...);
   }
 };
 

@@ -78,7 +78,7 @@ struct FlightRecorderOptions {
   TORCH_ARG(AfterDump, after_dump) = AfterDump::StopCapture;
 
  public:  // TORCH_ARG leaves the access private
-  /// Dumps (or, with no steps held, marks the run in run.json) when
+  /// Dumps (or, with no steps held, marks the run in dumps.jsonl) when
   /// `trigger` fires; give it several times for several rules. Without
   /// any, a NaN or an Inf dumps (`Trigger::non_finite()`). Rules other than
   /// non_finite need `Options::stats_every`.
@@ -185,7 +185,8 @@ struct Options {
   /// What happens when both buffers are full.
   TORCH_ARG(Overflow, overflow) = Overflow::Block;
   /// Whether a run directory that already holds a run may be replaced. Only
-  /// what tensortap writes (run.json, index.jsonl, npy/, packed/, tensors.h5) is removed.
+  /// what tensortap writes (run.json, index.jsonl, dumps.jsonl, npy/, packed/, tensors.h5, stats.npy,
+  /// stats_series.jsonl) is removed.
   TORCH_ARG(bool, overwrite) = false;
   /// Settings of `Format::Hdf5`.
   TORCH_ARG(Hdf5Options, hdf5) = Hdf5Options();

@@ -28,9 +28,9 @@ struct TensorSummary {
 /// training thread (a CUDA tensor's statistics are computed on its device,
 /// so a trigger adds no synchronization). When one fires, the flight
 /// recorder writes the steps it holds (without one, the run is only marked:
-/// `run.json` lists the dump, with no steps), `run.json`'s "dumps" says which
-/// rule fired, on which tensor, with what value against what median, and
-/// `Options::after_dump` applies.
+/// the dump is listed with no steps), a line of `dumps.jsonl` (and, at
+/// close, `run.json`'s "dumps") says which rule fired, on which tensor, with
+/// what value against what median, and `Options::after_dump` applies.
 ///
 /// A rule fires once per run, unless `cooldown(n)` lets it fire again `n`
 /// steps after it last did.
@@ -104,7 +104,8 @@ class Trigger {
 };
 
 /// A dump the flight recorder made, or a trigger's mark in a run without
-/// one (`Recorder::dumps()`, and `run.json`'s "dumps").
+/// one (`Recorder::dumps()`, a line of `dumps.jsonl`, and `run.json`'s
+/// "dumps" once the run is closed).
 struct DumpRecord {
   /// The step at which it fired.
   std::int64_t step = 0;
