@@ -18,6 +18,7 @@ import sys
 import tempfile
 import textwrap
 import unittest
+from unittest import mock
 
 import numpy as np
 
@@ -34,6 +35,35 @@ ITEMSIZE = {"float32": 4, "float64": 8, "int64": 8, "bfloat16": 2}
 def runs():
     for fmt in FORMATS:
         yield fmt, tensortap.open(os.path.join(RUNS, fmt))
+
+
+@contextlib.contextmanager
+def report_figures():
+    """The report's figures as it puts them in the page: a list of
+    (alt, figure) with, per legend, (alt, legend texts, legend box, the boxes
+    of the axes it overlaps, whether it lies in the figure), taken after the
+    figure was saved (its layout final) and before the report closes it."""
+    from tensortap import report
+
+    original = report._Page.figure
+    figures, legends = [], []
+
+    def figure(fig, alt):
+        out = original(fig, alt)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        axes = [ax.get_window_extent(renderer) for ax in fig.axes if ax.get_visible()]
+        for legend in [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends):
+            box = legend.get_window_extent(renderer)
+            inside = (box.x0 >= fig.bbox.x0 - 2 and box.y0 >= fig.bbox.y0 - 2 and box.x1 <= fig.bbox.x1 + 2
+                      and box.y1 <= fig.bbox.y1 + 2)
+            legends.append((alt, [t.get_text() for t in legend.get_texts()], box,
+                            [a for a in axes if box.overlaps(a)], inside))
+        figures.append((alt, fig))
+        return out
+
+    with mock.patch.object(report._Page, "figure", staticmethod(figure)):
+        yield figures, legends
 
 
 class FramesTest(unittest.TestCase):
@@ -257,9 +287,14 @@ class ReportTest(unittest.TestCase):
         for fmt in FORMATS:
             with self.subTest(fmt=fmt):
                 _, page = self.report(fmt)
-                for section in ("Summary", "Gradient norms per parameter", "Activation histograms",
+                for section in ("Summary", "Scalars", "Gradient norms per parameter", "Activation histograms",
                                 "Statistics heatmaps", "Flight recorder dumps"):
                     self.assertIn(f"<h2>{section}</h2>", page)
+                # The loss is a curve, near the top: right after the summary.
+                self.assertLess(page.index("<h2>Summary</h2>"), page.index("<h2>Scalars</h2>"))
+                self.assertLess(page.index("<h2>Scalars</h2>"), page.index("<h2>Gradient norms per parameter</h2>"))
+                scalars = re.search(r'<section id="scalars">(.*?)</section>', page, re.S).group(1)
+                self.assertIn('alt="scalars over steps"', scalars)
                 # Nothing fetched: every src and href is inline.
                 self.assertEqual([u for u in re.findall(r'(?:src|href)="([^"]*)"', page)
                                   if not u.startswith("data:")], [])
@@ -274,6 +309,25 @@ class ReportTest(unittest.TestCase):
                 self.assertIn("spike", page)
                 if fmt == "ranks":
                     self.assertIn("rank 1", page)
+                    self.assertIn("one line per rank", scalars)
+                loss = [s for s in data["scalars"] if s["name"] == "loss"]
+                self.assertEqual([s["rank"] for s in loss], [0, 1] if fmt == "ranks" else [None])
+                with tensortap.open(os.path.join(RUNS, fmt)) as run:
+                    self.assertEqual(loss[0]["points"], len(run.steps("loss", "tensor", rank=0 if run.ranks else None)))
+
+    def test_every_legend_is_outside_the_axes(self):
+        for fmt in FORMATS:
+            with self.subTest(fmt=fmt), report_figures() as (figures, legends):
+                self.report(fmt)
+                alts = {alt for alt, *_ in legends}
+                for want in ("gradient norms per parameter over steps", "activation histograms at chosen steps",
+                             "the steps before the dump at step 40"):
+                    self.assertIn(want, alts)
+                if fmt == "ranks":
+                    self.assertIn("scalars over steps", alts)  # a line per rank, and their key
+                for alt, texts, box, overlapping, inside in legends:
+                    self.assertEqual(overlapping, [], f"{alt}: the legend {texts} covers axes")
+                    self.assertTrue(inside, f"{alt}: the legend {texts} is cut off")
 
     def test_chosen_steps_and_bad_ones(self):
         _, page = self.report("npy", "--steps", "0,57")
@@ -371,10 +425,8 @@ class ReportTest(unittest.TestCase):
         self.assertTrue(any("figure 1" in p and "not visible" in p for p in found), found)
 
 
-class HostileRunTest(unittest.TestCase):
-    """Runs made by hand to break the analysis code: names that are not text,
-    values at the ends of float64, dtypes that change, ranks that disagree,
-    a damaged run.json."""
+class HandMadeRuns:
+    """Runs written by hand (npy), and their report page."""
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="tensortap-hostile-analysis-")
@@ -419,6 +471,12 @@ class HostileRunTest(unittest.TestCase):
             raise ValueError(f"{c} in the page's JSON")
 
         return page, json.loads(raw, parse_constant=no_constant)
+
+
+class HostileRunTest(HandMadeRuns, unittest.TestCase):
+    """Runs made by hand to break the analysis code: names that are not text,
+    values at the ends of float64, dtypes that change, ranks that disagree,
+    a damaged run.json."""
 
     def test_report_of_names_that_are_not_text_and_values_at_the_ends(self):
         names = ["\udcff\udcfe bytes", "</script><script>alert(1)</script>", "x" * 5000, "tab\tand\x1bescape"]
@@ -483,6 +541,118 @@ class HostileRunTest(unittest.TestCase):
         with self.assertRaisesRegex(tensortap.RunError, "'step'.*dimensions"):
             run.to_xarray("tensor")
         self.assertEqual(list(run.to_xarray("tensor", names=["ok"]).data_vars), ["ok"])
+
+
+class ReportScalarsTest(HandMadeRuns, unittest.TestCase):
+    """The report's scalars (issue 31, item 6): every 0-d tensor series is a
+    curve over steps, a line per rank; non-finite values are gaps; no
+    scalars, no figure. Every legend is outside its axes."""
+
+    @staticmethod
+    def scalars(page):
+        found = re.search(r'<section id="scalars"><h2>Scalars</h2>(.*?)</section>', page, re.S)
+        return found.group(1) if found else None
+
+    def test_a_loss_and_a_learning_rate_are_curves(self):
+        records = []
+        for step in range(10):
+            records.append(("tensor", "loss", step, np.array(2.0 / (step + 1), np.float32)))
+            records.append(("tensor", "lr", step, np.array(0.1, np.float64)))
+            records.append(("tensor", "logits", step, np.zeros(3, np.float32)))  # not 0-d: not a curve
+            records.append(("tensor", "one", step, np.zeros(1, np.float32)))      # 1 element, 1-d: not either
+            records.append(("grad", "w", step, np.full((2, 2), step, np.float32)))
+        with report_figures() as (figures, _):
+            page, data = self.report(self.make(records))
+        body = self.scalars(page)
+        self.assertIsNotNone(body)
+        self.assertEqual(body.count('<img class="figure" alt="scalars over steps"'), 1)
+        self.assertNotIn("non-finite", body)
+        self.assertLess(page.index("<h2>Scalars</h2>"), page.index("<h2>Gradient norms per parameter</h2>"))
+        self.assertEqual([(s["name"], s["rank"], s["points"], s["first_step"], s["last_step"])
+                          for s in data["scalars"]], [("loss", None, 10, 0, 9), ("lr", None, 10, 0, 9)])
+        self.assertAlmostEqual(data["scalars"][0]["last"], 0.2, places=6)
+        fig = dict(figures)["scalars over steps"]
+        charts = [ax for ax in fig.axes if ax.get_visible()]
+        self.assertEqual([ax.get_title() for ax in charts], ["loss", "lr"])
+        line = charts[0].lines[0]
+        np.testing.assert_array_equal(line.get_xdata(), np.arange(10))
+        np.testing.assert_allclose(line.get_ydata(), 2.0 / np.arange(1, 11), rtol=1e-6)
+        self.assertIsNone(charts[0].get_legend(), "one line needs no key")
+
+    def test_a_line_per_rank(self):
+        records = [("tensor", "loss", step, np.array(step + 10 * r, np.float32), r)
+                   for r in (0, 1) for step in range(6)]
+        with report_figures() as (figures, legends):
+            page, data = self.report(self.make(records, ranks=[0, 1]))
+        self.assertIn("one line per rank", self.scalars(page))
+        self.assertEqual([(s["name"], s["rank"]) for s in data["scalars"]], [("loss", 0), ("loss", 1)])
+        ax = [ax for ax in dict(figures)["scalars over steps"].axes if ax.get_visible()][0]
+        self.assertEqual([list(line.get_ydata()) for line in ax.lines], [list(range(6)), list(range(10, 16))])
+        keys = [(texts, overlapping) for alt, texts, _, overlapping, _ in legends if alt == "scalars over steps"]
+        self.assertEqual(keys, [(["rank 0", "rank 1"], [])])
+
+    def test_non_finite_values_are_gaps(self):
+        hostile = "</script><script>alert(1)</script>"
+        values = [3.0, 2.5, np.nan, 2.0, np.inf, 1.5, -np.inf, 1.0]
+        records = [("tensor", hostile, step, np.array(v, np.float32)) for step, v in enumerate(values)]
+        records += [("tensor", "dead", step, np.array(np.nan, np.float64)) for step in range(3)]
+        records += [("tensor", "one point", 0, np.array(1.0, np.float64))]
+        with report_figures() as (figures, legends):
+            page, data = self.report(self.make(records))  # raises nothing; strict JSON
+        self.assertNotIn("<script>alert", page)
+        self.assertEqual(page.count("</script>"), page.count("<script"))
+        body = self.scalars(page)
+        self.assertIn('alt="scalars over steps"', body)
+        self.assertIn("gaps", body)
+        self.assertIn("3 of 8 (NaN 1, +inf 1, -inf 1), the first at step 2", body)
+        self.assertIn("3 of 3 (NaN 3), the first at step 0", body)
+        by_name = {s["name"]: s for s in data["scalars"]}
+        self.assertEqual((by_name[hostile]["nan"], by_name[hostile]["posinf"], by_name[hostile]["neginf"],
+                          by_name[hostile]["first_nonfinite_step"]), (1, 1, 1, 2))
+        self.assertIsNone(by_name["dead"]["last"])  # NaN is null in the page's JSON
+        charts = {ax.get_title(): ax for ax in dict(figures)["scalars over steps"].axes if ax.get_visible()}
+        self.assertIn("dead  (3 non-finite: gaps)", charts)
+        y = charts["</script><script>alert(1)</script>  (3 non-finite: gaps)"].lines[0].get_ydata()
+        self.assertTrue(np.isnan(y[[2, 4, 6]]).all(), "a non-finite value is a gap")
+        np.testing.assert_array_equal(y[[0, 1, 3, 5, 7]], [3.0, 2.5, 2.0, 1.5, 1.0])
+        keys = [(texts, overlapping) for alt, texts, _, overlapping, _ in legends if alt == "scalars over steps"]
+        self.assertEqual(keys, [(["non-finite (gap)"], [])])
+
+    def test_no_scalar_records(self):
+        records = [("tensor", "logits", step, np.zeros(3, np.float32)) for step in range(3)]
+        records += [("grad", "w", step, np.ones(2, np.float32)) for step in range(3)]
+        page, data = self.report(self.make(records))
+        body = self.scalars(page)
+        self.assertIn("No scalar records", body)
+        self.assertNotIn("<img", body)
+        self.assertEqual(data["scalars"], [])
+
+    def test_many_names_keep_their_legend_outside(self):
+        """A transformer's gradient norms: dozens of long names; the key of
+        the largest is beside the axes (under them with ranks side by side),
+        over no panel."""
+        names = [f"transformer.encoder.layers.{i}.self_attn.in_proj_weight" for i in range(24)]
+        for ranks in (None, [0, 1]):
+            records = []
+            for r in (ranks or [None]):
+                for step in range(5):
+                    for i, name in enumerate(names):
+                        records.append(("grad", name, step, np.full(4, (i + 1) * (step + 1), np.float32), r))
+                    records.append(("activation", "encoder.out", step, np.linspace(-1, 1, 50, dtype=np.float32), r))
+                    records.append(("tensor", "loss", step, np.array(1.0 / (step + 1), np.float32), r))
+            records = [rec if ranks else rec[:4] for rec in records]
+            with self.subTest(ranks=ranks), report_figures() as (_, legends):
+                self.report(self.make(records, ranks=ranks))
+                grads = [(texts, box, overlapping, inside) for alt, texts, box, overlapping, inside in legends
+                         if alt == "gradient norms per parameter over steps"]
+                self.assertEqual(len(grads), len(ranks or [None]))
+                for texts, box, overlapping, inside in grads:
+                    self.assertEqual(len(texts), 8)
+                    self.assertEqual(overlapping, [], "the legend covers a panel")
+                    self.assertTrue(inside, "the legend is cut off")
+                for alt, texts, _, overlapping, inside in legends:
+                    self.assertEqual(overlapping, [], f"{alt}: {texts}")
+                    self.assertTrue(inside, f"{alt}: {texts}")
 
 
 class ExampleTest(unittest.TestCase):

@@ -8,6 +8,7 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize.h>
 
 #include <tensortap/tensortap.h>
 
@@ -410,19 +411,86 @@ TEST_CASE("every(kind, 0) switches that kind off while the others keep every()",
                Catch::Contains("\"activation\": 0, \"activation_grad\": 1, \"param\": 1, \"buffer\": 1, \"grad\": 1"));
 }
 
-TEST_CASE("eval forward passes are not recorded unless asked", "[hooks]") {
+TEST_CASE("eval forward passes are not recorded unless asked, and then as eval/<name>", "[hooks]") {
   for (bool capture_eval : {false, true}) {
     TempDir dir;
     Net net;
     auto rec = tensortap::watch(*net, Options(dir.path).capture_eval(capture_eval).kinds({Kind::Activation}));
     rec->step(0);
-    net->forward(torch::randn({2, 3}));  // training
+    const torch::Tensor train_x = torch::randn({2, 3}), eval_x = torch::randn({2, 3});
+    net->forward(train_x);  // training
     net->eval();
-    net->forward(torch::randn({2, 3}));  // validation inside the step
+    const torch::Tensor eval_out = net->forward(eval_x);  // validation inside the step
     net->train();
     rec->close();
     REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == (capture_eval ? 2u : 1u));
+    REQUIRE(steps_of(dir.path, "activation", "out") == std::vector<std::int64_t>{0});
+    // Never "out#1", which would read as a second training pass.
+    REQUIRE(tt_test::index_lines_with(dir.path, "out#1").empty());
+    if (capture_eval) REQUIRE(torch::equal(load(dir.path, "activation", "eval/out", 0), eval_out));
   }
+}
+
+TEST_CASE("eval passes of a Tapped<M> inside a training step are named eval/<name>, apart from its repeats",
+          "[hooks]") {
+  TempDir dir;
+  TappedNet net;
+  auto rec = tensortap::watch(*net, Options(dir.path).capture_eval(true).kinds({Kind::Activation}));
+  rec->step(0);
+  net->forward(torch::randn({2, 3}));
+  net->forward(torch::randn({2, 3}));  // a second training pass: fc1#1
+  net->eval();
+  {
+    torch::NoGradGuard no_grad;
+    net->forward(torch::randn({2, 3}));
+    net->forward(torch::randn({2, 3}));  // a second eval pass: eval/fc1#1
+  }
+  net->train();
+  rec->close();
+  REQUIRE(steps_of(dir.path, "activation", "fc1") == std::vector<std::int64_t>{0});
+  REQUIRE(steps_of(dir.path, "activation", "fc1#1") == std::vector<std::int64_t>{0});
+  REQUIRE(steps_of(dir.path, "activation", "eval/fc1") == std::vector<std::int64_t>{0});
+  REQUIRE(steps_of(dir.path, "activation", "eval/fc1#1") == std::vector<std::int64_t>{0});
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 4);
+}
+
+TEST_CASE("load_checkpoint loads a checkpoint saved before tensortap was added, where torch::load refuses it",
+          "[hooks]") {
+  TempDir dir;
+  // The program before tensortap: the same layer, no Tap.
+  struct PlainImpl : torch::nn::Module {
+    torch::nn::Linear fc{nullptr};
+    torch::nn::ReLU act;
+    PlainImpl() {
+      fc = register_module("fc", torch::nn::Linear(3, 2));
+      register_module("act", act);
+    }
+  };
+  auto plain = std::make_shared<PlainImpl>();
+  torch::save(plain, dir / "before.pt");
+  Net net;  // fc and the Tap "out"; no "act"
+  REQUIRE_THROWS(torch::load(net, dir / "before.pt"));
+  tensortap::load_checkpoint(net, dir / "before.pt");
+  REQUIRE(torch::equal(net->fc->weight, plain->fc->weight));
+  REQUIRE(torch::equal(net->fc->bias, plain->fc->bias));
+  // The reverse, and a Tapped<M> model from the plain checkpoint.
+  torch::save(net, dir / "after.pt");
+  auto again = std::make_shared<PlainImpl>();
+  tensortap::load_checkpoint(again, dir / "after.pt");
+  REQUIRE(torch::equal(again->fc->weight, plain->fc->weight));
+  // A missing submodule that has state is named, with the file.
+  struct OtherImpl : torch::nn::Module {
+    torch::nn::Linear fc{nullptr}, head{nullptr};
+    OtherImpl() {
+      fc = register_module("fc", torch::nn::Linear(3, 2));
+      head = register_module("head", torch::nn::Linear(2, 2));
+    }
+  };
+  auto other = std::make_shared<OtherImpl>();
+  REQUIRE_THAT(tt_test::error_of([&] { tensortap::load_checkpoint(other, dir / "before.pt"); }),
+               Catch::Contains("'head'") && Catch::Contains("before.pt"));
+  REQUIRE_THAT(tt_test::error_of([&] { tensortap::load_checkpoint(other, dir / "missing.pt"); }),
+               Catch::Contains("missing.pt"));
 }
 
 TEST_CASE("grad_per_backward records every micro-batch's gradient on its own", "[hooks]") {

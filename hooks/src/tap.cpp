@@ -85,6 +85,24 @@ class Reading {
   std::atomic<int>& readers_;
 };
 
+// Recorder::scope("eval") around an eval-mode pass's records.
+class EvalScope {
+ public:
+  EvalScope(FrontEnd& core, bool on) {
+    if (!on) return;
+    core.push_scope("eval");
+    core_ = &core;
+  }
+  ~EvalScope() {
+    if (core_ != nullptr) core_->pop_scope();
+  }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  FrontEnd* core_ = nullptr;
+};
+
 bool wants_ops(const TapBindings& list) {
   for (const auto& b : list.items)
     if (b->core->options().capture_ops() && b->core->active(Kind::Activation)) return true;
@@ -164,6 +182,9 @@ torch::Tensor TapPoint::tap_output(torch::Tensor out, bool training, const std::
     if (!training && !b->core->options().capture_eval()) continue;
     try {
       const detail::OpQuiet quiet;
+      // An eval-mode pass is named as if in a scope "eval" (eval/<name>):
+      // inside a sampled step it is not a second training pass (name#1).
+      const detail::EvalScope eval(*b->core, !training);
       // Each recorder hooks the view the previous one returned: every one
       // gets the gradient of what flows on.
       out = detail::tap_capture(*b, out, suffix);

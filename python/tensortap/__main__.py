@@ -11,7 +11,8 @@ line of the index or the statistics was skipped, or the statistics cannot be
 read. A run that cannot be opened at all exits with 2.
 
 report writes one self-contained HTML page (figures and data inline, no
-network): the summary, gradient norms, activation histograms, heatmaps of
+network): the summary, curves of the scalar tensor records (the loss),
+gradient norms, activation histograms, heatmaps of
 statistics and the flight recorder's dumps (tensortap/report.py).
 """
 

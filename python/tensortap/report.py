@@ -2,10 +2,13 @@
 
 Every figure is a PNG inside the page (data: URLs) and the data behind the
 tables is in it as JSON: the file opens from disk, with no network. Sections:
-the summary `inspect` prints, gradient norms per parameter over steps,
+the summary `inspect` prints, the scalars (every 0-d `tensor` record series,
+such as the loss) over steps, gradient norms per parameter over steps,
 activation histograms at chosen steps, heatmaps of log10 norm (names x steps)
 per kind, and the flight recorder's dumps with the steps before each. A
-multi-rank run shows its ranks side by side in every figure.
+multi-rank run shows its ranks side by side in every figure (one line per
+rank in the scalars' charts). Every legend is drawn outside its axes, so that
+it covers no curve.
 
 Figures are drawn with matplotlib (python3-matplotlib); statistics come from
 the run's statistics table when it has one (Options::stats_every), and are
@@ -33,6 +36,13 @@ HEATMAP_LABELS = 40
 MAX_RANK_PANELS = 8
 # Names longer than this are cut in figures (the tables keep them whole).
 FIGURE_NAME_CHARS = 60
+# Scalar series charted (sorted by name); a run with more says so.
+MAX_SCALAR_CHARTS = 30
+# Charts per row in the scalars' grid.
+SCALAR_COLUMNS = 3
+# Fewer points than this are drawn with markers too: a finite value between
+# two gaps is then still seen.
+SCALAR_MARKERS = 60
 
 
 def write_report(run, out_path, steps=None, histograms=6, title=None):
@@ -45,8 +55,10 @@ def write_report(run, out_path, steps=None, histograms=6, title=None):
     page.section("Summary", f"<pre>{html.escape(text.getvalue())}</pre>")
 
     stats = _stats(run)
+    scalars = []  # a summary per scalar series, for the page's data
     # A figure that cannot be drawn costs its section, not the page.
-    for heading, draw in (("Gradient norms per parameter", lambda: _grad_norms(page, run, stats)),
+    for heading, draw in (("Scalars", lambda: _scalars(page, run, scalars)),
+                          ("Gradient norms per parameter", lambda: _grad_norms(page, run, stats)),
                           ("Activation histograms", lambda: _histograms(page, run, steps, histograms)),
                           ("Statistics heatmaps", lambda: _heatmaps(page, run, stats)),
                           ("Flight recorder dumps", lambda: _dumps(page, run, stats))):
@@ -59,7 +71,7 @@ def write_report(run, out_path, steps=None, histograms=6, title=None):
     if len(_ranks(run)) > MAX_RANK_PANELS:
         page.note(f"The run has {len(run.ranks)} ranks; figures show ranks {run.ranks[0]}..{run.ranks[MAX_RANK_PANELS - 1]}.")
     page.data = _jsonable({"run": run.path, "ranks": run.ranks, "records": len(run.records), "kinds": run.kinds(),
-                           "dumps": run.dumps})
+                           "dumps": run.dumps, "scalars": scalars})
     content = page.render()
     # Written whole or not at all: a failed report leaves no empty page behind.
     directory = os.path.dirname(os.path.abspath(out_path))
@@ -181,6 +193,128 @@ def _columns(run):
     return [("" if r is None else f"rank {r}", r) for r in _panel_ranks(run)]
 
 
+def _legend_outside(ax, below=False, **kw):
+    """A legend beside `ax` (to its right), or under it (`below`: for panels
+    side by side, where the right is the next panel), never over its curves.
+    The figure's constrained layout makes room for it, and the page's PNG is
+    cut to what is drawn (bbox_inches="tight"), so it is not cut off."""
+    kw.setdefault("fontsize", 7)
+    if below:
+        from matplotlib.transforms import ScaledTranslation
+
+        # Half an inch under the axes: under the tick labels and "step".
+        return ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, borderaxespad=0.0,
+                         bbox_transform=ax.transAxes + ScaledTranslation(0, -0.5, ax.figure.dpi_scale_trans),
+                         **kw)
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kw)
+
+
+def _scalar_names(run):
+    """The names of the `tensor` series whose every record is 0-d (a loss,
+    a learning rate, an accuracy): the series drawn as curves."""
+    out = []
+    for name in run.names("tensor"):
+        by_rank = run._lookup(name, "tensor")
+        if by_rank and all(not rec["shape"] for recs in by_rank.values() for rec in recs):
+            out.append(name)
+    return out
+
+
+def _scalars(page, run, summary):
+    """Every scalar series over steps: a chart per series in a grid, a line
+    per rank. Non-finite values are gaps in the line, marked under it with
+    an x, and listed under the figure; `summary` gets a dict per series and
+    rank for the page's data."""
+    names = _scalar_names(run)
+    if not names:
+        page.section("Scalars", "<p>No scalar records (0-d <code>tensor</code> records, such as a loss).</p>")
+        return
+    shown = names[:MAX_SCALAR_CHARTS]
+    ranks = _panel_ranks(run)
+    color = {r: f"C{i % 10}" for i, r in enumerate(ranks)}
+    plt = _pyplot()
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    ncols = min(SCALAR_COLUMNS, len(shown))
+    nrows = math.ceil(len(shown) / ncols)
+    chart_width = {1: 10.0, 2: 6.5}.get(ncols, 4.6)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(chart_width * ncols, 3.0 * nrows), squeeze=False,
+                             layout="constrained")
+    for ax in axes.flat[len(shown):]:
+        ax.set_visible(False)
+    notes, failed, drawn_ranks, any_bad = [], [], set(), False
+    for ax, name in zip(axes.flat, progress(shown, desc="scalars", minimum=10)):
+        by_rank = run._lookup(name, "tensor")
+        bad_here = 0
+        finite_all = []
+        for rank in ranks:
+            recs = by_rank.get(rank)
+            if not recs:
+                continue
+            try:
+                values = _values(run.series(name, "tensor", rank=rank))
+            except Exception as e:  # noqa: BLE001 - reported in the page
+                failed.append((name, rank, f"{type(e).__name__}: {e}"))
+                continue
+            steps = np.array([rec["step"] for rec in recs])
+            finite = np.isfinite(values)
+            # NaN where the value is not finite: matplotlib breaks the line there.
+            ax.plot(steps, np.where(finite, values, np.nan), color=color[rank], linewidth=1.3,
+                    marker="." if len(values) <= SCALAR_MARKERS else None, markersize=4)
+            drawn_ranks.add(rank)
+            finite_all.append(values[finite])
+            bad = ~finite
+            nan, posinf = int(np.isnan(values).sum()), int((values == np.inf).sum())
+            neginf = int((values == -np.inf).sum())
+            entry = {"name": name, "rank": rank, "points": int(len(values)),
+                     "first_step": int(steps[0]), "last_step": int(steps[-1]),
+                     "last": float(values[-1]), "nan": nan, "posinf": posinf, "neginf": neginf}
+            if bad.any():
+                # Marked on the step axis, under the gap.
+                ax.plot(steps[bad], np.zeros(int(bad.sum())), linestyle="none", marker="x", markersize=5,
+                        color="tab:red", transform=ax.get_xaxis_transform(), clip_on=False)
+                bad_here += int(bad.sum())
+                any_bad = True
+                entry["first_nonfinite_step"] = int(steps[bad][0])
+                kinds = ", ".join(f"{label} {n}" for label, n in (("NaN", nan), ("+inf", posinf), ("-inf", neginf))
+                                  if n)
+                where = "" if rank is None else f" (rank {rank})"
+                notes.append(f"<li><code>{html.escape(_safe(name))}</code>{where}: {int(bad.sum())} of "
+                             f"{len(values)} ({kinds}), the first at step {int(steps[bad][0])}</li>")
+            summary.append(entry)
+        finite_all = np.concatenate(finite_all) if finite_all else np.empty(0)
+        if not len(finite_all):
+            ax.text(0.5, 0.5, "no finite values", ha="center", va="center", transform=ax.transAxes)
+        elif finite_all.min() > 0 and finite_all.max() / finite_all.min() >= 1e3:
+            ax.set_yscale("log")  # a loss that falls by decades
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_title(_text(name) + (f"  ({bad_here} non-finite: gaps)" if bad_here else ""), fontsize=9)
+    handles = [Line2D([], [], color=color[r], linewidth=1.3, label=f"rank {r}")
+               for r in ranks if r is not None and r in drawn_ranks]
+    if len(handles) < 2:
+        handles = []  # one line per chart needs no key
+    if any_bad:
+        handles.append(Line2D([], [], linestyle="none", marker="x", color="tab:red", label="non-finite (gap)"))
+    if handles:
+        _legend_outside(axes[0][ncols - 1], handles=handles)
+    body = ("<p>Every 0-d <code>tensor</code> record series over steps"
+            + (", one line per rank" if len(drawn_ranks) > 1 else "") + "."
+            + (f" The first {len(shown)} of {len(names)} series, by name." if len(names) > len(shown) else "")
+            + "</p>" + page.figure(fig, "scalars over steps"))
+    plt.close(fig)
+    if notes:
+        body += ("<p>Non-finite values are not drawn: they are gaps in the line, marked \u00d7 on the step "
+                 "axis.</p><ul>" + "".join(notes) + "</ul>")
+    if failed:
+        body += "<p>Not read:</p><ul>" + "".join(
+            f"<li><code>{html.escape(_safe(n))}</code>{'' if r is None else f' (rank {r})'}: "
+            f"{html.escape(_safe(e))}</li>" for n, r, e in failed) + "</ul>"
+    page.section("Scalars", body)
+
+
 def _grad_norms(page, run, stats):
     if "grad" not in run.kinds() and (stats is None or not (stats["kind"] == "grad").any()):
         page.section("Gradient norms", "<p>No gradients were captured (kind <code>grad</code>).</p>")
@@ -189,7 +323,8 @@ def _grad_norms(page, run, stats):
     from matplotlib.collections import LineCollection
 
     cols = _columns(run)
-    fig, axes = plt.subplots(1, len(cols), figsize=(_width(len(cols)), 4.2), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(cols), figsize=(_width(len(cols)), 4.2 if len(cols) == 1 else 5.6),
+                             squeeze=False, sharey=True, layout="constrained")
     for ax, (label, rank) in zip(axes[0], cols):
         series = _norm_series(run, stats, "grad", rank)
         # The largest final norms are labeled; the others form a faint band.
@@ -204,8 +339,9 @@ def _grad_norms(page, run, stats):
         ax.set_xlabel("step")
         ax.set_title(f"{label}  ({len(series)} parameters)".strip(), fontsize=10)
         if order:
-            ax.legend(fontsize=7, loc="best", title=None if len(order) <= LABELED_LINES
-                      else f"largest {LABELED_LINES} of {len(order)}", title_fontsize=7)
+            # Outside the axes: a transformer's dozens of names covered the curves.
+            _legend_outside(ax, below=len(cols) > 1, title=None if len(order) <= LABELED_LINES
+                            else f"largest {LABELED_LINES} of {len(order)}", title_fontsize=7)
     axes[0][0].set_ylabel("L2 norm of the gradient")
     page.section("Gradient norms per parameter", page.figure(fig, "gradient norms per parameter over steps"))
     plt.close(fig)
@@ -235,9 +371,13 @@ def _histograms(page, run, steps, limit):
                      f"activations; steps with activations: {html.escape(_span(have))}.</p>")
         return
     plt = _pyplot()
+    from matplotlib.lines import Line2D
+
     cols = _columns(run)
-    fig, axes = plt.subplots(len(shown), len(cols), figsize=(_width(len(cols)), 2.1 * len(shown)), squeeze=False)
+    fig, axes = plt.subplots(len(shown), len(cols), figsize=(_width(len(cols)), 2.1 * len(shown)), squeeze=False,
+                             layout="constrained")
     colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(chosen)))
+    color_of = {s: tuple(c) for s, c in zip(chosen, colors)}  # a step's colour in every panel
     for i, name in enumerate(progress(shown, desc="histograms", minimum=10)):
         for j, (label, rank) in enumerate(cols):
             ax = axes[i][j]
@@ -250,11 +390,11 @@ def _histograms(page, run, steps, limit):
                 lo = min(a.min() for a in finite if len(a))
                 hi = max(a.max() for a in finite if len(a))
                 bins = _bins(lo, hi)
-                for (s, _), a, c in zip(arrays, finite, colors):
-                    ax.hist(a, bins=bins, histtype="step", color=c, label=f"step {s}", log=True)
-                ax.legend(fontsize=7)
+                for (s, _), a in zip(arrays, finite):
+                    ax.hist(a, bins=bins, histtype="step", color=color_of[s], log=True)
             ax.set_title(_text(f"{name}  {label}".strip()), fontsize=9)
-    fig.tight_layout()
+    # One key for every panel, beside the top right one.
+    _legend_outside(axes[0][-1], handles=[Line2D([], [], color=color_of[s], label=f"step {s}") for s in chosen])
     more = f" (the first {limit} of {len(names)} names)" if len(names) > limit else ""
     page.section("Activation histograms",
                  f"<p>Steps {html.escape(', '.join(map(str, chosen)))}{more}; log counts.</p>"
@@ -367,7 +507,7 @@ def _dump_figure(plt, page, stats, d):
     if rows.empty:
         return None
     field = "mean" if (rows["numel"] == 1).all() else "norm"
-    fig, ax = plt.subplots(figsize=(10, 3.2))
+    fig, ax = plt.subplots(figsize=(10, 3.2), layout="constrained")
     ax.plot(rows["step"], rows[field], marker=".", linewidth=1)
     if written:  # none without a flight recorder: the dump is a mark in run.json
         ax.axvspan(first - 0.5, max(written) + 0.5, color="tab:orange", alpha=0.15, label="steps written")
@@ -378,8 +518,7 @@ def _dump_figure(plt, page, stats, d):
     ax.set_ylabel(_text(f"{field} of {d['name']}"))
     where = "" if d.get("rank") is None else f" (rank {d['rank']})"
     ax.set_title(_text(f"{d.get('reason', 'dump')}: {d.get('kind', '')} {d['name']}{where}"), fontsize=10)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    _legend_outside(ax)
     out = page.figure(fig, f"the steps before the dump at step {d['step']}")
     plt.close(fig)
     return out
@@ -425,7 +564,8 @@ class _Page:
     @staticmethod
     def figure(fig, alt):
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=90)
+        # Cut to what is drawn: a legend outside the axes is kept whole.
+        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight", pad_inches=0.1)
         data = base64.b64encode(buf.getvalue()).decode("ascii")
         return f'<img class="figure" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 

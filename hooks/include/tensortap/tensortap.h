@@ -1,7 +1,8 @@
 #pragma once
 
 /// tensortap: capture activations, gradients and parameters of a LibTorch
-/// training run, off the training thread, into `.npy` files.
+/// training run, off the training thread, into `.npy` files, HDF5 or packed
+/// `.npy` segments.
 ///
 /// Example:
 /// ```
@@ -19,6 +20,7 @@
 /// rec->close();
 /// ```
 
+#include <tensortap/checkpoint.h>
 #include <tensortap/error.h>
 #include <tensortap/npy.h>
 #include <tensortap/options.h>

@@ -195,8 +195,9 @@ struct Options {
   /// What an error in a hook or on the writer thread does to training.
   TORCH_ARG(OnError, on_error) = OnError::Continue;
   /// Whether forward passes of a module in eval mode (`module->eval()`) are
-  /// captured too. Off: a validation pass inside a sampled step does not
-  /// mix its activations with the training step's.
+  /// captured too, named `eval/<name>` (as inside `Recorder::scope("eval")`),
+  /// so a validation pass inside a sampled step never reads as a second
+  /// training pass (`name#1`). Off: eval passes are not recorded.
   TORCH_ARG(bool, capture_eval) = false;
   /// Record each backward pass's parameter gradient on its own (`name`,
   /// `name#1`, ... within a step: one per micro-batch) instead of their sum.
