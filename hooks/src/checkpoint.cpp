@@ -39,6 +39,8 @@ void load_into(torch::nn::Module& m, torch::serialize::InputArchive& archive, co
   for (auto& p : m.named_parameters(/*recurse=*/false)) read(p.key(), p.value(), false);
   for (auto& b : m.named_buffers(/*recurse=*/false)) read(b.key(), b.value(), true);
   for (const auto& c : m.named_children()) {
+    // What torch::save leaves out, torch::load does not look for.
+    if (!c.value()->is_serializable()) continue;
     torch::serialize::InputArchive child;
     if (archive.try_read(c.key(), child)) {
       load_into(*c.value(), child, path_of(prefix, c.key()), file);

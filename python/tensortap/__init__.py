@@ -697,7 +697,7 @@ def _rank_dumps(directory, info):
                     _warn(f"{lines_path}:{lineno}: skipped: {_json_type(d)}, not an object")
                     continue
                 out.append(d)
-        except RunError as e:
+        except (RunError, OSError) as e:
             _warn(f"{e}; its dumps are not read")
         return out
     dumps = info.get("dumps", [])

@@ -234,7 +234,10 @@ void Enqueue::check_room(const RecordSpec& spec, const at::Tensor& src) const {
   struct statvfs fs {};
   if (space_fd_ < 0 || compresses_ || ::fstatvfs(space_fd_, &fs) != 0) return;
   const std::uint64_t free = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
-  if (spec.nbytes <= free) return;
+  // The descriptor is the run directory's until close() lets go of it,
+  // after setting closed_: a capture racing with close() may have asked a
+  // descriptor reused for another file, and its record is cut off anyway.
+  if (spec.nbytes <= free || closed_.load(std::memory_order_acquire)) return;
   fail(
       "cannot capture '{}' (kind {}, step {}): its {} bytes ({}) would not fit the {} bytes free on the run "
       "directory's file system",

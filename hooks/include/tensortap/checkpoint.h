@@ -19,7 +19,10 @@ namespace tensortap {
 /// an activation, a dropout). Everything that has state must be in the
 /// checkpoint, as with `torch::load`: a missing parameter, buffer or stateful
 /// submodule throws `Error` naming its path and the file. `Tapped<M>` keeps
-/// `M`'s names, so it loads like `M` either way.
+/// `M`'s names, so it loads like `M` either way. It reads what
+/// `Module::save` writes (parameters, buffers, serializable children); a
+/// module of yours that overrides `load()` to read more is read as
+/// `Module::load` would, without that override.
 ///
 /// Example:
 /// ```

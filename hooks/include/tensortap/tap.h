@@ -16,7 +16,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
 #include <torch/version.h>
-#if TORCH_VERSION_MAJOR < 2
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 2)
 // For detail::Derivable (1.13's instancenorm.h does not include what it uses).
 #include <torch/nn/functional/instancenorm.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -137,13 +137,16 @@ template <class... T>
 struct Capturable<std::tuple<T...>> : std::conjunction<Capturable<std::decay_t<T>>...> {};
 
 // Whether TappedImpl<Impl> can derive from Impl, and so be one wherever
-// LibTorch's code looks (as<M>(), apply(), clone_, pretty_print). LibTorch
-// 1.13 does not export the pretty_print of its BatchNorm and InstanceNorm
-// templates, which a derived class's construction vtables name (1.13's
-// Module is a virtual base): those wrap an Impl instead (TappedBase below).
+// LibTorch's code looks (as<M>(), apply(), clone_, pretty_print): it copies
+// an Impl to clone it, so a user's module that cannot be copied (a mutex or
+// a unique_ptr member) or is final is wrapped instead (TappedBase below).
+// So are LibTorch's BatchNorm and InstanceNorm while Module is a virtual
+// base (up to 2.1): 1.13 does not export their pretty_print, which a
+// derived class's construction vtables name.
 template <class Impl>
-struct Derivable : std::true_type {};
-#if TORCH_VERSION_MAJOR < 2
+struct Derivable : std::bool_constant<std::is_copy_constructible_v<Impl> && std::is_copy_assignable_v<Impl> &&
+                                      !std::is_final_v<Impl>> {};
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 2)
 template <>
 struct Derivable<torch::nn::BatchNorm1dImpl> : std::false_type {};
 template <>
@@ -266,10 +269,11 @@ class TappedCalls;
 /// `<path>.1.0`. A module whose `forward` returns anything else is refused
 /// at compile time. `inner()` is the module as an `Impl`.
 ///
-/// With LibTorch 1.13, `Tapped<BatchNorm*d>` and `Tapped<InstanceNorm*d>`
-/// hold the `Impl` instead of being one (1.13 does not export what a
-/// derived class needs): everything above holds except `as<M>()`, which
-/// finds no `M` there; use `inner()`.
+/// A module that cannot be copied (a user's, with a mutex or a `unique_ptr`
+/// member) or is `final` is held instead of derived from, as are
+/// `BatchNorm*d` and `InstanceNorm*d` with LibTorch 1.13 (it does not export
+/// what a derived class needs): everything above holds except `as<M>()`,
+/// which finds no `M` there; use `inner()`.
 template <class Impl, class Forward = decltype(&Impl::forward)>
 class TappedImpl;
 
@@ -318,17 +322,18 @@ class TappedImpl<Impl, R (C::*)(A...)> : public detail::TappedBase<Impl>, public
   }
 
  protected:
-  // Only TappedCalls<Impl> is ever built (the holder's operator-> relies on
-  // it): the constructors are its.
-  template <class... Args>
-  explicit TappedImpl(Args&&... args) : Base(std::forward<Args>(args)...) {}
-  TappedImpl(const TappedImpl&) = default;
-
   // Sequential's AnyModule asks about defaulted arguments through these.
   template <typename ModuleType, typename... ArgumentTypes>
   friend struct torch::nn::AnyModuleHolder;
 
  private:
+  // Only TappedCalls<Impl> is ever built (the holder's operator-> relies on
+  // it): the constructors are its alone, not a subclass's.
+  friend class detail::TappedCalls<Impl>;
+  template <class... Args>
+  explicit TappedImpl(Args&&... args) : Base(std::forward<Args>(args)...) {}
+  TappedImpl(const TappedImpl&) = default;
+
   using Arguments = std::tuple<std::decay_t<A>...>;
   template <std::size_t... I, class... Given>
   static void push_values(std::vector<torch::nn::AnyValue>& values, std::index_sequence<I...>, Given&&... given) {
