@@ -568,3 +568,38 @@ TEST_CASE("Tapped<MultiheadAttention> with need_weights=false records its output
   CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"attn.0\"").size() == 6);  // activation and its gradient
   CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"attn.1\"").empty());
 }
+
+namespace {
+
+// A user's module that cannot be copied (LibTorch's Cloneable modules can).
+struct LockedImpl : nn::Module {
+  nn::Linear fc{nullptr};
+  std::unique_ptr<int> calls = std::make_unique<int>(0);
+  LockedImpl() { fc = register_module("fc", nn::Linear(3, 2)); }
+  torch::Tensor forward(torch::Tensor x) {
+    ++*calls;
+    return fc(x);
+  }
+};
+TORCH_MODULE(Locked);
+
+}  // namespace
+
+TEST_CASE("Tapped<M> of a module that cannot be copied wraps it, and records its output", "[hooks][tapped]") {
+  static_assert(!tensortap::detail::Derivable<LockedImpl>::value);
+  TempDir dir;
+  auto parent = std::make_shared<Parent>();
+  tensortap::Tapped<Locked> locked;
+  parent->register_module("m", locked.ptr());
+  REQUIRE(keys(locked->named_parameters()) == std::vector<std::string>{"fc.weight", "fc.bias"});
+  auto rec = tensortap::watch(*parent, Options(dir.path));
+  rec->step(0);
+  const torch::Tensor x = torch::randn({4, 3});
+  const torch::Tensor out = locked(x);
+  rec->close();
+  CHECK(*locked->inner().calls == 1);
+  CHECK(torch::equal(out, locked->inner().fc(x)));
+  CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"m\"").size() == 1);
+  // Like the plain module, it cannot be cloned: LibTorch says so.
+  CHECK_THROWS(locked->clone());
+}
