@@ -80,7 +80,7 @@ void BM_CaptureCuda(benchmark::State& state) {
   }
   rec.close();  // outside the timed loop: the copies and files are not the training thread's
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(t.nbytes()));
-  state.counters["dropped"] = static_cast<double>(rec.stats().dropped);
+  state.counters["dropped"] = static_cast<double>(rec.counters().dropped);
 }
 
 void BM_CaptureCudaNaive(benchmark::State& state) {
@@ -170,7 +170,7 @@ void train(benchmark::State& state, Model model, const at::Tensor& x, const at::
                                                    benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   if (rec) {
     rec->close();
-    state.counters["dropped"] = static_cast<double>(rec->stats().dropped);
+    state.counters["dropped"] = static_cast<double>(rec->counters().dropped);
   }
 }
 

@@ -24,7 +24,7 @@
 
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
-#include "sdk/src/staging.h"
+#include "sdk/src/pipeline/staging.h"
 
 namespace {
 

@@ -124,7 +124,7 @@ void BM_CaptureSampled(benchmark::State& state, bool warm) {
   }
   rec.close();  // after the loop, untimed: the drain is the writer's cost
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n));
-  state.counters["dropped"] = static_cast<double>(rec.stats().dropped);
+  state.counters["dropped"] = static_cast<double>(rec.counters().dropped);
 }
 
 // A sampled capture of a one-element tensor: the copy is 4 bytes, the rest

@@ -192,7 +192,7 @@ Timing train(const Plan& plan, Mode mode, const bench::Batches& batches, const s
   t.process_cpu = (cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - process0) / steps;
   if (rec) {
     rec->close();
-    const tensortap::Stats st = rec->stats();
+    const tensortap::Counters st = rec->counters();
     if (st.dropped != 0 || st.errors != 0) {
       std::fprintf(stderr, "bench_training: %s %s: %lld dropped, %lld errors\n", plan.model.c_str(), mode_name(mode),
                    static_cast<long long>(st.dropped), static_cast<long long>(st.errors));
@@ -227,7 +227,7 @@ std::int64_t bytes_per_step(const bench::Batches& batches, const std::string& di
   const auto& [x, y] = batches[0];
   torch::nn::functional::cross_entropy(model->forward(x), y).backward();
   rec->close();
-  return rec->stats().bytes;
+  return rec->counters().bytes;
 }
 
 double median(std::vector<double> v) {

@@ -30,7 +30,7 @@
 #include "writers/src/npy_writer.h"
 #include "writers/src/packed_writer.h"
 #ifdef TENSORTAP_HAVE_HDF5
-#include "writers/src/hdf5_writer.h"
+#include "writers/src/hdf5/writer.h"
 #endif
 
 namespace {

@@ -19,7 +19,7 @@
 # Programs that use no fmt themselves (the examples) keep torch's order:
 # for them torch's headers should see torch's fmt.
 #
-# tests/check_fmt_order.py (ctest build.fmt_from_linked) proves it with a
+# tests/build/check_fmt_order.py (ctest build.fmt_from_linked) proves it with a
 # torch whose include folder holds a poisoned fmt/.
 
 set(TENSORTAP_FMT_INCLUDE ${PROJECT_BINARY_DIR}/fmt_include)

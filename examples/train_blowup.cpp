@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   }
 
   rec->close();
-  const tensortap::Stats s = rec->stats();
+  const tensortap::Counters s = rec->counters();
   std::printf("tensortap: %lld statistics rows, %lld records written by %lld dump(s), run directory %s\n",
               static_cast<long long>(s.stats_rows), static_cast<long long>(s.records), static_cast<long long>(s.dumps),
               dir.c_str());

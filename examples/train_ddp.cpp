@@ -78,7 +78,7 @@ int train(const Args& a, int rank, const std::string& store_path) {
     opt.step();
   }
   rec->close();
-  const tensortap::Stats s = rec->stats();
+  const tensortap::Counters s = rec->counters();
   std::printf("rank %d: %lld records, %lld bytes, %s\n", rank, static_cast<long long>(s.records),
               static_cast<long long>(s.bytes), rec->capturing() ? rec->run_dir().c_str() : "not capturing");
   return 0;

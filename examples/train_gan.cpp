@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
                   g_loss.item<double>());
   }
   rec->close();  // tensortap
-  const tensortap::Stats s = rec->stats();
+  const tensortap::Counters s = rec->counters();
   std::printf("tensortap: %lld records, %lld errors, run directory %s\n", static_cast<long long>(s.records),
               static_cast<long long>(s.errors), dir.c_str());
   return s.errors == 0 ? 0 : 1;

@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   }
 
   rec->close();  // tensortap: drain, finalize, rethrow
-  const tensortap::Stats s = rec->stats();
+  const tensortap::Counters s = rec->counters();
   std::printf("tensortap: %lld records, %lld bytes, %lld dropped, run directory %s\n",
               static_cast<long long>(s.records), static_cast<long long>(s.bytes), static_cast<long long>(s.dropped),
               dir.c_str());

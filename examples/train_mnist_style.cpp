@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
                 static_cast<double>(correct) / total);
   }
   rec->close();  // tensortap
-  const tensortap::Stats s = rec->stats();
+  const tensortap::Counters s = rec->counters();
   std::printf("tensortap: %lld records over %lld steps, %lld errors, run directory %s\n",
               static_cast<long long>(s.records), static_cast<long long>(step), static_cast<long long>(s.errors),
               dir.c_str());

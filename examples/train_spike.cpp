@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
       std::printf("step %4lld  loss %.4f\n", static_cast<long long>(step), loss.item<double>());
   }
   rec->close();
-  const tensortap::Stats s = rec->stats();
+  const tensortap::Counters s = rec->counters();
   std::printf("tensortap: %lld statistics rows, %lld records written by %lld dump(s), run directory %s\n",
               static_cast<long long>(s.stats_rows), static_cast<long long>(s.records), static_cast<long long>(s.dumps),
               dir.c_str());

@@ -10,7 +10,7 @@
 // At every captured step the program also takes its own copies of what
 // tensortap records (.detach().clone(), gradients through register_hook) and
 // writes them to REF_DIR/<kind>/<name>/<step>.npy;
-// tests/check_real_programs.py compares the two, bit for bit.
+// tests/python/check_real_programs.py compares the two, bit for bit.
 //
 //   train_transformer [run_dir=runs/transformer] [steps=20] [every=5] [ref_dir=<run_dir>_ref]
 #include <algorithm>
@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
       std::printf("step %3lld  lr %.5f  loss %.4f\n", static_cast<long long>(step), lr, loss.item<double>());
   }
   rec->close();  // tensortap
-  const tensortap::Stats s = rec->stats();
+  const tensortap::Counters s = rec->counters();
   std::printf("tensortap: %lld records, %lld errors, run directory %s\n", static_cast<long long>(s.records),
               static_cast<long long>(s.errors), dir.c_str());
   return s.errors == 0 ? 0 : 1;

@@ -12,9 +12,9 @@
 
 namespace tensortap::detail {
 
-/// What a bound tap point needs: the recorder's core and the point's name.
+/// What a bound tap point needs: the recorder's front end and the point's name.
 struct TapBinding {
-  std::shared_ptr<FrontEnd> core;
+  std::shared_ptr<FrontEnd> front;
   std::string name;
 };
 
@@ -26,8 +26,8 @@ struct TapBindings {
 /// watch()'s way into a tap point's bindings.
 class TapPointAccess {
  public:
-  /// Whether `point` feeds `core` already.
-  static bool bound_to(const TapPoint& point, const FrontEnd& core);
+  /// Whether `point` feeds `front` already.
+  static bool bound_to(const TapPoint& point, const FrontEnd& front);
   /// Makes `point` feed `binding` too.
   static void bind(TapPoint& point, std::shared_ptr<TapBinding> binding);
   /// Stops `point` feeding `binding`; frees replaced lists no forward reads.

@@ -8,6 +8,8 @@
 
 #include <tensortap/error.h>
 
+#include "writers/src/check.h"
+
 namespace tensortap {
 namespace {
 
@@ -29,12 +31,12 @@ void load_into(torch::nn::Module& m, torch::serialize::InputArchive& archive, co
     try {
       found = archive.try_read(key, t, buffer);
     } catch (const c10::Error& e) {
-      throw Error("tensortap::load_checkpoint: '" + file + "': " + (buffer ? "buffer '" : "parameter '") +
-                  path_of(prefix, key) + "': " + e.what_without_backtrace());
+      detail::fail("load_checkpoint: '{}': {} '{}': {}", file, buffer ? "buffer" : "parameter", path_of(prefix, key),
+                   e.what_without_backtrace());
     }
     if (!found)
-      throw Error("tensortap::load_checkpoint: '" + file + "' has no " + (buffer ? "buffer '" : "parameter '") +
-                  path_of(prefix, key) + "' (a checkpoint of another model?)");
+      detail::fail("load_checkpoint: '{}' has no {} '{}' (a checkpoint of another model?)", file,
+                   buffer ? "buffer" : "parameter", path_of(prefix, key));
   };
   for (auto& p : m.named_parameters(/*recurse=*/false)) read(p.key(), p.value(), false);
   for (auto& b : m.named_buffers(/*recurse=*/false)) read(b.key(), b.value(), true);
@@ -45,8 +47,9 @@ void load_into(torch::nn::Module& m, torch::serialize::InputArchive& archive, co
     if (archive.try_read(c.key(), child)) {
       load_into(*c.value(), child, path_of(prefix, c.key()), file);
     } else if (has_state(*c.value())) {
-      throw Error("tensortap::load_checkpoint: '" + file + "' has no submodule '" + path_of(prefix, c.key()) +
-                  "', which has parameters or buffers (a checkpoint of another model?)");
+      detail::fail("load_checkpoint: '{}' has no submodule '{}', which has parameters or buffers (a checkpoint of "
+                   "another model?)",
+                   file, path_of(prefix, c.key()));
     }
   }
 }
@@ -58,7 +61,7 @@ void load_checkpoint(torch::nn::Module& module, const std::string& path, const c
   try {
     archive.load_from(path, device);
   } catch (const c10::Error& e) {
-    throw Error("tensortap::load_checkpoint: '" + path + "': " + e.what_without_backtrace());
+    detail::fail("load_checkpoint: '{}': {}", path, e.what_without_backtrace());
   }
   // As torch::load: the values are copied into the tensors in place.
   c10::NoGradGuard no_grad;

@@ -37,15 +37,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   st.busy = true;
   for (const auto& bp : st.scopes.back()->items) {
     const TapBinding& b = *bp;
-    if (!b.core->options().capture_ops() || !b.core->active(Kind::Activation)) continue;
+    if (!b.front->options().capture_ops() || !b.front->active(Kind::Activation)) continue;
     try {
       const std::string name = b.name + "/" + fn.name();
       for (const c10::IValue& out : fn.outputs())
         if (out.isTensor() && out.toTensor().defined())
-          b.core->record(Kind::Activation, name, out.toTensor(), b.core->current_step());
+          b.front->record(Kind::Activation, name, out.toTensor(), b.front->current_step());
     } catch (...) {
       // An end callback must not throw through ATen: the op already ran.
-      b.core->hook_failed(std::current_exception());
+      b.front->hook_failed(std::current_exception());
     }
   }
   st.busy = false;

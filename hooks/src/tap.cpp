@@ -9,6 +9,7 @@
 #include <tensortap/error.h>
 
 #include "hooks/src/binding.h"
+#include "writers/src/check.h"
 
 namespace tensortap {
 namespace detail {
@@ -17,26 +18,26 @@ at::Tensor tap_capture(const TapBinding& b, at::Tensor x, const std::string& suf
   // An output a module leaves undefined (MultiheadAttention's weights with
   // need_weights=false) is no tensor to record, and no error.
   if (!x.defined()) return x;
-  FrontEnd& core = *b.core;
-  const bool want_act = core.active(Kind::Activation);
-  const bool want_grad = core.active(Kind::ActivationGrad) && x.requires_grad() && c10::GradMode::is_enabled();
+  FrontEnd& front = *b.front;
+  const bool want_act = front.active(Kind::Activation);
+  const bool want_grad = front.active(Kind::ActivationGrad) && x.requires_grad() && c10::GradMode::is_enabled();
   if (!want_act && !want_grad) return x;
-  const std::int64_t step = core.current_step();
+  const std::int64_t step = front.current_step();
   // Built only for a tuple's element: a plain output allocates nothing here.
   std::string with_suffix;
   if (!suffix.empty()) with_suffix = b.name + suffix;
   const std::string& full = suffix.empty() ? b.name : with_suffix;
-  if (want_act) core.record(Kind::Activation, full, x, step);
+  if (want_act) front.record(Kind::Activation, full, x, step);
   if (!want_grad) return x;
   // The hook goes on a view, not on x: x may be a leaf or be used elsewhere,
   // and what we want is the gradient of what flows on from the tap point.
   at::Tensor y = x.view_as(x);
   y.register_hook(
-      [core = b.core, name = core.repeat_name(Kind::ActivationGrad, full, step), step](const at::Tensor& grad) {
+      [front = b.front, name = front.repeat_name(Kind::ActivationGrad, full, step), step](const at::Tensor& grad) {
         try {
-          core->record_as(Kind::ActivationGrad, name, grad, step);
+          front->record_as(Kind::ActivationGrad, name, grad, step);
         } catch (...) {
-          core->hook_failed(std::current_exception());
+          front->hook_failed(std::current_exception());
         }
       });
   return y;
@@ -53,9 +54,9 @@ class SequentialTapImpl : public torch::nn::Module, public TapPoint {
   std::shared_ptr<torch::nn::Module> clone(const torch::optional<torch::Device>& = torch::nullopt) const override {
     // SequentialImpl::clone() would register this wrapper as the child and
     // drop the layer's parameters from the copy: refuse rather than do that.
-    throw Error(
-        "tensortap: a Sequential tapped by tap_sequential() or Options::tap_sequential cannot be cloned; "
-        "clone the model before watching it");
+    detail::fail(
+        "a Sequential tapped by tap_sequential() or Options::tap_sequential cannot be cloned; clone the model before "
+        "watching it");
   }
   torch::Tensor forward(torch::Tensor x) {
     OpScope scope(*this);
@@ -88,35 +89,35 @@ class Reading {
 // Recorder::scope("eval") around an eval-mode pass's records.
 class EvalScope {
  public:
-  EvalScope(FrontEnd& core, bool on) {
+  EvalScope(FrontEnd& front, bool on) {
     if (!on) return;
-    core.push_scope("eval");
-    core_ = &core;
+    front.push_scope("eval");
+    front_ = &front;
   }
   ~EvalScope() {
-    if (core_ != nullptr) core_->pop_scope();
+    if (front_ != nullptr) front_->pop_scope();
   }
   EvalScope(const EvalScope&) = delete;
   EvalScope& operator=(const EvalScope&) = delete;
 
  private:
-  FrontEnd* core_ = nullptr;
+  FrontEnd* front_ = nullptr;
 };
 
 bool wants_ops(const TapBindings& list) {
   for (const auto& b : list.items)
-    if (b->core->options().capture_ops() && b->core->active(Kind::Activation)) return true;
+    if (b->front->options().capture_ops() && b->front->active(Kind::Activation)) return true;
   return false;
 }
 
 }  // namespace
 
-bool TapPointAccess::bound_to(const TapPoint& point, const FrontEnd& core) {
+bool TapPointAccess::bound_to(const TapPoint& point, const FrontEnd& front) {
   std::lock_guard<std::mutex> lock(const_cast<TapPoint&>(point).lists_mu_);
   const TapBindings* list = point.bindings_.load(std::memory_order_relaxed);
   if (list == nullptr) return false;
   for (const auto& b : list->items)
-    if (b->core.get() == &core) return true;
+    if (b->front.get() == &front) return true;
   return false;
 }
 
@@ -178,18 +179,18 @@ torch::Tensor TapPoint::tap_output(torch::Tensor out, bool training, const std::
   if (list == nullptr) return out;
   for (const auto& bp : list->items) {
     const detail::TapBinding* b = bp.get();
-    if (!(b->core->active(Kind::Activation) || b->core->active(Kind::ActivationGrad))) continue;
-    if (!training && !b->core->options().capture_eval()) continue;
+    if (!(b->front->active(Kind::Activation) || b->front->active(Kind::ActivationGrad))) continue;
+    if (!training && !b->front->options().capture_eval()) continue;
     try {
       const detail::OpQuiet quiet;
       // An eval-mode pass is named as if in a scope "eval" (eval/<name>):
       // inside a sampled step it is not a second training pass (name#1).
-      const detail::EvalScope eval(*b->core, !training);
+      const detail::EvalScope eval(*b->front, !training);
       // Each recorder hooks the view the previous one returned: every one
       // gets the gradient of what flows on.
       out = detail::tap_capture(*b, out, suffix);
     } catch (...) {
-      b->core->hook_failed(std::current_exception());
+      b->front->hook_failed(std::current_exception());
     }
   }
   return out;

@@ -37,10 +37,10 @@ class ParamWatcher final : public Watcher {
     std::int64_t taken_step = -1;
   };
 
-  explicit ParamWatcher(std::shared_ptr<FrontEnd> core)
-      : core_(std::move(core)), per_backward_(core_->options().grad_per_backward()) {}
+  explicit ParamWatcher(std::shared_ptr<FrontEnd> front)
+      : front_(std::move(front)), per_backward_(front_->options().grad_per_backward()) {}
 
-  const FrontEnd& core() const { return *core_; }
+  const FrontEnd& front() const { return *front_; }
 
   void add(std::string name, at::Tensor param) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -62,11 +62,11 @@ class ParamWatcher final : public Watcher {
       Entry& e = entries_[i];
       if (!e.param.requires_grad()) continue;
       e.hook = e.param.register_hook([self, i](const at::Tensor& grad) {
-        if (!self->core().active(Kind::Grad)) return;
+        if (!self->front().active(Kind::Grad)) return;
         try {
           self->accumulate(i, grad);
         } catch (...) {
-          self->core_->hook_failed(std::current_exception());
+          self->front_->hook_failed(std::current_exception());
         }
       });
       e.hooked = true;
@@ -78,7 +78,7 @@ class ParamWatcher final : public Watcher {
     // A sparse gradient (an Embedding with sparse=true) is recorded dense:
     // that is what .npy holds and what a user compares against.
     const at::Tensor grad = sparse_or_dense.is_sparse() ? sparse_or_dense.to_dense() : sparse_or_dense;
-    const std::int64_t step = core_->current_step();
+    const std::int64_t step = front_->current_step();
     std::lock_guard<std::mutex> lock(mu_);
     if (i >= entries_.size()) return;  // detached meanwhile
     Entry& e = entries_[i];
@@ -86,7 +86,7 @@ class ParamWatcher final : public Watcher {
     if (e.taken_step == step) return;
     if (per_backward_) {
       // One record per backward pass (micro-batch): name, name#1, ...
-      core_->record(Kind::Grad, e.name, grad, step);
+      front_->record(Kind::Grad, e.name, grad, step);
       return;
     }
     if (e.pending && e.acc_step == step) {
@@ -105,13 +105,13 @@ class ParamWatcher final : public Watcher {
   }
 
   void on_step_begin(std::int64_t step) override {
-    const bool params = core_->active(Kind::Param), buffers = core_->active(Kind::Buffer);
+    const bool params = front_->active(Kind::Param), buffers = front_->active(Kind::Buffer);
     if (!params && !buffers) return;
     std::lock_guard<std::mutex> lock(mu_);
     std::exception_ptr first;
     const auto record = [&](Kind kind, const std::string& name, const at::Tensor& t) {
       try {
-        core_->record(kind, name, t, step);
+        front_->record(kind, name, t, step);
       } catch (...) {
         if (!first) first = std::current_exception();
       }
@@ -125,7 +125,7 @@ class ParamWatcher final : public Watcher {
   }
 
   void record_grads(const std::unordered_set<const void*>& params, std::int64_t step) override {
-    if (!core_->active(Kind::Grad)) return;
+    if (!front_->active(Kind::Grad)) return;
     std::lock_guard<std::mutex> lock(mu_);
     std::exception_ptr first;
     for (Entry& e : entries_) {
@@ -138,7 +138,7 @@ class ParamWatcher final : public Watcher {
       if (!grad.defined()) continue;
       // Exactly what the optimizer is about to apply.
       try {
-        core_->record(Kind::Grad, e.name, grad.is_sparse() ? grad.to_dense() : grad, step);
+        front_->record(Kind::Grad, e.name, grad.is_sparse() ? grad.to_dense() : grad, step);
       } catch (...) {
         if (!first) first = std::current_exception();
       }
@@ -159,7 +159,7 @@ class ParamWatcher final : public Watcher {
       if (!e.pending) continue;
       e.pending = false;
       try {
-        core_->record(Kind::Grad, e.name, e.acc, e.acc_step);
+        front_->record(Kind::Grad, e.name, e.acc, e.acc_step);
       } catch (...) {
         if (!first) first = std::current_exception();
       }
@@ -184,7 +184,7 @@ class ParamWatcher final : public Watcher {
   }
 
  private:
-  std::shared_ptr<FrontEnd> core_;
+  std::shared_ptr<FrontEnd> front_;
   const bool per_backward_;
   std::mutex mu_;
   std::vector<Entry> entries_;
@@ -231,8 +231,8 @@ std::string full_name(const std::string& prefix, const std::string& path) {
   return prefix.empty() ? path : prefix + "/" + path;
 }
 
-void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& core, const std::string& prefix) {
-  const KindSet kinds = core->options().kinds();
+void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& front, const std::string& prefix) {
+  const KindSet kinds = front->options().kinds();
   const bool want_params = kinds.contains(Kind::Grad) || kinds.contains(Kind::Param);
   const bool want_buffers = kinds.contains(Kind::Buffer);
   const bool want_taps = kinds.contains(Kind::Activation) || kinds.contains(Kind::ActivationGrad);
@@ -243,13 +243,13 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& core, co
   if (want_params)
     for (const auto& item : module.named_parameters(/*recurse=*/true)) {
       std::string name = full_name(prefix, item.key());
-      if (core->selected(name)) params.emplace_back(std::move(name), item.value());
+      if (front->selected(name)) params.emplace_back(std::move(name), item.value());
     }
   std::vector<std::pair<std::string, at::Tensor>> buffers;
   if (want_buffers)
     for (const auto& item : module.named_buffers(/*recurse=*/true)) {
       std::string name = full_name(prefix, item.key());
-      if (core->selected(name)) buffers.emplace_back(std::move(name), item.value());
+      if (front->selected(name)) buffers.emplace_back(std::move(name), item.value());
     }
   struct Point {
     std::shared_ptr<torch::nn::Module> owner;
@@ -265,7 +265,7 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& core, co
       modules.emplace_back(item.key(), item.value());
     const auto add = [&](const std::shared_ptr<torch::nn::Module>& owner, TapPoint& point, const std::string& path) {
       std::string name = full_name(prefix, path);
-      if (core->selected(name)) points.push_back({owner, &point, std::move(name)});
+      if (front->selected(name)) points.push_back({owner, &point, std::move(name)});
     };
     for (const auto& [path, ptr] : modules) {
       torch::nn::Module& m = ptr ? *ptr : module;
@@ -277,7 +277,7 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& core, co
         const std::string path_i = child_path(path, i++);
         // A child that is a tap point itself (a Tap, a Tapped<M>) is bound above.
         if (dynamic_cast<TapPoint*>(child.ptr().get()) == nullptr &&
-            core->taps_sequential_child(full_name(prefix, path_i)))
+            front->taps_sequential_child(full_name(prefix, path_i)))
           child = make_sequential_tap(std::move(child));
         if (auto wrapper = child.ptr(); wrapper && dynamic_cast<TapPoint*>(wrapper.get()) != nullptr &&
                                         std::find_if(modules.begin(), modules.end(), [&](const auto& mm) {
@@ -291,19 +291,19 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& core, co
   for (const auto& [name, t] : params) claims.push_back({t.unsafeGetTensorImpl(), Kind::Grad, name});
   for (const auto& [name, t] : buffers) claims.push_back({t.unsafeGetTensorImpl(), Kind::Buffer, name});
   for (const Point& p : points) claims.push_back({p.point, Kind::Activation, p.name});
-  core->claim(claims);
+  front->claim(claims);
 
   if (want_params || want_buffers) {
-    auto watcher = std::make_shared<ParamWatcher>(core);
+    auto watcher = std::make_shared<ParamWatcher>(front);
     for (auto& [name, t] : params) watcher->add(std::move(name), std::move(t));
     for (auto& [name, t] : buffers) watcher->add_buffer(std::move(name), std::move(t));
     if (kinds.contains(Kind::Grad)) watcher->hook_all(watcher);
-    core->add_watcher(watcher);
+    front->add_watcher(watcher);
   }
   if (want_taps) {
-    auto taps = std::make_shared<TapWatcher>(core->options().capture_ops() && kinds.contains(Kind::Activation));
-    for (Point& p : points) taps->add(p.owner, *p.point, std::make_shared<TapBinding>(TapBinding{core, p.name}));
-    core->add_watcher(taps);
+    auto taps = std::make_shared<TapWatcher>(front->options().capture_ops() && kinds.contains(Kind::Activation));
+    for (Point& p : points) taps->add(p.owner, *p.point, std::make_shared<TapBinding>(TapBinding{front, p.name}));
+    front->add_watcher(taps);
   }
 }
 

@@ -21,6 +21,8 @@ import math
 
 import numpy as np
 
+from ._base import RunError
+
 # name: (exponent bits, bias, kind)
 _FORMATS = {
     "float8_e4m3fn": (4, 7, "fn"),
@@ -31,7 +33,7 @@ _FORMATS = {
 }
 
 FORMATS = tuple(_FORMATS)
-_TABLES = {}
+_TABLES: dict = {}  # name -> its 256 values, float32
 
 
 def value(name, code):
@@ -66,8 +68,6 @@ def table(name):
 
 def widen(codes, name, where):
     """The float32 array of the float8 `codes` (a uint8 array as stored)."""
-    from . import RunError
-
     codes = np.asarray(codes)
     if codes.dtype != np.uint8:
         raise RunError(f"{where}: a {name} record must hold its bytes as uint8, the file holds {codes.dtype}")

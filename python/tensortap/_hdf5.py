@@ -4,7 +4,7 @@ The writer keeps tensors.h5 in SWMR mode, which readers open at any time.
 Whenever a name first appears it makes the name's datasets, which HDF5 1.10
 does not order for readers: it overwrites metadata in place, in no safe
 order. So the writer keeps a rollback journal (.tensors.h5.journal,
-writers/src/hdf5_journal.h) of every byte overwritten below the file's length
+writers/src/hdf5/journal.h) of every byte overwritten below the file's length
 from then until the flush that ends its batch. A reader that finds that
 journal and no live writer holding the run directory's lock reads the file as
 it was before the span, without writing to the run: every indexed row was
@@ -23,13 +23,15 @@ import time
 import warnings
 import weakref
 
+from ._names import HDF5_JOURNAL, LOCK
+
 # How long a reader waits for a live writer to return to SWMR mode; creating
 # a few datasets takes milliseconds.
 WAIT_FOR_WRITER_S = 10.0
 
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
-_LOCK_NAME = ".tensortap.lock"  # RunDir's lock (writers/src/run_files.cpp)
-_JOURNAL_NAME = ".tensors.h5.journal"
+_LOCK_NAME = LOCK  # RunDir's lock (writers/src/run_dir.cpp)
+_JOURNAL_NAME = HDF5_JOURNAL
 _JOURNAL_MAGIC = b"TTHDF5J1"
 
 
@@ -141,7 +143,7 @@ def dataset(f, name, path, run_error):
 
 # Datasets of an open file already checked by dataset(): a series reads one
 # dataset row by row.
-_CHECKED = weakref.WeakKeyDictionary()
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def read_journal(path):

@@ -9,7 +9,7 @@ HDF5 datasets. A record's dict is built only when asked for
 (Index.record).
 
 Lines in the exact form tensortap's writer prints them
-(writers/src/run_files.cpp: no spaces, members in a fixed order) are read a
+(writers/src/lines_file.cpp: no spaces, members in a fixed order) are read a
 block at a time by one regular expression, and what repeats in them is
 decoded and checked once per distinct text. A block with any other line
 (written by hand, damaged, torn) is read line by line with json.loads and
@@ -21,6 +21,11 @@ import os
 import re
 
 import numpy as np
+
+from ._base import _reason, _warn
+from ._files import _open_regular
+from ._records import _Record, _record_problem
+from ._names import INDEX
 
 # Bytes read at a time: bounds what a block's parse holds (its match tuples
 # take about three times the text), however long the index.
@@ -83,8 +88,6 @@ class Index:
     def read(self, source):
         """Appends the records of the index file of sources[source]; a file
         that does not exist holds none."""
-        from . import _open_regular
-
         path = self.sources[source][0]
         if not os.path.exists(path):
             return
@@ -142,8 +145,6 @@ class Index:
 
     def _fast_meta(self, token):
         """The code of a line's meta text, or None if it is not valid."""
-        from . import _record_problem
-
         try:
             d = json.loads((b"{" + token + b'"}').decode("utf-8"))
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -170,8 +171,6 @@ class Index:
     def _slow_lines(self, lines, lineno, source, last):
         """Lines read one by one with json.loads and _record_problem: a
         RunWarning for each bad one but a torn last line (a crash tears it)."""
-        from . import _reason, _record_problem, _Record, _warn
-
         path, root, rank = self.sources[source]
         cols = {k: [] for k in ("step", "meta", "base", "line") + _OPTIONAL}
         for i, raw in enumerate(lines):
@@ -251,9 +250,7 @@ class Index:
         return self._intern(self._dataset_code, self.datasets, dataset)
 
     def finish(self):
-        from . import _Record
-
-        self._record_type = _Record  # imported once, not per record()
+        self._record_type = _Record  # the class record() builds
         for k in ("step", "meta", "base", "line", "source") + _OPTIONAL:
             column = self.cols.pop(k, None)
             if column is not None:
@@ -388,7 +385,7 @@ def _capacity(paths):
 def read(dirs):
     """The Index of the run directories {rank: directory}, ranks in order
     (None, a single-rank run, first)."""
-    sources = [(os.path.join(d, "index.jsonl"), os.path.realpath(d), rank)
+    sources = [(os.path.join(d, INDEX), os.path.realpath(d), rank)
                for rank, d in sorted(dirs.items(), key=lambda kv: -1 if kv[0] is None else kv[0])]
     index = Index(_capacity(path for path, _, _ in sources), sources)
     for source in range(len(sources)):

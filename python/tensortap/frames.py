@@ -11,16 +11,17 @@ import numpy as np
 
 from . import _float8
 from ._optional import need
+from ._names import STATS_TABLE
 
 # HDF5 files the lazy arrays' tasks opened, per process: a task carries only
 # its index record, so that dask's process and distributed schedulers can
 # ship it (a Run, with its locks and open files, cannot be pickled).
-_H5_FILES = {}
+_H5_FILES: dict = {}
 _H5_LOCK = threading.Lock()
 
 
 def _rank_of(run, rec):
-    from . import _is_int64
+    from ._base import _is_int64
 
     # A single-rank run's records carry no rank: its run.json says which.
     if "rank" in rec:
@@ -151,7 +152,7 @@ def stats_frame(run):
 def _has_stats(run, rank):
     import os
 
-    return os.path.exists(os.path.join(run._dirs[rank], "stats.npy"))
+    return os.path.exists(os.path.join(run._dirs[rank], STATS_TABLE))
 
 
 def _steps_and_records(run, name, kind, rank):
@@ -184,7 +185,8 @@ class _Block:
         self.dtype = dtype
 
     def __call__(self, rec):
-        from . import RunError, _read_record
+        from . import RunError
+        from ._arrays import _read_record
 
         a = np.asarray(_read_record(rec, True, _H5_FILES, _H5_LOCK))
         # The array was declared with the index's shape: a file that holds
@@ -219,7 +221,7 @@ def _lazy_stack(run, recs, name, kind):
 def _call_with_record(block, fields):
     """Rebuilds the index record a task carries (a plain dict when shipped to
     another process) and reads it."""
-    from . import _Record
+    from ._records import _Record
 
     fields = dict(fields)
     rec = _Record({k: v for k, v in fields.items() if not k.startswith("_")})
@@ -239,7 +241,7 @@ def _same_over_ranks(run, name, kind, per_rank):
 
 
 def lazy_series(run, name, kind, rank=None):
-    """Run.series(name, kind, rank, lazy=True)."""
+    """Run.series(name, kind=kind, rank=rank, lazy=True)."""
     if rank is None and run.ranks:
         da = need("dask.array", "python3-dask", "Run.series(lazy=True)")
         per_rank = [_steps_and_records(run, name, kind, r) for r in run.ranks]

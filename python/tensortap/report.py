@@ -253,7 +253,7 @@ def _scalars(page, run, summary):
             if not recs:
                 continue
             try:
-                values = _values(run.series(name, "tensor", rank=rank))
+                values = _values(run.series(name, kind="tensor", rank=rank))
             except Exception as e:  # noqa: BLE001 - reported in the page
                 failed.append((name, rank, f"{type(e).__name__}: {e}"))
                 continue

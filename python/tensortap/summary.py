@@ -11,6 +11,7 @@ import numpy as np
 from . import NUMPY_DTYPES, RunError
 from ._float8 import FORMATS as FORMATS_FLOAT8
 from ._optional import progress
+from ._names import STATS_TABLE
 
 # Names and paths come from the run's files: printed raw, a planted escape
 # sequence would drive the terminal. A name's bytes that are not UTF-8 come
@@ -91,7 +92,7 @@ def summarize(run, out=None):
     for r in [None] if not run.ranks else run.ranks:
         where = "" if r is None else f"rank {r}: "
         # No stats.npy is a run made without statistics, not a problem.
-        if not os.path.exists(os.path.join(run._dirs[r], "stats.npy")):
+        if not os.path.exists(os.path.join(run._dirs[r], STATS_TABLE)):
             continue
         try:
             table, series = run.stats_table(rank=r)

@@ -2,17 +2,15 @@
 
 #include <algorithm>
 
-#include "sdk/src/output.h"
-#include "sdk/src/triggers.h"
+#include "sdk/src/pipeline/failures.h"
+#include "sdk/src/pipeline/snapshotter.h"
+#include "sdk/src/pipeline/staging.h"
+#include "sdk/src/run/back_end.h"
+#include "sdk/src/flight/triggers.h"
 #include "writers/src/check.h"
 
 namespace tensortap::detail {
 namespace {
-
-const Options& validated(const Options& options) {
-  validate(options);
-  return options;
-}
 
 // Whether full tensors the flight recorder holds are scanned for NaN and
 // Inf (the non_finite trigger).
@@ -21,19 +19,25 @@ bool scans_non_finite(const Options& o) { return o.flight_recorder() > 0 && Trig
 }  // namespace
 
 FrontEnd::FrontEnd(Options options)
-    : options_(validated(options)),
+    : options_(settle(std::move(options))),
       placement_(place(options_)),
       sampling_(options_),
       // Heap memory: the CUDA engine moves it to pinned memory once, from
       // its copier thread, if a CUDA tensor is ever captured.
-      staging_(options_.buffer_bytes(), options_.overflow()),
-      enqueue_(options_, staging_, sampling_, closed_, options_.flight_recorder() > 0, scans_non_finite(options_)) {
+      failures_(std::make_unique<Failures>()),
+      staging_(std::make_unique<Staging>(options_.buffer_bytes(), options_.overflow())),
+      snapshotter_(std::make_unique<Snapshotter>(options_, *staging_, sampling_, closed_, options_.flight_recorder() > 0,
+                                                 scans_non_finite(options_))) {
   const auto& only = options_.ranks();
   // A rank left out captures nothing and creates nothing: no directory, no
   // thread, no memory. Its hooks see no sampled step.
   if (!only.empty() && std::find(only.begin(), only.end(), placement_.rank) == only.end()) return;
-  back_ = std::make_unique<Output>(options_, placement_, staging_, failures_);
-  enqueue_.open(back_->engine(), &back_->flight(), back_->space_fd());
+  back_ = std::make_unique<BackEnd>(options_, placement_, *staging_, *failures_);
+  snapshotter_->open(back_->engine(), &back_->flight(), back_->space_fd());
+}
+
+void FrontEnd::record_as(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
+  snapshotter_->record(kind, name, tensor, step);
 }
 
 FrontEnd::~FrontEnd() {
@@ -47,7 +51,7 @@ FrontEnd::~FrontEnd() {
 void FrontEnd::refuse(const char* call) const {
   fail(
       "Recorder::{}() called on tensortap's writer thread (from a Trigger::when predicate?) of run '{}': it would "
-      "wait for that thread itself; a predicate may only look at its TensorSummary (and call stats(), sampled() or "
+      "wait for that thread itself; a predicate may only look at its TensorSummary (and call counters(), sampled() or "
       "current_step())",
       call, placement_.run_dir);
 }
@@ -91,8 +95,8 @@ void FrontEnd::hook_failed(std::exception_ptr error) noexcept {
   }
   if (capturing()) {
     // A record a hook could not hand over: captured, and failed.
-    enqueue_.count_lost();
-    failures_.add(nullptr, what, 1);
+    snapshotter_->count_lost();
+    failures_->add(nullptr, what, 1);
   }
   if (options_.on_error() == OnError::Stop) {
     stopped_.store(true, std::memory_order_relaxed);
@@ -102,10 +106,10 @@ void FrontEnd::hook_failed(std::exception_ptr error) noexcept {
 
 void FrontEnd::check_stopped() {
   if (options_.on_error() != OnError::Stop || !capturing()) return;
-  if (!stopped_.load(std::memory_order_relaxed) && !failures_.any()) return;
+  if (!stopped_.load(std::memory_order_relaxed) && !failures_->any()) return;
   stopped_.store(true, std::memory_order_relaxed);
   sampling_.stop();
-  fail("run '{}': capture stopped after an error (Options::on_error(Stop)): {}", placement_.run_dir, failures_.first());
+  fail("run '{}': capture stopped after an error (Options::on_error(Stop)): {}", placement_.run_dir, failures_->first());
 }
 
 void FrontEnd::step(std::int64_t step) {
@@ -133,12 +137,12 @@ void FrontEnd::step(std::int64_t step) {
     for (auto& w : watchers_) guarded([&] { w->on_step_end(); });
   for (auto& w : watchers_) guarded([&] { w->on_step_begin(step); });
   // The last step's records go to the writer now, in one wake-up.
-  if (capturing()) staging_.kick();
+  if (capturing()) staging_->kick();
   check_stopped();
 }
 
-std::vector<DumpRecord> FrontEnd::dumps() const {
-  return capturing() && !inert() ? back_->flight().seen() : std::vector<DumpRecord>{};
+std::vector<Dump> FrontEnd::dumps() const {
+  return capturing() && !inert() ? back_->flight().seen() : std::vector<Dump>{};
 }
 
 void FrontEnd::dump() {
@@ -150,7 +154,7 @@ void FrontEnd::dump() {
   const std::int64_t step = current_step();
   TENSORTAP_CHECK(step >= 0, "dump() before the first step()");
   if (!capturing()) return;
-  enqueue_.dump_marker(step);
+  snapshotter_->dump_marker(step);
 }
 
 std::string FrontEnd::failure_message(std::int64_t errors, const std::string& first) const {
@@ -162,8 +166,8 @@ void FrontEnd::flush() {
   if (inert() || !capturing()) return;
   refuse_on_background_thread("flush");
   back_->flush(/*index=*/!closed());
-  const std::string err = failures_.first();
-  if (!err.empty()) throw Error(failure_message(failures_.lost(), err));
+  const std::string err = failures_->first();
+  if (!err.empty()) throw Error(failure_message(failures_->lost(), err));
 }
 
 void FrontEnd::close() {
@@ -196,26 +200,26 @@ void FrontEnd::close() {
   back_->stop();
   // Hooks (Taps above all) may keep this object alive as long as the model:
   // give the staging memory back now.
-  staging_.free_memory();
-  const Stats final_stats = stats();
-  const std::string first_error = failures_.first();
+  staging_->free_memory();
+  const Counters final_counters = counters();
+  const std::string first_error = failures_->first();
   try {
-    back_->close(final_stats, first_error);
+    back_->close(final_counters, first_error);
   } catch (const std::exception& e) {
     close_error_ = e.what();
   }
-  if (!first_error.empty()) close_error_ = failure_message(final_stats.errors, first_error);
+  if (!first_error.empty()) close_error_ = failure_message(final_counters.errors, first_error);
   if (!close_error_.empty()) throw Error(close_error_);
 }
 
-Stats FrontEnd::stats() const {
-  Stats s;
+Counters FrontEnd::counters() const {
+  Counters s;
   if (!capturing() || inert()) return s;
-  s.captured = enqueue_.captured();
+  s.captured = snapshotter_->captured();
   s.records = back_->records();
   s.bytes = back_->bytes();
-  s.dropped = enqueue_.dropped() + back_->flight().dropped();
-  s.errors = failures_.lost();
+  s.dropped = snapshotter_->dropped() + back_->flight().dropped();
+  s.errors = failures_->lost();
   s.stats_rows = back_->stats_rows();
   s.dumps = back_->flight().dumps();
   return s;

@@ -15,17 +15,17 @@
 #include <tensortap/options.h>
 #include <tensortap/recorder.h>
 
-#include "sdk/src/enqueue.h"
-#include "sdk/src/failures.h"
-#include "sdk/src/names.h"
-#include "sdk/src/process.h"
-#include "sdk/src/sampling.h"
-#include "sdk/src/settings.h"
-#include "sdk/src/staging.h"
+#include "sdk/src/select/names.h"
+#include "sdk/src/run/process.h"
+#include "sdk/src/select/sampling.h"
+#include "sdk/src/run/settings.h"
 
 namespace tensortap::detail {
 
-class Output;
+class BackEnd;
+class Failures;
+class Snapshotter;
+class Staging;
 
 /// Something hooked into a model on the recorder's behalf (parameter hooks,
 /// Tap bindings). The recorder tells it when steps begin and end, and
@@ -51,9 +51,9 @@ class Watcher {
 
 /// The pipeline's front end, behind a Recorder: what hooks and the training
 /// loop call. It decides what is captured (Sampling, NameTable), snapshots
-/// it (Enqueue), applies the error policy, and drives the run's lifecycle;
+/// it (Snapshotter), applies the error policy, and drives the run's lifecycle;
 /// the back side (the run's files, the writer thread, the copier, the
-/// flight recorder) is `Output`.
+/// flight recorder) is `BackEnd`.
 /// Hooks hold it by shared_ptr, so it outlives a Recorder that is destroyed
 /// while a model still has a hook: such a hook finds it closed and does
 /// nothing.
@@ -84,9 +84,7 @@ class FrontEnd {
     record_as(kind, names_.repeat(kind, name, step).str(), tensor, step);
   }
   /// As `record()`, under a name already given its repeat suffix.
-  void record_as(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
-    enqueue_.record(kind, name, tensor, step);
-  }
+  void record_as(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step);
   std::string repeat_name(Kind kind, const std::string& name, std::int64_t step) {
     return names_.repeat_name(kind, name, step);
   }
@@ -109,8 +107,8 @@ class FrontEnd {
   void flush();
   void close();
   void dump();
-  Stats stats() const;
-  std::vector<DumpRecord> dumps() const;
+  Counters counters() const;
+  std::vector<Dump> dumps() const;
   const Options& options() const { return options_; }
   /// Where and as which rank this process writes.
   const Placement& placement() const { return placement_; }
@@ -152,7 +150,9 @@ class FrontEnd {
   const Placement placement_;
   Sampling sampling_;
   NameTable names_;
-  Failures failures_;
+  // Behind pointers, so that hooks/, which includes this header, sees none
+  // of the pipeline's headers.
+  std::unique_ptr<Failures> failures_;
   std::atomic<bool> closed_{false};
   std::atomic<bool> stopped_{false};
 
@@ -167,10 +167,10 @@ class FrontEnd {
   std::unordered_map<const void*, std::string> claimed_objects_;
   std::unordered_set<std::string> claimed_names_;
 
-  Staging staging_;
-  Enqueue enqueue_;
+  std::unique_ptr<Staging> staging_;
+  std::unique_ptr<Snapshotter> snapshotter_;
   // The writer thread and the run's files; null on a rank left out.
-  std::unique_ptr<Output> back_;
+  std::unique_ptr<BackEnd> back_;
 };
 
 /// How watch() (hooks/) reaches a Recorder's front end; not for users.

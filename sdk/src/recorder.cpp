@@ -63,9 +63,9 @@ void Recorder::close() { front_->close(); }
 
 void Recorder::dump() { front_->dump(); }
 
-Stats Recorder::stats() const { return front_->stats(); }
+Counters Recorder::counters() const { return front_->counters(); }
 
-std::vector<DumpRecord> Recorder::dumps() const { return front_->dumps(); }
+std::vector<Dump> Recorder::dumps() const { return front_->dumps(); }
 
 const Options& Recorder::options() const { return front_->options(); }
 

@@ -8,6 +8,7 @@
 
 #include <tensortap/error.h>
 
+#include "writers/src/check.h"
 #include "writers/src/dtypes.h"
 #include "writers/src/json.h"
 
@@ -87,7 +88,7 @@ class DictParser {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& msg) const { throw Error(fmt::format("{}: {}", what_, msg)); }
+  [[noreturn]] void fail(const std::string& msg) const { detail::fail("{}: {}", what_, msg); }
   char peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
   void skip_ws() {
     while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
@@ -243,7 +244,7 @@ void header_into(std::string& out, std::string_view descr, bool quote, c10::IntA
     out.back() = '\n';
     return;
   }
-  throw Error("npy header too long");
+  fail("npy header too long");
 }
 
 }  // namespace
@@ -272,27 +273,25 @@ std::string npy_header(const std::vector<NpyField>& fields, c10::IntArrayRef sha
 
 std::uint64_t npy_header_end(std::string_view prefix, std::uint64_t file_size, const std::string& what) {
   if (prefix.size() < kMagicLen + 2 || std::memcmp(prefix.data(), kMagic, kMagicLen) != 0)
-    throw Error(fmt::format("{}: not a .npy file (bad magic)", what));
+    fail("{}: not a .npy file (bad magic)", what);
   const auto major = static_cast<unsigned char>(prefix[6]);
   if (major < 1 || major > 3)
-    throw Error(
-        fmt::format("{}: unknown .npy format version {}.{}", what, major, static_cast<unsigned char>(prefix[7])));
+    fail("{}: unknown .npy format version {}.{}", what, major, static_cast<unsigned char>(prefix[7]));
   const size_t len_bytes = major == 1 ? 2 : 4;
   const size_t start = kMagicLen + 2 + len_bytes;
-  if (prefix.size() < start) throw Error(fmt::format("{}: truncated .npy header", what));
+  if (prefix.size() < start) fail("{}: truncated .npy header", what);
   std::uint64_t header_len = 0;
   for (size_t b = 0; b < len_bytes; ++b)
     header_len |= static_cast<std::uint64_t>(static_cast<unsigned char>(prefix[8 + b])) << (8 * b);
   if (start + header_len > file_size)
-    throw Error(
-        fmt::format("{}: header length {} runs past the end of the file ({} bytes)", what, header_len, file_size));
+    fail("{}: header length {} runs past the end of the file ({} bytes)", what, header_len, file_size);
   return start + header_len;
 }
 
 NpyHeader parse_npy_header(std::string_view prefix, std::uint64_t file_size, const std::string& what) {
   NpyHeader h;
   const std::uint64_t end = npy_header_end(prefix, file_size, what);
-  if (end > prefix.size()) throw Error(fmt::format("{}: truncated .npy header", what));
+  if (end > prefix.size()) fail("{}: truncated .npy header", what);
   h.major_version = static_cast<unsigned char>(prefix[6]);
   const size_t start = h.major_version == 1 ? 10 : 12;
   const size_t header_len = end - start;
@@ -305,18 +304,18 @@ NpyHeader parse_npy_header(std::string_view prefix, std::uint64_t file_size, con
   for (std::int64_t d : h.shape) {
     const auto ud = static_cast<std::uint64_t>(d);
     if (ud != 0 && span > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / ud)
-      throw Error(fmt::format("{}: shape {} overflows", what, shape_tuple(h.shape)));
+      fail("{}: shape {} overflows", what, shape_tuple(h.shape));
     if (ud != 0) span *= ud;
     count *= ud;
   }
   const std::uint64_t elem = c10::elementSize(h.dtype);
   if (count > std::numeric_limits<std::uint64_t>::max() / elem ||
       count * elem > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-    throw Error(fmt::format("{}: shape {} overflows", what, shape_tuple(h.shape)));
+    fail("{}: shape {} overflows", what, shape_tuple(h.shape));
   h.data_bytes = count * elem;
   if (h.data_offset + h.data_bytes > file_size)
-    throw Error(fmt::format("{}: shape {} needs {} bytes of data but the file holds {}", what, shape_tuple(h.shape),
-                            h.data_bytes, file_size - h.data_offset));
+    fail("{}: shape {} needs {} bytes of data but the file holds {}", what, shape_tuple(h.shape),
+                            h.data_bytes, file_size - h.data_offset);
   return h;
 }
 

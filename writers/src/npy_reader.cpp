@@ -18,6 +18,7 @@
 
 #include <tensortap/error.h>
 
+#include "writers/src/check.h"
 #include "writers/src/dtypes.h"
 #include "writers/src/file.h"
 #include "writers/src/npy_format.h"
@@ -33,7 +34,7 @@ void read_exact(const detail::File& f, void* dst, std::uint64_t n, std::uint64_t
       f.pread_all(p, step, offset);
     } catch (const Error& e) {
       if (e.code()) throw;  // the OS's error, with the path: as it is
-      throw Error(fmt::format("{}: file ended early (truncated?)", what));
+      detail::fail("{}: file ended early (truncated?)", what);
     }
     p += step;
     n -= step;
@@ -71,18 +72,18 @@ at::Tensor load_named(const std::string& path, std::uint64_t offset, const LoadO
     return load(path, offset, options, what);
   } catch (const c10::Error& e) {
     // Whatever the header checks missed, LibTorch refuses: still name the file.
-    throw Error(fmt::format("{}: {}", what, e.what_without_backtrace()));
+    detail::fail("{}: {}", what, e.what_without_backtrace());
   }
 }
 
 }  // namespace
 
 at::Tensor load_npy(const std::string& path, const LoadOptions& options) {
-  return load_named(path, 0, options, fmt::format("tensortap::load_npy: '{}'", path));
+  return load_named(path, 0, options, fmt::format("load_npy: '{}'", path));
 }
 
 at::Tensor load_npy(const std::string& path, std::uint64_t offset, const LoadOptions& options) {
-  return load_named(path, offset, options, fmt::format("tensortap::load_npy: '{}' at offset {}", path, offset));
+  return load_named(path, offset, options, fmt::format("load_npy: '{}' at offset {}", path, offset));
 }
 
 namespace {
@@ -93,11 +94,11 @@ at::Tensor load(const std::string& path, std::uint64_t offset, const LoadOptions
   // changes nothing for a regular file.
   const detail::File f = detail::File::open(path, O_RDONLY | O_NONBLOCK);
   const struct stat st = f.status();
-  if (!S_ISREG(st.st_mode)) throw Error(fmt::format("{}: not a regular file", what));
+  if (!S_ISREG(st.st_mode)) detail::fail("{}: not a regular file", what);
   const auto whole_size = static_cast<std::uint64_t>(st.st_size);
   // (At offset 0 an empty file is a bad magic, as it always was.)
   if (offset > 0 && offset >= whole_size)
-    throw Error(fmt::format("{}: the offset is at or past the end of the file ({} bytes)", what, whole_size));
+    detail::fail("{}: the offset is at or past the end of the file ({} bytes)", what, whole_size);
   // From here on, offsets are within the image, which may run to the file's end.
   const std::uint64_t file_size = whole_size - offset;
 
@@ -141,11 +142,10 @@ at::Tensor load(const std::string& path, std::uint64_t offset, const LoadOptions
 }  // namespace
 
 void save_npy(const std::string& path, const at::Tensor& tensor) {
-  if (!tensor.defined()) throw Error(fmt::format("tensortap::save_npy: '{}': the tensor is undefined", path));
+  if (!tensor.defined()) detail::fail("save_npy: '{}': the tensor is undefined", path);
   const detail::DtypeInfo* info = detail::dtype_info(tensor.scalar_type());
   if (info == nullptr || tensor.layout() != at::kStrided || tensor.is_quantized())
-    throw Error(
-        fmt::format("tensortap::save_npy: '{}': cannot store this tensor ({})", path, detail::describe_tensor(tensor)));
+    detail::fail("save_npy: '{}': cannot store this tensor ({})", path, detail::describe_tensor(tensor));
   c10::NoGradGuard no_grad;
   const at::Tensor data = detail::as_stored(tensor.to(at::kCPU), *info).contiguous().resolve_conj().resolve_neg();
   const std::string header = detail::npy_header(detail::npy_descr(info->element), data.sizes().vec());

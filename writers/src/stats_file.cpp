@@ -8,7 +8,7 @@
 #include "writers/src/file.h"
 #include "writers/src/json.h"
 #include "writers/src/npy_format.h"
-#include "writers/src/run_files.h"
+#include "writers/src/lines_file.h"
 
 namespace tensortap::detail {
 namespace {

@@ -21,7 +21,7 @@ namespace tensortap {
 enum class Overflow {
   /// The capturing thread waits for the writer: nothing is lost.
   Block,
-  /// The new record is dropped and counted in `Stats::dropped` and run.json.
+  /// The new record is dropped and counted in `Counters::dropped` and run.json.
   DropNewest,
 };
 
@@ -49,67 +49,45 @@ enum class AfterDump {
   Throw,
 };
 
-/// Settings of the flight recorder (`Options::flight_recorder`): hold the
-/// full tensors of the last `steps` sampled steps in host memory instead of
-/// writing them, and write them (with the current step) only when a rule
-/// given to `dump_on()` fires (a NaN or an Inf in a captured tensor, without
-/// any) or when `Recorder::dump()` is called.
-///
-/// Example:
-/// ```
-/// auto opts = tensortap::Options("runs/x").stats_every(1).flight_recorder(
-///     tensortap::FlightRecorderOptions(20)
-///         .bytes(std::size_t{1} << 30)
-///         .after_dump(tensortap::AfterDump::Continue)
-///         .dump_on(tensortap::Trigger::spike("loss", 5.0, 50)));
-/// ```
-struct FlightRecorderOptions {
-  /// Off: sampled steps are written; `after_dump` and `dump_on` still apply
-  /// to triggers.
-  FlightRecorderOptions() = default;
-  /// Holds the last `steps` sampled steps.
-  explicit FlightRecorderOptions(std::int64_t steps) : steps_(steps) {}
+// Before 0.2 the flight recorder's and the distributed settings had a second
+// spelling, a nested struct beside Options' own setters. They stay one
+// release, deprecated; Options' setters of the same names are the one spelling.
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
 
-  /// How many sampled steps are held in memory; 0 = off: sampled steps are written.
+/// Deprecated: use `Options::flight_recorder(k)`, `flight_recorder_bytes`,
+/// `after_dump` and `dump_on`.
+struct [[deprecated("use Options::flight_recorder(k), .flight_recorder_bytes(), .after_dump() and .dump_on()")]]
+FlightRecorderOptions {
+  FlightRecorderOptions() = default;
+  explicit FlightRecorderOptions(std::int64_t steps) : steps_(steps) {}
   TORCH_ARG(std::int64_t, steps) = 0;
-  /// The most host memory held; the oldest held steps are let go first when a step would exceed it.
   TORCH_ARG(std::size_t, bytes) = std::size_t{256} << 20;
-  /// What happens after a dump. Without held steps a trigger only marks the run, and only `Throw` applies.
   TORCH_ARG(AfterDump, after_dump) = AfterDump::StopCapture;
 
  public:  // TORCH_ARG leaves the access private
-  /// Dumps (or, with no steps held, marks the run in dumps.jsonl) when
-  /// `trigger` fires; give it several times for several rules. Without
-  /// any, a NaN or an Inf dumps (`Trigger::non_finite()`). Rules other than
-  /// non_finite need `Options::stats_every`.
   FlightRecorderOptions& dump_on(Trigger trigger) {
     triggers_.push_back(std::move(trigger));
     return *this;
   }
-  /// The rules given to `dump_on()`.
   const std::vector<Trigger>& triggers() const { return triggers_; }
 
  private:
   std::vector<Trigger> triggers_;
 };
 
-/// Where this process stands in a distributed run (`Options::distributed`).
-/// Unset values are read from the environment torch.distributed's
-/// launchers set.
-///
-/// Example:
-/// ```
-/// auto opts = tensortap::Options("runs/ddp").distributed(
-///     tensortap::DistributedOptions().rank(rank).world_size(world).ranks({0}));
-/// ```
-struct DistributedOptions {
-  /// This process's rank; unset reads `RANK` (or `LOCAL_RANK`) from the environment, or 0 if neither is set.
+/// Deprecated: use `Options::rank`, `world_size` and `ranks`.
+struct [[deprecated("use Options::rank(), .world_size() and .ranks()")]] DistributedOptions {
   TORCH_ARG(std::optional<std::int64_t>, rank) = std::nullopt;
-  /// How many processes the run has; unset reads `WORLD_SIZE`, or 1. Above 1, rank r writes `<dir>/rank<r>/`.
   TORCH_ARG(std::optional<std::int64_t>, world_size) = std::nullopt;
-  /// Capture only on these ranks (e.g. `{0}`); empty captures on all. Others create and capture nothing.
   TORCH_ARG(std::vector<std::int64_t>, ranks) = {};
 };
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
 
 /// Settings of a `Recorder`: where it writes, what it captures and when.
 ///
@@ -157,17 +135,9 @@ struct Options {
   /// The first step that may be sampled.
   TORCH_ARG(std::int64_t, start) = 0;
 
- public:
-  /// The first step that is no longer sampled; unset (the default) = never
-  /// stop. A negative step, the old way to say never, still means unset
-  /// (deprecated: leave it unset, or pass `std::nullopt`).
-  Options& stop(std::optional<std::int64_t> step) {
-    stop_ = unset_if_negative(step);
-    return *this;
-  }
-  /// The first step that is no longer sampled, if any.
-  const std::optional<std::int64_t>& stop() const noexcept { return stop_; }
-
+  /// The first step that is no longer sampled; unset (the default): never
+  /// stop.
+  TORCH_ARG(std::optional<std::int64_t>, stop) = std::nullopt;
   /// Names to capture: an ECMAScript regex searched in the name; empty = all.
   TORCH_ARG(std::string, include) = "";
   /// Names to skip: an ECMAScript regex searched in the name; empty = none.
@@ -185,8 +155,10 @@ struct Options {
   /// What happens when both buffers are full.
   TORCH_ARG(Overflow, overflow) = Overflow::Block;
   /// Whether a run directory that already holds a run may be replaced. Only
-  /// what tensortap writes (run.json, index.jsonl, dumps.jsonl, npy/, packed/, tensors.h5, stats.npy,
-  /// stats_series.jsonl) is removed.
+  /// the names tensortap writes there are removed: run.json, index.jsonl,
+  /// dumps.jsonl, npy/, packed/, tensors.h5 (and the journal an interrupted
+  /// HDF5 writer left, .tensors.h5.journal), stats.npy and
+  /// stats_series.jsonl; in a multi-rank run, those of each rank<r>/ folder.
   TORCH_ARG(bool, overwrite) = false;
   /// Settings of `Format::Hdf5`.
   TORCH_ARG(Hdf5Options, hdf5) = Hdf5Options();
@@ -218,92 +190,83 @@ struct Options {
   /// tensors. They go to `stats.npy`, a table of one row per tensor and
   /// step. 0 = off.
   TORCH_ARG(std::int64_t, stats_every) = 0;
-  /// Where this process stands in a distributed run; `rank()`,
-  /// `world_size()` and `ranks()` below are its fields.
-  TORCH_ARG(DistributedOptions, distributed) = DistributedOptions();
+  /// Flight recorder: hold the full tensors of the last `k` sampled steps in
+  /// host memory instead of writing them, and write them (with the current
+  /// step) only when a rule given to `dump_on()` fires (a NaN or an Inf in
+  /// a captured tensor, without any) or when `Recorder::dump()` is called.
+  /// 0 = off: sampled steps are written; `after_dump` and `dump_on` still
+  /// apply to triggers.
+  ///
+  /// Example:
+  /// ```
+  /// auto opts = tensortap::Options("runs/x").stats_every(1)
+  ///                 .flight_recorder(20)
+  ///                 .flight_recorder_bytes(std::size_t{1} << 30)
+  ///                 .after_dump(tensortap::AfterDump::Continue)
+  ///                 .dump_on(tensortap::Trigger::spike("loss", 5.0, 50));
+  /// ```
+  TORCH_ARG(std::int64_t, flight_recorder) = 0;
+  /// The most host memory the flight recorder holds; the oldest held steps
+  /// are let go first when a step would exceed it.
+  TORCH_ARG(std::size_t, flight_recorder_bytes) = std::size_t{256} << 20;
+  /// What happens after a dump. Without held steps a trigger only marks the
+  /// run, and only `AfterDump::Throw` applies.
+  TORCH_ARG(AfterDump, after_dump) = AfterDump::StopCapture;
 
  public:
-  /// Flight recorder: hold the full tensors of the last `k` sampled steps in
-  /// host memory instead of writing them (`FlightRecorderOptions::steps`).
-  /// 0 = off: sampled steps are written.
-  Options& flight_recorder(std::int64_t k) {
-    flight_recorder_.steps(k);
-    return *this;
-  }
-  /// All the flight recorder's settings at once; this replaces those given
-  /// before, `dump_on()` rules included.
-  Options& flight_recorder(FlightRecorderOptions options) {
-    flight_recorder_ = std::move(options);
-    return *this;
-  }
-  /// How many sampled steps the flight recorder holds; 0 = off.
-  const std::int64_t& flight_recorder() const noexcept { return flight_recorder_.steps(); }
-  std::int64_t& flight_recorder() noexcept { return flight_recorder_.steps(); }
-  /// The flight recorder's settings.
-  const FlightRecorderOptions& flight_recorder_options() const noexcept { return flight_recorder_; }
-
-  /// The most host memory the flight recorder holds (`FlightRecorderOptions::bytes`).
-  Options& flight_recorder_bytes(std::size_t bytes) {
-    flight_recorder_.bytes(bytes);
-    return *this;
-  }
-  const std::size_t& flight_recorder_bytes() const noexcept { return flight_recorder_.bytes(); }
-  std::size_t& flight_recorder_bytes() noexcept { return flight_recorder_.bytes(); }
-
-  /// What happens after the flight recorder dumped (`FlightRecorderOptions::after_dump`).
-  Options& after_dump(AfterDump what) {
-    flight_recorder_.after_dump(what);
-    return *this;
-  }
-  const AfterDump& after_dump() const noexcept { return flight_recorder_.after_dump(); }
-  AfterDump& after_dump() noexcept { return flight_recorder_.after_dump(); }
-
-  /// Dumps the flight recorder (or, without one, marks the run) when
-  /// `trigger` fires (`FlightRecorderOptions::dump_on`).
+  /// Dumps the flight recorder (or, with no steps held, marks the run in
+  /// dumps.jsonl) when `trigger` fires; give it several times for several
+  /// rules. Without any, a NaN or an Inf dumps (`Trigger::non_finite()`).
+  /// Rules other than non_finite need `stats_every`.
   Options& dump_on(Trigger trigger) {
-    flight_recorder_.dump_on(std::move(trigger));
+    triggers_.push_back(std::move(trigger));
     return *this;
   }
   /// The rules given to `dump_on()`.
-  const std::vector<Trigger>& triggers() const noexcept { return flight_recorder_.triggers(); }
+  const std::vector<Trigger>& triggers() const noexcept { return triggers_; }
 
-  /// This process's rank (`DistributedOptions::rank`). A negative rank, the
-  /// old way to leave it unset, still means unset (deprecated: leave it
-  /// unset, or pass `std::nullopt`).
-  Options& rank(std::optional<std::int64_t> rank) {
-    distributed_.rank(unset_if_negative(rank));
+  /// This process's rank in a distributed run; unset (the default) reads
+  /// `RANK` (or `LOCAL_RANK`) from the environment torch.distributed's
+  /// launchers set, or 0 if neither is set.
+  TORCH_ARG(std::optional<std::int64_t>, rank) = std::nullopt;
+  /// How many processes the run has; unset reads `WORLD_SIZE`, or 1. Above
+  /// 1, rank r writes `<dir>/rank<r>/`.
+  TORCH_ARG(std::optional<std::int64_t>, world_size) = std::nullopt;
+  /// Capture only on these ranks (e.g. `{0}`); empty captures on all. The
+  /// others create and capture nothing.
+  TORCH_ARG(std::vector<std::int64_t>, ranks) = {};
+
+ public:
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+  /// Deprecated (0.1's nested spelling): sets `flight_recorder`,
+  /// `flight_recorder_bytes`, `after_dump` and the `dump_on` rules at once.
+  [[deprecated("use .flight_recorder(k).flight_recorder_bytes(b).after_dump(a).dump_on(t)")]]
+  Options& flight_recorder(const FlightRecorderOptions& f) {
+    flight_recorder_ = f.steps();
+    flight_recorder_bytes_ = f.bytes();
+    after_dump_ = f.after_dump();
+    triggers_ = f.triggers();
     return *this;
   }
-  const std::optional<std::int64_t>& rank() const noexcept { return distributed_.rank(); }
-
-  /// How many processes the run has (`DistributedOptions::world_size`). A
-  /// negative size, the old way to leave it unset, still means unset
-  /// (deprecated).
-  Options& world_size(std::optional<std::int64_t> size) {
-    distributed_.world_size(unset_if_negative(size));
+  /// Deprecated (0.1's nested spelling): sets `rank`, `world_size` and `ranks` at once.
+  [[deprecated("use .rank(r).world_size(n).ranks({...})")]]
+  Options& distributed(const DistributedOptions& d) {
+    rank_ = d.rank();
+    world_size_ = d.world_size();
+    ranks_ = d.ranks();
     return *this;
   }
-  const std::optional<std::int64_t>& world_size() const noexcept { return distributed_.world_size(); }
-
-  /// Capture only on these ranks (`DistributedOptions::ranks`); empty captures on all.
-  Options& ranks(std::vector<std::int64_t> ranks) {
-    distributed_.ranks(std::move(ranks));
-    return *this;
-  }
-  const std::vector<std::int64_t>& ranks() const noexcept { return distributed_.ranks(); }
-  std::vector<std::int64_t>& ranks() noexcept { return distributed_.ranks(); }
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
 
  private:
-  // Before std::optional, -1 (any negative) stood for "unset"; code that
-  // still passes it keeps its meaning.
-  static std::optional<std::int64_t> unset_if_negative(std::optional<std::int64_t> v) {
-    return v && *v < 0 ? std::nullopt : v;
-  }
-
-  std::optional<std::int64_t> stop_;
   // Per-kind periods set by every(Kind, n); unset = use every().
   std::array<std::optional<std::int64_t>, kKindCount> every_kind_{};
-  FlightRecorderOptions flight_recorder_;
+  std::vector<Trigger> triggers_;
 };
 
 }  // namespace tensortap

@@ -25,25 +25,35 @@ class Optimizer;
 
 namespace tensortap {
 
-/// Counters of a recorder, as of the call.
-struct Stats {
-  /// Records handed to the pipeline (sampled and selected, not dropped).
+/// Counters of a recorder, as of the call (`Recorder::counters()`).
+struct Counters {
+  /// Records taken on sampled steps and handed to the pipeline: full
+  /// tensors, statistics-only records (`stats_every` steps that are not
+  /// full-tensor steps), and records a hook took but could not hand over
+  /// (also in `errors`). Not those in `dropped`.
   std::int64_t captured = 0;
-  /// Records written to disk.
+  /// Full-tensor records written to the run's files and indexed; a held
+  /// step of the flight recorder counts once it is dumped.
   std::int64_t records = 0;
-  /// Bytes of tensor data written to disk (headers not counted).
+  /// Bytes of tensor data in those records (headers not counted).
   std::int64_t bytes = 0;
   /// Records dropped: staging was full (`Overflow::DropNewest`), or the
   /// flight recorder could not hold them within `flight_recorder_bytes`
   /// (one larger than that is dropped before it is copied).
   std::int64_t dropped = 0;
-  /// Records that failed on the writer thread.
+  /// Records that will never be readable: a hook that could not record its
+  /// tensor, a copy that failed (CUDA), a write that failed (disk full, I/O
+  /// error). The first error's message is what `flush()` and `close()` throw.
   std::int64_t errors = 0;
   /// Rows written to the statistics table (`Options::stats_every`).
   std::int64_t stats_rows = 0;
   /// Flight-recorder dumps so far (`Options::flight_recorder`).
   std::int64_t dumps = 0;
 };
+
+/// The name `Counters` had before 0.2 (it read as "statistics", which are
+/// `Options::stats_every`'s); it goes in the release after.
+using Stats [[deprecated("tensortap::Stats is now tensortap::Counters")]] = Counters;
 
 /// Owns the hooks, the staging memory and the writer thread of one run.
 ///
@@ -53,11 +63,11 @@ struct Stats {
 /// All methods may be called from any thread, with two exceptions:
 /// - On tensortap's own writer thread (where a `Trigger::when` predicate
 ///   runs), `step`, `capture`, `record_grads`, `flush`, `close`, `dump` and
-///   `watch` throw `Error`: each could wait for that very thread. `stats`,
+///   `watch` throw `Error`: each could wait for that very thread. `counters`,
 ///   `sampled` and `current_step` work there.
 /// - In a `fork()` child of the process that made it (a data-loading worker,
 ///   a `system()`), a recorder is inert: every call returns at once and does
-///   nothing (`stats()` is all zeros, `watch` throws), it writes nothing and
+///   nothing (`counters()` is all zeros, `watch` throws), it writes nothing and
 ///   touches none of the parent's files, its hooks capture nothing, and its
 ///   destructor returns without freeing it (the parent's threads, which it
 ///   would wait for, do not exist in the child). A recorder made in the child
@@ -171,7 +181,9 @@ class Recorder {
   void dump();
 
   /// The counters so far.
-  Stats stats() const;
+  Counters counters() const;
+  /// The name `counters()` had before 0.2; it goes in the release after.
+  [[deprecated("Recorder::stats() is now Recorder::counters()")]] Counters stats() const { return counters(); }
 
   /// The flight recorder's dumps and the triggers' marks, as of the last
   /// `step()`: a loop can check at the top of each iteration whether a rule
@@ -180,7 +192,7 @@ class Recorder {
   /// thread, so it shows up at a `step()` after the step that fired it.
   /// The list is copied when this is called: a step costs the same after
   /// thousands of dumps as before the first.
-  std::vector<DumpRecord> dumps() const;
+  std::vector<Dump> dumps() const;
 
   /// The options the recorder was made with.
   const Options& options() const;

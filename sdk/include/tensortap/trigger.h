@@ -106,7 +106,7 @@ class Trigger {
 /// A dump the flight recorder made, or a trigger's mark in a run without
 /// one (`Recorder::dumps()`, a line of `dumps.jsonl`, and `run.json`'s
 /// "dumps" once the run is closed).
-struct DumpRecord {
+struct Dump {
   /// The step at which it fired.
   std::int64_t step = 0;
   /// "non_finite", "spike", "norm_jump", "when", or "user" for
@@ -127,5 +127,8 @@ struct DumpRecord {
   /// The steps written, ascending; empty for a mark without a flight recorder.
   std::vector<std::int64_t> steps;
 };
+
+/// The name `Dump` had before 0.2; it goes in the release after.
+using DumpRecord [[deprecated("tensortap::DumpRecord is now tensortap::Dump")]] = Dump;
 
 }  // namespace tensortap

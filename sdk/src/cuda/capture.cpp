@@ -19,7 +19,7 @@
 
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
-#include "sdk/src/snapshot.h"
+#include "sdk/src/pipeline/snapshot.h"
 #include "writers/src/check.h"
 #include "writers/src/dtypes.h"
 
@@ -41,7 +41,7 @@ void snapshot_into(void* dst, const at::Tensor& src, c10::ScalarType stored, std
     const cudaError_t e = cudaMemcpyAsync(dst, bytes_of(src), nbytes, cudaMemcpyDeviceToDevice, stream);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      throw Error(fmt::format("cudaMemcpyAsync (device to device, {} bytes) failed: {}", nbytes, cuda_error_string(e)));
+      fail("cudaMemcpyAsync (device to device, {} bytes) failed: {}", nbytes, cuda_error_string(e));
     }
     return;
   }

@@ -13,8 +13,8 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "sdk/src/record.h"
-#include "sdk/src/staging.h"
+#include "sdk/src/pipeline/record.h"
+#include "sdk/src/pipeline/staging.h"
 
 namespace tensortap::detail {
 

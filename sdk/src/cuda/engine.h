@@ -45,8 +45,8 @@
 
 #include "sdk/src/cuda/device.h"
 #include "sdk/src/cuda/ring.h"
-#include "sdk/src/record.h"
-#include "sdk/src/staging.h"
+#include "sdk/src/pipeline/record.h"
+#include "sdk/src/pipeline/staging.h"
 
 namespace tensortap::detail {
 

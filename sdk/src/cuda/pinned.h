@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-#include "sdk/src/staging.h"
+#include "sdk/src/pipeline/staging.h"
 
 namespace tensortap::detail {
 

@@ -2,7 +2,7 @@
 
 // The CUDA engine's arena allocator. It needs no CUDA: it hands out offsets
 // into a ring of bytes, whatever memory the ring stands for, so it is part
-// of every build and the CPU test suite checks it (tests/test_ring.cpp).
+// of every build and the CPU test suite checks it (tests/unit/test_ring.cpp).
 
 #include <cstddef>
 #include <cstdint>

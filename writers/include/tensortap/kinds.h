@@ -61,7 +61,7 @@ class KindSet {
   bool contains(Kind k) const { return (bits_ & bit(k)) != 0; }
 
  private:
-  // The bit layout is the sampling plan's (sdk/src/sampling.h), not a
+  // The bit layout is the sampling plan's (sdk/src/select/sampling.h), not a
   // promise to users: only the sdk reads it, through detail::KindSetAccess.
   friend struct detail::KindSetAccess;
   static std::uint32_t bit(Kind k) { return 1u << static_cast<unsigned>(k); }

@@ -29,7 +29,10 @@ struct LoadOptions {
 /// transposed view when mapped.
 ///
 /// Supported dtypes: bool, uint8, int8, int16, int32, int64, float16,
-/// float32, float64, complex64, complex128. Throws `tensortap::Error` naming
+/// float32, float64, complex64, complex128, and uint16, uint32 and uint64
+/// with LibTorch 2.3 or later (older ones have no such tensors). A float8
+/// record is stored as its bytes (`<u1`, the index line names the float8
+/// type), so it reads as uint8. Throws `tensortap::Error` naming
 /// the file and what is wrong for anything else, and for malformed,
 /// truncated or hostile files (bad magic, a header length past the end, a
 /// header that is not a dict, an object dtype, a negative shape, a shape whose
@@ -55,7 +58,8 @@ at::Tensor load_npy(const std::string& path, const LoadOptions& options = LoadOp
 at::Tensor load_npy(const std::string& path, std::uint64_t offset, const LoadOptions& options = LoadOptions());
 
 /// Writes `tensor` to `path` as a `.npy` file, through a temporary file that
-/// is renamed into place. bfloat16 is stored as float32.
+/// is renamed into place. bfloat16 is stored as float32, the float8 types
+/// as their bytes (uint8).
 ///
 /// Example:
 /// ```

@@ -1,0 +1,75 @@
+"""What every part of the reader shares: the kinds and dtypes tensortap
+writes, the reader's error and warning, and the checks and words for the
+JSON values a run's files hold."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Dict, Tuple
+
+KINDS: Tuple[str, ...] = ("activation", "activation_grad", "param", "buffer", "grad", "tensor")
+
+# The columns of stats.npy after "step" and "series", in order.
+STATS_FIELDS: Tuple[str, ...] = ("min", "max", "mean", "std", "norm", "nan", "posinf", "neginf", "zeros", "numel")
+
+# NumPy dtypes of the arrays the reader returns, by the index's dtype.
+# bfloat16 is stored as float32; a float8 is stored as its bytes (uint8) and
+# returned widened to float32 (_float8.py); both exactly.
+NUMPY_DTYPES: Dict[str, str] = {
+    "bool": "bool", "uint8": "uint8", "int8": "int8", "int16": "int16", "int32": "int32",
+    "int64": "int64", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
+    "float16": "float16", "float32": "float32", "float64": "float64",
+    "complex64": "complex64", "complex128": "complex128", "bfloat16": "float32",
+    "float8_e4m3fn": "float32", "float8_e5m2": "float32", "float8_e4m3fnuz": "float32",
+    "float8_e5m2fnuz": "float32", "float8_e8m0fnu": "float32",
+}
+
+
+class RunError(ValueError):
+    """A run directory that cannot be read as asked."""
+
+
+class RunWarning(UserWarning):
+    """A damaged line of a run directory, skipped; the rest of the run is read."""
+
+
+def _warn(message):
+    warnings.warn(message, RunWarning, stacklevel=2)
+
+
+def _json_type(value):
+    for t, name in ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"),
+                    (list, "an array"), (dict, "an object")):
+        if isinstance(value, t):
+            return name
+    return "null"
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_int64(value):
+    return _is_int(value) and -(1 << 63) <= value < (1 << 63)
+
+
+def _short(value):
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _reason(e):
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg}, column {e.colno}"
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return str(e)
+
+
+def _printable(text):
+    """`text` with control characters and lone surrogates (a name's bytes
+    that are not UTF-8) shown as escapes: safe for a terminal or a page."""
+    from .summary import _safe
+
+    return _safe(text)

@@ -1,0 +1,124 @@
+#include "sdk/src/flight/flight.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "writers/src/check.h"
+
+namespace tensortap::detail {
+
+FlightRecorder::FlightRecorder(const Options& options, Store& store, RunManifest& manifest, Failures& failures)
+    : options_(options),
+      store_(store),
+      manifest_(manifest),
+      failures_(failures),
+      triggers_(options),
+      halts_(options.flight_recorder() > 0 && options.after_dump() != AfterDump::Continue) {
+  if (options.flight_recorder() > 0)
+    ring_ = std::make_unique<FlightRing>(options.flight_recorder(), options.flight_recorder_bytes());
+}
+
+void FlightRecorder::observe(const RecordDesc& record, const TensorStats& stats, bool has_row) {
+  if (triggers_.empty()) return;
+  // A full tensor the flight recorder holds, on a step without statistics
+  // rows, is only scanned for NaN and Inf: the other rules keep one value
+  // per statistics step.
+  TensorSummary s;
+  s.step = record.step;
+  s.kind = record.kind;
+  s.name = record.name;
+#define TENSORTAP_COPY_(name) s.name = stats.name;
+  TENSORTAP_STATS_FIELDS(TENSORTAP_COPY_, TENSORTAP_COPY_)
+#undef TENSORTAP_COPY_
+  std::string error;
+  std::optional<Dump> fired = triggers_.evaluate(s, /*only_non_finite=*/!has_row, error);
+  // A predicate that threw: an error under on_error, its rule off.
+  if (!error.empty()) failures_.add(nullptr, error, 0);
+  if (fired) trigger(std::move(*fired));
+}
+
+void FlightRecorder::keep(HeldRecord held) {
+  const RecordDesc& desc = held.record.desc;
+  if (window_lo_ <= desc.step && desc.step <= window_hi_) {
+    store_.prepare({&desc});
+    store_.write_whole(desc, held.bytes.data(), held.bytes.size());
+    return;
+  }
+  if (halted() && desc.step > window_hi_) return;
+  // Larger than the budget allows next to the rest of its step: dropped
+  // and counted like a record that found staging full.
+  if (!ring_->hold(std::move(held))) dropped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void FlightRecorder::user_dump(std::int64_t step) {
+  Dump user;
+  user.step = step;
+  user.trigger = "user";
+  user.reason = "user";
+  trigger(std::move(user));
+}
+
+void FlightRecorder::trigger(Dump dump) {
+  if (ring_) {
+    if (halted()) return;
+    const std::int64_t step = dump.step;
+    std::vector<HeldRecord> held = ring_->take(step);
+    dump.steps.push_back(step);
+    std::vector<const RecordDesc*> descs;
+    for (const HeldRecord& r : held) {
+      dump.steps.push_back(r.record.desc.step);
+      descs.push_back(&r.record.desc);
+    }
+    std::sort(dump.steps.begin(), dump.steps.end());
+    dump.steps.erase(std::unique(dump.steps.begin(), dump.steps.end()), dump.steps.end());
+    window_lo_ = dump.steps.front();
+    window_hi_ = dump.steps.back();
+    store_.prepare(descs);
+    for (const HeldRecord& r : held) store_.write_whole(r.record.desc, r.bytes.data(), r.bytes.size());
+    // What was dumped is made durable before the run says it was.
+    store_.sync(/*force=*/true);
+  }
+  // Without a flight recorder the trigger only marks the run. dumps.jsonl
+  // has the dump on disk before step() can see the count and act on it.
+  try {
+    manifest_.add_dump(dump);
+  } catch (...) {
+    failures_.add(nullptr, Failures::current(), 0);
+  }
+  dumps_.fetch_add(1, std::memory_order_release);
+}
+
+void FlightRecorder::on_step() {
+  const std::int64_t dumps = this->dumps();
+  if (dumps == seen_.load(std::memory_order_relaxed)) return;
+  seen_.store(dumps, std::memory_order_relaxed);
+  visible_.store(static_cast<std::size_t>(dumps), std::memory_order_relaxed);
+  if (options_.after_dump() != AfterDump::Throw) return;
+  // Without a flight recorder a trigger only marks the run: only Throw acts.
+  const bool marked_only = !holds();
+  // One dump copied, the last this step sees: not the list.
+  const Dump last = manifest_.last_dump(static_cast<std::size_t>(dumps));
+  std::string why = last.trigger == "user"         ? std::string("Recorder::dump()")
+                    : last.trigger == "non_finite" ? "a " + last.reason
+                                                   : fmt::format("Trigger::{}", last.trigger);
+  if (last.window > 0) why += fmt::format(" (value {} against a median of {})", last.value, last.median);
+  fail("run '{}': {} after {} at step {}{} (Options::after_dump(Throw))", manifest_.run_dir(),
+       marked_only ? std::string("a trigger fired")
+                   : fmt::format("the flight recorder dumped steps {}", fmt::join(last.steps, ", ")),
+       why, last.step, last.name.empty() ? "" : fmt::format(" in {} '{}'", kind_name(last.kind), last.name));
+}
+
+std::vector<Dump> FlightRecorder::seen() const {
+  return manifest_.dumps(visible_.load(std::memory_order_relaxed));
+}
+
+void FlightRecorder::on_close() {
+  // The writer thread has stopped: no dump is still to come, all are shown.
+  visible_.store(std::numeric_limits<std::size_t>::max(), std::memory_order_relaxed);
+}
+
+}  // namespace tensortap::detail

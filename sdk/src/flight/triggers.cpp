@@ -1,0 +1,199 @@
+#include "sdk/src/flight/triggers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include <tensortap/error.h>
+#include "writers/src/check.h"
+
+namespace tensortap {
+
+Trigger Trigger::non_finite() { return Trigger(Type::NonFinite); }
+
+Trigger Trigger::spike(std::string name, double factor, std::int64_t window) {
+  Trigger t(Type::Spike);
+  t.name_ = std::move(name);
+  t.factor_ = factor;
+  t.window_ = window;
+  return t;
+}
+
+Trigger Trigger::norm_jump(double factor, std::int64_t window) {
+  Trigger t(Type::NormJump);
+  t.factor_ = factor;
+  t.window_ = window;
+  return t;
+}
+
+Trigger Trigger::when(std::function<bool(const TensorSummary&)> predicate) {
+  Trigger t(Type::When);
+  t.predicate_ = std::move(predicate);
+  return t;
+}
+
+Trigger& Trigger::cooldown(std::int64_t steps) {
+  cooldown_ = steps;
+  return *this;
+}
+
+const char* Trigger::type_name() const {
+  switch (type_) {
+    case Type::NonFinite: return "non_finite";
+    case Type::Spike: return "spike";
+    case Type::NormJump: return "norm_jump";
+    case Type::When: return "when";
+  }
+  return "unknown";
+}
+
+namespace detail {
+namespace {
+
+// How a rule is named in messages: spike("loss", 5, 50).
+std::string describe(const Trigger& t) {
+  switch (t.type()) {
+    case Trigger::Type::Spike: return fmt::format("Trigger::spike(\"{}\", {}, {})", t.name(), t.factor(), t.window());
+    case Trigger::Type::NormJump: return fmt::format("Trigger::norm_jump({}, {})", t.factor(), t.window());
+    case Trigger::Type::When: return "Trigger::when(...)";
+    case Trigger::Type::NonFinite: break;
+  }
+  return "Trigger::non_finite()";
+}
+
+// numpy.median: the middle value, or the mean of the two middle ones.
+double median_of(std::vector<double> v) {
+  const std::size_t n = v.size(), mid = n / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  const double hi = v[mid];
+  if (n % 2 != 0) return hi;
+  return (*std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)) + hi) / 2;
+}
+
+}  // namespace
+
+void validate_triggers(const Options& o) {
+  for (const Trigger& t : o.triggers()) {
+    const std::string what = describe(t);
+    if (t.cooldown() < 0)
+      fail(
+          "Options::dump_on({}.cooldown({})): the cooldown must be 0 (once per run) or "
+          "more steps",
+          what, t.cooldown());
+    if (t.type() == Trigger::Type::Spike || t.type() == Trigger::Type::NormJump) {
+      if (!(t.factor() > 1.0) || !std::isfinite(t.factor()))
+        fail("Options::dump_on({}): the factor must be a finite number above 1", what);
+      if (t.window() < 1) fail("Options::dump_on({}): the window must be at least 1 step", what);
+    }
+    if (t.type() == Trigger::Type::Spike && t.name().empty())
+      fail("Options::dump_on({}): spike needs the name of a tensor", what);
+    if (t.type() == Trigger::Type::When && !t.predicate())
+      fail("Options::dump_on(Trigger::when(...)): the predicate is empty");
+    // Every rule looks at statistics; non_finite also at what the flight
+    // recorder holds.
+    if (o.stats_every() <= 0 && !(t.type() == Trigger::Type::NonFinite && o.flight_recorder() > 0))
+      fail(
+          "Options::dump_on({}) needs the statistics of the tensors it watches, and "
+          "Options::stats_every is 0: set stats_every(1) (or every n-th step)",
+          what);
+  }
+}
+
+Triggers::Triggers(const Options& options) {
+  for (const Trigger& t : options.triggers()) rules_.push_back({t, {}, -1, false, false});
+  if (rules_.empty() && options.flight_recorder() > 0) rules_.push_back({Trigger::non_finite(), {}, -1, false, false});
+  for (const Rule& r : rules_) non_finite_ = non_finite_ || r.trigger.type() == Trigger::Type::NonFinite;
+}
+
+bool Triggers::jumps(Rule& rule, const std::string& key, double value, double& median) {
+  std::deque<double>& h = rule.history[key];
+  bool fires = false;
+  const std::size_t needed = static_cast<std::size_t>(std::min<std::int64_t>(rule.trigger.window(), 3));
+  if (std::isfinite(value) && h.size() >= needed) {
+    median = median_of(std::vector<double>(h.begin(), h.end()));
+    // A ratio to a median of zero (a run of exact zeros) or of a subnormal
+    // means nothing: 2e-30 after zeros is no jump. Such a median never fires.
+    fires = median >= std::numeric_limits<double>::min() && std::fabs(value) > rule.trigger.factor() * median;
+  }
+  // Magnitudes: a loss or a norm is compared by size, whatever its sign.
+  if (std::isfinite(value)) {
+    h.push_back(std::fabs(value));
+    if (static_cast<std::int64_t>(h.size()) > rule.trigger.window()) h.pop_front();
+  }
+  return fires;
+}
+
+std::optional<Dump> Triggers::evaluate(const TensorSummary& s, bool only_non_finite, std::string& error) {
+  std::optional<Dump> first;
+  std::string key;
+  // A tensor holding a NaN or an Inf has no finite value to compare: to a
+  // spike or a norm jump that is the largest jump there is, so those fire on
+  // it too (whatever their history), and it stays out of their history.
+  const bool non_finite = s.nan > 0 || s.posinf > 0 || s.neginf > 0;
+  const double non_finite_value =
+      s.nan > 0 ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  for (Rule& rule : rules_) {
+    if (rule.stopped) continue;
+    const Trigger& t = rule.trigger;
+    if (only_non_finite && t.type() != Trigger::Type::NonFinite) continue;
+    bool fires = false;
+    double value = 0, median = 0;
+    switch (t.type()) {
+      case Trigger::Type::NonFinite: fires = s.nan > 0 || s.posinf > 0 || s.neginf > 0; break;
+      case Trigger::Type::Spike:
+        if (s.name != t.name()) continue;
+        value = non_finite ? non_finite_value : s.mean;
+        fires = non_finite || jumps(rule, t.name(), value, median);
+        break;
+      case Trigger::Type::NormJump:
+        if (key.empty()) {
+          key.assign(1, static_cast<char>(s.kind));
+          key += s.name;
+        }
+        value = non_finite ? non_finite_value : s.norm;
+        fires = non_finite || jumps(rule, key, value, median);
+        break;
+      case Trigger::Type::When: try { fires = t.predicate()(s);
+        } catch (const std::exception& e) {
+          rule.stopped = true;
+          error = fmt::format(
+              "tensortap: the predicate of Trigger::when threw on {} '{}' at step {}: {}; the rule is "
+              "off from now on",
+              kind_name(s.kind), s.name, s.step, e.what());
+        } catch (...) {
+          rule.stopped = true;
+          error = fmt::format(
+              "tensortap: the predicate of Trigger::when threw on {} '{}' at step {}; the rule is off "
+              "from now on",
+              kind_name(s.kind), s.name, s.step);
+        }
+        break;
+    }
+    if (!fires || first) continue;
+    // Once per run, or again once the cooldown has passed.
+    // (As a difference: last_fired + cooldown overflows for a cooldown near
+    // INT64_MAX, and the rule then fired every step.)
+    if (rule.fired && (t.cooldown() == 0 || s.step - rule.last_fired < t.cooldown())) continue;
+    rule.fired = true;
+    rule.last_fired = s.step;
+    Dump d;
+    d.step = s.step;
+    d.trigger = t.type_name();
+    d.reason = t.type() == Trigger::Type::NonFinite || (non_finite && t.type() != Trigger::Type::When)
+                   ? (s.nan > 0 ? "nan" : "inf")
+                   : t.type_name();
+    d.kind = s.kind;
+    d.name = s.name;
+    d.value = value;
+    d.median = median;
+    d.factor = t.factor();
+    d.window = t.window();
+    first = std::move(d);
+  }
+  return first;
+}
+
+}  // namespace detail
+}  // namespace tensortap

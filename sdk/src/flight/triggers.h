@@ -1,0 +1,54 @@
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <tensortap/options.h>
+#include <tensortap/trigger.h>
+
+namespace tensortap::detail {
+
+/// The run's dump rules (Options::dump_on), evaluated on the writer thread
+/// against each tensor's statistics. Keeps each rule's history: the last
+/// `window` values of each series it watches, and when it last fired.
+class Triggers {
+ public:
+  /// The rules of `options`, or non_finite() alone when it has none and the
+  /// flight recorder is on.
+  explicit Triggers(const Options& options);
+
+  bool empty() const { return rules_.empty(); }
+  /// Whether non_finite() is among them: full tensors the flight recorder
+  /// holds are then scanned for NaN and Inf even without statistics rows.
+  bool checks_non_finite() const { return non_finite_; }
+
+  /// Evaluates the rules on `s` (every rule, or non_finite() alone) and adds
+  /// `s` to their histories; the first rule that fires, as a dump record
+  /// without steps. A predicate that throws stops its rule: `error` says so.
+  std::optional<Dump> evaluate(const TensorSummary& s, bool only_non_finite, std::string& error);
+
+ private:
+  struct Rule {
+    Trigger trigger;
+    // kind byte + name -> the last `window` values, oldest first.
+    std::unordered_map<std::string, std::deque<double>> history;
+    std::int64_t last_fired = -1;
+    bool fired = false;
+    bool stopped = false;
+  };
+  // Whether `rule` fires on `value` of the series `key`, against its history;
+  // records the median in `median`. Adds `value` to the history.
+  static bool jumps(Rule& rule, const std::string& key, double value, double& median);
+  std::vector<Rule> rules_;
+  bool non_finite_ = false;
+};
+
+/// Throws `Error` if `options`' rules are malformed or lack the statistics
+/// they look at.
+void validate_triggers(const Options& options);
+
+}  // namespace tensortap::detail

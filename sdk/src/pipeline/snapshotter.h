@@ -1,0 +1,96 @@
+#pragma once
+
+// The hot path, from a tensor a hook, a Tap or `capture()` hands over (the
+// front end's inline `active()` test has passed, sdk/src/front_end.h) to a
+// record committed to staging. CPU tensors are copied here, before the call
+// returns; CUDA tensors go to the copier (sdk/src/cuda).
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include <tensortap/options.h>
+
+#include "sdk/src/select/sampling.h"
+#include "sdk/src/pipeline/staging.h"
+
+namespace tensortap::detail {
+
+class CudaEngine;
+class FlightRecorder;
+
+/// Snapshots tensors into records and queues them: the hot path from a
+/// tensor a hook wants to a record committed to staging. Thread-safe.
+class Snapshotter {
+ public:
+  /// `staging`, `sampling` and `closed` (the front end's flag) must outlive
+  /// it. `holds`: full tensors go to the flight recorder; `scans`: those
+  /// are scanned for NaN and Inf.
+  Snapshotter(const Options& options, Staging& staging, const Sampling& sampling, const std::atomic<bool>& closed,
+          bool holds, bool scans);
+  /// On a rank that captures: records may be queued from now on, CUDA
+  /// tensors through `engine` (null without CUDA), and full tensors stop
+  /// once `flight` says capture has halted.
+  /// `space_fd`, a descriptor in the run's file system, tells how much
+  /// room a record larger than staging has (-1: not checked).
+  void open(CudaEngine* engine, const FlightRecorder* flight, int space_fd) {
+    engine_ = engine;
+    flight_ = flight;
+    space_fd_ = space_fd;
+  }
+
+  /// Snapshots `tensor` and queues it as record `name` of `step`, as the
+  /// step's plan says: the full tensor, its statistics, or nothing. Throws
+  /// `Error` naming the record if it cannot be stored. Does nothing once
+  /// closed: a late hook must not fail.
+  void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step);
+  /// Queues a `Recorder::dump()` marker behind every record queued before.
+  void dump_marker(std::int64_t step);
+  /// A record a hook could not hand over: counted as captured (and, by the
+  /// caller, as failed).
+  void count_lost() noexcept { captured_.fetch_add(1, std::memory_order_relaxed); }
+
+  /// Records handed to the pipeline, and records dropped (staging full
+  /// under `Overflow::DropNewest`).
+  std::int64_t captured() const { return captured_.load(std::memory_order_relaxed); }
+  std::int64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+
+ private:
+  // Throws `Error` naming the record if `t` cannot be stored; returns its
+  // dtype's description.
+  const DtypeInfo& check(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const;
+  // Queues `t`, of dtype `info`: the full tensor if `full`, its statistics
+  // otherwise. False when refused: staging (or the device budget) full under
+  // Overflow::DropNewest, or the pipeline stopped.
+  bool queue(Kind kind, const std::string& name, const at::Tensor& t, const DtypeInfo& info, std::int64_t step,
+             bool full, bool stats_row);
+
+  // Throws `Error` naming the record if its `spec.nbytes` cannot fit the
+  // free space where the run is written: a tensor whose logical size is
+  // absurd (an expanded view of 2^40 elements) is refused before a byte of
+  // it is streamed.
+  void check_room(const RecordSpec& spec, const at::Tensor& src) const;
+
+  Staging& staging_;
+  const Sampling& sampling_;
+  const std::atomic<bool>& closed_;
+  CudaEngine* engine_ = nullptr;
+  const FlightRecorder* flight_ = nullptr;
+  int space_fd_ = -1;
+  const bool may_drop_;
+  const bool compresses_;
+  const bool holds_;
+  const bool scans_;
+  // Options::flight_recorder_bytes: a record larger is never held.
+  const std::uint64_t hold_budget_;
+  // The most dimensions the run's format can store, and why.
+  const std::int64_t max_dims_;
+  const char* const max_dims_why_;
+  std::atomic<std::uint64_t> next_id_{0};
+  std::atomic<std::int64_t> captured_{0};
+  std::atomic<std::int64_t> dropped_{0};
+};
+
+}  // namespace tensortap::detail

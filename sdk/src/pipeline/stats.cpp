@@ -1,0 +1,252 @@
+#include "sdk/src/pipeline/stats.h"
+
+#include <array>
+#include <cmath>
+#include <complex>
+#include <limits>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Half.h>
+#include <fmt/format.h>
+
+#include <tensortap/error.h>
+#include "writers/src/check.h"
+
+namespace tensortap::detail {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// The value a statistic sees of one element.
+template <typename T>
+double value_of(T v) {
+  return static_cast<double>(v);
+}
+template <>
+double value_of(c10::Half v) {
+  return static_cast<double>(static_cast<float>(v));
+}
+template <>
+double value_of(std::complex<float> v) {
+  return std::abs(std::complex<double>(v.real(), v.imag()));
+}
+template <>
+double value_of(std::complex<double> v) {
+  return std::abs(v);
+}
+
+// Two passes over a chunk that is in cache: counts, extremes and the mean,
+// then the squared deviations from that mean (a one-pass sum of squares
+// loses std to cancellation when the mean is large).
+template <typename T, typename Value>
+StatsAccumulator::Part scan(const T* p, std::size_t n, Value value) {
+  StatsAccumulator::Part r;
+  r.numel = static_cast<std::int64_t>(n);
+  double sum = 0, sumsq = 0;
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double v = value(p[i]);
+    if (std::isnan(v)) {
+      ++r.nan;
+      continue;
+    }
+    if (std::isinf(v)) {
+      ++(v > 0 ? r.posinf : r.neginf);
+      continue;
+    }
+    r.zeros += v == 0;
+    ++r.finite;
+    sum += v;
+    sumsq += v * v;
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+  }
+  if (r.finite == 0) return r;
+  r.min = lo;
+  r.max = hi;
+  r.sumsq = sumsq;
+  r.mean = sum / static_cast<double>(r.finite);
+  double m2 = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double v = value(p[i]);
+    if (std::isfinite(v)) m2 += (v - r.mean) * (v - r.mean);
+  }
+  r.m2 = m2;
+  return r;
+}
+
+template <typename T>
+StatsAccumulator::Part scan_bytes(const void* data, std::size_t nbytes) {
+  return scan(static_cast<const T*>(data), nbytes / sizeof(T), [](T v) { return value_of(v); });
+}
+
+// The value of each code of a float8 format, decoded once.
+const float* float8_table(Element format) {
+  static const auto tables = [] {
+    constexpr Element kFormats[] = {Element::F8E4M3FN, Element::F8E5M2, Element::F8E4M3FNUZ, Element::F8E5M2FNUZ,
+                                    Element::F8E8M0FNU};
+    std::array<std::array<float, 256>, std::size(kFormats)> t{};
+    for (std::size_t f = 0; f < std::size(kFormats); ++f)
+      for (int c = 0; c < 256; ++c) t[f][c] = float8_value(kFormats[f], static_cast<std::uint8_t>(c));
+    return t;
+  }();
+  return tables[static_cast<std::size_t>(format) - static_cast<std::size_t>(Element::F8E4M3FN)].data();
+}
+
+}  // namespace
+
+void StatsAccumulator::add(const void* data, std::size_t nbytes) {
+  Part c;
+  switch (stored_) {
+    case Element::Bool:
+    case Element::U8: c = scan_bytes<std::uint8_t>(data, nbytes); break;
+    case Element::I8: c = scan_bytes<std::int8_t>(data, nbytes); break;
+    case Element::I16: c = scan_bytes<std::int16_t>(data, nbytes); break;
+    case Element::I32: c = scan_bytes<std::int32_t>(data, nbytes); break;
+    case Element::I64: c = scan_bytes<std::int64_t>(data, nbytes); break;
+    case Element::U16: c = scan_bytes<std::uint16_t>(data, nbytes); break;
+    case Element::U32: c = scan_bytes<std::uint32_t>(data, nbytes); break;
+    case Element::U64: c = scan_bytes<std::uint64_t>(data, nbytes); break;
+    case Element::F16: c = scan_bytes<c10::Half>(data, nbytes); break;
+    case Element::F32: c = scan_bytes<float>(data, nbytes); break;
+    case Element::F64: c = scan_bytes<double>(data, nbytes); break;
+    case Element::C64: c = scan_bytes<std::complex<float>>(data, nbytes); break;
+    case Element::C128: c = scan_bytes<std::complex<double>>(data, nbytes); break;
+    case Element::F8E4M3FN:
+    case Element::F8E5M2:
+    case Element::F8E4M3FNUZ:
+    case Element::F8E5M2FNUZ:
+    case Element::F8E8M0FNU: {
+      const float* table = float8_table(stored_);
+      c = scan(static_cast<const std::uint8_t*>(data), nbytes,
+               [table](std::uint8_t code) { return double{table[code]}; });
+      break;
+    }
+  }
+  Part& t = total_;
+  if (c.finite > 0) {
+    if (t.finite == 0) {
+      t.min = c.min;
+      t.max = c.max;
+    } else {
+      t.min = std::min(t.min, c.min);
+      t.max = std::max(t.max, c.max);
+    }
+    // Chan et al.: merge two (count, mean, M2) summaries exactly.
+    const double na = static_cast<double>(t.finite), nb = static_cast<double>(c.finite);
+    const double n = na + nb, delta = c.mean - t.mean;
+    t.mean += delta * nb / n;
+    t.m2 += c.m2 + delta * delta * na * nb / n;
+    t.sumsq += c.sumsq;
+    t.finite += c.finite;
+  }
+  t.nan += c.nan;
+  t.posinf += c.posinf;
+  t.neginf += c.neginf;
+  t.zeros += c.zeros;
+  t.numel += c.numel;
+}
+
+TensorStats StatsAccumulator::result() const {
+  const Part& t = total_;
+  TensorStats s;
+  const bool any = t.finite > 0;
+  s.min = any ? t.min : kNaN;
+  s.max = any ? t.max : kNaN;
+  s.mean = any ? t.mean : kNaN;
+  s.std = any ? std::sqrt(t.m2 / static_cast<double>(t.finite)) : kNaN;
+  s.norm = any ? std::sqrt(t.sumsq) : kNaN;
+  s.nan = t.nan;
+  s.posinf = t.posinf;
+  s.neginf = t.neginf;
+  s.zeros = t.zeros;
+  s.numel = t.numel;
+  return s;
+}
+
+namespace {
+
+// The statistics vector from the pieces device_stats reduced: `xd` holds
+// the finite values in float64 with every other value at the mean (so they
+// move neither min, max nor the deviations); `counts` is [finite, nan,
+// posinf, nonzero].
+at::Tensor stats_vector(const at::Tensor& xd, const at::Tensor& mean, const at::Tensor& counts, double numel) {
+  const auto minmax = at::aminmax(xd);
+  const at::Tensor& v_min = std::get<0>(minmax);
+  const at::Tensor& v_max = std::get<1>(minmax);
+  const std::vector<at::Tensor> c = counts.to(at::kDouble).unbind();
+  const at::Tensor &finite = c[0], &v_nan = c[1], &v_posinf = c[2];
+  // Welford in double over every element: the deviations of those at the
+  // mean are zero, so this is the finite values' sum of squared deviations.
+  const at::Tensor m2 = at::var(xd, /*unbiased=*/false) * numel;
+  const at::Tensor v_mean = mean;
+  const at::Tensor v_std = (m2 / finite).sqrt();
+  // sum(v^2) = M2 + n mean^2: two non-negative terms, no cancellation.
+  const at::Tensor v_norm = (m2 + finite * mean * mean).sqrt();
+  const at::Tensor v_neginf = numel - finite - v_nan - v_posinf;
+  const at::Tensor v_zeros = numel - c[3];
+  const at::Tensor v_numel = at::full({}, numel, xd.options());
+#define TENSORTAP_FIELD_(name) v_##name,
+  return at::stack({TENSORTAP_STATS_FIELDS(TENSORTAP_FIELD_, TENSORTAP_FIELD_)});
+#undef TENSORTAP_FIELD_
+}
+
+}  // namespace
+
+at::Tensor device_stats(const at::Tensor& t) {
+  c10::NoGradGuard no_grad;
+  const auto dbl = at::TensorOptions().dtype(at::kDouble).device(t.device());
+  const auto numel = static_cast<double>(t.numel());
+  if (t.numel() == 0) {
+    // Reductions of nothing have no identity for min/max; build the answer
+    // on the device directly rather than copying one from the host.
+    at::Tensor v = at::full({kStatsVectorSize}, kNaN, dbl);
+    v.narrow(0, kStatsRealFields, kStatsFields - kStatsRealFields).zero_();
+    return v;
+  }
+  // Sums in double, as the host scan's. ATen's reductions convert a float
+  // tensor to double whole for that anyway (sum(dtype=kDouble) does), so
+  // there is one float64 copy, made once and reused in place; classes and
+  // zeros are counted on the tensor as it is.
+  at::Tensor x = t.detach();
+  bool owned = false;  // whether `x` is a temporary of ours, free to overwrite
+  const DtypeInfo* info = dtype_info(x.scalar_type());
+  // ATen has no isfinite or isnan for float8; float32 holds each value exactly.
+  if (info != nullptr && is_float8(info->element)) x = x.to(at::kFloat);
+  // Magnitudes in double, as the host path computes them.
+  if (x.is_complex()) {
+    x = x.to(at::kComplexDouble).abs();
+    owned = true;
+  }
+  if (!at::isFloatingType(x.scalar_type())) {
+    // Integers and bool: every value is finite.
+    const at::Tensor xd = x.to(at::kDouble);
+    const at::Tensor none = at::zeros({}, dbl.dtype(at::kLong));
+    const at::Tensor counts =
+        at::stack({at::full({}, t.numel(), dbl.dtype(at::kLong)), none, none, at::count_nonzero(xd)});
+    return stats_vector(xd, xd.sum() / numel, counts, numel);
+  }
+  const at::Tensor finite = at::isfinite(x);
+  // count_nonzero, not sum: a sum of a mask converts it to int64 first.
+  const at::Tensor counts = at::stack({at::count_nonzero(finite), at::count_nonzero(at::isnan(x)),
+                                       at::count_nonzero(at::isposinf(x)), at::count_nonzero(x)});
+  at::Tensor xd = owned && x.scalar_type() == at::kDouble ? x : x.to(at::kDouble, false, /*copy=*/true);
+  at::where_out(xd, finite, xd, at::zeros({}, dbl));
+  const at::Tensor mean = xd.sum() / counts[0];  // 0/0 when nothing is finite: NaN, and so is all it feeds
+  at::where_out(xd, finite, xd, mean);
+  return stats_vector(xd, mean, counts, numel);
+}
+
+TensorStats stats_from_vector(const double* v) {
+  TensorStats s;
+  int i = 0;
+#define TENSORTAP_REAL_(name) s.name = v[i++];
+#define TENSORTAP_COUNT_(name) s.name = static_cast<std::int64_t>(v[i++]);
+  TENSORTAP_STATS_FIELDS(TENSORTAP_REAL_, TENSORTAP_COUNT_)
+#undef TENSORTAP_REAL_
+#undef TENSORTAP_COUNT_
+  return s;
+}
+
+}  // namespace tensortap::detail

@@ -1,0 +1,57 @@
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sdk/src/pipeline/failures.h"
+#include "writers/src/lines_file.h"
+#include "writers/src/writer.h"
+
+namespace tensortap::detail {
+
+/// The run's records on disk: the format's Writer and index.jsonl. A record
+/// counts as written only once its index line is written, and its line
+/// only once the Writer says the record is durable, so a reader that
+/// follows the index always finds complete data and run.json's counts are
+/// what a reader can reach. Used under the writer thread's lock.
+class Store {
+ public:
+  Store(std::unique_ptr<Writer> writer, std::unique_ptr<LinesFile> index, Failures& failures);
+
+  /// See `Writer::prepare`; a failure is reported, not thrown.
+  void prepare(const std::vector<const RecordDesc*>& records) noexcept;
+  /// Starts a record (see `Writer::begin`); throws.
+  std::unique_ptr<RecordSink> begin(const RecordDesc& record) { return writer_->begin(record); }
+  /// A record is complete at `location`: its index line waits for `sync()`.
+  void written(const RecordDesc& record, const std::string& location);
+  /// Writes a whole record; a failure is the record's, reported.
+  void write_whole(const RecordDesc& record, const char* data, std::size_t nbytes) noexcept;
+  /// Writes the index lines of what is durable; with `force`, makes all of
+  /// it durable first (see `Writer::sync`). Reports failures.
+  void sync(bool force) noexcept;
+  /// Finalizes the writer, indexes what it made durable, and closes both
+  /// files: a closed run holds no descriptor.
+  void close() noexcept;
+
+  std::int64_t records() const { return records_.load(std::memory_order_relaxed); }
+  std::int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
+
+ private:
+  void write_index() noexcept;
+
+  std::unique_ptr<Writer> writer_;
+  std::unique_ptr<LinesFile> index_;
+  Failures& failures_;
+  // Index lines of records not yet durable, and what they count.
+  std::string pending_index_;
+  std::int64_t pending_records_ = 0;
+  std::int64_t pending_bytes_ = 0;
+  std::atomic<std::int64_t> records_{0};
+  std::atomic<std::int64_t> bytes_{0};
+};
+
+}  // namespace tensortap::detail

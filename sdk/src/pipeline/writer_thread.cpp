@@ -1,0 +1,162 @@
+#include "sdk/src/pipeline/writer_thread.h"
+
+#include <optional>
+
+#include "sdk/src/run/process.h"
+
+namespace tensortap::detail {
+
+WriterThread::WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight, Failures& failures)
+    : staging_(staging), store_(store), stats_(stats), flight_(flight), failures_(failures) {
+  thread_ = std::thread([this] { run(); });
+}
+
+WriterThread::~WriterThread() { stop(); }
+
+void WriterThread::stop() {
+  if (!thread_.joinable()) return;
+  staging_.stop();
+  thread_.join();
+  std::lock_guard<std::mutex> lock(batch_mu_);
+  stopped_ = true;
+  flush_stats(/*durable=*/true);
+  store_.close();
+  stats_.close();
+}
+
+void WriterThread::sync() {
+  std::lock_guard<std::mutex> lock(batch_mu_);
+  if (stopped_) return;
+  flush_stats(/*durable=*/true);
+  store_.sync(/*force=*/true);
+}
+
+void WriterThread::flush_stats(bool durable) noexcept {
+  try {
+    stats_.flush(durable);
+  } catch (...) {
+    failures_.add(nullptr, Failures::current(), 0);
+  }
+}
+
+void WriterThread::run() noexcept {
+  // Recorder calls from here (a Trigger::when predicate) are refused: most
+  // would wait for this thread (process.h).
+  mark_background_thread();
+  staging_.prepare();
+  while (Staging::Buffer* buffer = staging_.take()) {
+    try {
+      write_batch(*buffer);
+    } catch (...) {
+      // Out of memory, say: the batch's records are lost, and counted.
+      failures_.add(nullptr, Failures::current(), 0);
+    }
+    staging_.release(buffer);
+  }
+  // A record cut off by stop() leaves only its temporary, removed here.
+  in_flight_.clear();
+}
+
+void WriterThread::write_batch(const Staging::Buffer& buffer) {
+  std::lock_guard<std::mutex> lock(batch_mu_);
+  starting_.clear();
+  // Only what is stored now: held records are prepared when dumped.
+  for (const Slot& slot : buffer.slots)
+    if (slot.first && slot.ok && slot.record.op == Op::Store) starting_.push_back(&slot.record.desc);
+  store_.prepare(starting_);
+  for (const Slot& slot : buffer.slots) write_slot(slot, buffer.data);
+  store_.sync(/*force=*/false);
+  flush_stats(/*durable=*/false);
+}
+
+void WriterThread::write_slot(const Slot& slot, const char* base) {
+  // A whole record needs no entry; chunks of one share it.
+  InFlight* open = slot.first && slot.last ? nullptr : &in_flight_[slot.id];
+  if (!slot.ok || (open != nullptr && open->failed)) {
+    // The copy into staging failed (the capturing thread got that error), or
+    // an earlier chunk failed (counted then): drop the record.
+    if (open != nullptr) {
+      if (slot.last)
+        in_flight_.erase(slot.id);
+      else
+        *open = InFlight{nullptr, nullptr, {}, /*failed=*/true};
+    }
+    return;
+  }
+  try {
+    apply(slot, base + slot.offset, open);
+    if (open != nullptr && slot.last) in_flight_.erase(slot.id);
+  } catch (...) {
+    const std::string what = Failures::current();
+    if (open != nullptr) {
+      if (slot.last)
+        in_flight_.erase(slot.id);
+      else
+        *open = InFlight{nullptr, nullptr, {}, /*failed=*/true};
+    }
+    failures_.add(slot.record.desc, what);
+  }
+}
+
+void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
+  const Record& record = slot.record;
+  const RecordDesc& desc = record.desc;
+  const auto statistics_done = [&](const TensorStats& stats) {
+    if (record.has_row()) {
+      stats_.append(desc.kind, desc.name, desc.step, stats);
+      stats_rows_.fetch_add(1, std::memory_order_relaxed);
+    }
+    flight_.observe(desc, stats, record.has_row());
+  };
+  switch (record.op) {
+    case Op::Dump: flight_.user_dump(desc.step); return;
+    case Op::StatsVector: statistics_done(stats_from_vector(reinterpret_cast<const double*>(data))); return;
+    case Op::Store:
+    case Op::Hold:
+    case Op::Stats: break;
+  }
+  // Statistics first: a record the flight recorder holds is in the ring
+  // before its own NaN triggers the dump that writes it.
+  std::optional<TensorStats> stats;
+  if (record.computes_stats()) {
+    if (open == nullptr) {
+      StatsAccumulator acc(desc.dtype.element);
+      acc.add(data, slot.nbytes);
+      stats = acc.result();
+    } else {
+      if (!open->stats) open->stats = std::make_unique<StatsAccumulator>(desc.dtype.element);
+      open->stats->add(data, slot.nbytes);
+      if (slot.last) stats = open->stats->result();
+    }
+  }
+  if (record.op == Op::Hold) {
+    if (open == nullptr) {
+      flight_.keep(HeldRecord{slot.record, std::string(data, slot.nbytes)});
+    } else {
+      if (slot.first) {
+        open->held.record = slot.record;
+        open->held.bytes.reserve(desc.nbytes);
+      }
+      open->held.bytes.append(data, slot.nbytes);
+      if (slot.last) flight_.keep(std::move(open->held));
+    }
+  } else if (record.op == Op::Store) {
+    if (open == nullptr) {
+      auto sink = store_.begin(desc);
+      sink->append(data, slot.nbytes);
+      store_.written(desc, sink->finish());
+    } else {
+      if (slot.first) open->sink = store_.begin(desc);
+      if (!open->sink) throw std::logic_error("a chunk arrived for a record that was never begun");
+      open->sink->append(data, slot.nbytes);
+      if (slot.last) {
+        const std::string location = open->sink->finish();
+        open->sink.reset();
+        store_.written(desc, location);
+      }
+    }
+  }
+  if (stats) statistics_done(*stats);
+}
+
+}  // namespace tensortap::detail

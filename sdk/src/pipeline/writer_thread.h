@@ -1,0 +1,76 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "sdk/src/pipeline/failures.h"
+#include "sdk/src/flight/flight.h"
+#include "sdk/src/pipeline/staging.h"
+#include "sdk/src/pipeline/stats.h"
+#include "sdk/src/pipeline/store.h"
+#include "writers/src/stats_file.h"
+
+namespace tensortap::detail {
+
+/// The writer thread, the pipeline's back end: takes staging buffers and
+/// carries out each record's operation (sdk/src/pipeline/record.h): stores it
+/// (Store), hands it to the flight recorder, or appends its statistics row
+/// (StatsFile) and lets the rules see it. It never lets an exception
+/// escape: a failed record is counted in `Failures` and the thread goes on.
+class WriterThread {
+ public:
+  /// Starts the thread. Every reference must outlive it.
+  WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight, Failures& failures);
+  ~WriterThread();
+  WriterThread(const WriterThread&) = delete;
+  WriterThread& operator=(const WriterThread&) = delete;
+
+  /// Drains what is staged, ends the thread, and finalizes and closes the
+  /// run's files.
+  void stop();
+  /// Makes every record written so far durable and indexed. Call it after
+  /// the staging is drained.
+  void sync();
+
+  std::int64_t stats_rows() const { return stats_rows_.load(std::memory_order_relaxed); }
+
+ private:
+  // A record whose chunks are still arriving: the open record in the
+  // format, the statistics so far, or the bytes the flight recorder will
+  // hold. `failed`: an earlier chunk failed, the rest are skipped.
+  struct InFlight {
+    std::unique_ptr<RecordSink> sink;
+    std::unique_ptr<StatsAccumulator> stats;
+    HeldRecord held;
+    bool failed = false;
+  };
+
+  void run() noexcept;
+  void write_batch(const Staging::Buffer& buffer);
+  void write_slot(const Slot& slot, const char* base);
+  // The slot's part of its record's operation; throws.
+  void apply(const Slot& slot, const char* data, InFlight* open);
+  void flush_stats(bool durable) noexcept;
+
+  Staging& staging_;
+  Store& store_;
+  StatsFile& stats_;
+  FlightRecorder& flight_;
+  Failures& failures_;
+  // Records whose chunks are still arriving, by id.
+  std::unordered_map<std::uint64_t, InFlight> in_flight_;
+  std::vector<const RecordDesc*> starting_;
+  // Held while a batch is written, so sync() from another thread never
+  // interleaves with the writer thread.
+  std::mutex batch_mu_;
+  bool stopped_ = false;
+  std::atomic<std::int64_t> stats_rows_{0};
+  std::thread thread_;
+};
+
+}  // namespace tensortap::detail

@@ -1,0 +1,60 @@
+#include "sdk/src/run/back_end.h"
+
+#include "sdk/src/cuda/capture.h"
+
+namespace tensortap::detail {
+namespace {
+
+RunInfo run_info(const Placement& p) {
+  RunInfo info;
+  info.run_dir = p.run_dir;
+  info.rank = p.rank;
+  info.world_size = p.world_size;
+  return info;
+}
+
+}  // namespace
+
+BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& staging, Failures& failures)
+    : staging_(staging), manifest_(options, run_info(placement)) {
+  // Opened once: everything is written through this descriptor, so a
+  // chdir() or a link planted in the directory cannot move the run.
+  run_dir_ = std::make_unique<RunDir>(options.dir(), placement.sub_dir, options.overwrite(), placement.world_size);
+  const Dir& dir = run_dir_->dir();
+  auto writer = make_writer(options.format(), options.hdf5(), options.packed(), dir);
+  manifest_.open(dir);
+  store_ = std::make_unique<Store>(std::move(writer), std::make_unique<LinesFile>(dir, "index.jsonl"), failures);
+  stats_ = std::make_unique<StatsFile>(dir);
+  flight_ = std::make_unique<FlightRecorder>(options, *store_, manifest_, failures);
+  thread_ = std::make_unique<WriterThread>(staging, *store_, *stats_, *flight_, failures);
+  // Device memory that snapshots may hold, per GPU: as much as host staging.
+  cuda_ = make_cuda_engine(staging, 2 * options.buffer_bytes(),
+                           [&failures](const std::string& what) { failures.add(nullptr, what, 1); });
+}
+
+BackEnd::~BackEnd() { stop(); }
+
+void BackEnd::flush(bool index) {
+  if (cuda_) cuda_flush(*cuda_);
+  staging_.wait_drained();
+  if (index) thread_->sync();
+}
+
+void BackEnd::stop() {
+  if (cuda_) cuda_stop(*cuda_);
+  thread_->stop();
+}
+
+void BackEnd::close(const Counters& counters, const std::string& first_error) {
+  flight_->on_close();
+  try {
+    manifest_.close(counters, first_error);
+  } catch (...) {
+    // The last write: let go of the directory and its lock either way.
+    run_dir_->release();
+    throw;
+  }
+  run_dir_->release();
+}
+
+}  // namespace tensortap::detail

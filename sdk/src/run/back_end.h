@@ -1,0 +1,73 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <tensortap/options.h>
+#include <tensortap/recorder.h>
+
+#include "sdk/src/pipeline/failures.h"
+#include "sdk/src/flight/flight.h"
+#include "sdk/src/run/run_json.h"
+#include "sdk/src/run/settings.h"
+#include "sdk/src/pipeline/staging.h"
+#include "sdk/src/pipeline/store.h"
+#include "sdk/src/pipeline/writer_thread.h"
+#include "writers/src/run_dir.h"
+#include "writers/src/stats_file.h"
+
+namespace tensortap::detail {
+
+class CudaEngine;
+
+/// The back side of one run: its directory (open and locked from
+/// construction to close), run.json, the records' files, the statistics
+/// table, the flight recorder, the writer thread and, with CUDA, the
+/// copier. The front end owns one on every rank that captures.
+class BackEnd {
+ public:
+  /// Opens the directory, writes run.json and starts the writer thread.
+  /// Throws `Error` naming the path. `options`, `staging` and `failures`
+  /// must outlive it.
+  BackEnd(const Options& options, const Placement& placement, Staging& staging, Failures& failures);
+  /// Stops (see `stop()`).
+  ~BackEnd();
+  BackEnd(const BackEnd&) = delete;
+  BackEnd& operator=(const BackEnd&) = delete;
+
+  FlightRecorder& flight() { return *flight_; }
+  const FlightRecorder& flight() const { return *flight_; }
+  /// The copier, or null without CUDA (build or device).
+  CudaEngine* engine() const { return cuda_.get(); }
+
+  /// Returns when everything queued so far is through the writer thread;
+  /// with `index`, also durable and indexed.
+  void flush(bool index);
+  /// Moves what the copier holds to staging, drains it, ends both threads
+  /// and closes the files.
+  void stop();
+  /// After `stop()`: rewrites run.json as closed with `counters`, and lets go
+  /// of the directory and its lock. Throws `Error`.
+  void close(const Counters& counters, const std::string& first_error);
+
+  /// The run directory's descriptor, to ask its file system for room
+  /// (fstatvfs); valid until `close()`.
+  int space_fd() const { return run_dir_->dir().fd(); }
+  std::int64_t records() const { return store_->records(); }
+  std::int64_t bytes() const { return store_->bytes(); }
+  std::int64_t stats_rows() const { return thread_->stats_rows(); }
+
+ private:
+  Staging& staging_;
+  std::unique_ptr<RunDir> run_dir_;
+  RunManifest manifest_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<StatsFile> stats_;
+  std::unique_ptr<FlightRecorder> flight_;
+  std::unique_ptr<WriterThread> thread_;
+  // Last, so stopped first: its copier thread feeds staging and reports to
+  // the failures. Null without CUDA (build or device).
+  std::shared_ptr<CudaEngine> cuda_;
+};
+
+}  // namespace tensortap::detail

@@ -1,0 +1,210 @@
+#include "sdk/src/run/run_json.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "writers/src/json.h"
+#include "writers/src/versions.h"
+
+namespace tensortap::detail {
+namespace {
+
+const char* format_name(Format f) {
+  switch (f) {
+    case Format::Npy: return "npy";
+    case Format::Hdf5: return "hdf5";
+    case Format::Packed: return "packed";
+  }
+  return "?";
+}
+const char* overflow_name(Overflow o) { return o == Overflow::Block ? "block" : "drop_newest"; }
+const char* after_dump_name(AfterDump a) {
+  return a == AfterDump::Continue ? "continue" : a == AfterDump::Throw ? "throw" : "stop_capture";
+}
+
+// A double as JSON: NaN and infinities, which JSON lacks, as null.
+std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
+
+}  // namespace
+
+void append_dump_json(std::string& j, const Dump& d) {
+  j += fmt::format("{{\"step\": {}, \"reason\": \"{}\", \"steps\": ", d.step, d.reason);
+  append_json_ints(j, d.steps);
+  if (d.trigger != "user") {
+    j += fmt::format(", \"kind\": \"{}\", \"name\": ", kind_name(d.kind));
+    append_json_string(j, d.name);
+    j += fmt::format(", \"trigger\": {{\"kind\": \"{}\"", d.trigger);
+    if (d.window > 0) j += fmt::format(", \"factor\": {}, \"window\": {}", d.factor, d.window);
+    j += "}";
+    if (d.window > 0)
+      j += fmt::format(", \"value\": {}, \"median\": {}", json_number(d.value), json_number(d.median));
+  }
+  j += "}";
+}
+
+std::string run_json(const Options& o, const RunInfo& info) {
+  std::string j = "{\n";
+  j += fmt::format("  \"format_version\": {},\n", kFormatVersion);
+  j += fmt::format("  \"tensortap_version\": \"{}\",\n", kTensortapVersion);
+  j += fmt::format("  \"torch_version\": \"{}\",\n", kTorchVersion);
+  j += "  \"options\": {\n    \"dir\": ";
+  append_json_string(j, o.dir());
+  // run.json predates std::optional: an unset stop stays -1 for the readers of existing runs.
+  j += fmt::format(",\n    \"format\": \"{}\",\n    \"every\": {},\n    \"start\": {},\n    \"stop\": {},\n",
+                   format_name(o.format()), o.every(), o.start(), o.stop().value_or(-1));
+  j += "    \"include\": ";
+  append_json_string(j, o.include());
+  j += ",\n    \"exclude\": ";
+  append_json_string(j, o.exclude());
+  j += ",\n    \"kinds\": [";
+  bool first = true;
+  for (Kind k : kAllKinds) {
+    if (!o.kinds().contains(k)) continue;
+    j += fmt::format("{}\"{}\"", first ? "" : ", ", kind_name(k));
+    first = false;
+  }
+  j += "],\n    \"every_by_kind\": {";
+  first = true;
+  for (Kind k : kAllKinds) {
+    j += fmt::format("{}\"{}\": {}", first ? "" : ", ", kind_name(k), o.every(k));
+    first = false;
+  }
+  j += "},\n    \"steps\": ";
+  append_json_ints(j, o.steps());
+  j += ",\n    \"ranks\": ";
+  append_json_ints(j, o.ranks());
+  j += fmt::format(",\n    \"capture_eval\": {},\n    \"grad_per_backward\": {},\n    \"capture_ops\": {}",
+                   o.capture_eval() ? "true" : "false", o.grad_per_backward() ? "true" : "false",
+                   o.capture_ops() ? "true" : "false");
+  j += fmt::format(",\n    \"on_error\": \"{}\"", o.on_error() == OnError::Stop ? "stop" : "continue");
+  j += ",\n    \"tap_sequential\": ";
+  append_json_string(j, o.tap_sequential());
+  j += fmt::format(",\n    \"buffer_bytes\": {},\n    \"overflow\": \"{}\",\n    \"overwrite\": {}", o.buffer_bytes(),
+                   overflow_name(o.overflow()), o.overwrite() ? "true" : "false");
+  j += fmt::format(
+      ",\n    \"stats_every\": {},\n    \"flight_recorder\": {},\n    \"flight_recorder_bytes\": {},\n    "
+      "\"after_dump\": \"{}\"",
+      o.stats_every(), o.flight_recorder(), o.flight_recorder_bytes(), after_dump_name(o.after_dump()));
+  j += ",\n    \"dump_on\": [";
+  for (std::size_t i = 0; i < o.triggers().size(); ++i) {
+    const Trigger& t = o.triggers()[i];
+    j += fmt::format("{}{{\"kind\": \"{}\"", i ? ", " : "", t.type_name());
+    if (t.type() == Trigger::Type::Spike) {
+      j += ", \"name\": ";
+      append_json_string(j, t.name());
+    }
+    if (t.window() > 0) j += fmt::format(", \"factor\": {}, \"window\": {}", t.factor(), t.window());
+    j += fmt::format(", \"cooldown\": {}}}", t.cooldown());
+  }
+  j += "]";
+  if (o.format() == Format::Hdf5) {
+    const Hdf5Options& h = o.hdf5();
+    j += fmt::format(",\n    \"hdf5\": {{\"deflate\": {}, \"shuffle\": {}, \"chunk_bytes\": {}, \"flush_every\": {}}}",
+                     h.deflate(), h.shuffle() ? "true" : "false", h.chunk_bytes(), h.flush_every());
+  }
+  if (o.format() == Format::Packed)
+    j += fmt::format(",\n    \"packed\": {{\"segment_bytes\": {}}}", o.packed().segment_bytes());
+  j += "\n  },\n";
+  j += fmt::format("  \"rank\": {},\n  \"world_size\": {},\n", info.rank, info.world_size);
+  j += fmt::format("  \"start_time\": \"{}\",\n", info.start_time);
+  j += "  \"dumps\": [";
+  for (std::size_t i = 0; i < info.dumps.size(); ++i) {
+    j += i ? ",\n    " : "\n    ";
+    append_dump_json(j, info.dumps[i]);
+  }
+  j += info.dumps.empty() ? "],\n" : "\n  ],\n";
+  if (info.closed) {
+    j += fmt::format("  \"end_time\": \"{}\",\n", info.end_time);
+    j += fmt::format("  \"records\": {},\n  \"bytes\": {},\n  \"dropped\": {},\n  \"errors\": {},\n",
+                     info.counters.records, info.counters.bytes, info.counters.dropped, info.counters.errors);
+    if (!info.first_error.empty()) {
+      j += "  \"first_error\": ";
+      append_json_string(j, info.first_error.substr(0, 2000));  // run.json keeps its size
+      j += ",\n";
+    }
+  }
+  j += fmt::format("  \"closed\": {}\n}}\n", info.closed ? "true" : "false");
+  return j;
+}
+
+namespace {
+
+// What close() adds to run.json besides the dumps: the end time, the
+// counters and the first error (2,000 characters, escaped).
+constexpr std::uint64_t kCloseBytes = 16384;
+
+}  // namespace
+
+void RunManifest::open(const Dir& dir) {
+  std::lock_guard<std::mutex> lock(mu_);
+  dir_ = &dir;
+  info_.start_time = utc_now();
+  const std::string json = run_json(options_, info_);
+  run_json_room_ = write_run_json(*dir_, json);
+  run_json_need_ = json.size() + kCloseBytes;
+}
+
+void RunManifest::add_dump(const Dump& dump) {
+  std::string line;
+  append_dump_json(line, dump);
+  line += '\n';
+  // The lines of dumps whose append failed (none, but after a full disk),
+  // then this one.
+  std::string lines;
+  std::size_t total = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    info_.dumps.push_back(dump);
+    total = info_.dumps.size();
+    for (std::size_t i = appended_; i + 1 < total; ++i) {
+      append_dump_json(lines, info_.dumps[i]);
+      lines += '\n';
+    }
+  }
+  lines += line;
+  // The files outside the lock: dumps() (Recorder::dumps(), on the training
+  // thread) never waits for the disk. Only the writer thread gets here.
+  //
+  // close() lists every dump in run.json: its blocks grow ahead of that
+  // text, doubling (so a reservation once in many dumps), so that close()
+  // can still rewrite it in place on a full disk.
+  run_json_need_ += line.size() + 8;
+  if (run_json_need_ > run_json_room_) {
+    run_json_room_ = 2 * run_json_need_;
+    reserve_run_json(*dir_, run_json_room_);
+  }
+  // Created at the first dump, exclusively: RunDir removed or refused any
+  // file of that name when the run opened.
+  if (!dumps_file_) dumps_file_ = std::make_unique<LinesFile>(*dir_, "dumps.jsonl");
+  dumps_file_->append(lines);
+  appended_ = total;
+  // On disk before step() can see the dump and act on it.
+  dumps_file_->datasync();
+}
+
+std::vector<Dump> RunManifest::dumps(std::size_t limit) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::size_t n = std::min(limit, info_.dumps.size());
+  return std::vector<Dump>(info_.dumps.begin(), info_.dumps.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+Dump RunManifest::last_dump(std::size_t limit) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::size_t n = std::min(limit, info_.dumps.size());
+  return n > 0 ? info_.dumps[n - 1] : Dump{};
+}
+
+void RunManifest::close(const Counters& counters, const std::string& first_error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // A closed run holds no file; the writer thread, which appends, has stopped.
+  dumps_file_.reset();
+  info_.closed = true;
+  info_.end_time = utc_now();
+  info_.counters = counters;
+  info_.first_error = first_error;
+  write_run_json(*dir_, run_json(options_, info_));
+}
+
+}  // namespace tensortap::detail

@@ -1,0 +1,98 @@
+#pragma once
+
+// run.json and dumps.jsonl, the sdk's side of them: what run.json says (the
+// recorder's options, its place in the world, its counters and dumps), a
+// dump's line of dumps.jsonl, and RunManifest, which keeps both on disk. The
+// sdk renders them because it knows Options, Counters and Dump; writers/
+// writes the bytes (write_run_json() and LinesFile).
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <tensortap/options.h>
+#include <tensortap/recorder.h>
+
+#include "writers/src/file.h"
+#include "writers/src/lines_file.h"
+#include "writers/src/run_dir.h"
+
+namespace tensortap::detail {
+
+/// What run.json says besides the options.
+struct RunInfo {
+  /// Where this rank writes (the options' dir, or its rank<r>/ below it).
+  std::string run_dir;
+  std::int64_t rank = 0;
+  std::int64_t world_size = 1;
+  std::string start_time;
+  std::string end_time;
+  bool closed = false;
+  Counters counters;
+  std::string first_error;
+  /// The flight recorder's dumps and the triggers' marks.
+  std::vector<Dump> dumps;
+};
+
+/// The whole text of run.json for a run with `options` (DESIGN section 3).
+std::string run_json(const Options& options, const RunInfo& info);
+
+/// Appends `dump` as one JSON object, without a newline: an entry of
+/// run.json's "dumps" and a line of dumps.jsonl, in the same form.
+void append_dump_json(std::string& out, const Dump& dump);
+
+
+/// The run's `run.json` (what it says: RunInfo) and `dumps.jsonl`. run.json
+/// is written twice: when the run opens and at close, which lists every
+/// dump. In between each flight-recorder dump (from the writer thread) is
+/// appended to dumps.jsonl, one line, made when the first dump is: a dump
+/// costs the same at the thousandth as at the first, where rewriting
+/// run.json with every dump so far grew with the run. run.json's reserved
+/// blocks grow with the dumps, so that close() still fits on a full disk.
+class RunManifest {
+ public:
+  /// `options` and `dir` must outlive it.
+  RunManifest(const Options& options, RunInfo info) : options_(options), info_(std::move(info)) {}
+
+  /// Writes the first run.json into `dir`, where dumps.jsonl goes too.
+  void open(const Dir& dir);
+  /// Adds a dump and appends its line to dumps.jsonl, on disk (fdatasync)
+  /// when it returns. Throws `Error`; the dump is kept all the same, and
+  /// the next dump's append writes the lines a failed one left out. From
+  /// one thread (the writer thread), before close().
+  void add_dump(const Dump& dump);
+  /// A copy of the first `limit` dumps (all of them by default).
+  std::vector<Dump> dumps(std::size_t limit = std::numeric_limits<std::size_t>::max()) const;
+  /// The last of the first `limit` dumps; a default Dump if none.
+  Dump last_dump(std::size_t limit) const;
+  /// Closes dumps.jsonl, marks the run closed with its counters and first
+  /// error, and rewrites run.json one last time, every dump listed. Throws
+  /// `Error`.
+  void close(const Counters& counters, const std::string& first_error);
+
+  /// Where and as which rank this process writes; fixed once placed.
+  const std::string& run_dir() const { return info_.run_dir; }
+  std::int64_t rank() const { return info_.rank; }
+  std::int64_t world_size() const { return info_.world_size; }
+
+ private:
+  const Options& options_;
+  const Dir* dir_ = nullptr;
+  mutable std::mutex mu_;
+  RunInfo info_;
+  // dumps.jsonl, from the first dump on, and how many of info_.dumps it
+  // has. Not under mu_: only add_dump() (one thread) and then close() use
+  // them.
+  std::unique_ptr<LinesFile> dumps_file_;
+  std::size_t appended_ = 0;
+  // The bytes reserved for run.json, and what close() will write there at
+  // most. Set by open(), then the writer thread's like the file.
+  std::uint64_t run_json_room_ = 0;
+  std::uint64_t run_json_need_ = 0;
+};
+
+}  // namespace tensortap::detail

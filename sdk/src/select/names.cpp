@@ -1,0 +1,107 @@
+#include "sdk/src/select/names.h"
+
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "writers/src/check.h"
+
+namespace tensortap::detail {
+namespace {
+
+// Recorder::scope() names, innermost last, with the table each belongs to.
+thread_local std::vector<std::pair<const NameTable*, std::string>> t_scopes;
+
+}  // namespace
+
+std::pair<const std::string, NameTable::NameState>& NameTable::entry(const std::string& name) {
+  auto [it, created] = names_.try_emplace(name);
+  if (created) it->second.has_hash = name.find('#') != std::string::npos;
+  return *it;
+}
+
+GivenName NameTable::next_name(std::pair<const std::string, NameState>& entry, Kind kind, std::int64_t step) {
+  const std::string& name = entry.first;
+  NameState& state = entry.second;
+  auto& slots = state.counts[static_cast<std::size_t>(kind)];
+  NameState::Count* count = slots[0].step == step ? &slots[0] : slots[1].step == step ? &slots[1] : nullptr;
+  if (count == nullptr) {
+    // A new step for this name: recycle the older of the two counters.
+    count = slots[0].step <= slots[1].step ? &slots[0] : &slots[1];
+    if (count->step > step) {
+      // Older than both steps the counters hold: a capture on another
+      // thread that read its step before two step() calls. How many records
+      // of `name` that step had is forgotten, and restarting its count would
+      // give a name (and a file) a record of that step already has. A name
+      // of its own instead, which no counted record can have.
+      return GivenName(fmt::format("{}#late{}", name, ++state.late[static_cast<std::size_t>(kind)]));
+    }
+    *count = {step, 0};
+  }
+  int& k = count->next;
+  // The common case: the name's first record in the step. A name without
+  // '#' cannot be one that a repeat ("x#1") or the user ("h#1") took.
+  if (k == 0 && !state.has_hash) {
+    k = 1;
+    return GivenName(&name);
+  }
+  TakenNames* taken = taken_[0].step == step ? &taken_[0] : taken_[1].step == step ? &taken_[1] : nullptr;
+  if (taken == nullptr) {
+    taken = taken_[0].step <= taken_[1].step ? &taken_[0] : &taken_[1];
+    taken->step = step;
+    taken->names.clear();
+  }
+  // Kinds are separate namespaces: the key is the kind's byte, then the name.
+  std::string key(1, static_cast<char>(kind));
+  key += name;
+  std::string candidate = k == 0 ? key : fmt::format("{}#{}", key, k);
+  while (taken->names.count(candidate) != 0) candidate = fmt::format("{}#{}", key, ++k);
+  ++k;
+  taken->names.insert(candidate);
+  return GivenName(candidate.substr(1));
+}
+
+void NameTable::push_scope(const std::string& name) {
+  if (name.empty()) fail("Recorder::scope(\"\"): a scope needs a name");
+  t_scopes.emplace_back(this, name);
+}
+
+void NameTable::pop_scope() noexcept {
+  for (auto it = t_scopes.rbegin(); it != t_scopes.rend(); ++it)
+    if (it->first == this) {
+      t_scopes.erase(std::next(it).base());
+      return;
+    }
+}
+
+std::string NameTable::scoped(Kind kind, const std::string& name) const {
+  if (t_scopes.empty() || (kind != Kind::Activation && kind != Kind::ActivationGrad && kind != Kind::Tensor))
+    return name;
+  std::string out;
+  for (const auto& [table, scope] : t_scopes)
+    if (table == this) out += scope + "/";
+  return out + name;
+}
+
+GivenName NameTable::repeat(Kind kind, const std::string& name, std::int64_t step) {
+  std::lock_guard<SpinLock> lock(mu_);
+  if (t_scopes.empty()) return next_name(entry(name), kind, step);
+  return next_name(entry(scoped(kind, name)), kind, step);
+}
+
+std::optional<GivenName> NameTable::capture_name(const std::string& name, std::int64_t step, const Sampling& sampling) {
+  if (!t_scopes.empty()) {
+    // Inside a scope: selected by the caller's name, named by the scoped one.
+    if (!sampling.selected(name)) return std::nullopt;
+    return repeat(Kind::Tensor, name, step);
+  }
+  // Selection and the repeat suffix: one lock, one lookup.
+  std::lock_guard<SpinLock> lock(mu_);
+  auto& e = entry(name);
+  NameState& state = e.second;
+  if (state.selected < 0) state.selected = sampling.selected(name) ? 1 : 0;
+  if (state.selected == 0) return std::nullopt;
+  return next_name(e, Kind::Tensor, step);
+}
+
+}  // namespace tensortap::detail

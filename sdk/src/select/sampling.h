@@ -1,0 +1,78 @@
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include <tensortap/options.h>
+
+#include "sdk/src/select/pattern.h"
+#include "writers/src/kind_set_access.h"
+
+namespace tensortap::detail {
+
+/// What is captured: which steps and kinds are sampled (full tensors, or
+/// their statistics), and which names are selected. The current step and
+/// its plan live in one atomic word, so a hook on another thread never
+/// pairs one step's number with another's plan, and the hot path's test is
+/// one relaxed load.
+class Sampling {
+ public:
+  /// Compiles the name patterns; throws `Error` for a bad one.
+  explicit Sampling(const Options& options);
+
+  /// Whether `kind` is captured now, full or as statistics. False before
+  /// the first step, on steps not sampled, and once stopped.
+  bool active(Kind kind) const noexcept {
+    const std::uint64_t bit = KindSetAccess::bit(kind);
+    return (state_.load(std::memory_order_relaxed) & (bit | bit << kStatsShift)) != 0;
+  }
+  /// The current step, -1 before the first.
+  std::int64_t current_step() const noexcept {
+    return static_cast<std::int64_t>(state_.load(std::memory_order_relaxed) >> kStepShift) - 1;
+  }
+  /// Whether `name` passes the include and exclude patterns.
+  bool selected(const std::string& name) const;
+  /// Whether the Sequential child at `path` is to be made a tap point.
+  bool taps_sequential_child(const std::string& path) const {
+    return !tap_sequential_.empty() && tap_sequential_.search(path);
+  }
+
+  /// What a record of `step` gets: full-tensor kind bits in the low byte,
+  /// statistics bits in the next (see `full()` and `stats()`). A late
+  /// record (gradients commit when the next step begins) gets its own
+  /// step's plan. Nothing unless `capturing`; no full tensors when
+  /// `full_halted`.
+  std::uint64_t plan(std::int64_t step, bool capturing, bool full_halted) const;
+  static bool full(std::uint64_t plan, Kind kind) { return (plan & KindSetAccess::bit(kind)) != 0; }
+  static bool stats(std::uint64_t plan, Kind kind) { return (plan >> kStatsShift & KindSetAccess::bit(kind)) != 0; }
+
+  /// Makes `step` current with its plan.
+  void begin(std::int64_t step, bool capturing, bool full_halted);
+  /// Captures nothing more, keeping the current step.
+  void stop() { state_.fetch_and(~kPlanMask, std::memory_order_relaxed); }
+
+ private:
+  // The kinds `step` samples, and those whose statistics it takes.
+  std::uint64_t full_bits(std::int64_t step) const;
+  std::uint64_t stats_bits(std::int64_t step) const;
+
+  const Options& options_;
+  // Matched without backtracking: a hostile pattern or name cannot hang or
+  // overflow the stack (see Pattern).
+  Pattern include_;
+  Pattern exclude_;
+  Pattern tap_sequential_;
+  const bool has_include_;
+  const bool has_exclude_;
+
+  // (step + 1) << kStepShift | statistics kind bits << kStatsShift | full
+  // kind bits. 0 = before the first step.
+  static constexpr unsigned kStatsShift = 8;
+  static constexpr unsigned kStepShift = 16;
+  static constexpr std::uint64_t kPlanMask = (std::uint64_t{1} << kStepShift) - 1;
+  static constexpr std::uint64_t kFullMask = (std::uint64_t{1} << kStatsShift) - 1;
+  std::atomic<std::uint64_t> state_{0};
+};
+
+}  // namespace tensortap::detail

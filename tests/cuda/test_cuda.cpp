@@ -1,0 +1,472 @@
+// CUDA tensors through the whole recorder: values, in-place changes after
+// capture, memory over many captures, several devices. Built only with a
+// LibTorch that has CUDA; every case skips (with a warning) without a device.
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <torch/nn/modules/container/functional.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <tensortap/tensortap.h>
+
+#include "tests/support/helpers.h"
+#include "sdk/src/cuda/capture.h"
+#include "sdk/src/cuda/engine.h"
+#include "sdk/src/cuda/pinned.h"
+
+namespace {
+
+bool have_cuda() {
+  if (!torch::cuda::is_available()) {
+    WARN("skipped: LibTorch sees no CUDA device");
+    return false;
+  }
+  return true;
+}
+
+using tt_test::npy;
+
+// What the file must hold: the tensor's values on the host, bfloat16 widened
+// to float32 as the writers store it, conjugate views resolved.
+at::Tensor expected_of(const at::Tensor& t) {
+  at::Tensor c = t.cpu().resolve_conj().resolve_neg();
+  return c.scalar_type() == at::kBFloat16 ? c.to(at::kFloat) : c;
+}
+
+bool same(const at::Tensor& got, const at::Tensor& want) {
+  return got.scalar_type() == want.scalar_type() && got.sizes() == want.sizes() && torch::equal(got, want);
+}
+
+// Host memory the kernel counts as locked or pinned for this process
+// (VmLck + VmPin in /proc/self/status, kB): the operating system's view,
+// not tensortap's counter.
+std::int64_t locked_kb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  std::int64_t kb = 0;
+  while (std::getline(in, line))
+    if (line.rfind("VmLck:", 0) == 0 || line.rfind("VmPin:", 0) == 0) kb += std::stoll(line.substr(6));
+  return kb;
+}
+
+}  // namespace
+
+TEST_CASE("CUDA captures hold exactly t.cpu(), every dtype and layout", "[gpu][cuda][torch]") {
+  if (!have_cuda()) return;
+  tt_test::TempDir dir;
+  const std::string run = dir / "run";
+  const torch::Device dev(torch::kCUDA, 0);
+  torch::manual_seed(0);
+  const auto on = [&](at::ScalarType t) { return torch::TensorOptions().dtype(t).device(dev); };
+  std::vector<std::pair<std::string, at::Tensor>> cases{
+      {"f32", torch::randn({37, 65}, on(torch::kFloat))},
+      {"f64", torch::randn({13, 7}, on(torch::kDouble))},
+      {"f16", torch::randn({1000}, on(torch::kHalf))},
+      {"bf16", torch::randn({33, 3}, on(torch::kBFloat16))},
+      {"c64", torch::randn({5, 7}, on(torch::kComplexFloat))},
+      {"c128", torch::randn({9}, on(torch::kComplexDouble))},
+      {"u8", torch::randint(0, 256, {777}, on(torch::kByte))},
+      {"i8", torch::randint(-128, 128, {777}, on(torch::kChar))},
+      {"i16", torch::randint(-30000, 30000, {300}, on(torch::kShort))},
+      {"i32", torch::randint(-1000000, 1000000, {300}, on(torch::kInt))},
+      {"i64", torch::randint(-1000000, 1000000, {3, 100}, on(torch::kLong))},
+      {"bool", torch::rand({99}, on(torch::kFloat)) > 0.5},
+      {"scalar", torch::tensor(3.5, on(torch::kFloat))},
+      {"empty", torch::empty({0, 5}, on(torch::kFloat))},
+      // Not a plain byte copy: strided, sliced with a step, conjugated,
+      // bfloat16 strided.
+      {"transposed", torch::randn({64, 48}, on(torch::kFloat)).t()},
+      {"stepped", torch::randn({100}, on(torch::kDouble)).slice(0, 1, 100, 3)},
+      {"conj", torch::randn({6, 6}, on(torch::kComplexFloat)).conj()},
+      {"bf16_t", torch::randn({40, 24}, on(torch::kBFloat16)).t()},
+      // Larger than a staging buffer (chunks) and than the device budget
+      // (its own snapshot).
+      {"large", torch::randn({3 << 20}, on(torch::kFloat))},
+      {"large_t", torch::randn({1024, 1500}, on(torch::kFloat)).t()},
+      // Contiguous, but not at the start of its storage: a byte copy from
+      // the view's first element, not the storage's.
+      {"offset", torch::randn({4096}, on(torch::kFloat)).slice(0, 100, 1100)},
+      {"offset_2d", torch::randn({64, 64}, on(torch::kFloat)).slice(0, 3, 10)},
+      // Not C-contiguous: ATen's copy into C order.
+      {"channels_last", torch::randn({2, 3, 8, 8}, on(torch::kFloat)).contiguous(at::MemoryFormat::ChannelsLast)},
+      // Every row the same memory: stored as the full expanded array.
+      {"expanded", torch::randn({1, 64}, on(torch::kFloat)).expand({32, 64})},
+      {"expanded_scalar", torch::randn({}, on(torch::kFloat)).expand({5, 7})},
+  };
+  const std::uint64_t before = tensortap::detail::cuda_captures();
+  std::vector<at::Tensor> expected;
+  {
+    tensortap::Recorder rec(tensortap::Options(run).buffer_bytes(1 << 20));
+    rec.step(0);
+    for (const auto& [name, t] : cases) {
+      rec.capture(name, t);
+      expected.push_back(expected_of(t));
+    }
+    rec.close();
+    CHECK(rec.counters().dropped == 0);
+    CHECK(rec.counters().errors == 0);
+  }
+  // Through the engine, not a synchronous copy to the host.
+  CHECK(tensortap::detail::cuda_captures() - before == cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    INFO(cases[i].first << ": " << cases[i].second.toString() << " " << cases[i].second.sizes());
+    const at::Tensor got = tensortap::load_npy(npy(run, "tensor", cases[i].first, 0));
+    CHECK(same(got, expected[i]));
+  }
+}
+
+TEST_CASE("captured gradients and weights survive opt.step() and zero_grad() in place, 1,000 steps",
+          "[gpu][cuda][torch][slow]") {
+  if (!have_cuda()) return;
+  tt_test::TempDir dir;
+  const std::string run = dir / "run";
+  const torch::Device dev(torch::kCUDA, 0);
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(64, 128), torch::nn::Functional(torch::relu),
+                              torch::nn::Linear(128, 10));
+  model->to(dev);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  const at::Tensor weight = model->named_parameters()["0.weight"];
+  constexpr int kSteps = 1000;
+  // What each step's files must hold, kept on the device and taken in stream
+  // order like the captures: no host synchronization in the loop, so the
+  // copier races with the steps that follow, as in real training.
+  std::vector<at::Tensor> want_grad, want_weight, want_bias_grad;
+  {
+    auto rec = tensortap::watch(*model, tensortap::Options(run).every(1).buffer_bytes(256 << 10));
+    for (int step = 0; step < kSteps; ++step) {
+      rec->step(step);
+      const at::Tensor x = torch::randn({32, 64}, dev);
+      const at::Tensor loss = model->forward(x).pow(2).mean();
+      loss.backward();
+      // The gradient hooks hold the step's gradient; weight.grad() is what
+      // the optimizer sees: the same values.
+      rec->capture("w", weight);
+      rec->capture("w_grad", weight.grad());
+      want_weight.push_back(weight.detach().clone());
+      want_grad.push_back(weight.grad().detach().clone());
+      want_bias_grad.push_back(model->named_parameters()["2.bias"].grad().detach().clone());
+      opt.step();                            // changes the weight in place
+      opt.zero_grad(/*set_to_none=*/false);  // zeroes the gradient in place
+    }
+    rec->close();
+    CHECK(rec->counters().dropped == 0);
+    CHECK(rec->counters().errors == 0);
+  }
+  for (int step = 0; step < kSteps; ++step) {
+    INFO("step " << step);
+    REQUIRE(same(tensortap::load_npy(npy(run, "tensor", "w", step)), want_weight[step].cpu()));
+    REQUIRE(same(tensortap::load_npy(npy(run, "tensor", "w_grad", step)), want_grad[step].cpu()));
+    // Through watch(): the hook's accumulator is overwritten in place by the
+    // next step's backward.
+    REQUIRE(same(tensortap::load_npy(npy(run, "grad", "0.weight", step)), want_grad[step].cpu()));
+    REQUIRE(same(tensortap::load_npy(npy(run, "grad", "2.bias", step)), want_bias_grad[step].cpu()));
+  }
+}
+
+TEST_CASE("no growth of pinned or device memory over 10,000 captures", "[gpu][cuda][torch][slow]") {
+  if (!have_cuda()) return;
+  tt_test::TempDir dir;
+  const torch::Device dev(torch::kCUDA, 0);
+  constexpr std::size_t kBuffer = 1 << 20;  // the device budget is 2 MiB
+  // Small ones coalesce, one is chunked, one is larger than the device
+  // budget (a snapshot from LibTorch's allocator), one needs a kernel.
+  std::vector<at::Tensor> tensors{
+      torch::randn({16}, dev),
+      torch::randn({1000}, dev),
+      torch::randn({64, 64}, dev),
+      torch::randn({400000}, dev),
+      torch::randn({800000}, dev),
+      torch::randn({256, 64}, torch::TensorOptions().dtype(torch::kBFloat16).device(dev)).t()};
+  tensortap::Recorder rec(tensortap::Options(dir / "run").every(1).buffer_bytes(kBuffer));
+  std::int64_t step = 0;
+  const auto steps = [&](int n) {
+    for (int i = 0; i < n; ++i, ++step) {
+      rec.step(step);
+      for (std::size_t k = 0; k < tensors.size(); ++k) {
+        rec.capture("t" + std::to_string(k), tensors[k]);
+        tensors[k].add_(1);
+      }
+    }
+    rec.flush();
+  };
+  steps(100);  // warm-up: arena, events, pinned buffers, allocator blocks
+  const auto reserved = [] { return c10::cuda::CUDACachingAllocator::getDeviceStats(0).reserved_bytes[0].current; };
+  std::size_t free_before = 0, free_after = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&free_before, &total) == cudaSuccess);
+  const auto reserved_before = reserved();
+  const std::size_t pinned_before = tensortap::detail::pinned_host_bytes();
+  const std::int64_t locked_before = locked_kb();
+  const int n = 10000 / static_cast<int>(tensors.size()) + 1;
+  steps(n);
+  REQUIRE(cudaMemGetInfo(&free_after, &total) == cudaSuccess);
+  CHECK(free_after == free_before);
+  CHECK(locked_kb() == locked_before);
+  CHECK(reserved() == reserved_before);
+  CHECK(tensortap::detail::pinned_host_bytes() == pinned_before);
+  CHECK(pinned_before >= 2 * kBuffer);  // the staging buffers are pinned
+  rec.close();
+  CHECK(rec.counters().records == static_cast<std::int64_t>((100 + n) * tensors.size()));
+  CHECK(rec.counters().errors == 0);
+}
+
+TEST_CASE("CPU and CUDA tensors, and every GPU, in one run", "[gpu][cuda][torch]") {
+  if (!have_cuda()) return;
+  tt_test::TempDir dir;
+  const std::string run = dir / "run";
+  const int devices = static_cast<int>(torch::cuda::device_count());
+  std::vector<std::pair<std::string, at::Tensor>> cases{{"cpu", torch::randn({100})}};
+  for (int d = 0; d < devices; ++d)
+    cases.emplace_back("gpu" + std::to_string(d), torch::randn({1000 + d}, torch::Device(torch::kCUDA, d)));
+  std::vector<at::Tensor> expected;
+  for (const auto& c : cases) expected.push_back(c.second.cpu());
+  tensortap::Recorder rec(tensortap::Options(run).every(1));
+  for (int step = 0; step < 20; ++step) {
+    rec.step(step);
+    for (const auto& [name, t] : cases) rec.capture(name, t);
+  }
+  rec.close();
+  CHECK(rec.counters().records == static_cast<std::int64_t>(20 * cases.size()));
+  for (int step = 0; step < 20; ++step)
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      INFO(cases[i].first << " step " << step);
+      CHECK(same(tensortap::load_npy(npy(run, "tensor", cases[i].first, step)), expected[i]));
+    }
+  if (devices < 2) WARN("only 1 CUDA device: the several-GPU part ran on one");
+}
+
+TEST_CASE("DropNewest drops CUDA captures when the device budget is full, and counts them", "[gpu][cuda][torch]") {
+  if (!have_cuda()) return;
+  tt_test::TempDir dir;
+  const torch::Device dev(torch::kCUDA, 0);
+  const at::Tensor t = torch::randn({200000}, dev);  // 800 KB: 2 fit in a 2 MiB budget
+  tensortap::Recorder rec(
+      tensortap::Options(dir / "run").every(1).buffer_bytes(1 << 20).overflow(tensortap::Overflow::DropNewest));
+  // Keep the stream busy so snapshots pile up: what the copier waits for
+  // has not run yet.
+  at::Tensor big = torch::randn({4096, 4096}, dev);
+  rec.step(0);
+  for (int i = 0; i < 20; ++i) big = big.mm(big).div_(4096);
+  for (int i = 0; i < 50; ++i) rec.capture("x", t);
+  rec.close();
+  const auto s = rec.counters();
+  CHECK(s.dropped > 0);
+  CHECK(s.records + s.dropped == 50);
+  CHECK(s.errors == 0);
+}
+
+TEST_CASE("statistics and full captures of CUDA tensors never synchronize the host", "[gpu][cuda][torch][stats]") {
+  if (!have_cuda()) return;
+  tt_test::TempDir dir;
+  const std::string run = dir / "run";
+  const torch::Device gpu(torch::kCUDA, 0);
+  std::vector<at::Tensor> ts;
+  for (int i = 0; i < 8; ++i) ts.push_back(torch::randn({256, 64 + i}, gpu));
+  ts[3].index_put_({0, 0}, std::numeric_limits<float>::quiet_NaN());
+  std::vector<at::Tensor> host;
+  for (const auto& t : ts) host.push_back(t.cpu());
+  // Full tensors on even steps, statistics of every tensor on every step.
+  tensortap::Recorder rec(tensortap::Options(run).every(2).stats_every(1));
+  rec.step(0);  // warm-up: the engine's arena, events and streams are made here
+  for (std::size_t i = 0; i < ts.size(); ++i) rec.capture(fmt::format("t{}", i), ts[i]);
+  // Any synchronizing call through c10 (.item(), a blocking copy, a stream
+  // or device synchronize) now throws on this thread.
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  try {
+    for (std::int64_t step = 1; step < 50; ++step) {
+      rec.step(step);
+      for (std::size_t i = 0; i < ts.size(); ++i) rec.capture(fmt::format("t{}", i), ts[i]);
+    }
+  } catch (...) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    throw;
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  rec.close();
+  CHECK(rec.counters().stats_rows == 50 * 8);
+  CHECK(rec.counters().errors == 0);
+  // The table holds what the host computes of the same values.
+  const std::string table = tt_test::read_file(run + "/stats.npy");
+  REQUIRE(table.size() == 512 + 50 * 8 * 96);
+  for (std::size_t r = 0; r < 50 * 8; ++r) {
+    double v[12];
+    std::memcpy(v, table.data() + 512 + r * 96, sizeof v);
+    std::int64_t series = 0, nan = 0;
+    std::memcpy(&series, &v[1], 8);
+    std::memcpy(&nan, &v[7], 8);
+    const at::Tensor& h = host.at(static_cast<std::size_t>(series));
+    const at::Tensor fin = h.masked_select(h.isfinite()).to(at::kDouble);
+    CHECK(nan == h.isnan().sum().item<std::int64_t>());
+    CHECK(v[4] == Approx(fin.mean().item<double>()).epsilon(1e-9).margin(1e-12));
+    CHECK(v[6] == Approx(fin.norm().item<double>()).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("captures return while a long kernel still runs: no host synchronization, seen from outside",
+          "[gpu][cuda][torch]") {
+  if (!have_cuda()) return;
+  tt_test::TempDir dir;
+  const torch::Device gpu(torch::kCUDA, 0);
+  // Arena 2 MiB: `large` is over it; the rest stay in it while nothing
+  // leaves the device.
+  tensortap::Recorder rec(tensortap::Options(dir / "run").every(1).stats_every(1).buffer_bytes(1 << 20));
+  const at::Tensor small = torch::randn({256}, gpu);
+  const at::Tensor large = torch::randn({1 << 20}, gpu);  // 4 MiB
+  constexpr int kMany = 1100;                             // more than the 1024 events made up front
+  // Warm-up: the arena, the first events, pinned staging, allocator blocks.
+  rec.step(0);
+  rec.capture("small", small);
+  rec.capture("large", large);
+  rec.flush();
+  // A kernel of seconds on the current stream, and an event after it: any
+  // wait of the host for the stream, a device synchronization, or a free or
+  // allocation that synchronizes, would return only once it is ready.
+  at::cuda::sleep(std::int64_t{1} << 32);
+  cudaEvent_t after = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&after, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventRecord(after, c10::cuda::getCurrentCUDAStream(0).stream()) == cudaSuccess);
+  rec.step(1);  // full tensors and statistics of each
+  rec.capture("small", small);
+  rec.capture("large", large);
+  for (int i = 0; i < kMany; ++i) rec.capture("many", small);
+  const cudaError_t still = cudaEventQuery(after);
+  CHECK(still == cudaErrorNotReady);
+  REQUIRE(cudaEventSynchronize(after) == cudaSuccess);
+  cudaEventDestroy(after);
+  rec.close();
+  CHECK(rec.counters().errors == 0);
+  CHECK(rec.counters().dropped == 0);
+  CHECK(rec.counters().records == 2 + 2 + kMany);
+  CHECK(rec.counters().stats_rows == 2 + 2 + kMany);
+}
+
+TEST_CASE("a capture on a non-default current stream is ordered on that stream", "[gpu][cuda][torch]") {
+  if (!have_cuda()) return;
+  tt_test::TempDir dir;
+  const std::string run = dir / "run";
+  const torch::Device gpu(torch::kCUDA, 0);
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
+  REQUIRE(side != c10::cuda::getDefaultCUDAStream(0));
+  std::vector<at::Tensor> expected;
+  {
+    tensortap::Recorder rec(tensortap::Options(run).every(1));
+    c10::cuda::CUDAStreamGuard guard(side);
+    at::Tensor t = torch::zeros({1 << 16}, gpu);
+    for (int step = 0; step < 20; ++step) {
+      // Held back on the side stream, so the capture's snapshot, the
+      // writes before it and the one after it are all still queued there:
+      // only the stream order keeps them apart.
+      at::cuda::sleep(std::int64_t{1} << 20);
+      t.add_(1);
+      rec.step(step);
+      rec.capture("t", t);
+      expected.push_back(torch::full({1 << 16}, static_cast<float>(step + 1)));
+      t.mul_(-1);  // after the capture: must not be in its file
+      t.mul_(-1);
+    }
+    rec.close();
+    CHECK(rec.counters().errors == 0);
+  }
+  for (int step = 0; step < 20; ++step) {
+    INFO("step " << step);
+    CHECK(same(tensortap::load_npy(npy(run, "tensor", "t", step)), expected[static_cast<std::size_t>(step)]));
+  }
+}
+
+namespace {
+
+// The driver's own view of CUDA contexts in this process, asked through
+// libcuda directly (dlopen: the tests must not need the driver to link).
+// Returns "" when no context exists, otherwise what does; `driver` says
+// whether there was a driver to ask.
+std::string cuda_contexts(bool& driver) {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  driver = lib != nullptr;
+  if (!lib) return "";
+  using Init = int (*)(unsigned);
+  using Count = int (*)(int*);
+  using Get = int (*)(int*, int);
+  using State = int (*)(int, unsigned*, int*);
+  using Current = int (*)(void**);
+  const auto init = reinterpret_cast<Init>(dlsym(lib, "cuInit"));
+  const auto count = reinterpret_cast<Count>(dlsym(lib, "cuDeviceGetCount"));
+  const auto get = reinterpret_cast<Get>(dlsym(lib, "cuDeviceGet"));
+  const auto state = reinterpret_cast<State>(dlsym(lib, "cuDevicePrimaryCtxGetState"));
+  const auto current = reinterpret_cast<Current>(dlsym(lib, "cuCtxGetCurrent"));
+  if (!init || !count || !get || !state || !current) return "libcuda.so.1 lacks the driver API's context queries";
+  // cuInit starts the driver, it creates no context.
+  if (init(0) != 0) return "";  // a driver without a usable device: no context can exist
+  std::string found;
+  void* ctx = nullptr;
+  if (current(&ctx) == 0 && ctx != nullptr) found += "a current context on this thread; ";
+  int n = 0;
+  if (count(&n) != 0) n = 0;
+  for (int i = 0; i < n; ++i) {
+    int dev = 0;
+    unsigned flags = 0;
+    int active = 0;
+    if (get(&dev, i) == 0 && state(dev, &flags, &active) == 0 && active)
+      found += fmt::format("device {}'s primary context is active; ", i);
+  }
+  return found;
+}
+
+}  // namespace
+
+// Run alone, in a process of its own, by the case below: no earlier case may
+// have touched the device.
+TEST_CASE("cpu recording in a CUDA build, in a fresh process", "[.cuda_fresh_process]") {
+  tt_test::TempDir dir;
+  const std::string run = dir / "run";
+  {
+    tensortap::Recorder rec(tensortap::Options(run).stats_every(1));
+    for (int step = 0; step < 3; ++step) {
+      rec.step(step);
+      rec.capture("x", torch::arange(10, torch::kFloat) * step);
+    }
+    rec.close();
+    REQUIRE(rec.counters().records == 3);
+    REQUIRE(rec.counters().errors == 0);
+  }
+  REQUIRE(torch::equal(tensortap::load_npy(npy(run, "tensor", "x", 2)), torch::arange(10, torch::kFloat) * 2));
+  bool driver = false;
+  const std::string contexts = cuda_contexts(driver);
+  INFO((driver ? "the driver was asked" : "no CUDA driver here (libcuda.so.1 does not load)"));
+  REQUIRE(contexts.empty());
+}
+
+TEST_CASE("a CUDA build records CPU tensors, with or without a GPU or driver, and never creates a CUDA context",
+          "[cuda][torch]") {
+  // A CUDA-enabled LibTorch on a machine without a driver (CI) must not make
+  // a run fail; on a GPU machine, a run of CPU tensors must not take the
+  // device's memory for a context. A fresh process of this binary checks it.
+  char exe[4096] = {};
+  const ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  REQUIRE(len > 0);
+  const char* argv[] = {exe, "cpu recording in a CUDA build, in a fresh process", nullptr};
+  pid_t pid = 0;
+  REQUIRE(posix_spawn(&pid, exe, nullptr, nullptr, const_cast<char* const*>(argv), environ) == 0);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+}

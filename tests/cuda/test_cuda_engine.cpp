@@ -1,0 +1,1033 @@
+// The CUDA transfer engine through the CUDA runtime API alone: device
+// buffers filled by cudaMemcpy, pushed through the engine into a Staging,
+// whose buffers a stand-in writer thread reads back. Built wherever the CUDA
+// toolkit is; the [gpu] cases skip (with a warning) where no device is.
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "sdk/src/cuda/device.h"
+#include "sdk/src/cuda/engine.h"
+#include "sdk/src/cuda/pinned.h"
+#include "sdk/src/pipeline/staging.h"
+#include "tests/support/alloc_faults.h"
+
+namespace {
+
+using tensortap::Overflow;
+using tensortap::detail::CudaEngine;
+using tensortap::detail::CudaEngineOptions;
+using tensortap::detail::Record;
+using tensortap::detail::RecordDesc;
+using tensortap::detail::Staging;
+
+#define CUDA_OK(call) REQUIRE((call) == cudaSuccess)
+
+// Catch2 v2 has no SKIP: the [gpu] cases warn and return.
+bool have_gpu() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    WARN("skipped: no CUDA device (" << (e != cudaSuccess ? cudaGetErrorName(e) : "0 devices") << ")");
+    return false;
+  }
+  return true;
+}
+
+// Deterministic bytes that differ from record to record and from offset to
+// offset, so a record landing in another's place is caught.
+std::vector<char> pattern(std::size_t n, std::uint64_t seed) {
+  std::vector<char> v(n);
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v[i] = static_cast<char>(x);
+  }
+  return v;
+}
+
+std::shared_ptr<const Record> meta_for(std::uint64_t id, std::size_t nbytes) {
+  auto r = std::make_shared<Record>();
+  RecordDesc* m = &r->desc;
+  m->name = "r" + std::to_string(id);
+  m->dtype = *tensortap::detail::dtype_info(c10::ScalarType::Byte);
+  m->shape = {static_cast<std::int64_t>(nbytes)};
+  m->nbytes = nbytes;
+  return r;
+}
+
+// The staging slot of record `id`, `nbytes` long, as Snapshotter::tensor
+// makes it for a CPU tensor.
+tensortap::detail::Slot slot_for(std::uint64_t id, std::size_t nbytes) {
+  tensortap::detail::Slot slot;
+  slot.record = *meta_for(id, nbytes);
+  slot.id = id;
+  slot.nbytes = nbytes;
+  return slot;
+}
+
+// What Snapshotter::tensor does for a CPU tensor: record `id`, `nbytes`
+// bytes 'c', copied into staging and committed. False where staging refuses
+// it. No Catch2 assertions: tests call it from other threads.
+bool commit_cpu_record(Staging& staging, std::uint64_t id, std::size_t nbytes) {
+  const tensortap::detail::Slot slot = slot_for(id, nbytes);
+  auto t = staging.reserve(slot, false);
+  if (!t) return false;
+  std::memset(t->dst, 'c', t->nbytes);
+  staging.commit(*t, true);
+  return true;
+}
+
+// A device buffer on `dev` (left current), freed at scope exit.
+struct DeviceBuffer {
+  void* data = nullptr;
+  int device = 0;
+  DeviceBuffer(std::size_t n, int dev = 0) : device(dev) {
+    CUDA_OK(cudaSetDevice(dev));
+    CUDA_OK(cudaMalloc(&data, n == 0 ? 1 : n));
+  }
+  // One holding a copy of `host`.
+  explicit DeviceBuffer(const std::vector<char>& host, int dev = 0) : DeviceBuffer(host.size(), dev) {
+    CUDA_OK(cudaMemcpy(data, host.data(), host.size(), cudaMemcpyHostToDevice));
+  }
+  ~DeviceBuffer() {
+    cudaSetDevice(device);
+    cudaFree(data);
+  }
+  char* bytes() const { return static_cast<char*>(data); }
+};
+
+// What the WriterThread does, minus the files: takes buffers, reassembles each
+// record from its chunks, hands the buffers back.
+struct Drain {
+  Staging& staging;
+  std::mutex mu;
+  std::map<std::uint64_t, std::vector<char>> records;  // complete, ok records
+  std::map<std::uint64_t, std::vector<char>> open;
+  std::atomic<int> slots{0};
+  std::atomic<int> failed{0};
+  std::atomic<int> buffers{0};
+  std::atomic<bool> pause{false};
+  // Off: only count records (10,000 captures would not fit in memory).
+  bool keep = true;
+  std::size_t complete = 0;
+  std::thread thread;
+
+  explicit Drain(Staging& s, bool keep_bytes = true) : staging(s), keep(keep_bytes) {
+    thread = std::thread([this] {
+      while (Staging::Buffer* b = staging.take()) {
+        while (pause.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::lock_guard<std::mutex> lock(mu);
+        for (const auto& slot : b->slots) {
+          ++slots;
+          if (!slot.ok) {
+            ++failed;
+            open.erase(slot.id);
+            continue;
+          }
+          if (!keep) {
+            complete += slot.last ? 1 : 0;
+            continue;
+          }
+          auto& bytes = open[slot.id];
+          bytes.insert(bytes.end(), b->data + slot.offset, b->data + slot.offset + slot.nbytes);
+          if (slot.last) {
+            records[slot.id] = std::move(bytes);
+            open.erase(slot.id);
+            ++complete;
+          }
+        }
+        ++buffers;
+        staging.release(b);
+      }
+    });
+  }
+  void stop() {
+    staging.stop();
+    if (thread.joinable()) thread.join();
+  }
+  ~Drain() { stop(); }
+};
+
+// Pushes the `n` bytes at device address `src` through the engine, the way
+// the LibTorch glue does: reserve, copy on `stream`, submit. No Catch2
+// assertions: tests call it from several threads. Throws on CUDA errors.
+bool push(CudaEngine& engine, std::uint64_t id, const void* src, std::size_t n, cudaStream_t stream,
+          bool may_drop = false, int device = 0, std::function<void()> release = {}) {
+  auto snap = engine.reserve(device, n, may_drop);
+  if (!snap) return false;
+  if (snap->external) {
+    void* external = nullptr;
+    if (cudaMalloc(&external, n) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+    snap->data = external;
+    release = [external, device, release] {
+      cudaSetDevice(device);
+      cudaFree(external);
+      if (release) release();
+    };
+  }
+  if (n > 0 && cudaMemcpyAsync(snap->data, src, n, cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
+    throw std::runtime_error("cudaMemcpyAsync failed");
+  engine.submit(*snap, stream, meta_for(id, n), id, 1, std::move(release));
+  return true;
+}
+
+// A non-blocking stream on `device`, which is left current.
+cudaStream_t new_stream(int device = 0) {
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaSetDevice(device));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+
+// Blocks `stream` until `gate` opens: lets a test hold snapshots "in
+// flight" for as long as it likes without touching the host side.
+void CUDART_CB wait_for_gate(void* gate) {
+  auto* open = static_cast<std::atomic<bool>*>(gate);
+  while (!open->load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+}
+
+// What engines report (the role of the run's Failures); each test starts it empty.
+std::vector<std::string> g_reports;
+std::mutex g_reports_mu;
+CudaEngine::Report collect() {
+  std::lock_guard<std::mutex> lock(g_reports_mu);
+  g_reports.clear();
+  return [](const std::string& what) {
+    std::lock_guard<std::mutex> lock(g_reports_mu);
+    g_reports.push_back(what);
+  };
+}
+std::size_t reports() {
+  std::lock_guard<std::mutex> lock(g_reports_mu);
+  for (const auto& r : g_reports) UNSCOPED_INFO(r);
+  return g_reports.size();
+}
+
+// A stream from new_stream(), destroyed at scope exit; it converts to
+// cudaStream_t, so push() and the runtime's calls take it as it is.
+class Stream {
+ public:
+  explicit Stream(int device = 0) : stream_(new_stream(device)) {}
+  ~Stream() { cudaStreamDestroy(stream_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  operator cudaStream_t() const { return stream_; }
+
+ private:
+  cudaStream_t stream_;
+};
+
+// Holds `stream` (wait_for_gate) from construction until open(), or until
+// the gate goes: a case that fails with the gate shut does not leave the
+// stream held.
+class Gate {
+ public:
+  explicit Gate(cudaStream_t stream) { CUDA_OK(cudaLaunchHostFunc(stream, wait_for_gate, &open_)); }
+  ~Gate() { open(); }
+  Gate(const Gate&) = delete;
+  Gate& operator=(const Gate&) = delete;
+  void open() { open_ = true; }
+
+ private:
+  std::atomic<bool> open_{false};
+};
+
+// What most [gpu] cases start from: a staging area in pinned memory, a
+// Drain taking its buffers, and an engine filling it whose reports
+// collect() gathers. Built in that order, destroyed in the reverse.
+struct Rig {
+  Staging staging;
+  Drain drain;
+  CudaEngine engine;
+
+  Rig(std::size_t staging_bytes, Overflow overflow, CudaEngineOptions options = {}, bool keep_bytes = true)
+      : staging(staging_bytes, overflow, tensortap::detail::pinned_host_memory()),
+        drain(staging, keep_bytes),
+        engine(staging, std::move(options), collect()) {}
+
+  // Returns when every record submitted so far has been taken by the drain.
+  void settle() {
+    engine.flush();
+    staging.wait_drained();
+  }
+
+  // The drain holds exactly `expected`: record i, expected[i].
+  void check_records(const std::vector<std::vector<char>>& expected) {
+    std::lock_guard<std::mutex> lock(drain.mu);
+    REQUIRE(drain.records.size() == expected.size());
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      INFO("record " << i << ", " << expected[i].size() << " bytes");
+      CHECK(drain.records[i] == expected[i]);
+    }
+  }
+
+  // The drain holds `count` records, each of them `bytes`.
+  void check_records(std::size_t count, const std::vector<char>& bytes) {
+    std::lock_guard<std::mutex> lock(drain.mu);
+    REQUIRE(drain.records.size() == count);
+    for (const auto& [id, got] : drain.records) CHECK(got == bytes);
+  }
+};
+
+// The default options, but for the size of the arena.
+CudaEngineOptions with_device_bytes(std::size_t bytes) {
+  CudaEngineOptions options;
+  options.device_bytes = bytes;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("pinned host memory works, or falls back to pageable memory without a driver", "[cuda]") {
+  const auto memory = tensortap::detail::pinned_host_memory();
+  const std::size_t before = tensortap::detail::pinned_host_bytes();
+  void* p = memory.allocate(1 << 20);
+  REQUIRE(p != nullptr);
+  CHECK(reinterpret_cast<std::uintptr_t>(p) % 4096 == 0);
+  std::memset(p, 7, 1 << 20);  // writable either way
+  const std::size_t during = tensortap::detail::pinned_host_bytes();
+  CHECK((during == before || during == before + (1 << 20)));
+  memory.release(p);
+  CHECK(tensortap::detail::pinned_host_bytes() == before);
+}
+
+TEST_CASE("the engine's runtime helpers work without a device", "[cuda]") {
+  CHECK(tensortap::detail::cuda_device_count() >= 0);
+  CHECK(tensortap::detail::cuda_error_string(cudaErrorMemoryAllocation).find("cudaErrorMemoryAllocation") == 0);
+  Staging staging(1 << 16, Overflow::Block);
+  CudaEngine engine(staging, CudaEngineOptions{}, collect());
+  if (tensortap::detail::cuda_device_count() == 0) {
+    // No device: a capture is an error naming the device, not a crash.
+    CHECK_THROWS_WITH(engine.reserve(0, 16, false), Catch::Contains("cuda:0"));
+  }
+  engine.flush();  // nothing submitted: returns at once
+  engine.stop();
+  CHECK(engine.counters().records == 0);
+}
+
+TEST_CASE("the engine copies device bytes exactly, every size", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(1 << 20, Overflow::Block);
+  Stream stream;
+  const std::vector<std::size_t> sizes{0, 1, 3, 63, 64, 65, 4096, 100000, (1 << 20) - 1, 1 << 20};
+  std::vector<std::vector<char>> expected;
+  std::vector<std::unique_ptr<DeviceBuffer>> sources;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    expected.push_back(pattern(sizes[i], i));
+    sources.push_back(std::make_unique<DeviceBuffer>(expected.back()));
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) REQUIRE(push(rig.engine, i, sources[i]->data, sizes[i], stream));
+  rig.settle();
+  rig.check_records(expected);
+  CHECK(rig.drain.failed == 0);
+  CHECK(rig.engine.counters().records == sizes.size());
+}
+
+TEST_CASE("a snapshot holds the values at capture, whatever the stream does next", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(1 << 20, Overflow::Block);
+  Stream stream;
+  constexpr std::size_t n = 256 << 10;
+  DeviceBuffer buf(n);
+  std::vector<std::vector<char>> expected;
+  std::vector<std::unique_ptr<DeviceBuffer>> values;
+  for (int i = 0; i < 20; ++i) {
+    expected.push_back(pattern(n, 100 + i));
+    values.push_back(std::make_unique<DeviceBuffer>(expected.back()));
+  }
+  // Hold the stream so every snapshot is still queued when the overwrites are
+  // enqueued: only stream order keeps them apart.
+  Gate gate(stream);
+  for (int i = 0; i < 20; ++i) {
+    CUDA_OK(cudaMemcpyAsync(buf.data, values[i]->data, n, cudaMemcpyDeviceToDevice, stream));  // an optimizer step
+    REQUIRE(push(rig.engine, i, buf.data, n, stream));
+  }
+  CUDA_OK(cudaMemsetAsync(buf.data, 0, n, stream));  // what zero_grad() does
+  gate.open();
+  rig.settle();
+  CHECK(reports() == 0);
+  rig.check_records(expected);
+}
+
+TEST_CASE("small records are coalesced into few copies", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(4 << 20, Overflow::Block);
+  Stream stream;
+  constexpr int kRecords = 200;
+  std::vector<std::vector<char>> expected;
+  DeviceBuffer src(kRecords * 1000);
+  for (int i = 0; i < kRecords; ++i) {
+    expected.push_back(pattern(100 + i * 3, i));
+    CUDA_OK(cudaMemcpy(src.bytes() + i * 1000, expected.back().data(), expected.back().size(), cudaMemcpyHostToDevice));
+  }
+  Gate gate(stream);
+  // The first record's batch waits on the held stream; the rest queue up
+  // behind it and leave in one batch.
+  REQUIRE(push(rig.engine, 0, src.bytes(), expected[0].size(), stream));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 1; i < kRecords; ++i) REQUIRE(push(rig.engine, i, src.bytes() + i * 1000, expected[i].size(), stream));
+  gate.open();
+  rig.settle();
+  rig.check_records(expected);
+  INFO("copies: " << rig.engine.counters().copies);
+  CHECK(rig.engine.counters().copies <= 4);
+}
+
+TEST_CASE("records larger than a staging buffer go in chunks, larger than the arena in their own snapshot",
+          "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(256 << 10, Overflow::Block, with_device_bytes(1 << 20));
+  Stream stream;
+  // In the arena but 3 chunks; larger than the arena; and small ones between.
+  const std::vector<std::size_t> sizes{700 << 10, 1000, (3 << 20) + 12, 5, (2 << 20) + 1};
+  std::vector<std::vector<char>> expected;
+  std::vector<std::unique_ptr<DeviceBuffer>> sources;
+  std::atomic<int> released{0};
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    expected.push_back(pattern(sizes[i], 7 + i));
+    sources.push_back(std::make_unique<DeviceBuffer>(expected.back()));
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    REQUIRE(push(rig.engine, i, sources[i]->data, sizes[i], stream, false, 0, [&released] { ++released; }));
+  rig.settle();
+  rig.check_records(expected);
+  CHECK(released == static_cast<int>(sizes.size()));
+  CHECK(rig.drain.slots > static_cast<int>(sizes.size()) + 10);  // chunked
+  CHECK(rig.drain.failed == 0);
+}
+
+TEST_CASE("a full arena blocks reserve() until the copier frees room, and nothing is lost", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(1 << 20, Overflow::Block, with_device_bytes(64 << 10));
+  Stream stream;
+  constexpr std::size_t n = 16 << 10;
+  const auto bytes = pattern(n, 3);
+  DeviceBuffer src(bytes);
+  Gate gate(stream);
+  for (int i = 0; i < 4; ++i) REQUIRE(push(rig.engine, i, src.data, n, stream));
+  // The arena is full and the stream held: the fifth waits.
+  auto fifth = std::async(std::launch::async, [&] { return push(rig.engine, 4, src.data, n, stream); });
+  CHECK(fifth.wait_for(std::chrono::milliseconds(300)) == std::future_status::timeout);
+  gate.open();
+  REQUIRE(fifth.get());
+  rig.settle();
+  rig.check_records(5, bytes);
+  CHECK(rig.engine.counters().refused == 0);
+}
+
+TEST_CASE("more records in flight than the event pool holds: the pool grows, nothing waits", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  CudaEngineOptions options;
+  options.max_records = 4;
+  Rig rig(1 << 20, Overflow::DropNewest, options);
+  Stream stream;
+  constexpr std::size_t n = 256;
+  const auto bytes = pattern(n, 5);
+  DeviceBuffer src(bytes);
+  // The stream is held: no copy can complete and no event come back, so
+  // every one of the 40 records is in flight at once. With a fixed pool the
+  // fifth would wait (or, allowed to drop, be refused).
+  Gate gate(stream);
+  const auto created_before = rig.engine.counters().events_created;
+  auto pushes = std::async(std::launch::async, [&] {
+    int queued = 0;
+    for (int i = 0; i < 40; ++i) queued += push(rig.engine, i, src.data, n, stream, /*may_drop=*/true) ? 1 : 0;
+    return queued;
+  });
+  const bool returned = pushes.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  gate.open();
+  REQUIRE(returned);
+  CHECK(pushes.get() == 40);
+  CHECK(rig.engine.counters().refused == 0);
+  // At least the 36 records beyond the pool of 4 needed an event of their own.
+  CHECK(rig.engine.counters().events_created - created_before >= 36);
+  rig.settle();
+  rig.check_records(40, bytes);
+}
+
+TEST_CASE("a device switch that fails leaves no error behind for torch to find", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  int count = 0;
+  CUDA_OK(cudaGetDeviceCount(&count));
+  CUDA_OK(cudaSetDevice(0));
+  {
+    // No such device: cudaSetDevice fails inside the guard.
+    tensortap::detail::DeviceGuard guard(count + 3);
+    CHECK(cudaGetLastError() == cudaSuccess);
+  }
+  CHECK(cudaGetLastError() == cudaSuccess);
+  int current = -1;
+  CUDA_OK(cudaGetDevice(&current));
+  CHECK(current == 0);
+}
+
+TEST_CASE("the copier's calls do not invalidate a user's CUDA graph capture", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(1 << 20, Overflow::Block);
+  Stream stream, user;
+  constexpr std::size_t n = 4096;
+  const auto bytes = pattern(n, 9);
+  DeviceBuffer src(bytes);
+  // Copies held in flight: the copier waits on their events (a blocking
+  // call, unsafe during a global-mode capture in another thread's view).
+  Gate gate(stream);
+  for (int i = 0; i < 8; ++i) REQUIRE(push(rig.engine, i, src.data, n, stream));
+  CUDA_OK(cudaStreamBeginCapture(user, cudaStreamCaptureModeGlobal));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  gate.open();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(user, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  CHECK(ended == cudaSuccess);
+  rig.settle();
+  rig.check_records(8, bytes);
+}
+
+TEST_CASE("a full arena refuses new snapshots when dropping is allowed, and counts them", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(1 << 20, Overflow::DropNewest, with_device_bytes(64 << 10));
+  Stream stream;
+  constexpr std::size_t n = 16 << 10;
+  DeviceBuffer src(n);
+  Gate gate(stream);
+  int queued = 0, dropped = 0;
+  for (int i = 0; i < 10; ++i) (push(rig.engine, i, src.data, n, stream, /*may_drop=*/true) ? queued : dropped)++;
+  CHECK(queued == 4);
+  CHECK(dropped == 6);
+  CHECK(rig.engine.counters().refused == 6);
+  gate.open();
+  rig.settle();
+  std::lock_guard<std::mutex> lock(rig.drain.mu);
+  CHECK(rig.drain.records.size() == 4);
+}
+
+TEST_CASE("a slow writer holds the copier back, not the training thread, until the arena fills", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  // Staging smaller than the arena: the copier waits for the writer (it
+  // must commit what it holds first, or the writer could never take it).
+  Rig rig(64 << 10, Overflow::Block, with_device_bytes(1 << 20));
+  rig.drain.pause = true;  // before any record: the drain looks at it only once it takes a buffer
+  Stream stream;
+  constexpr std::size_t n = 40 << 10;
+  std::vector<std::vector<char>> expected;
+  std::vector<std::unique_ptr<DeviceBuffer>> sources;
+  for (int i = 0; i < 30; ++i) {
+    expected.push_back(pattern(n, 50 + i));
+    sources.push_back(std::make_unique<DeviceBuffer>(expected.back()));
+  }
+  auto pusher = std::async(std::launch::async, [&] {
+    int queued = 0;
+    for (int i = 0; i < 30; ++i) queued += push(rig.engine, i, sources[i]->data, n, stream) ? 1 : 0;
+    return queued;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  rig.drain.pause = false;
+  CHECK(pusher.get() == 30);
+  rig.settle();
+  rig.check_records(expected);
+}
+
+TEST_CASE("several threads and streams capture at once", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(256 << 10, Overflow::Block, with_device_bytes(512 << 10));
+  constexpr int kThreads = 4, kEach = 300;
+  std::vector<char> all(kThreads * kEach * 64);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<char>(i * 31 + 7);
+  DeviceBuffer src(all);
+  std::atomic<int> queued{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      cudaSetDevice(0);
+      cudaStream_t stream;
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      for (int i = 0; i < kEach; ++i) {
+        const int id = t * kEach + i;
+        queued += push(rig.engine, id, src.bytes() + id * 64, 1 + id % 64, stream) ? 1 : 0;
+      }
+      cudaStreamSynchronize(stream);
+      cudaStreamDestroy(stream);
+    });
+  for (auto& th : threads) th.join();
+  CHECK(queued == kThreads * kEach);
+  rig.settle();
+  std::lock_guard<std::mutex> lock(rig.drain.mu);
+  REQUIRE(rig.drain.records.size() == kThreads * kEach);
+  for (int id = 0; id < kThreads * kEach; ++id) {
+    const std::vector<char> want(all.begin() + id * 64, all.begin() + id * 64 + 1 + id % 64);
+    if (rig.drain.records[id] != want) FAIL("record " << id << " differs");
+  }
+}
+
+TEST_CASE("records from several devices in one run", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  if (devices < 2) {
+    WARN("skipped: needs 2 CUDA devices, found " << devices);
+    return;
+  }
+  Rig rig(1 << 20, Overflow::Block);
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int d = 0; d < devices; ++d) streams.push_back(std::make_unique<Stream>(d));
+  std::vector<std::unique_ptr<DeviceBuffer>> sources;
+  std::vector<std::vector<char>> expected;
+  for (int i = 0; i < 40; ++i) {
+    const int d = i % devices;
+    expected.push_back(pattern(10000 + i, i));
+    sources.push_back(std::make_unique<DeviceBuffer>(expected.back(), d));
+  }
+  for (int i = 0; i < 40; ++i) {
+    const int d = i % devices;
+    REQUIRE(push(rig.engine, i, sources[i]->data, expected[i].size(), *streams[d], false, d));
+  }
+  rig.settle();
+  rig.check_records(expected);
+}
+
+TEST_CASE("stop() commits everything submitted, later reservations are refused", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(1 << 20, Overflow::Block);
+  Stream stream;
+  DeviceBuffer src(4096);
+  for (int i = 0; i < 50; ++i) REQUIRE(push(rig.engine, i, src.data, 4096, stream));
+  rig.engine.stop();
+  CHECK_FALSE(rig.engine.reserve(0, 16, false).has_value());
+  rig.staging.wait_drained();
+  std::lock_guard<std::mutex> lock(rig.drain.mu);
+  CHECK(rig.drain.records.size() == 50);
+}
+
+TEST_CASE("no growth of device or pinned memory over 10,000 captures", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(1 << 20, Overflow::Block, with_device_bytes(4 << 20), /*keep_bytes=*/false);
+  Stream stream;
+  DeviceBuffer src(8 << 20);
+  const auto capture_some = [&](int from, int count) {
+    for (int i = from; i < from + count; ++i) {
+      // Sizes from 1 byte to 3 MiB: coalesced, single and chunked.
+      const std::size_t n = i % 97 == 0 ? (3 << 20) : static_cast<std::size_t>(1 + (i * 7919) % 200000);
+      REQUIRE(push(rig.engine, i, src.data, n, stream));
+    }
+    rig.settle();
+  };
+  capture_some(0, 500);  // warm-up: arena, pools, staging buffers
+  std::size_t free_before = 0, free_after = 0, total = 0;
+  CUDA_OK(cudaMemGetInfo(&free_before, &total));
+  const std::size_t pinned_before = tensortap::detail::pinned_host_bytes();
+  const auto events_before = rig.engine.counters().events_created;
+  capture_some(500, 10000);
+  CUDA_OK(cudaMemGetInfo(&free_after, &total));
+  CHECK(free_after == free_before);
+  CHECK(tensortap::detail::pinned_host_bytes() == pinned_before);
+  CHECK(rig.engine.counters().events_created == events_before);
+  std::lock_guard<std::mutex> lock(rig.drain.mu);
+  CHECK(rig.drain.complete == 10500);
+  CHECK(rig.drain.failed == 0);
+  CHECK(reports() == 0);
+}
+
+TEST_CASE("CPU captures share the staging buffers with the engine", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(128 << 10, Overflow::Block, with_device_bytes(256 << 10));
+  Stream stream;
+  constexpr int kEach = 400;
+  std::vector<char> all(kEach * 512);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<char>(i * 13 + 5);
+  DeviceBuffer src(all);
+  // What Snapshotter::tensor does for a CPU tensor, from another thread: CPU
+  // slots land between the engine's, which must not copy over them.
+  std::thread cpu([&] {
+    for (int i = 0; i < kEach; ++i)
+      if (!commit_cpu_record(rig.staging, 100000 + i, 1 + i % 300)) return;
+  });
+  for (int i = 0; i < kEach; ++i) REQUIRE(push(rig.engine, i, src.bytes() + i * 512, 1 + i % 500, stream));
+  cpu.join();
+  rig.settle();
+  CHECK(reports() == 0);
+  std::lock_guard<std::mutex> lock(rig.drain.mu);
+  REQUIRE(rig.drain.records.size() == 2 * kEach);
+  for (int i = 0; i < kEach; ++i) {
+    const std::vector<char> want(all.begin() + i * 512, all.begin() + i * 512 + 1 + i % 500);
+    if (rig.drain.records[i] != want) FAIL("device record " << i << " differs");
+    if (rig.drain.records[100000 + i] != std::vector<char>(1 + i % 300, 'c')) FAIL("CPU record " << i << " differs");
+  }
+}
+
+TEST_CASE("a cancelled snapshot gives its room back and writes nothing", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(1 << 20, Overflow::Block, with_device_bytes(64 << 10));
+  Stream stream;
+  int released = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto snap = rig.engine.reserve(0, 48 << 10, /*may_drop=*/true);
+    REQUIRE(snap);  // room comes back after each cancel
+    rig.engine.cancel(*snap, stream, [&released] { ++released; });
+    rig.engine.flush();
+  }
+  DeviceBuffer src(100);
+  REQUIRE(push(rig.engine, 7, src.data, 100, stream));
+  rig.settle();
+  CHECK(released == 20);
+  CHECK(reports() == 0);
+  CHECK(rig.engine.counters().records == 1);
+  std::lock_guard<std::mutex> lock(rig.drain.mu);
+  CHECK(rig.drain.records.size() == 1);
+}
+
+// Runs `f` on another thread and says whether it returned within a minute:
+// a call that hangs fails the test instead of hanging the suite. (The
+// thread is left to finish; a hang is a failure whatever it does next.)
+bool returns(std::function<void()> f) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto finished = done->get_future();
+  std::thread([f = std::move(f), done] {
+    f();
+    done->set_value();
+  }).detach();
+  return finished.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+}
+
+TEST_CASE("submit() and cancel() give the room back even with no memory left, and stop() returns", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(1 << 20, Overflow::Block);
+  constexpr std::size_t n = 4096;
+  const auto bytes = pattern(n, 11);
+  DeviceBuffer src(bytes);  // device 0 left current
+  auto kept = rig.engine.reserve(0, n, false);
+  auto cancelled = rig.engine.reserve(0, n, false);
+  REQUIRE(kept);
+  REQUIRE(cancelled);
+  // The legacy default stream: the calls below queue no work that the fake
+  // runtime would allocate for.
+  CUDA_OK(cudaMemcpyAsync(kept->data, src.data, n, cudaMemcpyDeviceToDevice, nullptr));
+  auto record = meta_for(0, n);
+  bool threw = false;
+  tt_test::fail_allocations(1000);
+  try {
+    rig.engine.submit(*kept, nullptr, std::move(record), 0, 1);
+    rig.engine.cancel(*cancelled, nullptr);
+  } catch (...) {
+    threw = true;
+  }
+  tt_test::fail_allocations(0);
+  CHECK_FALSE(threw);
+  REQUIRE(returns([&] { rig.engine.flush(); }));
+  REQUIRE(returns([&] { rig.engine.stop(); }));
+  rig.staging.wait_drained();
+  CHECK(reports() == 0);
+  CHECK(rig.engine.counters().records == 1);
+  std::lock_guard<std::mutex> lock(rig.drain.mu);
+  REQUIRE(rig.drain.records.size() == 1);
+  CHECK(rig.drain.records[0] == bytes);
+}
+
+TEST_CASE("flush() waits for every record submitted before it, whichever device finishes first", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  int devices = 0;
+  CUDA_OK(cudaGetDeviceCount(&devices));
+  if (devices < 2) {
+    WARN("skipped: needs 2 CUDA devices, found " << devices);
+    return;
+  }
+  Rig rig(1 << 20, Overflow::Block);
+  Stream s0(0), s1(1);
+  constexpr std::size_t n = 1000;
+  DeviceBuffer src0(n, 0), src1(n, 1);
+  Gate gate0(s0);
+  CUDA_OK(cudaSetDevice(1));
+  Gate gate1(s1);
+  // The copier waits for record 0 (device 0, held), so records 1 and 2 are
+  // taken together: device 0's batch (record 2) is issued, and completes,
+  // before device 1's (record 1, held).
+  REQUIRE(push(rig.engine, 0, src0.data, n, s0, false, 0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(push(rig.engine, 1, src1.data, n, s1, false, 1));
+  auto flushed = std::async(std::launch::async, [&] { rig.engine.flush(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(push(rig.engine, 2, src0.data, n, s0, false, 0));
+  gate0.open();
+  // Records 0 and 2 reach staging: as many records as flush() waits for
+  // have retired, but not record 1, which it waits for.
+  for (int i = 0; i < 6000 && rig.engine.counters().records < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(rig.engine.counters().records == 2);
+  CHECK(flushed.wait_for(std::chrono::milliseconds(200)) == std::future_status::timeout);
+  gate1.open();
+  flushed.get();
+  rig.staging.wait_drained();
+  std::lock_guard<std::mutex> lock(rig.drain.mu);
+  CHECK(rig.drain.records.size() == 3);
+}
+
+TEST_CASE("a copier out of memory drops what it holds, reported, and flush() and stop() return", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  Rig rig(1 << 20, Overflow::Block);
+  Stream stream;
+  constexpr std::size_t n = 4096;
+  const auto bytes = pattern(n, 13);
+  DeviceBuffer src(bytes);
+  // Record 0's release runs on the copier thread: from there on, the
+  // copier's next allocation fails (while it takes records 1 to 4).
+  std::atomic<bool> armed{false};
+  REQUIRE(push(rig.engine, 0, src.data, n, stream, false, 0, [&armed] {
+    tt_test::fail_allocations(1);
+    armed = true;
+  }));
+  REQUIRE(returns([&] { rig.engine.flush(); }));
+  REQUIRE(armed);
+  for (int i = 1; i <= 4; ++i) REQUIRE(push(rig.engine, i, src.data, n, stream));
+  REQUIRE(returns([&] { rig.engine.flush(); }));
+  const auto dropped = rig.engine.counters().dropped;
+  CHECK(dropped >= 1);
+  // It goes on: later records arrive.
+  REQUIRE(push(rig.engine, 5, src.data, n, stream));
+  REQUIRE(returns([&] { rig.engine.flush(); }));
+  REQUIRE(returns([&] { rig.engine.stop(); }));
+  rig.staging.wait_drained();
+  CHECK(reports() == dropped);
+  CHECK(rig.engine.counters().records + dropped == 6);
+  std::lock_guard<std::mutex> lock(rig.drain.mu);
+  CHECK(rig.drain.records.size() + dropped == 6);
+  CHECK(rig.drain.records.count(0) == 1);
+  CHECK(rig.drain.records.count(5) == 1);
+  for (const auto& [id, got] : rig.drain.records) CHECK(got == bytes);
+}
+
+namespace {
+
+// Staging memory that says who allocated it: how often, on which thread,
+// with which device current.
+std::atomic<int> g_staging_allocs{0};
+std::atomic<int> g_staging_releases{0};
+std::atomic<int> g_staging_device{-1};
+std::mutex g_staging_mu;
+std::thread::id g_staging_thread;
+
+void* staging_allocate(std::size_t bytes) {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) cudaGetLastError();
+  g_staging_device = device;
+  {
+    std::lock_guard<std::mutex> lock(g_staging_mu);
+    g_staging_thread = std::this_thread::get_id();
+  }
+  ++g_staging_allocs;
+  return tensortap::detail::pinned_host_memory().allocate(bytes);
+}
+void staging_release(void* p) {
+  ++g_staging_releases;
+  tensortap::detail::pinned_host_memory().release(p);
+}
+
+// What the driver says the memory of the staging buffer being filled is: a
+// reservation of a few bytes, committed (as failed: nothing is written).
+cudaMemoryType memory_type(Staging& staging) {
+  const tensortap::detail::Slot slot = slot_for(999999, 64);
+  auto t = staging.reserve(slot, false);
+  if (!t) return cudaMemoryTypeUnregistered;
+  cudaPointerAttributes attr{};
+  const cudaError_t e = cudaPointerGetAttributes(&attr, t->dst);
+  staging.commit(*t, false);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return cudaMemoryTypeUnregistered;  // older runtimes: an error for pageable memory
+  }
+  return attr.type;
+}
+
+}  // namespace
+
+TEST_CASE("staging moves to pinned memory once, from the copier, with the record's device current", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  int devices = 0;
+  CUDA_OK(cudaGetDeviceCount(&devices));
+  const int device = devices - 1;  // the last: a wrong device 0 shows
+  g_staging_allocs = 0;
+  g_staging_releases = 0;
+  g_staging_device = -1;
+  {
+    Staging staging(64 << 10, Overflow::Block);
+    Drain drain(staging);
+    CudaEngineOptions options;
+    options.staging_memory.allocate = staging_allocate;
+    options.staging_memory.release = staging_release;
+    CudaEngine engine(staging, options, collect());
+    // CPU records only: nothing pinned.
+    for (int i = 0; i < 3; ++i) REQUIRE(commit_cpu_record(staging, 100 + i, 1000));
+    staging.wait_drained();
+    CHECK(g_staging_allocs == 0);
+    CHECK(memory_type(staging) == cudaMemoryTypeUnregistered);  // pageable, as the driver sees it
+    Stream stream(device);
+    constexpr std::size_t n = 40 << 10;
+    std::vector<std::vector<char>> expected;
+    std::vector<std::unique_ptr<DeviceBuffer>> sources;
+    for (int i = 0; i < 10; ++i) {
+      expected.push_back(pattern(n, 70 + i));
+      sources.push_back(std::make_unique<DeviceBuffer>(expected.back(), device));
+    }
+    // The training thread's current device is left alone.
+    CUDA_OK(cudaSetDevice(0));
+    for (int i = 0; i < 10; ++i) REQUIRE(push(engine, i, sources[i]->data, n, stream, false, device));
+    engine.flush();
+    staging.wait_drained();
+    CHECK(g_staging_allocs == 2);  // both buffers, once
+    CHECK(g_staging_device == device);
+    CHECK(memory_type(staging) == cudaMemoryTypeHost);  // pinned, as the driver sees it
+    {
+      std::lock_guard<std::mutex> lock(g_staging_mu);
+      CHECK(g_staging_thread != std::this_thread::get_id());
+    }
+    CHECK(reports() == 0);
+    engine.stop();
+    drain.stop();
+    std::lock_guard<std::mutex> lock(drain.mu);
+    REQUIRE(drain.records.size() == 13);
+    for (int i = 0; i < 10; ++i) CHECK(drain.records[i] == expected[i]);
+    CHECK(drain.records[100] == std::vector<char>(1000, 'c'));
+  }
+  CHECK(g_staging_releases == 2);
+}
+
+TEST_CASE("snapshots larger than the arena are bounded by bytes, not one at a time", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  CudaEngineOptions options;
+  options.device_bytes = 1 << 20;
+  options.large_bytes = 4 << 20;
+  Rig rig(1 << 20, Overflow::DropNewest, options);
+  Stream stream;
+  constexpr std::size_t large = (3 << 20) / 2, huge = 5 << 20;
+  const auto bytes = pattern(huge, 17);
+  DeviceBuffer src(bytes);
+  // The stream is held: every snapshot stays alive.
+  Gate gate(stream);
+  // Two fit in the 4 MiB budget (one at a time would refuse the second), a
+  // third does not, nor one over the budget while others are held.
+  CHECK(push(rig.engine, 0, src.data, large, stream, /*may_drop=*/true));
+  CHECK(push(rig.engine, 1, src.data, large, stream, /*may_drop=*/true));
+  CHECK_FALSE(push(rig.engine, 2, src.data, large, stream, /*may_drop=*/true));
+  CHECK_FALSE(push(rig.engine, 3, src.data, huge, stream, /*may_drop=*/true));
+  CHECK(rig.engine.counters().refused == 2);
+  // Small records still use the arena meanwhile.
+  CHECK(push(rig.engine, 4, src.data, 1000, stream, /*may_drop=*/true));
+  gate.open();
+  rig.engine.flush();
+  // Alone, one over the budget goes.
+  CHECK(push(rig.engine, 5, src.data, huge, stream, /*may_drop=*/true));
+  rig.settle();
+  CHECK(reports() == 0);
+  std::lock_guard<std::mutex> lock(rig.drain.mu);
+  REQUIRE(rig.drain.records.size() == 4);
+  CHECK(rig.drain.records[0] == std::vector<char>(bytes.begin(), bytes.begin() + large));
+  CHECK(rig.drain.records[1] == std::vector<char>(bytes.begin(), bytes.begin() + large));
+  CHECK(rig.drain.records[4] == std::vector<char>(bytes.begin(), bytes.begin() + 1000));
+  CHECK(rig.drain.records[5] == bytes);
+}
+
+namespace {
+
+// Arena memory that fails, or counts.
+std::atomic<int> g_arena_allocs{0};
+std::atomic<int> g_arena_releases{0};
+std::atomic<int> g_arena_device{-1};
+
+tensortap::detail::DeviceMemory arena_memory(bool fails) {
+  tensortap::detail::DeviceMemory m;
+  m.allocate = [fails](int device, std::size_t bytes) -> void* {
+    ++g_arena_allocs;
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) cudaGetLastError();
+    g_arena_device = current == device ? device : -1;
+    if (fails) throw std::runtime_error("CUDA out of memory (test)");
+    void* p = nullptr;
+    return cudaMalloc(&p, bytes) == cudaSuccess ? p : nullptr;
+  };
+  m.release = [](int device, void* p) {
+    ++g_arena_releases;
+    cudaSetDevice(device);
+    cudaFree(p);
+  };
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("the arena comes from the memory the engine is given, and goes back to it", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  int devices = 0;
+  CUDA_OK(cudaGetDeviceCount(&devices));
+  const int device = devices - 1;
+  g_arena_allocs = 0;
+  g_arena_releases = 0;
+  g_arena_device = -1;
+  CudaEngineOptions options;
+  options.arena_memory = arena_memory(/*fails=*/false);
+  Rig rig(1 << 20, Overflow::Block, options);
+  Stream stream(device);
+  constexpr std::size_t n = 10000;
+  const auto bytes = pattern(n, 19);
+  DeviceBuffer src(bytes, device);
+  CUDA_OK(cudaSetDevice(0));
+  for (int i = 0; i < 20; ++i) {
+    auto snap = rig.engine.reserve(device, n, false);
+    REQUIRE(snap);
+    CHECK_FALSE(snap->external);  // in the arena
+    CUDA_OK(cudaMemcpyAsync(snap->data, src.data, n, cudaMemcpyDeviceToDevice, stream));
+    rig.engine.submit(*snap, stream, meta_for(i, n), i, 1);
+  }
+  rig.engine.flush();
+  CHECK(g_arena_allocs == 1);
+  CHECK(g_arena_device == device);
+  rig.engine.stop();
+  CHECK(g_arena_releases == 1);
+  rig.staging.wait_drained();
+  CHECK(reports() == 0);
+  rig.check_records(20, bytes);
+}
+
+TEST_CASE("an arena out of memory is tried and reported once, and captures go on without it", "[gpu][cuda]") {
+  if (!have_gpu()) return;
+  g_arena_allocs = 0;
+  g_arena_releases = 0;
+  CudaEngineOptions options;
+  options.arena_memory = arena_memory(/*fails=*/true);
+  std::vector<std::string> warnings;
+  options.warn = [&warnings](const std::string& what) { warnings.push_back(what); };
+  Rig rig(1 << 20, Overflow::Block, options);
+  Stream stream;
+  constexpr std::size_t n = 10000;
+  const auto bytes = pattern(n, 23);
+  DeviceBuffer src(bytes);
+  // No arena: a small snapshot is the caller's to allocate, as a large one.
+  auto probe = rig.engine.reserve(0, n, false);
+  REQUIRE(probe);
+  CHECK(probe->external);
+  rig.engine.cancel(*probe, stream);
+  for (int i = 0; i < 30; ++i) REQUIRE(push(rig.engine, i, src.data, n, stream));
+  rig.engine.flush();
+  CHECK(g_arena_allocs == 1);
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Catch::Contains("cuda:0") && Catch::Contains("CUDA out of memory (test)"));
+  rig.engine.stop();
+  CHECK(g_arena_releases == 0);
+  rig.staging.wait_drained();
+  CHECK(reports() == 0);
+  rig.check_records(30, bytes);
+}

@@ -1,0 +1,73 @@
+"""The names on disk agree between the C++ writers and the Python reader.
+
+The writers list every name they write in a run directory in kRunFileNames
+(writers/src/run_dir.cpp: `overwrite` removes those, and a directory holding
+one without a run is refused); the reader knows them as
+tensortap._names.RUN_FILE_NAMES. The two lists must be the same, and every
+run the suite's programs wrote (TT_RUN_ROOTS: folders of runs, a run at
+any depth) holds no other name.
+
+    TT_RUN_ROOTS=build/tests/e2e:build/tests/analysis PYTHONPATH=python python3 tests/python/test_file_names.py
+"""
+import os
+import re
+import unittest
+
+from tensortap import _names
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def writers_names():
+    """kRunFileNames as writers/src/run_dir.cpp defines it."""
+    with open(os.path.join(ROOT, "writers", "src", "run_dir.cpp"), encoding="utf-8") as f:
+        text = f.read()
+    m = re.search(r"kRunFileNames\[(\d+)\]\s*=\s*\{([^}]*)\}", text)
+    assert m, "kRunFileNames not found in writers/src/run_dir.cpp"
+    names = re.findall(r'"([^"]*)"', m.group(2))
+    assert len(names) == int(m.group(1)), (names, m.group(1))
+    return names
+
+
+def run_dirs(top):
+    """Every directory below `top` that holds a run (its run.json)."""
+    for d, subdirs, files in os.walk(top):
+        if _names.RUN_JSON in files:
+            yield d
+        # A run's own folders (npy/, packed/) hold records, not runs.
+        subdirs[:] = [s for s in subdirs if s not in (_names.NPY_DIR, _names.PACKED_DIR)]
+
+
+class FileNamesTest(unittest.TestCase):
+    def test_writers_and_reader_list_the_same_names(self):
+        self.assertEqual(sorted(writers_names()), sorted(_names.RUN_FILE_NAMES))
+        self.assertEqual(len(set(_names.RUN_FILE_NAMES)), len(_names.RUN_FILE_NAMES))
+
+    def test_the_lock_is_the_writers(self):
+        with open(os.path.join(ROOT, "writers", "src", "run_dir.cpp"), encoding="utf-8") as f:
+            self.assertIn('kLockName = "%s"' % _names.LOCK, f.read())
+
+    def test_runs_written_by_the_suite_hold_only_those_names(self):
+        roots = [r for r in os.environ.get("TT_RUN_ROOTS", "").split(os.pathsep) if r]
+        if not roots:
+            self.skipTest("TT_RUN_ROOTS is not set: no runs to look at")
+        known = set(_names.RUN_FILE_NAMES) | {_names.LOCK}
+        seen = set()
+        runs = 0
+        for top in roots:
+            self.assertTrue(os.path.isdir(top), top)
+            for d in run_dirs(top):
+                runs += 1
+                for entry in os.listdir(d):
+                    if re.fullmatch(r"rank\d+", entry) and os.path.isdir(os.path.join(d, entry)):
+                        continue  # a rank's own run, walked on its own
+                    self.assertIn(entry, known, f"{d} holds {entry!r}, a name the reader does not know")
+                    seen.add(entry)
+        self.assertGreater(runs, 0, f"no run under {roots}")
+        # The runs cover the formats: each writes its own names.
+        for name in (_names.RUN_JSON, _names.INDEX, _names.NPY_DIR, _names.PACKED_DIR, _names.STATS_TABLE):
+            self.assertIn(name, seen)
+
+
+if __name__ == "__main__":
+    unittest.main()

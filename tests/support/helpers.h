@@ -1,0 +1,108 @@
+#pragma once
+
+#include <sys/resource.h>
+
+#include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <tensortap/error.h>
+
+namespace tt_test {
+
+/// What `f` throws as a tensortap::Error, or "" if it returns.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const tensortap::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/// Until the scope ends, a write that would take any file past `bytes` fails
+/// (EFBIG, with SIGXFSZ ignored): a full disk in miniature.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) : handler_(::signal(SIGXFSZ, SIG_IGN)) {
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_) == 0);
+    rlimit small = old_;
+    small.rlim_cur = bytes;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  }
+  ~FileSizeLimit() { lift(); }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+  /// Ends the limit before the scope does.
+  void lift() {
+    if (lifted_) return;
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    ::signal(SIGXFSZ, handler_);
+    lifted_ = true;
+  }
+
+ private:
+  rlimit old_{};
+  void (*handler_)(int);
+  bool lifted_ = false;
+};
+
+/// A fresh directory under the system temp dir, removed at scope exit.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "tensortap-test-XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& rel) const { return path + "/" + rel; }
+};
+
+inline std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// The file of a record written as .npy: `<run>/npy/<kind>/<name>/<step>.npy`,
+/// the step in 8 digits. `name` is used as given: a name the writers encode
+/// (tensortap::detail::encode_name) must be passed encoded.
+inline std::string npy(const std::string& run, const std::string& kind, const std::string& name, std::int64_t step) {
+  return fmt::format("{}/npy/{}/{}/{:08d}.npy", run, kind, name, step);
+}
+
+/// Index lines that mention `needle`.
+inline std::vector<std::string> index_lines_with(const std::string& run, const std::string& needle) {
+  std::vector<std::string> out;
+  for (const auto& l : read_lines(run + "/index.jsonl"))
+    if (l.find(needle) != std::string::npos) out.push_back(l);
+  return out;
+}
+
+/// Regular files under `dir`, recursively.
+inline std::vector<std::filesystem::path> files_under(const std::string& dir) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out.push_back(e.path());
+  return out;
+}
+
+}  // namespace tt_test

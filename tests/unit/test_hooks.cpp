@@ -1,0 +1,615 @@
+#include <cstdlib>
+#include <new>
+#include <thread>
+
+#include <fmt/format.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+
+#include <tensortap/tensortap.h>
+
+#include "tests/support/helpers.h"
+#include "tests/support/net.h"
+#include "sdk/src/front_end.h"
+#include "writers/src/paths.h"
+
+using tensortap::Kind;
+using tensortap::Options;
+using tt_test::TempDir;
+
+// Counts heap allocations on this thread while `g_counting` is set, to show
+// that a step that is not sampled costs no allocation.
+namespace {
+thread_local bool g_counting = false;
+thread_local std::size_t g_allocations = 0;
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (g_counting) ++g_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+// out = fc(x), watched as "fc.weight", "fc.bias" and the Tap "out".
+using tt_test::Net;
+
+// The record's file, its name encoded as the writers encode it.
+at::Tensor load(const std::string& run, const std::string& kind, const std::string& name, std::int64_t step) {
+  return tensortap::load_npy(tt_test::npy(run, kind, tensortap::detail::encode_name(name), step));
+}
+
+// loss = sum(out * c): d loss / d out = c, d loss / d W = c^T x, d loss / d b = sum_rows(c).
+torch::Tensor loss_of(Net& net, const torch::Tensor& x, const torch::Tensor& c) { return (net->forward(x) * c).sum(); }
+
+}  // namespace
+
+TEST_CASE("watch() records each parameter's gradient, exact for a linear layer", "[hooks]") {
+  TempDir dir;
+  torch::manual_seed(1);
+  Net net;
+  auto rec = tensortap::watch(*net, Options(dir.path).kinds({Kind::Grad}));
+  const torch::Tensor x = torch::randn({4, 3}), c = torch::randn({4, 2});
+  rec->step(0);
+  loss_of(net, x, c).backward();
+  rec->close();
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight", 0), c.t().mm(x), 1e-6, 1e-6));
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.bias", 0), c.sum(0), 1e-6, 1e-6));
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 2);
+}
+
+TEST_CASE("a step's gradient record sums its backward passes, whatever zero_grad does", "[hooks]") {
+  for (const char* order : {"zero_grad first", "zero_grad last", "never zero_grad"}) {
+    CAPTURE(order);
+    TempDir dir;
+    torch::manual_seed(2);
+    Net net;
+    torch::optim::SGD opt(net->parameters(), 0.1);
+    auto rec = tensortap::watch(*net, Options(dir.path).kinds({Kind::Grad}));
+    std::vector<torch::Tensor> expected_w, expected_b;
+    for (std::int64_t s = 0; s < 3; ++s) {
+      rec->step(s);
+      if (std::string(order) == "zero_grad first") opt.zero_grad();
+      torch::Tensor ew = torch::zeros({2, 3}), eb = torch::zeros({2});
+      for (int micro = 0; micro < 3; ++micro) {  // gradient accumulation
+        const torch::Tensor x = torch::randn({5, 3}), c = torch::randn({5, 2});
+        loss_of(net, x, c).backward();
+        ew += c.t().mm(x);
+        eb += c.sum(0);
+      }
+      opt.step();
+      if (std::string(order) == "zero_grad last") opt.zero_grad();
+      expected_w.push_back(ew);
+      expected_b.push_back(eb);
+    }
+    rec->close();
+    for (std::int64_t s = 0; s < 3; ++s) {
+      REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight", s), expected_w[s], 1e-5, 1e-5));
+      REQUIRE(torch::allclose(load(dir.path, "grad", "fc.bias", s), expected_b[s], 1e-5, 1e-5));
+    }
+  }
+}
+
+TEST_CASE("a Tap captures its activation and the gradient flowing back through it", "[hooks]") {
+  TempDir dir;
+  torch::manual_seed(3);
+  Net net;
+  auto rec = tensortap::watch(*net, Options(dir.path));
+  const torch::Tensor x = torch::randn({4, 3}), c = torch::randn({4, 2});
+  rec->step(0);
+  loss_of(net, x, c).backward();
+  rec->close();
+  const torch::Tensor expected = x.mm(net->fc->weight.detach().t()) + net->fc->bias.detach();
+  REQUIRE(torch::allclose(load(dir.path, "activation", "out", 0), expected, 1e-6, 1e-6));
+  REQUIRE(torch::equal(load(dir.path, "activation_grad", "out", 0), c));
+}
+
+TEST_CASE("a Tap run twice in a step gives name and name#1, each with its own gradient", "[hooks]") {
+  TempDir dir;
+  torch::manual_seed(4);
+  Net net;
+  auto rec = tensortap::watch(*net, Options(dir.path));
+  const torch::Tensor x1 = torch::randn({2, 3}), x2 = torch::randn({2, 3});
+  const torch::Tensor c1 = torch::randn({2, 2}), c2 = torch::randn({2, 2});
+  rec->step(0);
+  // Backward visits the second use first; the suffixes still follow the forward order.
+  const torch::Tensor first = loss_of(net, x1, c1);
+  const torch::Tensor second = loss_of(net, x2, c2);
+  (first + 10 * second).backward();
+  rec->close();
+  const torch::Tensor w = net->fc->weight.detach(), b = net->fc->bias.detach();
+  REQUIRE(torch::allclose(load(dir.path, "activation", "out", 0), x1.mm(w.t()) + b, 1e-6, 1e-6));
+  REQUIRE(torch::allclose(load(dir.path, "activation", "out#1", 0), x2.mm(w.t()) + b, 1e-6, 1e-6));
+  REQUIRE(torch::equal(load(dir.path, "activation_grad", "out", 0), c1));
+  REQUIRE(torch::allclose(load(dir.path, "activation_grad", "out#1", 0), 10 * c2));
+}
+
+TEST_CASE("kind param holds the values a sampled step begins with", "[hooks]") {
+  TempDir dir;
+  torch::manual_seed(5);
+  Net net;
+  torch::optim::SGD opt(net->parameters(), 0.5);
+  auto rec = tensortap::watch(*net, Options(dir.path).kinds(tensortap::KindSet::all()));
+  std::vector<torch::Tensor> weights;
+  for (std::int64_t s = 0; s < 3; ++s) {
+    rec->step(s);
+    weights.push_back(net->fc->weight.detach().clone());
+    opt.zero_grad();
+    loss_of(net, torch::randn({4, 3}), torch::randn({4, 2})).backward();
+    opt.step();
+  }
+  rec->close();
+  for (std::int64_t s = 0; s < 3; ++s) REQUIRE(torch::equal(load(dir.path, "param", "fc.weight", s), weights[s]));
+  // The update between two records is the recorded gradient times the rate.
+  const torch::Tensor update = weights[0] - 0.5 * load(dir.path, "grad", "fc.weight", 0);
+  REQUIRE(torch::allclose(load(dir.path, "param", "fc.weight", 1), update, 1e-6, 1e-6));
+}
+
+TEST_CASE("closing removes the hooks, and the model can be watched again", "[hooks]") {
+  TempDir a, b;
+  Net net;
+  const torch::Tensor x = torch::randn({4, 3}), c = torch::randn({4, 2});
+  {
+    auto rec = tensortap::watch(*net, Options(a.path));
+    rec->step(0);
+    loss_of(net, x, c).backward();
+    rec->close();
+  }
+  const size_t lines_a = tt_test::read_lines(a / "index.jsonl").size();
+  REQUIRE(lines_a == 4);          // two grads, one activation, one activation gradient
+  loss_of(net, x, c).backward();  // no recorder: nothing recorded, nothing breaks
+  auto rec2 = tensortap::watch(*net, Options(b.path));
+  rec2->step(7);
+  loss_of(net, x, c).backward();
+  rec2.reset();  // the destructor closes it
+  REQUIRE(tt_test::read_lines(a / "index.jsonl").size() == lines_a);
+  REQUIRE(tt_test::read_lines(b / "index.jsonl").size() == 4);
+  REQUIRE(torch::equal(load(b.path, "activation_grad", "out", 7), c));
+}
+
+TEST_CASE("two recorders watching two models do not mix", "[hooks]") {
+  TempDir a, b;
+  Net n1, n2;
+  auto r1 = tensortap::watch(*n1, Options(a.path));
+  auto r2 = tensortap::watch(*n2, Options(b.path).every(2));
+  for (std::int64_t s = 0; s < 4; ++s) {
+    r1->step(s);
+    r2->step(s);
+    loss_of(n1, torch::randn({2, 3}), torch::ones({2, 2})).backward();
+    loss_of(n2, torch::randn({2, 3}), torch::full({2, 2}, 2.0)).backward();
+  }
+  r1->close();
+  r2->close();
+  REQUIRE(tt_test::read_lines(a / "index.jsonl").size() == 4 * 4);
+  REQUIRE(tt_test::read_lines(b / "index.jsonl").size() == 2 * 4);
+  REQUIRE(torch::equal(load(a.path, "activation_grad", "out", 3), torch::ones({2, 2})));
+  REQUIRE(torch::equal(load(b.path, "activation_grad", "out", 2), torch::full({2, 2}, 2.0)));
+}
+
+TEST_CASE("Taps inside a Sequential are named by their path, and selection applies", "[hooks]") {
+  TempDir dir;
+  torch::nn::Sequential seq(torch::nn::Linear(3, 4), tensortap::Tap(), torch::nn::ReLU(), torch::nn::Linear(4, 1),
+                            tensortap::Tap());
+  auto rec = tensortap::watch(*seq, Options(dir.path).exclude("^4$|^3\\."));
+  rec->step(0);
+  seq->forward(torch::randn({2, 3})).sum().backward();
+  rec->close();
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"kind\":\"activation\",\"name\":\"1\"").size() == 1);
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"4\"").empty());
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"0.weight\"").size() == 1);
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"3.weight\"").empty());
+}
+
+TEST_CASE("on a step that is not sampled, Tap and capture() allocate nothing", "[hooks]") {
+  TempDir dir;
+  Net net;
+  auto rec = tensortap::watch(*net, Options(dir.path).every(100));
+  const torch::Tensor x = torch::randn({4, 2});
+  rec->step(1);
+  REQUIRE_FALSE(rec->sampled());
+  g_allocations = 0;
+  g_counting = true;
+  for (int i = 0; i < 100; ++i) {
+    const torch::Tensor y = net->out->forward(x);
+    rec->capture("x", x);
+  }
+  g_counting = false;
+  REQUIRE(g_allocations == 0);
+  rec->close();
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl").empty());
+}
+
+TEST_CASE("an unbound Tap is the identity", "[hooks]") {
+  tensortap::Tap tap;
+  const torch::Tensor x = torch::randn({3});
+  REQUIRE(tap->forward(x).is_same(x));
+  auto clone = std::dynamic_pointer_cast<tensortap::TapImpl>(tap->clone());
+  REQUIRE(clone != nullptr);
+  REQUIRE(clone->forward(x).is_same(x));
+}
+
+TEST_CASE("a sparse gradient is recorded dense", "[hooks]") {
+  TempDir dir;
+  torch::nn::Embedding emb(torch::nn::EmbeddingOptions(10, 3).sparse(true));
+  auto rec = tensortap::watch(*emb, Options(dir.path));
+  rec->step(0);
+  const torch::Tensor idx = torch::tensor({1, 4, 4}, torch::kLong);
+  emb->forward(idx).sum().backward();
+  rec->step(1);
+  emb->forward(idx).sum().backward();
+  rec->close();
+  torch::Tensor expected = torch::zeros({10, 3});
+  expected[1] = 1;
+  expected[4] = 2;
+  REQUIRE(torch::equal(load(dir.path, "grad", "weight", 0), expected));
+  REQUIRE(torch::equal(load(dir.path, "grad", "weight", 1), expected));
+}
+
+namespace {
+
+// fc1 is a Linear whose output is a tap point, without a Tap in forward().
+struct TappedNetImpl : torch::nn::Module {
+  tensortap::Tapped<torch::nn::Linear> fc1{nullptr};
+  TappedNetImpl() { fc1 = register_module("fc1", tensortap::Tapped<torch::nn::Linear>(3, 2)); }
+  torch::Tensor forward(const torch::Tensor& x) { return fc1(x); }
+};
+TORCH_MODULE(TappedNet);
+
+std::vector<std::int64_t> steps_of(const std::string& run, const std::string& kind, const std::string& name) {
+  std::vector<std::int64_t> out;
+  for (const auto& l : tt_test::index_lines_with(run, fmt::format("\"kind\":\"{}\",\"name\":\"{}\"", kind, name)))
+    out.push_back(std::stoll(l.substr(8, l.find(',') - 8)));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Tapped<M> captures a submodule's output and keeps its parameter names", "[hooks]") {
+  TempDir dir;
+  TappedNet net;
+  auto rec = tensortap::watch(*net, Options(dir.path));
+  const torch::Tensor x = torch::randn({4, 3}), c = torch::randn({4, 2});
+  rec->step(0);
+  (net->forward(x) * c).sum().backward();
+  rec->close();
+  const torch::Tensor w = net->fc1->inner().weight.detach(), b = net->fc1->inner().bias.detach();
+  REQUIRE(torch::allclose(load(dir.path, "activation", "fc1", 0), x.mm(w.t()) + b, 1e-6, 1e-6));
+  REQUIRE(torch::equal(load(dir.path, "activation_grad", "fc1", 0), c));
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc1.weight", 0), c.t().mm(x), 1e-6, 1e-6));
+}
+
+TEST_CASE("Sequential children become tap points, by option or by one call", "[hooks]") {
+  const torch::Tensor x = torch::randn({5, 3});
+  SECTION("every child, through Options::tap_sequential") {
+    TempDir dir;
+    torch::nn::Sequential seq(torch::nn::Linear(3, 4), torch::nn::ReLU(), torch::nn::Linear(4, 2));
+    auto rec = tensortap::watch(*seq, Options(dir.path).tap_sequential("."));
+    rec->step(0);
+    seq->forward(x).sum().backward();
+    rec->close();
+    // seq[0] is now the tap wrapper; the registered child is unchanged.
+    const torch::Tensor h = seq->named_children()["0"]->as<torch::nn::Linear>()->forward(x).detach();
+    REQUIRE(torch::allclose(load(dir.path, "activation", "0", 0), h));
+    REQUIRE(torch::allclose(load(dir.path, "activation", "1", 0), torch::relu(h)));
+    REQUIRE(load(dir.path, "activation_grad", "2", 0).sizes() == torch::IntArrayRef{5, 2});
+    // Parameter names are those of the plain Sequential.
+    REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"0.weight\"").size() == 1);
+    REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"2.bias\"").size() == 1);
+  }
+  SECTION("the children whose path matches a regex") {
+    TempDir dir;
+    torch::nn::Sequential seq(torch::nn::Linear(3, 4), torch::nn::ReLU(), torch::nn::Linear(4, 2));
+    auto rec = tensortap::watch(*seq, Options(dir.path).tap_sequential("^[02]$").kinds({Kind::Activation}));
+    rec->step(0);
+    seq->forward(x);
+    rec->close();
+    REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 2);
+    REQUIRE(steps_of(dir.path, "activation", "1").empty());
+  }
+  SECTION("tap_sequential(), then watch() of the model that holds it") {
+    TempDir dir;
+    struct HolderImpl : torch::nn::Module {
+      torch::nn::Sequential enc{torch::nn::Linear(3, 4), torch::nn::Tanh()};
+      HolderImpl() { register_module("enc", enc); }
+      torch::Tensor forward(const torch::Tensor& in) { return enc->forward(in); }
+    };
+    auto holder = std::make_shared<HolderImpl>();
+    tensortap::tap_sequential(*holder->enc);
+    tensortap::tap_sequential(*holder->enc);  // again: harmless
+    auto rec = tensortap::watch(*holder, Options(dir.path).kinds({Kind::Activation}));
+    rec->step(0);
+    const torch::Tensor y = holder->forward(x);
+    rec->close();
+    REQUIRE(torch::allclose(load(dir.path, "activation", "enc.1", 0), y.detach()));
+    REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 2);
+  }
+}
+
+TEST_CASE("op-level capture records each top-level op inside a tap point", "[hooks]") {
+  TempDir dir;
+  TappedNet net;
+  torch::nn::Sequential seq{torch::nn::ReLU()};
+  auto rec = tensortap::watch(*net, Options(dir.path).capture_ops(true).kinds({Kind::Activation}));
+  auto rec2 =
+      tensortap::watch(*seq, Options(dir / "seq").capture_ops(true).tap_sequential(".").kinds({Kind::Activation}));
+  const torch::Tensor x = torch::randn({4, 3});
+  rec->step(0);
+  rec2->step(0);
+  const torch::Tensor y = net->forward(x).detach();
+  seq->forward(x);
+  rec->step(1);
+  rec->close();
+  rec2->close();
+  // LinearImpl::forward runs aten::t (the weight, transposed) and aten::addmm.
+  REQUIRE(torch::equal(load(dir.path, "activation", "fc1/aten::addmm", 0), y));
+  REQUIRE(torch::equal(load(dir.path, "activation", "fc1/aten::t", 0), net->fc1->inner().weight.detach().t()));
+  REQUIRE(torch::equal(load(dir / "seq", "activation", "0/aten::relu", 0), torch::relu(x)));
+  // Only top-level ops: aten::t's own internals are not recorded.
+  const auto lines = tt_test::read_lines(dir / "index.jsonl");
+  for (const auto& l : lines) REQUIRE(l.find("as_strided") == std::string::npos);
+  // Nothing is recorded outside a tap point's scope, or after close.
+  torch::relu(x);
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == lines.size());
+}
+
+TEST_CASE("each kind has its own period, and explicit step lists work", "[hooks]") {
+  TempDir a, b;
+  Net net;
+  auto run = [&](const std::string& dir, Options o) {
+    auto rec = tensortap::watch(*net, std::move(o));
+    for (std::int64_t s = 0; s < 7; ++s) {
+      rec->step(s);
+      loss_of(net, torch::randn({2, 3}), torch::randn({2, 2})).backward();
+    }
+    rec->close();
+    (void)dir;
+  };
+  run(a.path, Options(a.path).every(Kind::Grad, 2).every(Kind::Activation, 3).every(100));
+  REQUIRE(steps_of(a.path, "grad", "fc.weight") == std::vector<std::int64_t>{0, 2, 4, 6});
+  REQUIRE(steps_of(a.path, "activation", "out") == std::vector<std::int64_t>{0, 3, 6});
+  REQUIRE(steps_of(a.path, "activation_grad", "out") == std::vector<std::int64_t>{0});
+  run(b.path, Options(b.path).steps({1, 5, 6}).stop(6));
+  REQUIRE(steps_of(b.path, "grad", "fc.weight") == std::vector<std::int64_t>{1, 5});
+}
+
+TEST_CASE("every(kind, 0) switches that kind off while the others keep every()", "[sdk][hooks]") {
+  TempDir dir;
+  Net net;
+  auto rec = tensortap::watch(*net, Options(dir.path).every(1).every(Kind::Activation, 0));
+  for (std::int64_t s = 0; s < 3; ++s) {
+    rec->step(s);
+    loss_of(net, torch::randn({2, 3}), torch::randn({2, 2})).backward();
+  }
+  rec->close();
+  REQUIRE(steps_of(dir.path, "grad", "fc.weight") == std::vector<std::int64_t>{0, 1, 2});
+  REQUIRE(steps_of(dir.path, "grad", "fc.bias") == std::vector<std::int64_t>{0, 1, 2});
+  REQUIRE(steps_of(dir.path, "activation_grad", "out") == std::vector<std::int64_t>{0, 1, 2});
+  REQUIRE(steps_of(dir.path, "activation", "out").empty());
+  const auto lines = tt_test::read_lines(dir / "index.jsonl");
+  REQUIRE(lines.size() == 9);
+  for (const auto& l : lines) REQUIRE(l.find("\"kind\":\"activation\"") == std::string::npos);
+  // run.json says the effective periods.
+  REQUIRE_THAT(tt_test::read_file(dir / "run.json"),
+               Catch::Contains("\"activation\": 0, \"activation_grad\": 1, \"param\": 1, \"buffer\": 1, \"grad\": 1"));
+}
+
+TEST_CASE("eval forward passes are not recorded unless asked, and then as eval/<name>", "[hooks]") {
+  for (bool capture_eval : {false, true}) {
+    TempDir dir;
+    Net net;
+    auto rec = tensortap::watch(*net, Options(dir.path).capture_eval(capture_eval).kinds({Kind::Activation}));
+    rec->step(0);
+    const torch::Tensor train_x = torch::randn({2, 3}), eval_x = torch::randn({2, 3});
+    net->forward(train_x);  // training
+    net->eval();
+    const torch::Tensor eval_out = net->forward(eval_x);  // validation inside the step
+    net->train();
+    rec->close();
+    REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == (capture_eval ? 2u : 1u));
+    REQUIRE(steps_of(dir.path, "activation", "out") == std::vector<std::int64_t>{0});
+    // Never "out#1", which would read as a second training pass.
+    REQUIRE(tt_test::index_lines_with(dir.path, "out#1").empty());
+    if (capture_eval) REQUIRE(torch::equal(load(dir.path, "activation", "eval/out", 0), eval_out));
+  }
+}
+
+TEST_CASE("eval passes of a Tapped<M> inside a training step are named eval/<name>, apart from its repeats",
+          "[hooks]") {
+  TempDir dir;
+  TappedNet net;
+  auto rec = tensortap::watch(*net, Options(dir.path).capture_eval(true).kinds({Kind::Activation}));
+  rec->step(0);
+  net->forward(torch::randn({2, 3}));
+  net->forward(torch::randn({2, 3}));  // a second training pass: fc1#1
+  net->eval();
+  {
+    torch::NoGradGuard no_grad;
+    net->forward(torch::randn({2, 3}));
+    net->forward(torch::randn({2, 3}));  // a second eval pass: eval/fc1#1
+  }
+  net->train();
+  rec->close();
+  REQUIRE(steps_of(dir.path, "activation", "fc1") == std::vector<std::int64_t>{0});
+  REQUIRE(steps_of(dir.path, "activation", "fc1#1") == std::vector<std::int64_t>{0});
+  REQUIRE(steps_of(dir.path, "activation", "eval/fc1") == std::vector<std::int64_t>{0});
+  REQUIRE(steps_of(dir.path, "activation", "eval/fc1#1") == std::vector<std::int64_t>{0});
+  REQUIRE(tt_test::read_lines(dir / "index.jsonl").size() == 4);
+}
+
+TEST_CASE("load_checkpoint loads a checkpoint saved before tensortap was added, where torch::load refuses it",
+          "[hooks]") {
+  TempDir dir;
+  // The program before tensortap: the same layer, no Tap.
+  struct PlainImpl : torch::nn::Module {
+    torch::nn::Linear fc{nullptr};
+    torch::nn::ReLU act;
+    PlainImpl() {
+      fc = register_module("fc", torch::nn::Linear(3, 2));
+      register_module("act", act);
+    }
+  };
+  auto plain = std::make_shared<PlainImpl>();
+  torch::save(plain, dir / "before.pt");
+  Net net;  // fc and the Tap "out"; no "act"
+  REQUIRE_THROWS(torch::load(net, dir / "before.pt"));
+  tensortap::load_checkpoint(net, dir / "before.pt");
+  REQUIRE(torch::equal(net->fc->weight, plain->fc->weight));
+  REQUIRE(torch::equal(net->fc->bias, plain->fc->bias));
+  // The reverse, and a Tapped<M> model from the plain checkpoint.
+  torch::save(net, dir / "after.pt");
+  auto again = std::make_shared<PlainImpl>();
+  tensortap::load_checkpoint(again, dir / "after.pt");
+  REQUIRE(torch::equal(again->fc->weight, plain->fc->weight));
+  // A missing submodule that has state is named, with the file.
+  struct OtherImpl : torch::nn::Module {
+    torch::nn::Linear fc{nullptr}, head{nullptr};
+    OtherImpl() {
+      fc = register_module("fc", torch::nn::Linear(3, 2));
+      head = register_module("head", torch::nn::Linear(2, 2));
+    }
+  };
+  auto other = std::make_shared<OtherImpl>();
+  REQUIRE_THAT(tt_test::error_of([&] { tensortap::load_checkpoint(other, dir / "before.pt"); }),
+               Catch::Contains("'head'") && Catch::Contains("before.pt"));
+  REQUIRE_THAT(tt_test::error_of([&] { tensortap::load_checkpoint(other, dir / "missing.pt"); }),
+               Catch::Contains("missing.pt"));
+}
+
+TEST_CASE("grad_per_backward records every micro-batch's gradient on its own", "[hooks]") {
+  TempDir dir;
+  Net net;
+  auto rec = tensortap::watch(*net, Options(dir.path).grad_per_backward(true).kinds({Kind::Grad}));
+  std::vector<torch::Tensor> expected;
+  rec->step(0);
+  for (int micro = 0; micro < 3; ++micro) {
+    const torch::Tensor x = torch::randn({5, 3}), c = torch::randn({5, 2});
+    loss_of(net, x, c).backward();
+    expected.push_back(c.t().mm(x));
+  }
+  rec->close();
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight", 0), expected[0], 1e-5, 1e-5));
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight#1", 0), expected[1], 1e-5, 1e-5));
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight#2", 0), expected[2], 1e-5, 1e-5));
+}
+
+TEST_CASE("concurrent forward and backward passes on several threads lose nothing", "[hooks]") {
+  TempDir dir;
+  Net net;
+  constexpr int kThreads = 4, kEach = 25;
+  auto rec = tensortap::watch(*net, Options(dir.path).buffer_bytes(8192));
+  std::vector<torch::Tensor> sums(kThreads);
+  rec->step(0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      torch::Tensor sum = torch::zeros({2, 3});
+      for (int i = 0; i < kEach; ++i) {
+        const torch::Tensor x = torch::randn({3, 3}), c = torch::randn({3, 2});
+        loss_of(net, x, c).backward();
+        sum += c.t().mm(x);
+      }
+      sums[t] = sum;
+    });
+  for (auto& th : threads) th.join();
+  rec->close();
+  REQUIRE(rec->counters().dropped == 0);
+  REQUIRE(rec->counters().errors == 0);
+  // One activation and one activation gradient per pass, each under its own name...
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"kind\":\"activation\",").size() == kThreads * kEach);
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"kind\":\"activation_grad\",").size() == kThreads * kEach);
+  // ... and the step's gradient is the sum over every thread's passes.
+  const torch::Tensor total = sums[0] + sums[1] + sums[2] + sums[3];
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight", 0), total, 1e-4, 1e-4));
+}
+
+TEST_CASE("two recorders on one model both get activations and gradients", "[hooks][multi]") {
+  TempDir full_dir, stats_dir;
+  Net net;
+  auto full = tensortap::watch(*net, Options(full_dir.path));
+  // A statistics-only recorder beside the full one: a natural pair.
+  auto stats = tensortap::watch(*net, Options(stats_dir.path).every(0).stats_every(1));
+  const auto x = torch::randn({4, 3});
+  const auto c = torch::randn({4, 2});
+  for (std::int64_t step = 0; step < 2; ++step) {
+    full->step(step);
+    stats->step(step);
+    loss_of(net, x, c).backward();
+  }
+  full->close();
+  stats->close();
+  // The full run has the activation, its gradient and the parameters' gradients, once each.
+  REQUIRE(at::equal(load(full_dir.path, "activation", "out", 1), net->fc->forward(x).detach()));
+  REQUIRE(at::allclose(load(full_dir.path, "activation_grad", "out", 1), c));
+  REQUIRE(tt_test::index_lines_with(full_dir.path, "out#1").empty());
+  // The statistics run has a row for each of them every step, and no tensor.
+  REQUIRE(stats->counters().records == 0);
+  REQUIRE(stats->counters().stats_rows == 2 * 4);
+  const std::string series = tt_test::read_file(stats_dir / "stats_series.jsonl");
+  for (const char* want : {"\"kind\":\"activation\",\"name\":\"out\"", "\"kind\":\"activation_grad\",\"name\":\"out\"",
+                           "\"kind\":\"grad\",\"name\":\"fc.weight\"", "\"kind\":\"grad\",\"name\":\"fc.bias\""})
+    REQUIRE_THAT(series, Catch::Contains(want));
+}
+
+TEST_CASE("watch() refuses a module it watches already, a closed recorder and a colliding name", "[hooks][multi]") {
+  TempDir dir;
+  Net net, other;
+  auto rec = tensortap::watch(*net, Options(dir.path));
+  std::string err;
+  try {
+    tensortap::watch(*net, *rec);
+  } catch (const tensortap::Error& e) {
+    err = e.what();
+  }
+  REQUIRE_THAT(err, Catch::Contains("already watched by this recorder") && Catch::Contains("twice"));
+  // Another model with the same names needs a prefix; with one, it is watched.
+  err.clear();
+  try {
+    tensortap::watch(*other, *rec);
+  } catch (const tensortap::Error& e) {
+    err = e.what();
+  }
+  REQUIRE_THAT(err, Catch::Contains("give the second module a prefix"));
+  tensortap::watch(*other, *rec, "G");
+  const auto x = torch::randn({4, 3});
+  const auto c = torch::randn({4, 2});
+  rec->step(0);
+  loss_of(net, x, c).backward();
+  loss_of(other, x, c).backward();
+  rec->close();
+  // Each model's gradient under its own name, once: no "#1" from a double hook.
+  REQUIRE(at::allclose(load(dir.path, "grad", "fc.weight", 0), net->fc->weight.grad()));
+  REQUIRE(at::allclose(load(dir.path, "grad", "G/fc.weight", 0), other->fc->weight.grad()));
+  REQUIRE(at::equal(load(dir.path, "activation", "G/out", 0), other->fc->forward(x).detach()));
+  REQUIRE(tt_test::index_lines_with(dir.path, "#1").empty());
+  err.clear();
+  try {
+    Net third;
+    tensortap::watch(*third, *rec, "H");
+  } catch (const tensortap::Error& e) {
+    err = e.what();
+  }
+  REQUIRE_THAT(err, Catch::Contains("closed recorder"));
+}
+
+TEST_CASE("a closed recorder lets go of the model's tap points", "[hooks][multi]") {
+  TempDir dir;
+  Net net;
+  std::weak_ptr<tensortap::detail::FrontEnd> core;
+  {
+    auto rec = tensortap::watch(*net, Options(dir.path));
+    core = tensortap::detail::RecorderAccess::front_end(*rec);
+    rec->step(0);
+    net->forward(torch::randn({2, 3}));
+    rec->close();
+  }
+  // The model (and its Tap) lives on; the recorder's state does not.
+  REQUIRE(core.expired());
+  net->forward(torch::randn({2, 3}));
+}

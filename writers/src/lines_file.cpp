@@ -1,0 +1,60 @@
+#include "writers/src/lines_file.h"
+
+#include <fcntl.h>
+
+#include <string_view>
+
+#include "writers/src/dtypes.h"
+#include "writers/src/json.h"
+
+namespace tensortap::detail {
+
+void append_index_line(std::string& out, const RecordDesc& meta, const std::string& location) {
+  // By hand, not with fmt, and through a pointer: one line per record on
+  // the writer thread.
+  const std::string_view kind = kind_name(meta.kind);
+  const std::string_view dtype = meta.dtype.name;
+  const std::size_t room = 64 + kIntRoom + kind.size() + json_string_room(meta.name) + dtype.size() +
+                           json_ints_room(meta.shape) + location.size();
+  append_put(out, room, [&](char* p) {
+    p = put(p, "{\"step\":");
+    p = put_int(p, meta.step);
+    p = put(p, ",\"kind\":\"");
+    p = put(p, kind);
+    p = put(p, "\",\"name\":");
+    p = put_json_string(p, meta.name);
+    p = put(p, ",\"dtype\":\"");
+    p = put(p, dtype);
+    p = put(p, "\",\"shape\":");
+    p = put_json_ints(p, meta.shape);
+    *p++ = ',';
+    p = put(p, location);
+    return put(p, "}\n");
+  });
+}
+
+LinesFile::LinesFile(const Dir& dir, const std::string& name)
+    : file_(dir.open_file(name, O_WRONLY | O_CREAT | O_EXCL | O_APPEND)) {}
+
+void LinesFile::append(const std::string& lines) {
+  if (lines.empty()) return;
+  try {
+    if (torn_) {
+      file_.write_all("\n", 1);
+      ++size_;
+      torn_ = false;
+    }
+    file_.write_all(lines.data(), lines.size());
+    size_ += lines.size();
+  } catch (...) {
+    // A short write left part of a line: cut back to the whole lines.
+    try {
+      file_.truncate(size_);
+    } catch (...) {
+      torn_ = true;
+    }
+    throw;
+  }
+}
+
+}  // namespace tensortap::detail

@@ -1,0 +1,178 @@
+#include "writers/src/run_dir.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <ctime>
+
+#include <fmt/format.h>
+
+#include "writers/src/check.h"
+#include "writers/src/file.h"
+
+namespace tensortap::detail {
+namespace {
+
+// Blocks reserved beyond run.json's end, at least this many bytes or twice
+// its size, so close() can rewrite it in place on a full disk.
+constexpr std::uint64_t kRunJsonReserve = 16384;
+
+// The lock a writer holds on its run directory (see RunDir). It stays after
+// the run: removing it could let a third writer in while a second waits.
+constexpr const char* kLockName = ".tensortap.lock";
+
+}  // namespace
+
+std::string utc_now() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:03d}Z", buf, ms);
+}
+
+// The journal is Hdf5Journal::kName, left by an HDF5 writer that was killed.
+const char* const kRunFileNames[9] = {"run.json",   "index.jsonl",         "npy",       "packed",
+                                      "tensors.h5", ".tensors.h5.journal", "stats.npy", "stats_series.jsonl",
+                                      "dumps.jsonl"};
+
+namespace {
+
+bool holds_run(const Dir& dir) { return dir.exists("run.json") || dir.exists("index.jsonl"); }
+
+// The rank<k> in a rank folder's name, or -1.
+std::int64_t rank_of(const std::string& name) {
+  if (name.size() < 5 || name.size() > 14 || name.compare(0, 4, "rank") != 0) return -1;
+  std::int64_t k = 0;
+  for (std::size_t i = 4; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    k = k * 10 + (name[i] - '0');
+  }
+  return k;
+}
+
+// Removes tensortap's files (only those) from `dir`.
+void remove_run_files(const Dir& dir) {
+  for (const char* name : kRunFileNames) dir.remove_all(name);
+}
+
+}  // namespace
+
+void RunDir::clear_other_runs(const Dir& top, const std::string& sub, std::int64_t world_size, bool overwrite) {
+  // Another run's files where the reader would take them for this run's: a
+  // single-rank run's at the root under a multi-rank run, rank folders
+  // beside a single-rank run, or rank folders past this run's world size.
+  // Each rank of a multi-rank run does this; removing is idempotent.
+  std::vector<std::string> stale;
+  if (!sub.empty() && holds_run(top)) stale.push_back("");
+  for (const std::string& name : top.list()) {
+    const std::int64_t k = rank_of(name);
+    if (k < 0 || (!sub.empty() && k < world_size) || top.is_link(name)) continue;
+    try {
+      if (holds_run(top.sub(name, /*create=*/false))) stale.push_back(name);
+    } catch (const Error&) {
+      // Not a directory, or gone meanwhile: not a run.
+    }
+  }
+  if (stale.empty()) return;
+  const std::string found = stale.front().empty() ? top.path_of("run.json") : top.path_of(stale.front());
+  if (!overwrite)
+    fail("'{}' already holds another run ({}{}); choose another directory or set Options::overwrite(true)", top.path(),
+         found, stale.size() > 1 ? fmt::format(" and {} more", stale.size() - 1) : "");
+  for (const std::string& name : stale) {
+    if (name.empty()) {
+      remove_run_files(top);
+      continue;
+    }
+    Dir d = top.sub(name, /*create=*/false);
+    File lock = d.open_file(kLockName, O_RDWR | O_CREAT);
+    // A rank folder some recorder holds is a live run's: not ours to remove.
+    if (!lock.try_lock()) continue;
+    remove_run_files(d);
+    d.unlink(kLockName);
+    lock.close();
+    // The folder goes too when nothing of the user's is left in it.
+    if (::unlinkat(top.fd(), name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOTEMPTY && errno != EEXIST &&
+        errno != ENOENT)
+      throw_errno("remove", top.path_of(name), errno);
+  }
+}
+
+RunDir::RunDir(const std::string& root, const std::string& sub, bool overwrite, std::int64_t world_size) {
+  Dir top = Dir::open(root, /*create=*/true);
+  clear_other_runs(top, sub, world_size, overwrite);
+  dir_ = sub.empty() ? std::move(top) : top.sub(sub, /*create=*/true);
+  lock_ = dir_.open_file(kLockName, O_RDWR | O_CREAT);
+  if (!lock_.try_lock())
+    fail(
+        "'{}' is in use by another recorder (in this process or another); two recorders cannot write one run "
+        "directory: choose another directory",
+        dir_.path());
+  // Either file marks a run; the message names the one found.
+  const char* const run_file = dir_.exists("run.json")      ? "run.json"
+                               : dir_.exists("index.jsonl") ? "index.jsonl"
+                                                            : nullptr;
+  if (run_file != nullptr && !overwrite)
+    fail(
+        "'{}' already holds a run ({}); choose another directory or set "
+        "Options::overwrite(true)",
+        dir_.path(), run_file);
+  // Only what tensortap writes goes: a user's other files stay.
+  for (const char* name : kRunFileNames) {
+    if (!dir_.exists(name)) continue;
+    if (!overwrite)
+      fail(
+          "'{}' is in the way: the directory holds no run (no run.json) but has a "
+          "file of the name tensortap writes; remove it, choose another directory or set "
+          "Options::overwrite(true)",
+          dir_.path_of(name));
+    dir_.remove_all(name);
+  }
+}
+
+void RunDir::release() noexcept {
+  // Closing the lock's descriptor drops the lock.
+  lock_ = File();
+  dir_ = Dir();
+}
+
+std::uint64_t write_run_json(const Dir& dir, const std::string& json) {
+  const std::uint64_t reserve = std::max<std::uint64_t>(kRunJsonReserve, 2 * json.size());
+  try {
+    AtomicFile file(dir, "run.json");
+    file.write(json.data(), json.size());
+    file.reserve(reserve);
+    file.commit();
+  } catch (const Error& e) {
+    if (e.code() != std::errc::no_space_on_device && e.code() != std::error_code(EDQUOT, std::system_category())) throw;
+    // No room for a temporary (disk full): rewrite the old file in place,
+    // in the blocks reserved when it was written. Less safe against a crash
+    // mid-write, but the alternative is a run.json that never says the run
+    // closed.
+    File f = dir.open_file("run.json", O_WRONLY);
+    f.pwrite_all(json.data(), json.size(), 0);
+    if (f.size() > json.size()) f.truncate(json.size());
+    f.reserve(reserve);
+    f.close();
+  }
+  return reserve;
+}
+
+bool reserve_run_json(const Dir& dir, std::uint64_t bytes) noexcept {
+  try {
+    File f = dir.open_file("run.json", O_WRONLY);
+    const bool reserved = f.reserve(bytes);
+    f.close();
+    return reserved;
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace tensortap::detail

@@ -1,0 +1,58 @@
+#pragma once
+
+// A run directory: the names tensortap writes there, holding it (open and
+// locked) for one recorder, and rewriting its run.json safely.
+
+#include <cstdint>
+#include <string>
+
+#include "writers/src/file.h"
+
+namespace tensortap::detail {
+
+/// The names tensortap writes in a run directory, and only those:
+/// `Options::overwrite` removes them, and a directory that holds one of them
+/// but no run is refused (a planted file or link, or a user's own file).
+extern const char* const kRunFileNames[9];
+
+/// A run directory held by one recorder: open (so it stays the same
+/// directory whatever `chdir()` or a rename does), locked against a second
+/// writer in this process or another (an advisory lock the kernel drops when
+/// a writer dies, so a crash never leaves it stuck), and emptied of an old
+/// run when overwriting.
+class RunDir {
+ public:
+  /// Opens `root` (created if missing) and, for a rank of a multi-rank run
+  /// of `world_size` ranks, its subdirectory `sub` ("" for none). Throws
+  /// `Error` naming the directory if another recorder holds it, if it (or
+  /// `root`, in another layout: a single-rank run's files at the root, rank
+  /// folders, rank folders past `world_size`) already holds a run and
+  /// `overwrite` is off, or with the path and the OS error. With
+  /// `overwrite`, those runs' files go, and only tensortap's files.
+  RunDir(const std::string& root, const std::string& sub, bool overwrite, std::int64_t world_size = 1);
+  const Dir& dir() const { return dir_; }
+  /// Unlocks and closes the directory; for after the last write.
+  void release() noexcept;
+
+ private:
+  static void clear_other_runs(const Dir& top, const std::string& sub, std::int64_t world_size, bool overwrite);
+
+  Dir dir_;
+  File lock_;
+};
+
+/// Rewrites `run.json` in `dir` atomically with `json`, its whole text.
+/// On a full disk, where no temporary fits, the file is rewritten in place,
+/// in blocks reserved for that when it was written. What the text says is
+/// the recorder's to render. Returns the bytes reserved (best effort).
+std::uint64_t write_run_json(const Dir& dir, const std::string& json);
+
+/// Reserves blocks for `run.json` in `dir` up to `bytes`, its size kept, so
+/// that a longer text still fits in place on a full disk. Best effort:
+/// false where it could not.
+bool reserve_run_json(const Dir& dir, std::uint64_t bytes) noexcept;
+
+/// The current UTC time as ISO 8601 ("2026-11-21T05:45:00.123Z").
+std::string utc_now();
+
+}  // namespace tensortap::detail
