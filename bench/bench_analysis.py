@@ -73,7 +73,7 @@ def make_run(root, names, steps):
         big.append({"step": step, "kind": "activation", "name": "big", "dtype": "float32", "shape": [1024, 1024],
                     "file": rel})
     with open(os.path.join(root, "index.jsonl"), "w") as f:
-        # As the writer prints them (run_files.cpp): no spaces.
+        # As the writer prints them (lines_file.cpp): no spaces.
         f.writelines(json.dumps(rec, separators=(",", ":")) + "\n" for rec in lines + big)
     with open(os.path.join(root, "run.json"), "w") as f:
         json.dump({"format_version": 1, "closed": True, "options": {"format": "npy", "stats_every": 1}}, f)
@@ -114,9 +114,9 @@ def main():
                 dt, rc = timed(lambda: cli.main(["report", root, "-o", os.path.join(tmp, "report.html")]))
             assert rc == 0
             t["report"].append(dt)
-            dt, eager = timed(lambda: run.series("big", "activation").mean(axis=(1, 2)))
+            dt, eager = timed(lambda: run.series("big", kind="activation").mean(axis=(1, 2)))
             t["eager_mean"].append(dt)
-            dt, lazy = timed(lambda: run.series("big", "activation", lazy=True).mean(axis=(1, 2)).compute())
+            dt, lazy = timed(lambda: run.series("big", kind="activation", lazy=True).mean(axis=(1, 2)).compute())
             t["lazy_mean"].append(dt)
             assert np.array_equal(eager, lazy)
         med = {k: statistics.median(v) for k, v in t.items()}

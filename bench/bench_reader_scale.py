@@ -10,7 +10,7 @@ a tensor of 16 float32:
 - packed: Format::Packed exactly as writers/src/packed_writer.cpp writes it:
   each record a complete .npy image (NumPy writes the same bytes as the C++
   writer) at a 64-byte-aligned offset of packed/00000000.npys, the records of
-  a step in one stretch, and index lines as writers/src/run_files.cpp formats
+  a step in one stretch, and index lines as writers/src/lines_file.cpp formats
   them, with "offset" and "nbytes";
 - npy: the same index in the Format::Npy layout (npy/<kind>/<name>/<step>.npy),
   with the files of one name only: opening a run reads no tensor file;
@@ -65,7 +65,7 @@ def image(a):
 
 
 def index_line(step, kind, name, location):
-    # run_files.cpp append_index_line: no spaces, this member order.
+    # lines_file.cpp append_index_line: no spaces, this member order.
     return (f'{{"step":{step},"kind":"{kind}","name":"{name}","dtype":"float32",'
             f'"shape":[{",".join(map(str, SHAPE))}],{location}}}\n').encode()
 
@@ -209,7 +209,7 @@ def main():
                 if layout == "packed":
                     t["index_frame"].append(timed(run.index_frame)[0])
                 # series() against NumPy's own loads of the same records.
-                for key, read in ((f"series_{layout}", lambda: run.series(target, target_kind)),
+                for key, read in ((f"series_{layout}", lambda: run.series(target, kind=target_kind)),
                                   (f"np_load_{layout}", np_floor)):
                     dt, s = timed(read)
                     t[key].append(dt)

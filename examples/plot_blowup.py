@@ -35,7 +35,7 @@ def main(path, out_dir):
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.5))
     for name in run.names("grad"):
-        st = run.stats(name, "grad")
+        st = run.stats(name, kind="grad")
         ax.plot(st["step"], st["norm"], label=name, lw=1)
     ax.axvspan(steps[0], steps[-1], color="orange", alpha=0.2, label="dumped steps")
     ax.axvline(dump["step"], color="red", ls="--", lw=1, label=f"first {dump['reason']}")
@@ -49,7 +49,7 @@ def main(path, out_dir):
     # The full tensors exist only for the dumped steps.
     for kind, style in (("param", "-"), ("activation", "--")):
         for name in run.names(kind):
-            got = run.steps(name, kind)
+            got = run.steps(name, kind=kind)
             peaks = [np.nanmax(np.abs(run.load(name, s, kind).astype(np.float64)), initial=0) for s in got]
             bx.plot(got, peaks, style, marker=".", label=f"{kind} {name}")
     bx.axvline(dump["step"], color="red", ls="--", lw=1)
@@ -75,7 +75,7 @@ def main(path, out_dir):
 
 def _nonfinite(run, name, kind, step):
     try:
-        st = run.stats(name, kind)
+        st = run.stats(name, kind=kind)
     except KeyError:
         return False
     i = np.flatnonzero(st["step"] == step)

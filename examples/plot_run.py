@@ -23,9 +23,9 @@ import tensortap  # noqa: E402
 def grad_norms(run, out):
     fig, ax = plt.subplots(figsize=(7, 4))
     for name in run.names("grad"):
-        g = run.series(name, "grad").astype(np.float64)
+        g = run.series(name, kind="grad").astype(np.float64)
         norms = np.sqrt((g.reshape(len(g), -1) ** 2).sum(axis=1))
-        ax.plot(run.steps(name, "grad"), norms, label=name)
+        ax.plot(run.steps(name, kind="grad"), norms, label=name)
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("gradient L2 norm")
@@ -41,9 +41,9 @@ def activation_histograms(run, out):
     names = run.names("activation")
     fig, axes = plt.subplots(1, max(len(names), 1), figsize=(4.5 * max(len(names), 1), 3.5), squeeze=False)
     for ax, name in zip(axes[0], names):
-        steps = run.steps(name, "activation")
-        first = np.asarray(run.load(name, steps[0], "activation"), dtype=np.float64).ravel()
-        last = np.asarray(run.load(name, steps[-1], "activation"), dtype=np.float64).ravel()
+        steps = run.steps(name, kind="activation")
+        first = np.asarray(run.load(name, steps[0], kind="activation"), dtype=np.float64).ravel()
+        last = np.asarray(run.load(name, steps[-1], kind="activation"), dtype=np.float64).ravel()
         bins = np.linspace(min(first.min(), last.min()), max(first.max(), last.max()) + 1e-9, 50)
         ax.hist(first, bins=bins, alpha=0.6, label=f"step {steps[0]}", log=True)
         ax.hist(last, bins=bins, alpha=0.6, label=f"step {steps[-1]}", log=True)
@@ -58,11 +58,11 @@ def activation_histograms(run, out):
 def dead_relu(run, out):
     fig, ax = plt.subplots(figsize=(7, 4))
     for name in run.names("activation"):
-        a = run.series(name, "activation")  # [steps, batch, units]
+        a = run.series(name, kind="activation")  # [steps, batch, units]
         if a.ndim < 3:
             continue
         dead = (a.reshape(a.shape[0], a.shape[1], -1) <= 0).all(axis=1).mean(axis=1)
-        ax.plot(run.steps(name, "activation"), dead, marker=".", label=name)
+        ax.plot(run.steps(name, kind="activation"), dead, marker=".", label=name)
     ax.set_xlabel("step")
     ax.set_ylabel("fraction of units dead over the batch")
     ax.set_title("Dead ReLU units")

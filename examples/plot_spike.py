@@ -47,7 +47,7 @@ def main(path, out_dir):
     a.set_title("the loss, from the statistics table")
     a.legend(fontsize=8)
     for name in run.names("grad"):
-        norms = [float(np.linalg.norm(run.load(name, s, "grad"))) for s in dump["steps"]]
+        norms = [float(np.linalg.norm(run.load(name, s, kind="grad"))) for s in dump["steps"]]
         b.plot(dump["steps"], norms, marker=".", label=name)
     b.axvline(dump["step"], color="tab:red", lw=1)
     b.set_yscale("log")

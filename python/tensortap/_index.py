@@ -24,8 +24,8 @@ import numpy as np
 
 from ._base import _reason, _warn
 from ._files import _open_regular
-from ._records import _Record, _record_problem
 from ._names import INDEX
+from ._records import _Record, _record_problem
 
 # Bytes read at a time: bounds what a block's parse holds (its match tuples
 # take about three times the text), however long the index.

@@ -13,10 +13,10 @@ from ._arrays import _read_many, _read_record
 from ._base import KINDS, STATS_FIELDS, RunError, _printable, _warn
 from ._compat import keyword_only
 from ._files import _rank_dumps, _read_json, _read_lines
+from ._names import RUN_JSON, STATS_SERIES, STATS_TABLE
 from ._npy import _read_stats_table
 from ._paths import _find_ranks
 from ._records import _Records, _series_problem
-from ._names import RUN_JSON, STATS_SERIES, STATS_TABLE
 
 if TYPE_CHECKING:  # never imported at run time here: frames.py imports them when called
     import dask.array

@@ -10,8 +10,8 @@ import threading
 import numpy as np
 
 from . import _float8
-from ._optional import need
 from ._names import STATS_TABLE
+from ._optional import need
 
 # HDF5 files the lazy arrays' tasks opened, per process: a task carries only
 # its index record, so that dask's process and distributed schedulers can

@@ -10,8 +10,8 @@ import numpy as np
 
 from . import NUMPY_DTYPES, RunError
 from ._float8 import FORMATS as FORMATS_FLOAT8
-from ._optional import progress
 from ._names import STATS_TABLE
+from ._optional import progress
 
 # Names and paths come from the run's files: printed raw, a planted escape
 # sequence would drive the terminal. A name's bytes that are not UTF-8 come
