@@ -12,7 +12,7 @@ command -v ninja >/dev/null 2>&1 && gen="-G Ninja"
 # The LibTorch, CUDA toolkit and link flags the parent build used
 # (tests/CMakeLists.txt writes them), so the consumer builds against the same.
 cache=""
-[ -f "$build/tests/build/consumer-cache.cmake" ] && cache="-C $build/tests/build/consumer-cache.cmake"
+[ -f "$build/tests/consumer-cache.cmake" ] && cache="-C $build/tests/consumer-cache.cmake"
 if [ "$mode" = find_package ]; then
   cmake --install "$build" --prefix "$work/prefix" >/dev/null
   cmake $cache -S "$src/tests/build/consumer" -B "$work/build" $gen -DCMAKE_BUILD_TYPE=Release \
