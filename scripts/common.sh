@@ -9,7 +9,7 @@ CORE_PACKAGES="cmake g++ make ninja-build libtorch-dev libfmt-dev catch2 libbenc
   python3-pandas python3-xarray python3-dask python3-tqdm"
 
 # What only the tests need: a real browser that renders `tensortap report`'s
-# page (tests/test_analysis.py).
+# page (tests/python/test_analysis.py).
 TEST_PACKAGES="chromium chromium-driver python3-selenium"
 
 # Debian packages the GPU machine (no network, PyTorch's LibTorch) needs to
@@ -168,10 +168,11 @@ configure_and_build_torch2() {
 
 # run_ctest BUILD_DIR LABEL: the build's whole suite; its summary line goes
 # to $CTEST_SUMMARY for the closing line of scripts/test.sh.
-run_ctest() {
+run_ctest() {  # run_ctest DIR LABEL [ctest arguments...]
   local dir=$1 label=$2 log rc=0
+  shift 2
   log=$(mktemp)
-  (cd "$dir" && ctest --output-on-failure --parallel "$(nproc)" --timeout 900) 2>&1 | tee "$log" || rc=$?
+  (cd "$dir" && ctest --output-on-failure --parallel "$(nproc)" --timeout 900 "$@") 2>&1 | tee "$log" || rc=$?
   local line
   line=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$log" | tail -1 || true)
   echo "$label: ${line:-no ctest summary (exit $rc)}" >>"$CTEST_SUMMARY"

@@ -5,11 +5,27 @@
 #   build-torch2/  PyTorch's LibTorch 2.x with CUDA (the torch wheel from
 #                  PyPI), C++17; [gpu] cases skip without a device
 # Both consumer.cxx20 tests compile all of tensortap in C++20 as well.
+#
+#   bash scripts/test.sh          # everything (CI runs this)
+#   bash scripts/test.sh --fast   # the developer's loop: build/ only, without
+#                                 # the tests labelled slow (README)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+FAST=0
+[ "${1:-}" = "--fast" ] && FAST=1
 install_missing $CORE_PACKAGES $TEST_PACKAGES
 install_reader
-install_torch2
 ARGS=(-DTENSORTAP_BUILD_TESTS=ON -DTENSORTAP_BUILD_EXAMPLES=ON -DTENSORTAP_BUILD_BENCH=ON)
+if [ $FAST -eq 1 ]; then
+  configure_and_build "$ROOT/build" "${ARGS[@]}"
+  CTEST_SUMMARY=$(mktemp)
+  rc=0
+  run_ctest "$ROOT/build" "LibTorch 1.13 (Debian, CPU), fast loop: without the tests labelled slow" -LE slow || rc=1
+  echo
+  cat "$CTEST_SUMMARY"
+  rm -f "$CTEST_SUMMARY"
+  exit $rc
+fi
+install_torch2
 configure_and_build "$ROOT/build" "${ARGS[@]}"
 configure_and_build_torch2 "$ROOT/build-torch2" "${ARGS[@]}"
 
