@@ -50,7 +50,7 @@ def main(path, out_dir):
     for kind, style in (("param", "-"), ("activation", "--")):
         for name in run.names(kind):
             got = run.steps(name, kind=kind)
-            peaks = [np.nanmax(np.abs(run.load(name, s, kind).astype(np.float64)), initial=0) for s in got]
+            peaks = [np.nanmax(np.abs(run.load(name, s, kind=kind).astype(np.float64)), initial=0) for s in got]
             bx.plot(got, peaks, style, marker=".", label=f"{kind} {name}")
     bx.axvline(dump["step"], color="red", ls="--", lw=1)
     bx.set_yscale("log")

@@ -32,7 +32,7 @@ def main(path, out_dir):
     print(f"spike in {dump['kind']} '{dump['name']}' at step {dump['step']}: {dump['value']:.3g} against a median "
           f"of {dump['median']:.3g} over {rule['window']} steps (factor {rule['factor']}); "
           f"dumped steps {dump['steps'][0]}..{dump['steps'][-1]}")
-    loss = run.stats(dump["name"], dump["kind"])
+    loss = run.stats(dump["name"], kind=dump["kind"])
     steps, values = loss["step"], loss["mean"]
     window = rule["window"]
     threshold = [rule["factor"] * np.median(np.abs(values[max(0, i - window):i])) if i else np.nan

@@ -16,7 +16,7 @@ def main(path):
           f"dropped: {run.info.get('dropped', 0)}")
     for kind in run.kinds():
         names = run.names(kind)
-        steps = run.steps(names[0], kind)
+        steps = run.steps(names[0], kind=kind)
         print(f"  {kind:16s} {len(names):2d} names, steps {steps[0]}..{steps[-1]} ({len(steps)} captured)")
 
     if "loss" in run.names("tensor"):

@@ -166,9 +166,10 @@ configure_and_build_torch2() {
   cmake --build "$dir" --parallel "$(nproc)"
 }
 
-# run_ctest BUILD_DIR LABEL: the build's whole suite; its summary line goes
-# to $CTEST_SUMMARY for the closing line of scripts/test.sh.
-run_ctest() {  # run_ctest DIR LABEL [ctest arguments...]
+# run_ctest BUILD_DIR LABEL [ctest arguments...]: the build's suite (all of it, or
+# what the arguments select); its summary line goes to $CTEST_SUMMARY for the
+# closing line of scripts/test.sh.
+run_ctest() {
   local dir=$1 label=$2 log rc=0
   shift 2
   log=$(mktemp)

@@ -11,7 +11,11 @@
 #                                 # the tests labelled slow (README)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 FAST=0
-[ "${1:-}" = "--fast" ] && FAST=1
+case "${1:-}" in
+  "") ;;
+  --fast) FAST=1 ;;
+  *) echo "usage: bash scripts/test.sh [--fast]" >&2; exit 2 ;;
+esac
 install_missing $CORE_PACKAGES $TEST_PACKAGES
 install_reader
 ARGS=(-DTENSORTAP_BUILD_TESTS=ON -DTENSORTAP_BUILD_EXAMPLES=ON -DTENSORTAP_BUILD_BENCH=ON)

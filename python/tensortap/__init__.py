@@ -28,9 +28,6 @@ call that passes it by position still works, with a DeprecationWarning.
 
 # NUMPY_DTYPES is public too, though not in __all__.
 from ._base import KINDS, NUMPY_DTYPES, STATS_FIELDS, RunError, RunWarning  # noqa: F401
-# _packed._map_segment opens segments through this name, which tests replace
-# to count them.
-from ._files import _open_regular  # noqa: F401
 from ._run import Run, open
 
 __all__ = ["open", "Run", "KINDS", "STATS_FIELDS", "RunError", "RunWarning"]

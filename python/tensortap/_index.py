@@ -23,7 +23,7 @@ import re
 import numpy as np
 
 from ._base import _reason, _warn
-from ._files import _open_regular
+from . import _files
 from ._names import INDEX
 from ._records import _Record, _record_problem
 
@@ -93,7 +93,7 @@ class Index:
             return
         tokens = _Tokens()
         lineno = 1  # of the block's first line
-        with _open_regular(path) as f:
+        with _files._open_regular(path) as f:
             pieces = []  # of a line not ended yet: joined once it is, not per read
             while True:
                 data = f.read(_BLOCK)

@@ -9,7 +9,7 @@ import stat
 import numpy as np
 
 from ._base import STATS_FIELDS, RunError
-from ._files import _open_regular
+from . import _files
 
 
 def _npy_header(f):
@@ -79,7 +79,7 @@ def _read_stats_table(path):
     """stats.npy, checked before it is read: the header must describe a 1-D table
     with the statistics columns, and the file must hold every row it counts. A
     live run appends rows before it counts them, so more bytes are fine."""
-    with _open_regular(path) as f:
+    with _files._open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise RunError(f"{path}: empty file, no statistics table")

@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from ._base import RunError, _printable, _reason
-from ._files import _open_regular
+from . import _files
 from ._npy import _npy_header
 
 
@@ -15,7 +15,7 @@ def _read_packed(path, rec, mmap):
     """The .npy image of a Format::Packed record: `rec["nbytes"]` bytes at
     `rec["offset"]` of a segment file. The header is checked against them, so a
     damaged index line cannot make the reader map or read past its record."""
-    with _open_regular(path) as f:
+    with _files._open_regular(path) as f:
         def header_at(offset):
             f.seek(offset)
             shape, fortran, dtype = _npy_header(f)
@@ -60,11 +60,7 @@ def _packed_layout(rec, size, header_at):
 
 def _map_segment(path):
     """(size, a read-only uint8 array over the whole file, memory-mapped)."""
-    # The package's name, looked up when called: tests count the segments a
-    # series opens by replacing tensortap._open_regular (it is the same function).
-    from . import _open_regular
-
-    with _open_regular(path) as f:
+    with _files._open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:  # an empty file cannot be mapped
             return 0, np.empty(0, np.uint8)

@@ -1,6 +1,6 @@
 // Writes, through the writers themselves, runs of the dtypes LibTorch 2.x
 // adds (uint16, uint32, uint64, float8), which LibTorch 1.13 cannot make as
-// tensors: a writer takes a dtype description, not a tensor. check_dtypes.py
+// tensors: a writer takes a dtype description, not a tensor. tests/python/test_float8.py
 // reads them with the Python reader.
 //
 //   dtype_runs OUT [hdf5]     writes OUT/npy, OUT/packed (and OUT/hdf5)

@@ -254,7 +254,7 @@ class PackedTest(TempCase):
         for r, why in zip(bad, ("past the end", "the index says", "not a .npy image", "refused path")):
             with self.subTest(step=r["step"]):
                 with self.assertRaisesRegex(tensortap.RunError, why):
-                    run.load(r["name"], r["step"], r["kind"])
+                    run.load(r["name"], r["step"], kind=r["kind"])
         rc, out = inspect(run_dir, "--check")
         self.assertNotEqual(rc, 0)
         self.assertIn("4 problems", out)

@@ -1069,17 +1069,18 @@ class SeriesReadTest(TempCase):
     """series() reads a segment's records through one open and one map, and
     each exactly as np.load at its offset does."""
 
-    def opens(self, run, *args):
-        """series(*args) and the files it opened through _open_regular."""
+    def opens(self, run, *args, **kwargs):
+        """series(*args, **kwargs) and the files it opened through _open_regular."""
         opened = []
-        real = tensortap._open_regular
+        real = tensortap._files._open_regular
 
         def counting(path):
             opened.append(path)
             return real(path)
 
-        with mock.patch.object(tensortap, "_open_regular", counting):
-            return run.series(*args), opened
+        # Every module opens through _files._open_regular, looked up when called.
+        with mock.patch.object(tensortap._files, "_open_regular", counting):
+            return run.series(*args, **kwargs), opened
 
     def test_one_open_per_segment_and_every_record_exact(self):
         rng = np.random.default_rng(0)
@@ -1089,7 +1090,7 @@ class SeriesReadTest(TempCase):
         segments = sorted({r["file"] for r in recs if r["name"] == "a"})
         self.assertGreater(len(segments), 3)
         run = tensortap.open(self.run_dir)
-        s, opened = self.opens(run, "a", "grad")
+        s, opened = self.opens(run, "a", kind="grad")
         self.assertEqual(sorted(os.path.relpath(p, os.path.realpath(self.run_dir)) for p in opened), segments)
         np.testing.assert_array_equal(s, np.stack(want["a"]))
         for rec in recs:

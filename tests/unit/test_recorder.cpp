@@ -739,6 +739,13 @@ TEST_CASE("the deprecated spellings of 0.1 still work", "[sdk][options][deprecat
                              .distributed(DistributedOptions().rank(1).world_size(2).ranks({1}));
   for (const Options* o : {&flat, &nested}) {
     REQUIRE(o->flight_recorder() == 20);
+    REQUIRE(o->flight_recorder_options().steps() == 20);
+    REQUIRE(o->flight_recorder_options().bytes() == (1u << 20));
+    REQUIRE(o->flight_recorder_options().after_dump() == AfterDump::Continue);
+    REQUIRE(o->flight_recorder_options().triggers().size() == 1);
+    REQUIRE(o->distributed().rank() == 1);
+    REQUIRE(o->distributed().world_size() == 2);
+    REQUIRE(o->distributed().ranks() == std::vector<std::int64_t>{1});
     REQUIRE(o->flight_recorder_bytes() == (1u << 20));
     REQUIRE(o->after_dump() == AfterDump::Continue);
     REQUIRE(o->triggers().size() == 1);

@@ -259,6 +259,19 @@ struct Options {
     ranks_ = d.ranks();
     return *this;
   }
+  /// Deprecated (0.1's nested spelling): the flight recorder's settings as one struct.
+  [[deprecated("use .flight_recorder(), .flight_recorder_bytes(), .after_dump() and .triggers()")]]
+  FlightRecorderOptions flight_recorder_options() const {
+    FlightRecorderOptions f(flight_recorder_);
+    f.bytes(flight_recorder_bytes_).after_dump(after_dump_);
+    for (const Trigger& t : triggers_) f.dump_on(t);
+    return f;
+  }
+  /// Deprecated (0.1's nested spelling): rank, world size and ranks as one struct.
+  [[deprecated("use .rank(), .world_size() and .ranks()")]]
+  DistributedOptions distributed() const {
+    return DistributedOptions().rank(rank_).world_size(world_size_).ranks(ranks_);
+  }
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop
 #endif

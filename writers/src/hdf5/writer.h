@@ -37,7 +37,7 @@ namespace tensortap::detail {
 /// between two flushes under a rollback journal (Hdf5Journal): a crash in
 /// that span loses nothing indexed before, and the reader waits for a live
 /// writer to end it. Chunks and the flush cadence are sized from the records
-/// (hdf5_layout.h) unless Hdf5Options fixes them.
+/// (layout.h) unless Hdf5Options fixes them.
 class Hdf5Writer final : public Writer {
  public:
   /// Creates `tensors.h5` in `dir`.
