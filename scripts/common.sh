@@ -6,7 +6,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Debian packages tensortap builds, tests and demos with.
 CORE_PACKAGES="cmake g++ make ninja-build libtorch-dev libfmt-dev catch2 libbenchmark-dev
   libhdf5-dev python3 python3-numpy python3-h5py python3-matplotlib python3-pip python3-setuptools libgloo-dev
-  python3-pandas python3-xarray python3-dask python3-tqdm"
+  python3-pandas python3-xarray python3-dask python3-tqdm libprotobuf-dev protobuf-compiler"
 
 # What only the tests need: a real browser that renders `tensortap report`'s
 # page (tests/python/test_analysis.py).
@@ -105,6 +105,38 @@ install_torch2() {
   rm -rf "$dir"
   mv "$dir.partial" "$dir"
   torch2_python -c 'import torch; print("tensortap: torch", torch.__version__, "CUDA", torch.version.cuda)'
+}
+
+# TensorBoard from PyPI, for the tests that read tensortap's event files
+# with TensorBoard's own reader and open its page in a browser
+# (tests/python/test_tensorboard.py). Debian has no tensorboard. Installed
+# like torch, into a folder of the scripts' own, with pinned versions and
+# without pip's resolver (--no-deps): its numpy requirement would pull a
+# second NumPy over Debian's, which the reader and h5py are built against.
+TENSORBOARD_PACKAGES="tensorboard==2.21.0 tensorboard-data-server==0.7.2 absl-py==2.5.1 grpcio==1.85.3
+  markdown==3.11.3 markupsafe==3.0.4 packaging==26.4 pillow==13.0.0 protobuf==7.36.2 werkzeug==3.1.9
+  typing_extensions==4.16.0"
+tensorboard_dir() {
+  local tag
+  tag=$("$(numpy_python)" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  echo "${TENSORTAP_TENSORBOARD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tensortap/tensorboard-2.21.0-$tag}"
+}
+install_tensorboard() {
+  local py dir
+  py=$(numpy_python)
+  dir=$(tensorboard_dir)
+  if PYTHONPATH="$dir" "$py" -c "import tensorboard.backend.event_processing.event_accumulator" >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "tensortap: installing TensorBoard from PyPI into $dir"
+  rm -rf "$dir.partial"
+  mkdir -p "$(dirname "$dir")"
+  # shellcheck disable=SC2086
+  PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore "$py" -m pip install -q --no-warn-script-location \
+    --no-deps --target "$dir.partial" $TENSORBOARD_PACKAGES
+  rm -rf "$dir"
+  mv "$dir.partial" "$dir"
+  PYTHONPATH="$dir" "$py" -c 'import tensorboard; print("tensortap: tensorboard", tensorboard.__version__)'
 }
 
 # configure_torch2 BUILD_DIR PYTHON [cmake args...]: configures a build

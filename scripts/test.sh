@@ -18,7 +18,9 @@ case "${1:-}" in
 esac
 install_missing $CORE_PACKAGES $TEST_PACKAGES
 install_reader
-ARGS=(-DTENSORTAP_BUILD_TESTS=ON -DTENSORTAP_BUILD_EXAMPLES=ON -DTENSORTAP_BUILD_BENCH=ON)
+install_tensorboard
+ARGS=(-DTENSORTAP_BUILD_TESTS=ON -DTENSORTAP_BUILD_EXAMPLES=ON -DTENSORTAP_BUILD_BENCH=ON
+  "-DTENSORTAP_TENSORBOARD_DIR=$(tensorboard_dir)")
 if [ $FAST -eq 1 ]; then
   configure_and_build "$ROOT/build" "${ARGS[@]}"
   CTEST_SUMMARY=$(mktemp)

@@ -41,6 +41,23 @@ std::string utc_now() {
 const char* const kRunFileNames[9] = {"run.json",   "index.jsonl",         "npy",       "packed",
                                       "tensors.h5", ".tensors.h5.journal", "stats.npy", "stats_series.jsonl",
                                       "dumps.jsonl"};
+const char* const kEventsPrefix = "events.out.tfevents.";
+const char* const kEventsSuffix = ".tensortap";
+
+bool is_event_file_name(const std::string& name) {
+  const std::string prefix = kEventsPrefix, suffix = kEventsSuffix;
+  return name.size() > prefix.size() + suffix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::vector<std::string> run_files_in(const Dir& dir) {
+  std::vector<std::string> found;
+  for (const char* name : kRunFileNames)
+    if (dir.exists(name)) found.push_back(name);
+  for (const std::string& name : dir.list())
+    if (is_event_file_name(name)) found.push_back(name);
+  return found;
+}
 
 namespace {
 
@@ -59,7 +76,7 @@ std::int64_t rank_of(const std::string& name) {
 
 // Removes tensortap's files (only those) from `dir`.
 void remove_run_files(const Dir& dir) {
-  for (const char* name : kRunFileNames) dir.remove_all(name);
+  for (const std::string& name : run_files_in(dir)) dir.remove_all(name);
 }
 
 }  // namespace
@@ -124,8 +141,7 @@ RunDir::RunDir(const std::string& root, const std::string& sub, bool overwrite, 
         "Options::overwrite(true)",
         dir_.path(), run_file);
   // Only what tensortap writes goes: a user's other files stay.
-  for (const char* name : kRunFileNames) {
-    if (!dir_.exists(name)) continue;
+  for (const std::string& name : run_files_in(dir_)) {
     if (!overwrite)
       fail(
           "'{}' is in the way: the directory holds no run (no run.json) but has a "

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "writers/src/file.h"
 
@@ -14,6 +15,14 @@ namespace tensortap::detail {
 /// `Options::overwrite` removes them, and a directory that holds one of them
 /// but no run is refused (a planted file or link, or a user's own file).
 extern const char* const kRunFileNames[9];
+/// TensorBoard's event files (`Options::tensorboard`) have names of their
+/// own (writers/src/tensorboard/EVENTS.md): each name that starts with
+/// `kEventsPrefix` and ends with `kEventsSuffix` is tensortap's as well.
+extern const char* const kEventsPrefix;
+extern const char* const kEventsSuffix;
+bool is_event_file_name(const std::string& name);
+/// The names of `kRunFileNames` and the event files that `dir` holds.
+std::vector<std::string> run_files_in(const Dir& dir);
 
 /// A run directory held by one recorder: open (so it stays the same
 /// directory whatever `chdir()` or a rename does), locked against a second

@@ -97,6 +97,15 @@ struct [[deprecated("use Options::rank(), .world_size() and .ranks()")]] Distrib
 /// does not match `exclude` (empty matches none).
 ///
 /// Example:
+/// Settings of `Options::tensorboard`: what the writer thread writes to
+/// TensorBoard's event files besides the statistics.
+struct TensorBoardOptions {
+  /// Histograms of every selected tensor whose data reaches the writer
+  /// thread, at the steps that are multiples of this, binned on the writer
+  /// thread; 0 = none.
+  TORCH_ARG(std::int64_t, histograms_every) = 100;
+};
+
 /// ```
 /// auto opts = tensortap::Options("runs/exp1")
 ///                 .every(100)
@@ -158,7 +167,8 @@ struct Options {
   /// the names tensortap writes there are removed: run.json, index.jsonl,
   /// dumps.jsonl, npy/, packed/, tensors.h5 (and the journal an interrupted
   /// HDF5 writer left, .tensors.h5.journal), stats.npy and
-  /// stats_series.jsonl; in a multi-rank run, those of each rank<r>/ folder.
+  /// stats_series.jsonl, TensorBoard's events.out.tfevents.*.tensortap; in a
+  /// multi-rank run, those of each rank<r>/ folder.
   TORCH_ARG(bool, overwrite) = false;
   /// Settings of `Format::Hdf5`.
   TORCH_ARG(Hdf5Options, hdf5) = Hdf5Options();
@@ -190,6 +200,32 @@ struct Options {
   /// tensors. They go to `stats.npy`, a table of one row per tensor and
   /// step. 0 = off.
   TORCH_ARG(std::int64_t, stats_every) = 0;
+
+ public:
+  /// Live statistics in TensorBoard: the writer thread appends TensorBoard
+  /// event files (`events.out.tfevents.*.tensortap`) to the run directory
+  /// (a rank's own folder), so `tensorboard --logdir runs/` shows the run as
+  /// it trains: a scalar per statistic (`<kind>/<name>/<stat>`, at the
+  /// `stats_every` steps), every 0-d `tensor` record as `tensor/<name>`,
+  /// histograms (`TensorBoardOptions::histograms_every`) and flight-recorder
+  /// dumps as text. Written after each batch of the writer thread and by
+  /// `flush()`; the training thread does nothing more for it.
+  Options& tensorboard(bool on) {
+    tensorboard_ = on ? std::optional<TensorBoardOptions>(TensorBoardOptions()) : std::nullopt;
+    return *this;
+  }
+  /// TensorBoard event files with these settings (see `tensorboard(bool)`).
+  Options& tensorboard(const TensorBoardOptions& settings) {
+    tensorboard_ = settings;
+    return *this;
+  }
+  /// The TensorBoard settings; unset (the default): no event files.
+  const std::optional<TensorBoardOptions>& tensorboard() const noexcept { return tensorboard_; }
+
+ private:
+  std::optional<TensorBoardOptions> tensorboard_;
+
+ public:
   /// Flight recorder: hold the full tensors of the last `k` sampled steps in
   /// host memory instead of writing them, and write them (with the current
   /// step) only when a rule given to `dump_on()` fires (a NaN or an Inf in

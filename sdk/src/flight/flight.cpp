@@ -89,6 +89,16 @@ void FlightRecorder::trigger(Dump dump) {
   } catch (...) {
     failures_.add(nullptr, Failures::current(), 0);
   }
+  // TensorBoard shows the dump as text at its step: its dumps.jsonl line.
+  if (tensorboard_ != nullptr) {
+    try {
+      std::string line;
+      append_dump_json(line, dump);
+      tensorboard_->text(dump.step, "tensortap/dumps", line);
+    } catch (...) {
+      failures_.add(nullptr, Failures::current(), 0);
+    }
+  }
   dumps_.fetch_add(1, std::memory_order_release);
 }
 

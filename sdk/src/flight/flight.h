@@ -13,6 +13,7 @@
 #include "sdk/src/flight/ring.h"
 #include "sdk/src/run/run_json.h"
 #include "sdk/src/pipeline/store.h"
+#include "sdk/src/pipeline/tensorboard.h"
 #include "sdk/src/flight/triggers.h"
 #include "writers/src/stats_file.h"
 
@@ -28,6 +29,10 @@ class FlightRecorder {
  public:
   /// `store`, `manifest` and `failures` must outlive it.
   FlightRecorder(const Options& options, Store& store, RunManifest& manifest, Failures& failures);
+
+  /// Where each dump is also written as a TensorBoard text event (null: off).
+  /// Before the writer thread starts.
+  void set_tensorboard(TensorBoard* tensorboard) { tensorboard_ = tensorboard; }
 
   /// Whether full records are held (Op::Hold) rather than written.
   bool holds() const { return ring_ != nullptr; }
@@ -76,6 +81,7 @@ class FlightRecorder {
   Store& store_;
   RunManifest& manifest_;
   Failures& failures_;
+  TensorBoard* tensorboard_ = nullptr;
   Triggers triggers_;
   // Whether a dump ends full capture (a flight recorder, and not
   // AfterDump::Continue).

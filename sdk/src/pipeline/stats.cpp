@@ -76,11 +76,6 @@ StatsAccumulator::Part scan(const T* p, std::size_t n, Value value) {
   return r;
 }
 
-template <typename T>
-StatsAccumulator::Part scan_bytes(const void* data, std::size_t nbytes) {
-  return scan(static_cast<const T*>(data), nbytes / sizeof(T), [](T v) { return value_of(v); });
-}
-
 // The value of each code of a float8 format, decoded once.
 const float* float8_table(Element format) {
   static const auto tables = [] {
@@ -94,36 +89,52 @@ const float* float8_table(Element format) {
   return tables[static_cast<std::size_t>(format) - static_cast<std::size_t>(Element::F8E4M3FN)].data();
 }
 
-}  // namespace
-
-void StatsAccumulator::add(const void* data, std::size_t nbytes) {
-  Part c;
-  switch (stored_) {
+// Calls `visit(p, n, value)` with the stored elements of `data` as their C++
+// type (`p`, `n` of them) and `value`, which gives the double a statistic
+// sees of one: the one dtype switch, shared by statistics and histograms.
+template <typename Visit>
+auto with_elements(Element stored, const void* data, std::size_t nbytes, Visit visit) {
+  const auto as = [&](auto tag) {
+    using T = decltype(tag);
+    return visit(static_cast<const T*>(data), nbytes / sizeof(T), [](T v) { return value_of(v); });
+  };
+  switch (stored) {
     case Element::Bool:
-    case Element::U8: c = scan_bytes<std::uint8_t>(data, nbytes); break;
-    case Element::I8: c = scan_bytes<std::int8_t>(data, nbytes); break;
-    case Element::I16: c = scan_bytes<std::int16_t>(data, nbytes); break;
-    case Element::I32: c = scan_bytes<std::int32_t>(data, nbytes); break;
-    case Element::I64: c = scan_bytes<std::int64_t>(data, nbytes); break;
-    case Element::U16: c = scan_bytes<std::uint16_t>(data, nbytes); break;
-    case Element::U32: c = scan_bytes<std::uint32_t>(data, nbytes); break;
-    case Element::U64: c = scan_bytes<std::uint64_t>(data, nbytes); break;
-    case Element::F16: c = scan_bytes<c10::Half>(data, nbytes); break;
-    case Element::F32: c = scan_bytes<float>(data, nbytes); break;
-    case Element::F64: c = scan_bytes<double>(data, nbytes); break;
-    case Element::C64: c = scan_bytes<std::complex<float>>(data, nbytes); break;
-    case Element::C128: c = scan_bytes<std::complex<double>>(data, nbytes); break;
+    case Element::U8: return as(std::uint8_t{});
+    case Element::I8: return as(std::int8_t{});
+    case Element::I16: return as(std::int16_t{});
+    case Element::I32: return as(std::int32_t{});
+    case Element::I64: return as(std::int64_t{});
+    case Element::U16: return as(std::uint16_t{});
+    case Element::U32: return as(std::uint32_t{});
+    case Element::U64: return as(std::uint64_t{});
+    case Element::F16: return as(c10::Half{});
+    case Element::F32: return as(float{});
+    case Element::F64: return as(double{});
+    case Element::C64: return as(std::complex<float>{});
+    case Element::C128: return as(std::complex<double>{});
     case Element::F8E4M3FN:
     case Element::F8E5M2:
     case Element::F8E4M3FNUZ:
     case Element::F8E5M2FNUZ:
-    case Element::F8E8M0FNU: {
-      const float* table = float8_table(stored_);
-      c = scan(static_cast<const std::uint8_t*>(data), nbytes,
-               [table](std::uint8_t code) { return double{table[code]}; });
-      break;
-    }
+    case Element::F8E8M0FNU: break;
   }
+  const float* table = float8_table(stored);
+  return visit(static_cast<const std::uint8_t*>(data), nbytes, [table](std::uint8_t code) { return double{table[code]}; });
+}
+
+}  // namespace
+
+void values_of(Element stored, const void* data, std::size_t nbytes, double* out) {
+  with_elements(stored, data, nbytes, [out](const auto* p, std::size_t n, auto value) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = value(p[i]);
+    return 0;
+  });
+}
+
+void StatsAccumulator::add(const void* data, std::size_t nbytes) {
+  const Part c = with_elements(stored_, data, nbytes,
+                               [](const auto* p, std::size_t n, auto value) { return scan(p, n, value); });
   Part& t = total_;
   if (c.finite > 0) {
     if (t.finite == 0) {

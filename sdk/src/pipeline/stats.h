@@ -37,6 +37,11 @@ class StatsAccumulator {
   Part total_;
 };
 
+/// Converts the `nbytes` of stored elements at `data` (whole elements) to
+/// the values the statistics see (complex: the modulus; float8: the value
+/// its code encodes), one double per element into `out`.
+void values_of(Element stored, const void* data, std::size_t nbytes, double* out);
+
 /// The number of values in a statistics vector (see `device_stats`).
 constexpr std::int64_t kStatsVectorSize = kStatsFields;
 

@@ -6,8 +6,9 @@
 
 namespace tensortap::detail {
 
-WriterThread::WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight, Failures& failures)
-    : staging_(staging), store_(store), stats_(stats), flight_(flight), failures_(failures) {
+WriterThread::WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight, Failures& failures,
+                           TensorBoard* tensorboard)
+    : staging_(staging), store_(store), stats_(stats), flight_(flight), failures_(failures), tensorboard_(tensorboard) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -22,6 +23,7 @@ void WriterThread::stop() {
   flush_stats(/*durable=*/true);
   store_.close();
   stats_.close();
+  if (tensorboard_ != nullptr) to_tensorboard([&] { tensorboard_->close(); });
 }
 
 void WriterThread::sync() {
@@ -34,6 +36,16 @@ void WriterThread::sync() {
 void WriterThread::flush_stats(bool durable) noexcept {
   try {
     stats_.flush(durable);
+  } catch (...) {
+    failures_.add(nullptr, Failures::current(), 0);
+  }
+  if (tensorboard_ != nullptr) to_tensorboard([&] { tensorboard_->flush(durable); });
+}
+
+template <typename F>
+void WriterThread::to_tensorboard(F&& f) noexcept {
+  try {
+    f();
   } catch (...) {
     failures_.add(nullptr, Failures::current(), 0);
   }
@@ -79,7 +91,7 @@ void WriterThread::write_slot(const Slot& slot, const char* base) {
       if (slot.last)
         in_flight_.erase(slot.id);
       else
-        *open = InFlight{nullptr, nullptr, {}, /*failed=*/true};
+        *open = InFlight{nullptr, nullptr, {}, /*failed=*/true, nullptr};
     }
     return;
   }
@@ -92,7 +104,7 @@ void WriterThread::write_slot(const Slot& slot, const char* base) {
       if (slot.last)
         in_flight_.erase(slot.id);
       else
-        *open = InFlight{nullptr, nullptr, {}, /*failed=*/true};
+        *open = InFlight{nullptr, nullptr, {}, /*failed=*/true, nullptr};
     }
     failures_.add(slot.record.desc, what);
   }
@@ -105,6 +117,7 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
     if (record.has_row()) {
       stats_.append(desc.kind, desc.name, desc.step, stats);
       stats_rows_.fetch_add(1, std::memory_order_relaxed);
+      if (tensorboard_ != nullptr) to_tensorboard([&] { tensorboard_->statistics(desc, stats); });
     }
     flight_.observe(desc, stats, record.has_row());
   };
@@ -127,6 +140,18 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
       if (!open->stats) open->stats = std::make_unique<StatsAccumulator>(desc.dtype.element);
       open->stats->add(data, slot.nbytes);
       if (slot.last) stats = open->stats->result();
+    }
+  }
+  if (tensorboard_ != nullptr) {
+    if (open == nullptr) {
+      to_tensorboard([&] { tensorboard_->values(desc, data, slot.nbytes); });
+    } else {
+      to_tensorboard([&] {
+        if (slot.first) open->histogram = tensorboard_->histogram_for(desc);
+        if (!open->histogram) return;
+        open->histogram->add(data, slot.nbytes);
+        if (slot.last) tensorboard_->histogram_done(desc, *open->histogram);
+      });
     }
   }
   if (record.op == Op::Hold) {

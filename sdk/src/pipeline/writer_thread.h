@@ -13,6 +13,7 @@
 #include "sdk/src/pipeline/staging.h"
 #include "sdk/src/pipeline/stats.h"
 #include "sdk/src/pipeline/store.h"
+#include "sdk/src/pipeline/tensorboard.h"
 #include "writers/src/stats_file.h"
 
 namespace tensortap::detail {
@@ -24,8 +25,10 @@ namespace tensortap::detail {
 /// escape: a failed record is counted in `Failures` and the thread goes on.
 class WriterThread {
  public:
-  /// Starts the thread. Every reference must outlive it.
-  WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight, Failures& failures);
+  /// Starts the thread. Every reference must outlive it; `tensorboard` (null:
+  /// off) too.
+  WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight, Failures& failures,
+               TensorBoard* tensorboard = nullptr);
   ~WriterThread();
   WriterThread(const WriterThread&) = delete;
   WriterThread& operator=(const WriterThread&) = delete;
@@ -48,6 +51,7 @@ class WriterThread {
     std::unique_ptr<StatsAccumulator> stats;
     HeldRecord held;
     bool failed = false;
+    std::unique_ptr<HistogramAccumulator> histogram;  // TensorBoard's, at its steps
   };
 
   void run() noexcept;
@@ -55,13 +59,20 @@ class WriterThread {
   void write_slot(const Slot& slot, const char* base);
   // The slot's part of its record's operation; throws.
   void apply(const Slot& slot, const char* data, InFlight* open);
+  // Writes the statistics table and the TensorBoard events so far; a
+  // failure is counted, never thrown.
   void flush_stats(bool durable) noexcept;
+  // TensorBoard's part of a record: a failure there is counted, and the
+  // record's own operation goes on.
+  template <typename F>
+  void to_tensorboard(F&& f) noexcept;
 
   Staging& staging_;
   Store& store_;
   StatsFile& stats_;
   FlightRecorder& flight_;
   Failures& failures_;
+  TensorBoard* const tensorboard_;
   // Records whose chunks are still arriving, by id.
   std::unordered_map<std::uint64_t, InFlight> in_flight_;
   std::vector<const RecordDesc*> starting_;

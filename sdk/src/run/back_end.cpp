@@ -25,8 +25,10 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
   manifest_.open(dir);
   store_ = std::make_unique<Store>(std::move(writer), std::make_unique<LinesFile>(dir, "index.jsonl"), failures);
   stats_ = std::make_unique<StatsFile>(dir);
+  if (options.tensorboard()) tensorboard_ = std::make_unique<TensorBoard>(dir, *options.tensorboard());
   flight_ = std::make_unique<FlightRecorder>(options, *store_, manifest_, failures);
-  thread_ = std::make_unique<WriterThread>(staging, *store_, *stats_, *flight_, failures);
+  flight_->set_tensorboard(tensorboard_.get());
+  thread_ = std::make_unique<WriterThread>(staging, *store_, *stats_, *flight_, failures, tensorboard_.get());
   // Device memory that snapshots may hold, per GPU: as much as host staging.
   cuda_ = make_cuda_engine(staging, 2 * options.buffer_bytes(),
                            [&failures](const std::string& what) { failures.add(nullptr, what, 1); });

@@ -12,6 +12,7 @@
 #include "sdk/src/run/settings.h"
 #include "sdk/src/pipeline/staging.h"
 #include "sdk/src/pipeline/store.h"
+#include "sdk/src/pipeline/tensorboard.h"
 #include "sdk/src/pipeline/writer_thread.h"
 #include "writers/src/run_dir.h"
 #include "writers/src/stats_file.h"
@@ -63,6 +64,7 @@ class BackEnd {
   RunManifest manifest_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<StatsFile> stats_;
+  std::unique_ptr<TensorBoard> tensorboard_;  // null unless Options::tensorboard
   std::unique_ptr<FlightRecorder> flight_;
   std::unique_ptr<WriterThread> thread_;
   // Last, so stopped first: its copier thread feeds staging and reports to

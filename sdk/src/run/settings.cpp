@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "sdk/src/flight/triggers.h"
+#include "sdk/src/pipeline/tensorboard.h"
 #include "writers/src/check.h"
 
 namespace tensortap::detail {
@@ -50,6 +51,14 @@ void validate(const Options& o) {
   TENSORTAP_CHECK(o.stats_every() >= 0, "Options::stats_every({}) must be 0 (off) or more", o.stats_every());
   TENSORTAP_CHECK(o.flight_recorder() >= 0, "Options::flight_recorder({}) must be 0 (off) or more",
                   o.flight_recorder());
+  if (o.tensorboard()) {
+    TENSORTAP_CHECK(tensorboard_built(),
+                    "Options::tensorboard: this tensortap was built without TensorBoard event files (CMake found no "
+                    "protobuf: install libprotobuf-dev and protobuf-compiler and build it again)");
+    TENSORTAP_CHECK(o.tensorboard()->histograms_every() >= 0,
+                    "TensorBoardOptions::histograms_every({}) must be 0 (none) or more",
+                    o.tensorboard()->histograms_every());
+  }
   for (Kind k : kAllKinds)
     TENSORTAP_CHECK(o.every(k) >= 0, "Options::every({}) must be 0 (never) or more (kind {})", o.every(k),
                     kind_name(k));

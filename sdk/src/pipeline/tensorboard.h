@@ -1,0 +1,75 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <tensortap/options.h>
+
+#include "writers/src/dtypes.h"
+#include "writers/src/file.h"
+#include "writers/src/stats_file.h"
+#include "writers/src/writer.h"
+
+namespace tensortap::detail {
+
+class EventFile;
+
+/// Whether this build writes TensorBoard events (CMake found protobuf).
+bool tensorboard_built() noexcept;
+
+/// A histogram of a record's values, fed chunk by chunk in order
+/// (writers/src/tensorboard/EVENTS.md: fixed exponential buckets, finite
+/// values only, each value as the statistics see it).
+class HistogramAccumulator {
+ public:
+  explicit HistogramAccumulator(Element stored);
+  ~HistogramAccumulator();
+  /// `nbytes` must be whole elements.
+  void add(const void* data, std::size_t nbytes);
+  /// Finite values seen so far.
+  double count() const;
+  struct State;
+
+ private:
+  friend class TensorBoard;
+  Element stored_;
+  std::unique_ptr<State> state_;
+};
+
+/// The writer thread's TensorBoard output (`Options::tensorboard`): turns
+/// statistics rows, 0-d `tensor` records, histograms and dumps into events
+/// of one `EventFile` in the run directory. Writer thread only.
+class TensorBoard {
+ public:
+  /// Creates the event file. Throws `Error` naming its path.
+  TensorBoard(const Dir& dir, const TensorBoardOptions& options);
+  ~TensorBoard();
+  TensorBoard(const TensorBoard&) = delete;
+  TensorBoard& operator=(const TensorBoard&) = delete;
+
+  /// A statistics row: one scalar per field, `<kind>/<name>/<stat>`.
+  void statistics(const RecordDesc& desc, const TensorStats& stats);
+  /// A whole record's bytes: its `tensor/<name>` scalar if it is a 0-d
+  /// `tensor` record, its histogram at a histogram step.
+  void values(const RecordDesc& desc, const void* data, std::size_t nbytes);
+  /// For a record that comes in chunks: a histogram to feed, or null when
+  /// its step takes none.
+  std::unique_ptr<HistogramAccumulator> histogram_for(const RecordDesc& desc) const;
+  void histogram_done(const RecordDesc& desc, const HistogramAccumulator& h);
+  /// A text event at `step` (a flight-recorder dump's line).
+  void text(std::int64_t step, const std::string& tag, const std::string& text);
+  /// Writes the events so far (see `EventFile::flush`). Throws `Error`.
+  void flush(bool durable);
+  void close();
+
+ private:
+  bool histogram_step(std::int64_t step) const;
+  std::unique_ptr<EventFile> file_;
+  const std::int64_t histograms_every_;
+  std::vector<std::pair<std::string, float>> scalars_;  // reused
+};
+
+}  // namespace tensortap::detail
