@@ -1,7 +1,8 @@
-"""python3 -m tensortap: summarize a run, check it, or write a report page.
+"""python3 -m tensortap: summarize a run, check it, write a report page, or export it to TensorBoard.
 
     python3 -m tensortap inspect RUN_DIR [--check]
     python3 -m tensortap report RUN_DIR [-o report.html] [--steps 0,100,200] [--histograms 6]
+    python3 -m tensortap tensorboard RUN_DIR [--logdir DIR] [--histograms-every 100]
 
 The summary lists kinds, names, the steps captured, shapes, dtypes, bytes,
 dropped records and whether the run was closed cleanly. --check also opens
@@ -14,6 +15,14 @@ report writes one self-contained HTML page (figures and data inline, no
 network): the summary, curves of the scalar tensor records (the loss),
 gradient norms, activation histograms, heatmaps of
 statistics and the flight recorder's dumps (tensortap/report.py).
+
+tensorboard writes the run as TensorBoard event files, one per rank
+(tensortap/_tensorboard.py, writers/src/tensorboard/EVENTS.md): statistics
+as scalars <kind>/<name>/<stat>, 0-d tensor records (the loss) as
+tensor/<name>, histograms of every record at every --histograms-every'th
+step, the flight recorder's dumps as text. Into the run directory, unless
+the recorder wrote events there already; with --logdir DIR, into
+DIR/<the run's folder name>/. Then: tensorboard --logdir DIR.
 """
 
 import argparse
@@ -39,9 +48,17 @@ def main(argv=None):
     p.add_argument("--steps", help="steps of the activation histograms, e.g. 0,100,200 "
                    "(default: first, middle and last)")
     p.add_argument("--histograms", type=int, default=6, help="at most this many activations get histograms")
+    p = sub.add_parser("tensorboard", help="write a run as TensorBoard event files")
+    p.add_argument("run", help="the run directory")
+    p.add_argument("--logdir", help="write into LOGDIR/<the run's folder name>/ (rank<r>/ per rank) instead of "
+                   "into the run directory, which is refused where the recorder wrote events already")
+    p.add_argument("--histograms-every", type=int, default=100, metavar="N",
+                   help="histograms of every record at steps that are multiples of N (default: 100; 0: none)")
     args = parser.parse_args(argv)
     if args.command == "report":
         return _report(args)
+    if args.command == "tensorboard":
+        return _tensorboard(args)
     with warnings.catch_warnings(record=True) as caught:
         # Every damaged line, even one a warning filter already showed once.
         warnings.simplefilter("always", RunWarning)
@@ -89,6 +106,34 @@ def _report(args):
         print(f"tensortap: the report failed: {type(e).__name__}: {_safe(e)}", file=sys.stderr)
         return 2
     print(f"tensortap: wrote {_safe(out)}")
+    return 0
+
+
+def _tensorboard(args):
+    from ._tensorboard import export_tensorboard
+
+    if args.histograms_every < 0:
+        print(f"tensortap: --histograms-every wants an integer >= 0 (0: no histograms), not {args.histograms_every}",
+              file=sys.stderr)
+        return 2
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RunWarning)
+            with Run(args.run) as run:
+                written = export_tensorboard(run, args.logdir, args.histograms_every)
+        for w in caught:  # damaged lines and records not exported: said once each
+            if issubclass(w.category, RunWarning):
+                print(f"tensortap: warning: {_safe(w.message)}", file=sys.stderr)
+            else:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    except (RunError, OSError, ValueError) as e:
+        print(f"tensortap: {_safe(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - a command prints what failed, not a traceback
+        print(f"tensortap: the export failed: {type(e).__name__}: {_safe(e)}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"tensortap: wrote {_safe(path)}")
     return 0
 
 

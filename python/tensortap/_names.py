@@ -1,5 +1,6 @@
 """The names tensortap writes in a run directory, and only those: the
-writers' kRunFileNames (writers/src/run_dir.cpp) and the lock RunDir holds.
+writers' kRunFileNames (writers/src/run_dir.cpp), the TensorBoard event
+files (kEventsPrefix, kEventsSuffix) and the lock RunDir holds.
 tests/python/test_file_names.py checks that both sides list the same names
 and that the runs the suite writes hold no others."""
 
@@ -14,6 +15,26 @@ STATS_TABLE = "stats.npy"
 STATS_SERIES = "stats_series.jsonl"
 
 RUN_FILE_NAMES = (RUN_JSON, INDEX, NPY_DIR, PACKED_DIR, HDF5_FILE, HDF5_JOURNAL, STATS_TABLE, STATS_SERIES, DUMPS)
+
+# TensorBoard event files (writers/src/tensorboard/EVENTS.md): the
+# recorder's own (Options::tensorboard) and `tensortap tensorboard`'s, named
+# events.out.tfevents.<seconds>.<host>.<pid>.tensortap. Every name with this
+# prefix and suffix is tensortap's.
+EVENTS_PREFIX = "events.out.tfevents."
+EVENTS_SUFFIX = ".tensortap"
+
+
+def is_events_file_name(name):
+    """Whether `name` is a tensortap TensorBoard event file's: the prefix, at
+    least one character, the suffix (is_event_file_name, writers/src/run_dir.cpp)."""
+    return (len(name) > len(EVENTS_PREFIX) + len(EVENTS_SUFFIX) and name.startswith(EVENTS_PREFIX)
+            and name.endswith(EVENTS_SUFFIX))
+
+
+def is_run_file_name(name):
+    """Whether `name` is one tensortap writes in a run directory (the lock aside)."""
+    return name in RUN_FILE_NAMES or is_events_file_name(name)
+
 
 # The advisory lock a writer holds on its run directory (RunDir). It stays
 # after the run, so it is not among the names `overwrite` removes.

@@ -239,6 +239,18 @@ class Run:
 
         return frames.to_xarray(self, kind, names, lazy)
 
+    def export_tensorboard(self, logdir: Optional[PathLike] = None, histograms_every: int = 100) -> List[str]:
+        """Writes the run as TensorBoard event files, one per rank; returns their
+        paths: statistics as scalars `<kind>/<name>/<stat>`, 0-d tensor records
+        as `tensor/<name>`, histograms `<kind>/<name>` of every record at steps
+        where step % histograms_every == 0 (0: none), dumps as text
+        `tensortap/dumps` (writers/src/tensorboard/EVENTS.md). Into the run
+        directory, refused (RunError) where the recorder wrote events already;
+        or into logdir/<the run's folder name>/ (rank<r>/ per rank)."""
+        from ._tensorboard import export_tensorboard
+
+        return export_tensorboard(self, logdir, histograms_every)
+
     def close(self) -> None:
         """Closes HDF5 files this run opened."""
         for f in self._h5.values():

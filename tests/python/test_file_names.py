@@ -3,9 +3,12 @@
 The writers list every name they write in a run directory in kRunFileNames
 (writers/src/run_dir.cpp: `overwrite` removes those, and a directory holding
 one without a run is refused); the reader knows them as
-tensortap._names.RUN_FILE_NAMES. The two lists must be the same, and every
-run the suite's programs wrote (TT_RUN_ROOTS: folders of runs, a run at
-any depth) holds no other name.
+tensortap._names.RUN_FILE_NAMES. The two lists must be the same. TensorBoard
+event files are named by a pattern, kEventsPrefix and kEventsSuffix there,
+EVENTS_PREFIX and EVENTS_SUFFIX here (events.out.tfevents.*.tensortap,
+writers/src/tensorboard/EVENTS.md): the same strings on both sides. Every run
+the suite's programs wrote (TT_RUN_ROOTS: folders of runs, a run at any
+depth) holds no other name (_names.is_run_file_name).
 
     TT_RUN_ROOTS=build/tests/e2e:build/tests/analysis PYTHONPATH=python python3 tests/python/test_file_names.py
 """
@@ -18,10 +21,14 @@ from tensortap import _names
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def run_dir_cpp():
+    with open(os.path.join(ROOT, "writers", "src", "run_dir.cpp"), encoding="utf-8") as f:
+        return f.read()
+
+
 def writers_names():
     """kRunFileNames as writers/src/run_dir.cpp defines it."""
-    with open(os.path.join(ROOT, "writers", "src", "run_dir.cpp"), encoding="utf-8") as f:
-        text = f.read()
+    text = run_dir_cpp()
     m = re.search(r"kRunFileNames\[(\d+)\]\s*=\s*\{([^}]*)\}", text)
     assert m, "kRunFileNames not found in writers/src/run_dir.cpp"
     names = re.findall(r'"([^"]*)"', m.group(2))
@@ -44,14 +51,35 @@ class FileNamesTest(unittest.TestCase):
         self.assertEqual(len(set(_names.RUN_FILE_NAMES)), len(_names.RUN_FILE_NAMES))
 
     def test_the_lock_is_the_writers(self):
-        with open(os.path.join(ROOT, "writers", "src", "run_dir.cpp"), encoding="utf-8") as f:
-            self.assertIn('kLockName = "%s"' % _names.LOCK, f.read())
+        self.assertIn('kLockName = "%s"' % _names.LOCK, run_dir_cpp())
+
+    def test_event_file_names_are_the_writers(self):
+        text = run_dir_cpp()
+        header = os.path.join(ROOT, "writers", "src", "run_dir.h")
+        if os.path.exists(header):  # declared there and used in run_dir.cpp, maybe
+            with open(header, encoding="utf-8") as f:
+                text += f.read()
+        for constant, value in (("kEventsPrefix", _names.EVENTS_PREFIX), ("kEventsSuffix", _names.EVENTS_SUFFIX)):
+            found = re.findall(constant + r'(?:\[\])?\s*=\s*"([^"]*)"', text)
+            if not found and constant not in text:
+                continue  # a writer without TensorBoard events yet
+            self.assertEqual(found, [value], f"{constant} in writers/src/run_dir.cpp")
+        self.assertEqual(_names.EVENTS_PREFIX, "events.out.tfevents.")
+        self.assertEqual(_names.EVENTS_SUFFIX, ".tensortap")
+
+    def test_which_names_are_tensortaps(self):
+        for name in _names.RUN_FILE_NAMES + ("events.out.tfevents.1732579200.node-1_lan.4242.tensortap",
+                                             "events.out.tfevents.x.tensortap"):
+            self.assertTrue(_names.is_run_file_name(name), name)
+        for name in ("events.out.tfevents.1732579200.node-1", "events.out.tfevents.tensortap",
+                     "events.out.tfevents..tensortap", "x.tensortap",
+                     "events.out.tfevents", "report.html", "npy.tmp", _names.LOCK):
+            self.assertFalse(_names.is_run_file_name(name), name)
 
     def test_runs_written_by_the_suite_hold_only_those_names(self):
         roots = [r for r in os.environ.get("TT_RUN_ROOTS", "").split(os.pathsep) if r]
         if not roots:
             self.skipTest("TT_RUN_ROOTS is not set: no runs to look at")
-        known = set(_names.RUN_FILE_NAMES) | {_names.LOCK}
         seen = set()
         runs = 0
         for top in roots:
@@ -61,7 +89,8 @@ class FileNamesTest(unittest.TestCase):
                 for entry in os.listdir(d):
                     if re.fullmatch(r"rank\d+", entry) and os.path.isdir(os.path.join(d, entry)):
                         continue  # a rank's own run, walked on its own
-                    self.assertIn(entry, known, f"{d} holds {entry!r}, a name the reader does not know")
+                    self.assertTrue(_names.is_run_file_name(entry) or entry == _names.LOCK,
+                                    f"{d} holds {entry!r}, a name the reader does not know")
                     seen.add(entry)
         self.assertGreater(runs, 0, f"no run under {roots}")
         # The runs cover the formats: each writes its own names.

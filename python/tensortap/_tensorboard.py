@@ -1,0 +1,656 @@
+"""`tensortap tensorboard RUN`: a run's statistics, scalar tensors,
+histograms and flight-recorder dumps as TensorBoard event files.
+
+The files are those of writers/src/tensorboard/EVENTS.md, the page the
+recorder's own events (Options::tensorboard) follow too: protobuf Event
+messages in TFRecord framing (masked CRC-32C), encoded here by hand, with
+NumPy and nothing else (no tensorboard, no protobuf package).
+
+Where they go: into the run directory (each rank's folder), unless the
+recorder already wrote its events there (a second copy would show every
+point twice); or, with `logdir`, into logdir/<the run's folder name>/, with
+rank<r>/ per rank as the run has them. A file is created exclusively and
+never through a symbolic link (nor a folder it goes into, below `logdir`);
+an export that fails removes the files it made. Nothing outside the run is
+read: the records come through the reader, which refuses such paths.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import json
+import os
+import re
+import socket
+import stat
+import struct
+import sys
+import time
+from typing import TYPE_CHECKING, List, Optional, Union
+
+import numpy as np
+
+from ._base import STATS_FIELDS, RunError, _is_int, _is_int64, _warn
+from ._files import _open_regular, _rank_dumps
+from ._names import DUMPS, EVENTS_PREFIX, EVENTS_SUFFIX, STATS_TABLE, is_events_file_name
+
+if TYPE_CHECKING:
+    from ._run import Run
+
+DUMPS_TAG = "tensortap/dumps"
+FILE_VERSION = "brain.Event:2"
+
+# -- CRC-32C (Castagnoli), table-driven ----------------------------------------
+
+
+def _crc_table():
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return tuple(table)
+
+
+_CRC_TABLE = _crc_table()
+
+
+def crc32c(data: bytes) -> int:
+    """The CRC-32C of `data`: reflected polynomial 0x82F63B78, initial value
+    and final xor 0xFFFFFFFF (crc32c(b"123456789") == 0xE3069283)."""
+    crc = 0xFFFFFFFF
+    table = _CRC_TABLE
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked CRC-32C of `data`."""
+    crc = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def frame(event: bytes) -> bytes:
+    """One TFRecord: the length as a little-endian uint64, its masked CRC, the
+    serialized event, the event's masked CRC."""
+    header = struct.pack("<Q", len(event))
+    return header + struct.pack("<I", masked_crc32c(header)) + event + struct.pack("<I", masked_crc32c(event))
+
+
+# -- protobuf, by hand ---------------------------------------------------------
+
+_U64 = (1 << 64) - 1
+
+
+def _varint(n: int) -> bytes:
+    """A varint of the unsigned 64-bit `n` (an int64 as its two's complement)."""
+    n &= _U64
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2): string, bytes, message, packed."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _double(number: int, value: float) -> bytes:
+    return _varint(number << 3 | 1) + struct.pack("<d", value)
+
+
+def _doubles(number: int, values) -> bytes:
+    """A packed repeated double field."""
+    return _field(number, np.asarray(values, dtype="<f8").tobytes())
+
+
+def _event(step: int, summary: Optional[bytes] = None, file_version: Optional[str] = None) -> bytes:
+    """Event { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }"""
+    out = _double(1, time.time()) + _varint(2 << 3 | 0) + _varint(step)
+    if file_version is not None:
+        out += _field(3, file_version.encode("utf-8"))
+    if summary is not None:
+        out += _field(5, summary)
+    return out
+
+
+# A name's bytes that are not UTF-8 come from the reader as lone surrogates
+# (U+DC80..U+DCFF); a protobuf string must be UTF-8, or TensorBoard's parser
+# refuses the whole event. Each becomes U+FFFD in a tag.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def tag_text(tag: str) -> str:
+    """The tag as the event holds it: `tag` with each lone surrogate as U+FFFD."""
+    return _SURROGATE.sub("\ufffd", tag)
+
+
+def _tag_field(tag: str) -> bytes:
+    return _field(1, tag_text(tag).encode("utf-8"))
+
+
+def _summary(*values: bytes) -> bytes:
+    """Summary { repeated Value value = 1; } of serialized Summary.Value messages."""
+    return b"".join(_field(1, v) for v in values)
+
+
+def _scalar_head(tag: str) -> bytes:
+    """A Summary's value field holding Value { tag; simple_value = 2 }, up to
+    the float's four bytes, which follow it."""
+    tag_field = _tag_field(tag)
+    return _varint(1 << 3 | 2) + _varint(len(tag_field) + 5) + tag_field + b"\x15"
+
+
+def _histogram_value(tag: str, h) -> bytes:
+    """Value { tag; HistogramProto histo = 5 }."""
+    proto = (_double(1, h.min) + _double(2, h.max) + _double(3, h.num) + _double(4, h.sum)
+             + _double(5, h.sum_squares) + _doubles(6, h.bucket_limit) + _doubles(7, h.bucket))
+    return _tag_field(tag) + _field(5, proto)
+
+
+def _text_value(tag: str, text: bytes) -> bytes:
+    """Value { tag; TensorProto tensor = 8 (DT_STRING, no dims, one string_val);
+    SummaryMetadata metadata = 9 (plugin "text") }."""
+    tensor = _varint(1 << 3 | 0) + _varint(7) + _field(2, b"") + _field(8, text)
+    metadata = _field(1, _field(1, b"text"))
+    return _tag_field(tag) + _field(8, tensor) + _field(9, metadata)
+
+
+# -- histograms ------------------------------------------------------------------
+
+
+def _bucket_limits():
+    positive = []
+    v = 1e-12
+    while v < 1e20:
+        positive.append(v)
+        v *= 1.1
+    positive.append(sys.float_info.max)
+    return np.array([-x for x in reversed(positive)] + [0.0] + positive, dtype=np.float64)
+
+
+BUCKET_LIMITS = _bucket_limits()
+"""The fixed bucket limits: the negated positive limits in reverse, 0.0, the
+positive limits (1e-12 times 1.1 repeatedly, in float64, while below 1e20;
+then DBL_MAX)."""
+
+
+class Histogram:
+    """A HistogramProto's fields: min, max, num, sum, sum_squares and the
+    written buckets (bucket_limit, bucket), empty runs collapsed."""
+
+    __slots__ = ("min", "max", "num", "sum", "sum_squares", "bucket_limit", "bucket")
+
+    def __repr__(self):
+        return (f"Histogram(min={self.min!r}, max={self.max!r}, num={self.num!r}, sum={self.sum!r}, "
+                f"sum_squares={self.sum_squares!r}, {len(self.bucket)} buckets)")
+
+
+def element_values(array) -> np.ndarray:
+    """The finite elements of `array` as float64, each as for statistics:
+    complex as its modulus (in double), bool as 0 or 1."""
+    a = np.asarray(array)
+    if a.dtype.kind == "c":
+        v = np.abs(a.astype(np.complex128)).ravel()
+    else:
+        v = a.astype(np.float64).ravel()
+    return v[np.isfinite(v)]
+
+
+def histogram(array) -> Optional[Histogram]:
+    """The histogram of `array`'s finite elements, or None if it has none.
+    An element v falls in the first bucket whose limit is greater than v
+    (bisect_right); DBL_MAX itself, above every limit but the last's equal,
+    in the last bucket. Each nonempty bucket is written as (limit, count),
+    each run of empty buckets as (the limit of its last bucket, 0)."""
+    v = element_values(array)
+    if v.size == 0:
+        return None
+    limits = BUCKET_LIMITS
+    where = np.searchsorted(limits, v, side="right")
+    np.minimum(where, len(limits) - 1, out=where)
+    counts = np.bincount(where, minlength=len(limits))
+    out_limits, out_counts = [], []
+    last = -1  # the last nonempty bucket written
+    for k in np.flatnonzero(counts).tolist():
+        if k > last + 1:
+            out_limits.append(limits[k - 1])
+            out_counts.append(0.0)
+        out_limits.append(limits[k])
+        out_counts.append(float(counts[k]))
+        last = k
+    if last < len(limits) - 1:
+        out_limits.append(limits[-1])
+        out_counts.append(0.0)
+    h = Histogram()
+    h.min, h.max = float(v.min()), float(v.max())
+    h.num = float(v.size)
+    with np.errstate(over="ignore", invalid="ignore"):  # past DBL_MAX: inf, as in C++
+        h.sum = float(np.sum(v))
+        h.sum_squares = float(np.sum(v * v))
+    h.bucket_limit, h.bucket = out_limits, out_counts
+    return h
+
+
+def scalar_value(array) -> Optional[bytes]:
+    """The element of a 0-d `array` as a little-endian float32 (bool: 0 or
+    1), or None for a complex one: its value as for statistics (a double),
+    then rounded to float32, as the recorder does. (An integer beyond 2**53
+    is rounded twice so: 2**62 + 2**38 + 1 gives 2**62, not 2**62 + 2**39.)"""
+    a = np.asarray(array)
+    if a.dtype.kind == "c" or a.size != 1:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):  # past FLT_MAX: inf, as C++'s cast gives
+        return a.reshape(()).astype(np.float64).astype("<f4").tobytes()
+
+
+# -- dumps -----------------------------------------------------------------------
+
+
+def _json_string(s: str) -> str:
+    """`s` as tensortap's JSON writer puts a string (writers/src/json.cpp):
+    quote, backslash, \\n, \\r, \\t escaped; other controls and DEL as \\u00xx;
+    a lone surrogate (a byte that is not UTF-8) as \\udcxx; the rest as is."""
+    out = ['"']
+    for ch in s:
+        c = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif c < 0x20 or c == 0x7F or 0xD800 <= c <= 0xDFFF:
+            out.append(f"\\u{c:04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _json_text(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not np.isfinite(value):
+            return "null"
+        text = repr(value)  # the shortest form that reads back, as fmt's "{}"
+        return text[:-2] if text.endswith(".0") else text
+    if isinstance(value, str):
+        return _json_string(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_json_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_json_string(str(k))}: {_json_text(v)}" for k, v in value.items()) + "}"
+    return _json_string(str(value))
+
+
+def dump_line(dump: dict) -> str:
+    """A dump as the writer puts its line of dumps.jsonl (append_dump_json,
+    sdk/src/run/run_json.cpp: members separated by ", ", ": " after a key,
+    arrays of integers without spaces), for a dump that has no line there
+    (a run of a tensortap before dumps.jsonl)."""
+    return _json_text(dump)
+
+
+def dump_lines(directory: str, info: dict) -> List[tuple]:
+    """(step, the dump's line of dumps.jsonl as bytes, without its newline)
+    for each dump of the rank in `directory` (run.json `info`), the dumps the
+    reader gives (Run.dumps). Each is matched to the first line not taken
+    yet that reads as the same object; a dump without one (an older run, or
+    an append that failed) is written as the writer would have (dump_line).
+    dumps.jsonl is opened only as a regular file, never through a link."""
+    dumps = _rank_dumps(directory, info)
+    lines = []
+    path = os.path.join(directory, DUMPS)
+    if dumps and os.path.lexists(path):
+        try:
+            with _open_regular(path, follow=False) as f:
+                data = f.read()
+        except (RunError, OSError):
+            data = b""  # _rank_dumps said so, where it read the file
+        for raw in data.split(b"\n"):
+            try:
+                value = json.loads(raw.decode("utf-8"))
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+                continue
+            if isinstance(value, dict):
+                lines.append([raw, value])
+    out = []
+    for d in dumps:
+        step = d.get("step")
+        if not _is_int64(step):
+            _warn(f"{os.path.join(directory, DUMPS)}: a dump without an integer \"step\" is not exported: "
+                  f"{dump_line(d)[:80]}")
+            continue
+        for pair in lines:
+            if pair[1] is not None and pair[1] == d:
+                out.append((step, pair[0]))
+                pair[1] = None  # taken
+                break
+        else:
+            out.append((step, dump_line(d).encode("utf-8")))
+    return out
+
+
+# -- one rank's events -------------------------------------------------------------
+
+
+def _stats_events(run, rank, directory):
+    """(step, 0, row, event) for each row of the rank's statistics table, by step."""
+    if not os.path.exists(os.path.join(directory, STATS_TABLE)):
+        return
+    table, series = run.stats_table(rank=rank)
+    if len(table) == 0:
+        return
+    with np.errstate(over="ignore", invalid="ignore"):  # past FLT_MAX: inf, as C++'s cast gives
+        values = np.stack([table[f].astype("<f4") for f in STATS_FIELDS], axis=1)
+    order = np.argsort(table["step"], kind="stable")
+    steps = table["step"].tolist()
+    ids = table["series"].tolist()
+    heads = {}  # series -> the ten value heads, or None: not in stats_series.jsonl
+    for row in order.tolist():
+        s = ids[row]
+        if s not in heads:
+            key = series.get(s)
+            if key is None:
+                _warn(f"{os.path.join(directory, STATS_TABLE)}: rows of series {s}, which stats_series.jsonl does "
+                      "not name, are not exported")
+            heads[s] = None if key is None else [_scalar_head(f"{key[0]}/{key[1]}/{f}") for f in STATS_FIELDS]
+        h = heads[s]
+        if h is None:
+            continue
+        floats = values[row].tobytes()
+        summary = b"".join(h[j] + floats[4 * j:4 * j + 4] for j in range(len(STATS_FIELDS)))
+        yield steps[row], 0, row, _event(steps[row], summary)
+
+
+def _record_events(run, rank, histograms_every):
+    """(step, 1, position, [events]) for the records of the rank that give
+    events (0-d tensor records; every record at a histogram step), by step."""
+    index = run._index
+    sources = [i for i, s in enumerate(index.sources) if s[2] == rank]
+    if not sources or len(index) == 0:
+        return
+    pos = np.flatnonzero(index.source == sources[0])
+    scalar_meta = np.array([m[0] == "tensor" and len(m[3]) == 0 for m in index.metas] + [False])
+    steps = index.step[pos]
+    want = scalar_meta[index.meta[pos]]
+    if histograms_every > 0:
+        want |= steps % histograms_every == 0
+    pos = pos[want]
+    pos = pos[np.argsort(index.step[pos], kind="stable")]
+    for i in pos.tolist():
+        rec = index.record(i)
+        step = rec["step"]
+        try:
+            a = run._read(rec, mmap=True)
+        except Exception as e:  # noqa: BLE001 - one record's file costs only its events
+            _warn(f"{rec.index}:{rec.lineno}: {rec['kind']} {rec['name']!r} step {step} is not exported: "
+                  f"{type(e).__name__}: {e}")
+            continue
+        events = []
+        if scalar_meta[index.meta[i]]:
+            f = scalar_value(a)
+            if f is not None:
+                events.append(_event(step, _scalar_head(f"tensor/{rec['name']}") + f))
+        if histograms_every > 0 and step % histograms_every == 0:
+            h = histogram(a)
+            if h is not None:
+                events.append(_event(step, _summary(_histogram_value(f"{rec['kind']}/{rec['name']}", h))))
+        del a
+        if events:
+            yield step, 1, i, events
+
+
+def _dump_events(directory, info):
+    for n, (step, line) in enumerate(sorted(dump_lines(directory, info), key=lambda p: p[0])):
+        yield step, 2, n, _event(step, _summary(_text_value(DUMPS_TAG, line)))
+
+
+def rank_events(run, rank, histograms_every=100):
+    """The framed events of one rank of `run` (None: a single-rank run's), by
+    step; within a step, statistics, then records (in the index's order),
+    then dumps. The first is the file_version event."""
+    directory = run._dirs[rank]
+    yield frame(_event(0, file_version=FILE_VERSION))
+    merged = heapq.merge(_stats_events(run, rank, directory),
+                         _record_events(run, rank, histograms_every),
+                         _dump_events(directory, run.infos[rank]))
+    for _, _, _, events in merged:
+        if isinstance(events, bytes):
+            yield frame(events)
+        else:
+            for e in events:
+                yield frame(e)
+
+
+# -- files and folders -------------------------------------------------------------------
+
+
+def events_file_name(seconds=None, host=None, pid=None) -> str:
+    """events.out.tfevents.<unix seconds, 10 digits>.<host>.<pid>.tensortap, the
+    host name's characters outside [A-Za-z0-9_-] as "_"."""
+    seconds = int(time.time()) if seconds is None else seconds
+    host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname() if host is None else host) or "localhost"
+    return f"{EVENTS_PREFIX}{seconds:010d}.{host}.{os.getpid() if pid is None else pid}{EVENTS_SUFFIX}"
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_dir(parent_fd, name, shown, create):
+    """A descriptor of the folder `name` in `parent_fd`, never through a
+    symbolic link; made first if `create`; None if it is not there (and not
+    `create`). `shown`: its path, for errors."""
+    if create:
+        try:
+            os.mkdir(name, 0o777, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise OSError(e.errno, f"cannot make the folder: {e.strerror}", shown) from None
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        if not create:
+            return None
+        raise OSError(errno.ENOENT, "removed while the events were being written", shown) from None
+    except OSError as e:
+        try:
+            mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
+        except OSError:
+            mode = 0
+        if stat.S_ISLNK(mode):
+            raise RunError(f"{shown}: a symbolic link; tensortap writes no event file through one") from None
+        if e.errno == errno.ENOTDIR or (mode and not stat.S_ISDIR(mode)):
+            raise RunError(f"{shown}: not a folder") from None
+        raise OSError(e.errno, e.strerror, shown) from None
+
+
+def _open_top(path, create):
+    """A descriptor of `path`, the user's own folder (a link there is theirs
+    to make); None if it is not there (and not `create`)."""
+    if create:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot make the folder: {e.strerror}", path) from None
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        if not create:
+            return None
+        raise OSError(errno.ENOENT, "removed while the events were being written", path) from None
+    except NotADirectoryError:
+        raise RunError(f"{path}: not a folder") from None
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from None
+
+
+def _targets(run, logdir):
+    """[(rank, [folder names below the top], shown path)] and the top folder:
+    the run directory, or logdir with the run's folder name below it."""
+    ranks = [None] if not run.ranks else run.ranks
+    if logdir is None:
+        top = run.path
+        chain = []
+    else:
+        top = os.fspath(logdir)
+        base = os.path.basename(os.path.abspath(run.path))
+        if not base:
+            raise RunError(f"{run.path}: the run directory has no name to make a folder of in {top}")
+        chain = [base]
+    out = []
+    for r in ranks:
+        names = chain + ([] if r is None else [os.path.basename(run._dirs[r])])
+        out.append((r, names, os.path.join(top, *names)))
+    return top, out
+
+
+def _walk(top_fd, names, shown_top, create):
+    """The descriptor of top/names..., each below the top never through a link."""
+    fd = os.dup(top_fd)
+    shown = shown_top
+    try:
+        for name in names:
+            shown = os.path.join(shown, name)
+            sub = _open_dir(fd, name, shown, create)
+            os.close(fd)
+            fd = sub
+            if fd is None:
+                return None
+        return fd
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+
+
+def _refuse_existing(top, targets, logdir):
+    """RunError if a target folder already holds tensortap event files; also
+    refuses a link at any folder below the top before anything is made."""
+    top_fd = _open_top(top, create=False)
+    if top_fd is None:
+        return
+    try:
+        for _, names, shown in targets:
+            fd = _walk(top_fd, names, top, create=False)
+            if fd is None:
+                continue
+            try:
+                found = sorted(n for n in os.listdir(fd) if is_events_file_name(n))
+            finally:
+                os.close(fd)
+            if found:
+                where = os.path.join(shown, found[0])
+                if logdir is None:
+                    raise RunError(f"{where}: the run already holds TensorBoard events (the recorder's, written "
+                                   "while it ran, or an earlier export's); exporting into the run again would show "
+                                   "every point twice. Point TensorBoard at the run as it is, or pass --logdir DIR "
+                                   "(logdir=) to export elsewhere")
+                raise RunError(f"{where}: this folder already holds tensortap's TensorBoard events; another "
+                               "export would show every point twice. Remove them, or pass another --logdir")
+    finally:
+        os.close(top_fd)
+
+
+def _write_file(dir_fd, name, shown, events):
+    """Writes `events` (framed) to the new file `name` in `dir_fd`, created
+    exclusively and not through a link, then syncs it; on failure the file
+    is removed. Errors name `shown`."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(name, flags, 0o666, dir_fd=dir_fd)
+    except FileExistsError:
+        raise RunError(f"{shown}: already there; not overwritten") from None
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, shown) from None
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+            # Errors reading the run come as they are; writing's name the file.
+            for e in events:
+                try:
+                    f.write(e)
+                except OSError as x:
+                    raise OSError(x.errno, x.strerror, shown) from None
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError as x:
+                raise OSError(x.errno, x.strerror, shown) from None
+        try:
+            os.fsync(dir_fd)  # its name too
+        except OSError:
+            pass  # a folder some file systems cannot sync: the file is
+    except BaseException:
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
+def export_tensorboard(run: Union[str, "os.PathLike[str]", Run], logdir: Union[str, "os.PathLike[str]", None] = None,
+                       histograms_every: int = 100) -> List[str]:
+    """Writes the TensorBoard events of `run` (a run directory, or an open
+    Run), one file per rank; returns the paths written. Statistics rows as
+    scalars `<kind>/<name>/<stat>`, 0-d tensor records as `tensor/<name>`,
+    histograms `<kind>/<name>` of every record at the steps where
+    step % histograms_every == 0 (0: none), dumps as text `tensortap/dumps`.
+
+    Without `logdir`, into the run directory (each rank's folder), refused
+    with a RunError when one already holds tensortap event files (the
+    recorder's: Options::tensorboard). With `logdir`, into
+    logdir/<the run's folder name>/ (rank<r>/ for each rank), refused the
+    same way when a folder there holds some already."""
+    if not _is_int(histograms_every) or histograms_every < 0:
+        raise ValueError(f"histograms_every must be an integer >= 0 (0: no histograms), not {histograms_every!r}")
+    from ._run import Run
+
+    own = not isinstance(run, Run)
+    if own:
+        run = Run(run)
+    try:
+        top, targets = _targets(run, logdir)
+        _refuse_existing(top, targets, logdir)
+        name = events_file_name()
+        written = []  # (dir fd, shown path): removed again if a later rank fails
+        top_fd = _open_top(top, create=logdir is not None)
+        try:
+            for rank, names, shown in targets:
+                fd = _walk(top_fd, names, top, create=True)
+                path = os.path.join(shown, name)
+                try:
+                    _write_file(fd, name, path, rank_events(run, rank, histograms_every))
+                except BaseException:
+                    os.close(fd)
+                    raise
+                written.append((fd, path))
+        except BaseException:
+            for fd, _ in written:
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass
+            raise
+        finally:
+            os.close(top_fd)
+            for fd, _ in written:
+                os.close(fd)
+        return [path for _, path in written]
+    finally:
+        if own:
+            run.close()

@@ -1,0 +1,592 @@
+"""`tensortap tensorboard RUN`: the reader's export to TensorBoard event files
+(python/tensortap/_tensorboard.py, writers/src/tensorboard/EVENTS.md), read
+back with TensorBoard's own EventAccumulator, on runs built by hand here (no
+C++ build needed). TensorBoard is not tensortap's dependency: its folder
+(scripts/common.sh: install_tensorboard, tensorboard_dir) goes on PYTHONPATH;
+without it the test fails, saying so.
+
+    PYTHONPATH=python:$(bash -c 'source scripts/common.sh; tensorboard_dir') \\
+        /usr/bin/python3 tests/python/test_tensorboard_export.py
+
+With TT_E2E_DIR (build/tests/e2e) set, each run there is exported and checked too.
+"""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+import warnings
+from unittest import mock
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import tb_check  # noqa: E402
+import tensortap  # noqa: E402
+from tensortap import __main__ as cli  # noqa: E402
+from tensortap import _names, _tensorboard  # noqa: E402
+
+DBL_MAX = sys.float_info.max
+SIZES = {"scalars": 0, "histograms": 0, "tensors": 0}
+
+# Dumps as the writer prints their lines (append_dump_json).
+DUMP_LINES = [
+    '{"step": 3, "reason": "user", "steps": [1,2,3]}',
+    '{"step": 4, "reason": "spike", "steps": [2,3,4], "kind": "tensor", "name": "loss", '
+    '"trigger": {"kind": "spike", "factor": 5, "window": 10}, "value": 50.5, "median": 1.25}',
+    '{"step": 1, "reason": "nan", "steps": [0,1], "kind": "activation", "name": "h\u00e9\\"x\\u0001\\udcff", '
+    '"trigger": {"kind": "non_finite"}}',
+]
+
+
+def setUpModule():
+    tb_check.tensorboard()  # fails the test, with how to install it, when TensorBoard is missing
+
+
+def make_run(path, records=(), stats=(), dumps=(), lines=True, closed=True, rank=0, world_size=1):
+    """A run directory: run.json, index.jsonl and a .npy file per record
+    ((kind, name, step, array)), stats.npy and stats_series.jsonl of `stats`
+    ((step, kind, name, ten values)), and dumps (lines as the writer prints
+    them): in dumps.jsonl if `lines`, and in run.json's "dumps"."""
+    os.makedirs(path, exist_ok=True)
+    info = {"format_version": 1, "closed": closed, "options": {"format": "npy"}, "rank": rank,
+            "world_size": world_size, "dumps": [json.loads(d) for d in dumps]}
+    with open(os.path.join(path, "run.json"), "w") as f:
+        json.dump(info, f)
+    with open(os.path.join(path, "index.jsonl"), "w") as f:
+        for n, (kind, name, step, array) in enumerate(records):
+            array = np.asarray(array)
+            file = f"npy/{kind}/r{n}/{step:08d}.npy"
+            os.makedirs(os.path.dirname(os.path.join(path, file)), exist_ok=True)
+            np.save(os.path.join(path, file), array)
+            f.write(json.dumps({"step": step, "kind": kind, "name": name, "dtype": array.dtype.name,
+                                "shape": list(array.shape), "file": file}) + "\n")
+    if stats:
+        series = {}
+        for _, kind, name, _ in stats:
+            series.setdefault((kind, name), len(series))
+        dtype = [("step", "<i8"), ("series", "<i8")] + [(f, "<f8") for f in tb_check.STATS_FIELDS[:5]] \
+            + [(f, "<i8") for f in tb_check.STATS_FIELDS[5:]]
+        table = np.zeros(len(stats), dtype)
+        for i, (step, kind, name, values) in enumerate(stats):
+            table[i] = (step, series[(kind, name)], *values)
+        np.save(os.path.join(path, "stats.npy"), table)
+        with open(os.path.join(path, "stats_series.jsonl"), "w") as f:
+            for (kind, name), s in series.items():
+                f.write(json.dumps({"series": s, "kind": kind, "name": name}, separators=(",", ":")) + "\n")
+    if dumps and lines:
+        with open(os.path.join(path, "dumps.jsonl"), "w") as f:
+            f.write("".join(d + "\n" for d in dumps))
+    return path
+
+
+def rich_records(seed=0):
+    """Records of every kind of element the spec speaks of, at steps -2..5."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for step in range(-2, 6):
+        w = rng.standard_normal((2, 3)).astype(np.float32)
+        if step == 2:
+            w[0, 0], w[1, 2] = np.nan, np.inf
+        out.append(("grad", "w", step, w))
+        out.append(("tensor", "loss", step, np.float32(1.0 / (step + 3))))
+        out.append(("tensor", "lr", step, np.float64(0.1 * 0.9 ** step)))
+    # Limits hit exactly, both zeros, denormals, the ends of the doubles.
+    edges = np.array([0.0, -0.0, 1e-12, -1e-12, 1e-320, -1e-320, 1.0, -1.0, 1e25, -1e25,
+                      DBL_MAX, -DBL_MAX, np.nan, -np.inf, 3.5, 3.5, 3.5, 1e-13], np.float64)
+    out += [("activation", "edges", 0, edges), ("activation", "edges", 2, edges[::-1].copy()),
+            ("activation", "h", 4, rng.standard_normal((4, 5))),
+            ("activation", "c", 0, (rng.standard_normal(6) + 1j * rng.standard_normal(6)).astype(np.complex64)),
+            ("activation", "half", 2, rng.standard_normal(7).astype(np.float16)),
+            ("activation", "empty", 0, np.zeros((0,), np.float32)),
+            ("activation", "allnan", 0, np.full((3,), np.nan, np.float32)),
+            ("buffer", "mask", 0, np.array([True, False, True, True])),
+            ("param", "b", 0, np.array([-(2 ** 62) - 1, 3, 7, 2 ** 53 + 1], np.int64)),
+            ("param", "u8", 4, np.arange(10, dtype=np.uint8)),
+            ("tensor", "flag", 0, np.bool_(True)), ("tensor", "flag", 1, np.bool_(False)),
+            ("tensor", "count", 2, np.int64(2 ** 40 + 1)), ("tensor", "big", 0, np.int64(2 ** 62 + 2 ** 38 + 1)),
+            ("tensor", "z", 0, np.complex64(3 + 4j)),
+            ("tensor", "nanloss", 0, np.float32(np.nan)), ("tensor", "nanloss", 1, np.float32(-np.inf))]
+    return out
+
+
+def rich_stats():
+    """Rows out of step order, NaN and counts among them."""
+    rows = []
+    for step in (3, 1, 0, 2, 5, 4):
+        rows.append((step, "grad", "w", (-step - 0.1, step + 0.2, 1 / 3, np.nan if step == 2 else 0.7, 12.3456789,
+                                         1 if step == 2 else 0, 1, 0, 2, 6)))
+        rows.append((step, "activation", "h", (-1e30, 1e30, 1e-40, 2.0 ** 0.5, 3e38 * 10, 0, 0, 3, 0, 2 ** 40 + 1)))
+    return rows
+
+
+def export(*args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tensortap.RunWarning)
+        return _tensorboard.export_tensorboard(*args, **kwargs)
+
+
+def accumulator(path):
+    event_accumulator, _, _ = tb_check.tensorboard()
+    acc = event_accumulator.EventAccumulator(path, size_guidance=SIZES)
+    with np.errstate(over="ignore"):  # its distributions interpolate up to DBL_MAX
+        acc.Reload()
+    return acc
+
+
+def main_cli(*args):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(list(args))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def listing(top):
+    return sorted(os.path.relpath(os.path.join(d, f), top) for d, _, fs in os.walk(top) for f in fs)
+
+
+class TempCase(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="tensortap-tb-")
+        self.run_dir = os.path.join(self.tmp, "runs", "exp")
+        self.logdir = os.path.join(self.tmp, "logs")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class EncodingTest(unittest.TestCase):
+    def test_crc32c_known_answers(self):
+        self.assertEqual(_tensorboard.crc32c(b"123456789"), 0xE3069283)
+        self.assertEqual(_tensorboard.crc32c(b""), 0)
+        self.assertEqual(_tensorboard.crc32c(bytes(32)), 0x8A9136AA)  # RFC 3720 B.4
+        self.assertEqual(_tensorboard.crc32c(b"\xff" * 32), 0x62A8AB43)
+        self.assertEqual(_tensorboard.crc32c(bytes(range(32))), 0x46DD794E)
+        # Masked, against TensorBoard's own implementation.
+        _, _, masked = tb_check.tensorboard()
+        rng = np.random.default_rng(1)
+        for n in (0, 1, 7, 8, 100, 4097):
+            data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+            self.assertEqual(_tensorboard.masked_crc32c(data), masked(data), n)
+
+    def test_bucket_limits_are_the_specs(self):
+        limits = _tensorboard.BUCKET_LIMITS
+        self.assertEqual(limits.tolist(), tb_check.LIMITS)
+        positive = []
+        v = 1e-12
+        while v < 1e20:
+            positive.append(v)
+            v *= 1.1
+        n = len(positive) + 1
+        self.assertEqual(len(limits), 2 * n + 1)
+        self.assertEqual(limits[n], 0.0)
+        self.assertEqual(limits[n + 1], 1e-12)
+        self.assertEqual(limits[-1], DBL_MAX)
+        self.assertEqual(limits[0], -DBL_MAX)
+        self.assertTrue(limits[-2] < 1e20 <= limits[-2] * 1.1)
+        self.assertTrue((np.diff(limits) > 0).all())
+        np.testing.assert_array_equal(limits[:n], -limits[::-1][:n])
+
+    def test_histogram_buckets_and_collapsed_runs(self):
+        limits = _tensorboard.BUCKET_LIMITS
+        zero = int(np.flatnonzero(limits == 0.0)[0])
+        h = _tensorboard.histogram(np.array([0.0, -0.0, 1e-12, 5e-13, np.nan, np.inf]))
+        # 0.0 and -0.0 fall in the bucket above the limit 0.0 (bisect_right),
+        # as does 5e-13; 1e-12 in the one above it.
+        self.assertEqual(h.bucket_limit, [limits[zero], limits[zero + 1], limits[zero + 2], DBL_MAX])
+        self.assertEqual(h.bucket, [0.0, 3.0, 1.0, 0.0])
+        self.assertEqual((h.min, h.max, h.num, h.sum), (0.0, 1e-12, 4.0, 1.5e-12))
+        h = _tensorboard.histogram(np.array([DBL_MAX, -DBL_MAX]))
+        self.assertEqual(h.bucket_limit, [-DBL_MAX, limits[1], limits[-2], DBL_MAX])
+        self.assertEqual(h.bucket, [0.0, 1.0, 0.0, 1.0])
+        self.assertIsNone(_tensorboard.histogram(np.array([np.nan, -np.inf])))
+        self.assertIsNone(_tensorboard.histogram(np.zeros((0, 3))))
+
+    def test_dump_line_is_the_writers(self):
+        for line in DUMP_LINES:
+            self.assertEqual(_tensorboard.dump_line(json.loads(line)), line)
+
+    def test_event_file_names(self):
+        name = _tensorboard.events_file_name(seconds=42, host="node-1.example.org", pid=7)
+        self.assertEqual(name, "events.out.tfevents.0000000042.node-1_example_org.7.tensortap")
+        self.assertTrue(_names.is_run_file_name(name))
+        self.assertTrue(_names.is_events_file_name(name))
+        for other in ("events.out.tfevents.tensortap", "events.out.tfevents.1.h.2", "x.tensortap", "run.jsonl"):
+            self.assertFalse(_names.is_run_file_name(other), other)
+        self.assertTrue(_names.is_run_file_name("stats.npy"))
+
+
+class ExportTest(TempCase):
+    def make(self, **kwargs):
+        kwargs.setdefault("records", rich_records())
+        kwargs.setdefault("stats", rich_stats())
+        kwargs.setdefault("dumps", DUMP_LINES)
+        return make_run(self.run_dir, **kwargs)
+
+    def test_values_read_back_with_tensorboard(self):
+        self.make()
+        paths = export(self.run_dir, self.logdir, histograms_every=2)
+        self.assertEqual(len(paths), 1)
+        folder = os.path.join(self.logdir, "exp")
+        self.assertEqual(os.path.dirname(paths[0]), folder)
+        self.assertRegex(os.path.basename(paths[0]), r"^events\.out\.tfevents\.\d{10}\.[A-Za-z0-9_-]+\.\d+\.tensortap$")
+        acc = accumulator(paths[0])
+        run = tensortap.open(self.run_dir)
+
+        # Statistics: every row, each field a float32 of the table's value.
+        table, series = run.stats_table()
+        for row in table:
+            kind, name = series[int(row["series"])]
+            for f in tb_check.STATS_FIELDS:
+                got = [e.value for e in acc.Scalars(f"{kind}/{name}/{f}") if e.step == row["step"]]
+                want = tb_check.f32(row[f])
+                self.assertEqual(len(got), 1, (kind, name, f, int(row["step"])))
+                self.assertTrue(got[0] == want or (np.isnan(got[0]) and np.isnan(want)), (f, got, want))
+
+        # 0-d tensors: the element as a float32 (bool 0/1); complex gives none.
+        loss = {e.step: e.value for e in acc.Scalars("tensor/loss")}
+        self.assertEqual(loss, {s: float(np.float32(1.0 / (s + 3))) for s in range(-2, 6)})
+        lr = {e.step: e.value for e in acc.Scalars("tensor/lr")}
+        self.assertEqual(lr, {s: float(np.float32(0.1 * 0.9 ** s)) for s in range(-2, 6)})
+        self.assertEqual([(e.step, e.value) for e in acc.Scalars("tensor/flag")], [(0, 1.0), (1, 0.0)])
+        self.assertEqual([(e.step, e.value) for e in acc.Scalars("tensor/count")], [(2, float(2 ** 40))])
+        # As a double first, as the recorder does: 2**62 + 2**38 (a tie) to float32 is 2**62.
+        self.assertEqual([e.value for e in acc.Scalars("tensor/big")], [float(2 ** 62)])
+        nanloss = acc.Scalars("tensor/nanloss")
+        self.assertTrue(np.isnan(nanloss[0].value) and nanloss[1].value == -np.inf)
+        self.assertNotIn("tensor/z", acc.Tags()["scalars"])
+
+        # Histograms at steps -2, 0, 2, 4, against NumPy on the records.
+        self.assertEqual(sorted(e.step for e in acc.Histograms("grad/w")), [-2, 0, 2, 4])
+        for e in acc.Histograms("grad/w"):
+            a = run.load("w", e.step, kind="grad").astype(np.float64)
+            a = a[np.isfinite(a)]
+            h = e.histogram_value
+            self.assertEqual((h.num, h.min, h.max), (a.size, a.min(), a.max()))
+            self.assertAlmostEqual(h.sum, a.sum(), delta=1e-9)
+            self.assertAlmostEqual(h.sum_squares, (a * a).sum(), delta=1e-9)
+            self.assertEqual(sum(h.bucket), h.num)
+            self.assertTrue(set(h.bucket_limit) <= tb_check.LIMIT_SET)
+            self.assertIsNone(tb_check.histogram_problem(h))
+        (z,) = acc.Histograms("tensor/z")
+        self.assertEqual((z.histogram_value.num, z.histogram_value.min), (1.0, 5.0))
+        (c,) = acc.Histograms("activation/c")
+        want = np.abs(run.load("c", 0, kind="activation").astype(np.complex128))
+        self.assertEqual((c.histogram_value.min, c.histogram_value.max), (want.min(), want.max()))
+        edges = acc.Histograms("activation/edges")
+        self.assertEqual([e.histogram_value.num for e in edges], [16.0, 16.0])
+        self.assertEqual(edges[0].histogram_value.max, DBL_MAX)
+        tags = acc.Tags()["histograms"]
+        for absent in ("activation/empty", "activation/allnan", "tensor/nanloss"):
+            self.assertNotIn(absent, tags)  # no finite elements
+        self.assertEqual([e.step for e in acc.Histograms("tensor/flag")], [0])  # step 1 is not a multiple of 2
+        self.assertEqual([e.step for e in acc.Histograms("param/u8")], [4])
+
+        # Dumps: text events, the dumps.jsonl line each.
+        dumps = acc.Tensors("tensortap/dumps")
+        self.assertEqual(sorted((e.step, e.tensor_proto.string_val[0].decode()) for e in dumps),
+                         sorted((json.loads(d)["step"], d) for d in DUMP_LINES))
+        self.assertEqual(acc.SummaryMetadata("tensortap/dumps").plugin_data.plugin_name, "text")
+
+        counts = tb_check.check_events_against_run(folder, run, histograms_every=2)
+        self.assertEqual(counts["dumps"], 3)
+        self.assertEqual(counts["scalars"], len(table) * 10 + 8 + 8 + 2 + 1 + 1 + 2)
+        self.assertGreater(counts["histograms"], 10)
+
+    def test_events_come_in_step_order(self):
+        self.make()
+        (path,) = export(self.run_dir, self.logdir, histograms_every=2)
+        _, loader, _ = tb_check.tensorboard()
+        steps = [e.step for e in loader.LegacyEventFileLoader(path).Load()]
+        self.assertEqual(steps[0], 0)
+        self.assertEqual(steps[1:], sorted(steps[1:]))
+
+    def test_histograms_every(self):
+        self.make()
+        for every, steps in ((0, []), (3, [0, 3]), (1, [-2, -1, 0, 1, 2, 3, 4, 5])):
+            logdir = os.path.join(self.tmp, f"every{every}")
+            (path,) = export(self.run_dir, logdir, histograms_every=every)
+            acc = accumulator(path)
+            if not steps:
+                self.assertEqual(acc.Tags()["histograms"], [])
+            else:
+                self.assertEqual(sorted(e.step for e in acc.Histograms("grad/w")), steps)
+            tb_check.check_events_against_run(os.path.join(logdir, "exp"), self.run_dir, histograms_every=every)
+        for bad in (-1, 1.5, "2"):
+            with self.assertRaises(ValueError):
+                export(self.run_dir, self.logdir, histograms_every=bad)
+
+    def test_an_older_run_without_dumps_jsonl(self):
+        # Dumps only in run.json: each written as the writer prints its line.
+        self.make(lines=False)
+        export(self.run_dir, self.logdir)
+        acc = accumulator(os.path.join(self.logdir, "exp"))
+        self.assertEqual(sorted(e.tensor_proto.string_val[0].decode() for e in acc.Tensors("tensortap/dumps")),
+                         sorted(DUMP_LINES))
+        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
+
+    def test_a_run_cut_short_exports_dumps_jsonl(self):
+        self.make(closed=False)
+        with open(os.path.join(self.run_dir, "run.json")) as f:
+            info = json.load(f)
+        info["dumps"] = []
+        with open(os.path.join(self.run_dir, "run.json"), "w") as f:
+            json.dump(info, f)
+        export(self.run_dir, self.logdir)
+        counts = tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
+        self.assertEqual(counts["dumps"], 3)
+
+    def test_a_name_that_is_not_utf8(self):
+        # The writer escapes a byte that is not UTF-8 as \udcxx; the tag
+        # must be UTF-8 for TensorBoard's parser: U+FFFD.
+        make_run(self.run_dir, records=[("tensor", "loss\udcff", 0, np.float32(2.0)),
+                                        ("grad", "w\udcfe", 0, np.ones(3, np.float32))],
+                 stats=[(0, "grad", "w\udcfe", (1, 1, 1, 0, 1.7, 0, 0, 0, 0, 3))])
+        export(self.run_dir, self.logdir)
+        acc = accumulator(os.path.join(self.logdir, "exp"))
+        self.assertEqual([e.value for e in acc.Scalars("tensor/loss\ufffd")], [2.0])
+        self.assertEqual(len(acc.Histograms("grad/w\ufffd")), 1)
+        self.assertEqual([e.value for e in acc.Scalars("grad/w\ufffd/numel")], [3.0])
+        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
+
+    def test_a_run_without_statistics_or_records(self):
+        make_run(self.run_dir)
+        (path,) = export(self.run_dir, self.logdir)
+        _, loader, _ = tb_check.tensorboard()
+        events = list(loader.LegacyEventFileLoader(path).Load())
+        self.assertEqual([e.file_version for e in events], ["brain.Event:2"])
+        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
+
+    def test_a_record_that_cannot_be_read_is_skipped_with_a_warning(self):
+        self.make()
+        os.unlink(os.path.join(self.run_dir, "npy", "grad", "r0", "-0000002.npy"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            (path,) = _tensorboard.export_tensorboard(self.run_dir, self.logdir, histograms_every=2)
+        messages = [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
+        self.assertEqual(len(messages), 1, messages)
+        self.assertIn("'w' step -2 is not exported", messages[0])
+        self.assertEqual(sorted(e.step for e in accumulator(path).Histograms("grad/w")), [0, 2, 4])
+
+    def test_the_checker_takes_events_in_any_order(self):
+        # The recorder writes events as they come: checked all the same.
+        self.make()
+        (path,) = export(self.run_dir, self.logdir, histograms_every=2)
+        _, _, masked = tb_check.tensorboard()
+        events = tb_check.frames(path, masked)
+        rng = np.random.default_rng(3)
+        rest = [events[i] for i in rng.permutation(len(events) - 1) + 1]
+        shuffled = os.path.join(self.tmp, "shuffled")
+        os.makedirs(shuffled)
+        with open(os.path.join(shuffled, os.path.basename(path)), "wb") as f:
+            f.write(b"".join(_tensorboard.frame(e) for e in [events[0]] + rest))
+        tb_check.check_events_against_run(shuffled, self.run_dir, histograms_every=2)
+        # And it finds what is wrong: a histogram at a step it does not belong to.
+        with self.assertRaises(AssertionError):
+            tb_check.check_events_against_run(shuffled, self.run_dir, histograms_every=4)
+        # A torn or damaged record.
+        with open(os.path.join(shuffled, os.path.basename(path)), "r+b") as f:
+            f.seek(-3, os.SEEK_END)
+            f.write(b"\0\0\0")
+        with self.assertRaisesRegex(AssertionError, "CRC"):
+            tb_check.check_events_against_run(shuffled, self.run_dir, histograms_every=2)
+
+    def test_the_run_method(self):
+        self.make()
+        with tensortap.open(self.run_dir) as run:
+            paths = run.export_tensorboard(self.logdir, histograms_every=5)
+        self.assertEqual(len(paths), 1)
+        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir, histograms_every=5)
+
+
+class WhereTest(TempCase):
+    def test_into_the_run_then_refused_there(self):
+        make_run(self.run_dir, records=rich_records(), stats=rich_stats(), dumps=DUMP_LINES)
+        rc, out, err = main_cli("tensorboard", self.run_dir, "--histograms-every", "2")
+        self.assertEqual(rc, 0, err)
+        (name,) = [n for n in os.listdir(self.run_dir) if n.startswith("events.")]
+        self.assertEqual(out, f"tensortap: wrote {os.path.join(self.run_dir, name)}\n")
+        tb_check.check_events_against_run(self.run_dir, self.run_dir, histograms_every=2)
+        # Every name the run holds is one tensortap writes.
+        self.assertTrue(all(_names.is_run_file_name(n) for n in os.listdir(self.run_dir)))
+        # Again: refused, naming the file; nothing more written.
+        before = listing(self.tmp)
+        rc, out, err = main_cli("tensorboard", self.run_dir)
+        self.assertEqual(rc, 2)
+        self.assertEqual(out, "")
+        self.assertIn(os.path.join(self.run_dir, name), err)
+        self.assertIn("--logdir", err)
+        self.assertEqual(listing(self.tmp), before)
+        # With --logdir it goes elsewhere; there too, only once.
+        rc, out, err = main_cli("tensorboard", self.run_dir, "--logdir", self.logdir)
+        self.assertEqual(rc, 0, err)
+        self.assertIn(os.path.join(self.logdir, "exp", "events.out.tfevents."), out)
+        rc, out, err = main_cli("tensorboard", self.run_dir, "--logdir", self.logdir)
+        self.assertEqual(rc, 2)
+        self.assertIn(os.path.join(self.logdir, "exp", "events.out.tfevents."), err)
+
+    def test_the_recorders_events_refuse_an_export_into_the_run(self):
+        make_run(self.run_dir, records=rich_records())
+        planted = os.path.join(self.run_dir, "events.out.tfevents.1700000000.host.1.tensortap")
+        with open(planted, "wb"):
+            pass
+        with self.assertRaises(tensortap.RunError) as cm:
+            export(self.run_dir)
+        self.assertIn(planted, str(cm.exception))
+        self.assertIn("--logdir", str(cm.exception))
+        self.assertEqual([n for n in os.listdir(self.run_dir) if n.startswith("events.")], [os.path.basename(planted)])
+        # Another tool's events there are not tensortap's: no refusal.
+        os.unlink(planted)
+        with open(os.path.join(self.run_dir, "events.out.tfevents.1700000000.host"), "wb"):
+            pass
+        self.assertEqual(len(export(self.run_dir)), 1)
+
+    def test_cli_errors(self):
+        rc, out, err = main_cli("tensorboard", os.path.join(self.tmp, "nothing"))
+        self.assertEqual(rc, 2)
+        self.assertIn("not a tensortap run", err)
+        make_run(self.run_dir)
+        rc, out, err = main_cli("tensorboard", self.run_dir, "--histograms-every", "-1")
+        self.assertEqual(rc, 2)
+        self.assertIn("--histograms-every", err)
+        # A logdir that is a file.
+        with open(os.path.join(self.tmp, "file"), "w"):
+            pass
+        rc, out, err = main_cli("tensorboard", self.run_dir, "--logdir", os.path.join(self.tmp, "file"))
+        self.assertEqual(rc, 2)
+        self.assertIn(os.path.join(self.tmp, "file"), err)
+
+    def test_a_link_at_the_target_is_refused_and_nothing_written_outside(self):
+        make_run(self.run_dir, records=rich_records())
+        outside = os.path.join(self.tmp, "outside")
+        os.makedirs(outside)
+        os.makedirs(self.logdir)
+        os.symlink(outside, os.path.join(self.logdir, "exp"))
+        with self.assertRaises(tensortap.RunError) as cm:
+            export(self.run_dir, self.logdir)
+        self.assertIn(os.path.join(self.logdir, "exp"), str(cm.exception))
+        self.assertIn("symbolic link", str(cm.exception))
+        self.assertEqual(os.listdir(outside), [])
+        # A dangling link too: nothing made where it points.
+        os.unlink(os.path.join(self.logdir, "exp"))
+        os.symlink(os.path.join(outside, "made"), os.path.join(self.logdir, "exp"))
+        with self.assertRaisesRegex(tensortap.RunError, "symbolic link"):
+            export(self.run_dir, self.logdir)
+        self.assertEqual(os.listdir(outside), [])
+
+    def test_a_link_at_the_file_is_never_followed(self):
+        outside = os.path.join(self.tmp, "outside.txt")
+        with open(outside, "w") as f:
+            f.write("mine")
+        folder = os.path.join(self.tmp, "folder")
+        os.makedirs(folder)
+        name = "events.out.tfevents.0000000001.h.1.tensortap"
+        os.symlink(outside, os.path.join(folder, name))
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with self.assertRaisesRegex(tensortap.RunError, "already there"):
+                _tensorboard._write_file(fd, name, os.path.join(folder, name), [b"x"])
+        finally:
+            os.close(fd)
+        with open(outside) as f:
+            self.assertEqual(f.read(), "mine")
+        self.assertTrue(os.path.islink(os.path.join(folder, name)))
+        # And an export into that folder is refused before it gets there.
+        make_run(self.run_dir, records=rich_records())
+        os.symlink(outside, os.path.join(self.run_dir, name))
+        with self.assertRaisesRegex(tensortap.RunError, name):
+            export(self.run_dir)
+        with open(outside) as f:
+            self.assertEqual(f.read(), "mine")
+
+    def make_ranks(self, top=None):
+        top = top or self.run_dir
+        for r in range(2):
+            records = [(k, n, s, a + r if np.asarray(a).dtype.kind in "fiu" else a)
+                       for k, n, s, a in rich_records(seed=r)]
+            make_run(os.path.join(top, f"rank{r}"), records=records, stats=rich_stats()[r:],
+                     dumps=DUMP_LINES[r:], rank=r, world_size=2)
+        return top
+
+    def test_multi_rank_layout(self):
+        self.make_ranks()
+        paths = export(self.run_dir, self.logdir, histograms_every=2)
+        self.assertEqual([os.path.relpath(os.path.dirname(p), self.logdir) for p in paths],
+                         [os.path.join("exp", "rank0"), os.path.join("exp", "rank1")])
+        self.assertEqual(sorted(os.listdir(os.path.join(self.logdir, "exp"))), ["rank0", "rank1"])
+        counts = tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir, histograms_every=2)
+        self.assertEqual(counts["files"], 2)
+        self.assertEqual(counts["dumps"], 3 + 2)
+        # Each rank's own values.
+        acc0 = accumulator(os.path.join(self.logdir, "exp", "rank0"))
+        acc1 = accumulator(os.path.join(self.logdir, "exp", "rank1"))
+        self.assertEqual([e.value for e in acc1.Scalars("tensor/loss") if e.step == 0],
+                         [float(np.float32(1.0 / 3 + 1))])
+        self.assertEqual(len(acc0.Tensors("tensortap/dumps")), 3)
+        # Into the run: each rank's folder.
+        paths = export(self.run_dir, histograms_every=2)
+        self.assertEqual([os.path.dirname(p) for p in paths],
+                         [os.path.join(self.run_dir, "rank0"), os.path.join(self.run_dir, "rank1")])
+        tb_check.check_events_against_run(self.run_dir, self.run_dir, histograms_every=2)
+        # One rank of it.
+        with tensortap.open(self.run_dir, rank=1) as run:
+            (path,) = export(run, os.path.join(self.tmp, "one"))
+        self.assertEqual(os.path.dirname(path), os.path.join(self.tmp, "one", "exp", "rank1"))
+
+    def test_multi_rank_refusals_write_nothing(self):
+        self.make_ranks()
+        # A link at one rank's folder below the logdir: refused before any rank is written.
+        outside = os.path.join(self.tmp, "outside")
+        os.makedirs(outside)
+        os.makedirs(os.path.join(self.logdir, "exp"))
+        os.symlink(outside, os.path.join(self.logdir, "exp", "rank1"))
+        with self.assertRaisesRegex(tensortap.RunError, "rank1: a symbolic link"):
+            export(self.run_dir, self.logdir)
+        self.assertEqual(listing(self.logdir), [])
+        self.assertEqual(os.listdir(outside), [])
+        # The recorder's events in one rank: the other is not written either.
+        with open(os.path.join(self.run_dir, "rank1", "events.out.tfevents.1.h.2.tensortap"), "wb"):
+            pass
+        before = listing(self.run_dir)
+        with self.assertRaisesRegex(tensortap.RunError, "rank1"):
+            export(self.run_dir)
+        self.assertEqual(listing(self.run_dir), before)
+        # A failure while writing the second rank removes the first's file.
+        os.unlink(os.path.join(self.run_dir, "rank1", "events.out.tfevents.1.h.2.tensortap"))
+        before = listing(self.run_dir)
+        real = _tensorboard.rank_events
+
+        def failing(run, rank, every):
+            yield from real(run, rank, every)
+            if rank == 1:
+                raise OSError(28, "No space left on device")
+
+        with mock.patch.object(_tensorboard, "rank_events", failing):
+            with self.assertRaisesRegex(OSError, "No space left on device"):
+                export(self.run_dir)
+        self.assertEqual(listing(self.run_dir), before)
+
+
+class E2ETest(TempCase):
+    def test_the_suites_runs(self):
+        top = os.environ.get("TT_E2E_DIR")
+        if not top:
+            self.skipTest("TT_E2E_DIR is not set: no runs of the suite to export")
+        runs = sorted(d for d in os.listdir(top) if os.path.isfile(os.path.join(top, d, "run.json"))
+                      or os.path.isfile(os.path.join(top, d, "rank0", "run.json")))
+        self.assertTrue(runs, top)
+        for d in runs:
+            with self.subTest(run=d):
+                export(os.path.join(top, d), self.logdir, histograms_every=2)
+                counts = tb_check.check_events_against_run(os.path.join(self.logdir, d), os.path.join(top, d),
+                                                           histograms_every=2)
+                self.assertGreater(counts["events"], 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
