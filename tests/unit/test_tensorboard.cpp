@@ -5,7 +5,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +23,7 @@
 
 #include "tests/support/helpers.h"
 #include "tests/support/net.h"
+#include "sdk/src/pipeline/tensorboard.h"
 #include "writers/src/file.h"
 #include "writers/src/run_dir.h"
 #include "writers/src/tensorboard/crc32c.h"
@@ -92,6 +96,36 @@ TEST_CASE("crc32c: the Castagnoli check value, and the instruction agrees with t
   CHECK(crc32c(buf.data(), buf.size()) == crc32c_table(buf.data(), buf.size()));
   // Continued in two parts: the same as in one.
   CHECK(crc32c(buf.data() + 1000, 4000, crc32c(buf.data(), 1000)) == crc32c(buf.data(), 5000));
+}
+
+TEST_CASE("histogram buckets: the logarithm's guess lands where std::upper_bound does", "[tensorboard]") {
+  // The limits as EVENTS.md builds them, here independently.
+  std::vector<double> pos;
+  for (double v = 1e-12; v < 1e20; v *= 1.1) pos.push_back(v);
+  pos.push_back(std::numeric_limits<double>::max());
+  std::vector<double> limits;
+  for (auto it = pos.rbegin(); it != pos.rend(); ++it) limits.push_back(-*it);
+  limits.push_back(0.0);
+  limits.insert(limits.end(), pos.begin(), pos.end());
+  const auto expected = [&](double x) {
+    const auto at = static_cast<std::size_t>(std::upper_bound(limits.begin(), limits.end(), x) - limits.begin());
+    return std::min(at, limits.size() - 1);
+  };
+  std::vector<double> xs = {0.0, -0.0, 1e-300, -1e-300, 5e-324, 1e-12, -1e-12, 1e20, -1e20, 1e300, -1e300,
+                            std::numeric_limits<double>::max(), std::numeric_limits<double>::lowest()};
+  for (double l : limits)
+    for (double x : {l, std::nextafter(l, 0.0), std::nextafter(l, std::numeric_limits<double>::infinity()),
+                     std::nextafter(l, -std::numeric_limits<double>::infinity())})
+      xs.push_back(x);
+  std::mt19937_64 gen(11);
+  std::uniform_real_distribution<double> exponent(-320, 308);
+  for (int i = 0; i < 100000; ++i) xs.push_back((i % 2 ? -1 : 1) * std::pow(10.0, exponent(gen)));
+  std::normal_distribution<double> normal;
+  for (int i = 0; i < 100000; ++i) xs.push_back(normal(gen));
+  std::size_t wrong = 0;
+  for (double x : xs)
+    if (std::isfinite(x) && tensortap::detail::histogram_bucket(x) != expected(x)) ++wrong;
+  CHECK(wrong == 0);
 }
 
 TEST_CASE("event files: TFRecord framing and the file's name", "[tensorboard]") {

@@ -20,6 +20,11 @@ class EventFile;
 /// Whether this build writes TensorBoard events (CMake found protobuf).
 bool tensorboard_built() noexcept;
 
+/// The bucket of the finite value `x` among the fixed limits (EVENTS.md):
+/// the first whose limit is above `x` (`std::upper_bound`), the last for
+/// the largest double.
+std::size_t histogram_bucket(double x);
+
 /// A histogram of a record's values, fed chunk by chunk in order
 /// (writers/src/tensorboard/EVENTS.md: fixed exponential buckets, finite
 /// values only, each value as the statistics see it).
