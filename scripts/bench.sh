@@ -30,10 +30,10 @@ BUILT=$SECONDS
 
 if [ $QUICK -eq 1 ]; then
   GB=(--benchmark_repetitions=1); TRAIN=(--reps 1 --scale 0.2); SCALE=(--reps 1 --quick)
-  ANALYSIS=(--reps 1 --names 200 --steps 200); READER=(--reps 1 --names 200 --steps 200)
+  ANALYSIS=(--reps 1 --names 200 --steps 200); READER=(--reps 1 --names 200 --steps 200); TB=(--reps 1 --steps 50)
 else
   GB=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true); TRAIN=(--reps 7); SCALE=(--reps 2)
-  ANALYSIS=(--reps 3); READER=(--reps 3)
+  ANALYSIS=(--reps 3); READER=(--reps 3); TB=(--reps 5 --steps 300)
 fi
 gbench() {  # gbench NAME BINARY [args...]: Google Benchmark, JSON to $OUT/NAME.json
   local name=$1 bin=$2
@@ -56,6 +56,10 @@ echo "== scale"
 "$BUILD/bench/bench_scale" "${SCALE[@]}" --csv "$OUT/scale.csv"
 mkdir -p "$ROOT/bench/pictures"
 "$PY" "$ROOT/bench/plot_scale.py" "$OUT/scale.csv" "$ROOT/bench/pictures/scale.png"
+if [ -x "$BUILD/bench/bench_tensorboard" ]; then
+  echo "== TensorBoard events against statistics alone"
+  "$BUILD/bench/bench_tensorboard" "${TB[@]}" --json "$OUT/tensorboard.json" | tee "$OUT/tensorboard.md"
+fi
 echo "== analysis views (reader)"
 "$PY" "$ROOT/bench/bench_analysis.py" "${ANALYSIS[@]}" --json "$OUT/analysis.json" | tee "$OUT/analysis.md"
 echo "== the reader at a million index lines"
