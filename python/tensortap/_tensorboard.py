@@ -11,8 +11,15 @@ recorder already wrote its events there (a second copy would show every
 point twice); or, with `logdir`, into logdir/<the run's folder name>/, with
 rank<r>/ per rank as the run has them. A file is created exclusively and
 never through a symbolic link (nor a folder it goes into, below `logdir`);
-an export that fails removes the files it made. Nothing outside the run is
-read: the records come through the reader, which refuses such paths.
+an export that fails removes the files it made. The records come through
+the reader, which refuses index paths out of the run.
+
+What it can show is what the run stored: records the recorder only held
+(a flight recorder that never dumped them) or took for statistics alone
+have no bytes in the run, so their `tensor/<name>` scalars and histograms,
+which the recorder's own events have, are not exported. Histograms are
+taken every `histograms_every` steps as given (default 100), whatever the
+run's own TensorBoardOptions said.
 """
 
 from __future__ import annotations

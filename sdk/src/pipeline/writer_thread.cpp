@@ -142,18 +142,6 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
       if (slot.last) stats = open->stats->result();
     }
   }
-  if (tensorboard_ != nullptr) {
-    if (open == nullptr) {
-      to_tensorboard([&] { tensorboard_->values(desc, data, slot.nbytes); });
-    } else {
-      to_tensorboard([&] {
-        if (slot.first) open->histogram = tensorboard_->histogram_for(desc);
-        if (!open->histogram) return;
-        open->histogram->add(data, slot.nbytes);
-        if (slot.last) tensorboard_->histogram_done(desc, *open->histogram);
-      });
-    }
-  }
   if (record.op == Op::Hold) {
     if (open == nullptr) {
       flight_.keep(HeldRecord{slot.record, std::string(data, slot.nbytes)});
@@ -179,6 +167,20 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
         open->sink.reset();
         store_.written(desc, location);
       }
+    }
+  }
+  // TensorBoard's part once the record's own operation has succeeded: a
+  // record the store lost shows in TensorBoard no more than in the run.
+  if (tensorboard_ != nullptr) {
+    if (open == nullptr) {
+      to_tensorboard([&] { tensorboard_->values(desc, data, slot.nbytes); });
+    } else {
+      to_tensorboard([&] {
+        if (slot.first) open->histogram = tensorboard_->histogram_for(desc);
+        if (!open->histogram) return;
+        open->histogram->add(data, slot.nbytes);
+        if (slot.last) tensorboard_->histogram_done(desc, *open->histogram);
+      });
     }
   }
   if (stats) statistics_done(*stats);
