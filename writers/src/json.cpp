@@ -4,9 +4,7 @@
 #include <cstring>
 
 namespace tensortap::detail {
-namespace {
 
-// Length of the valid UTF-8 sequence starting at s[i], or 0 if it is not one.
 size_t utf8_sequence_length(std::string_view s, size_t i) {
   const auto c = static_cast<unsigned char>(s[i]);
   size_t n = 0;
@@ -34,8 +32,6 @@ size_t utf8_sequence_length(std::string_view s, size_t i) {
   if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
   return n;
 }
-
-}  // namespace
 
 char* put_int(char* p, std::int64_t v) { return std::to_chars(p, p + kIntRoom, v).ptr; }
 

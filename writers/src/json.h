@@ -48,6 +48,10 @@ void append_put(std::string& out, std::size_t room, Put&& put) {
 /// Appends `v` in decimal.
 void append_int(std::string& out, std::int64_t v);
 
+/// Length of the well-formed UTF-8 sequence starting at s[i] (no overlong
+/// forms, surrogates or values past U+10FFFF), or 0 if it is not one.
+std::size_t utf8_sequence_length(std::string_view s, std::size_t i);
+
 /// Appends `s` to `out` as a quoted JSON string. Valid UTF-8 passes through;
 /// control characters are escaped, and each byte that is not valid UTF-8
 /// becomes \u00XX so the line stays valid JSON whatever a name holds.

@@ -10,6 +10,7 @@
 #include <tensortap/kinds.h>
 
 #include "sdk/src/pipeline/stats.h"
+#include "writers/src/json.h"
 #include "writers/src/tensorboard/event_file.h"
 #include "writers/src/tensorboard/events.h"
 
@@ -39,42 +40,14 @@ const std::vector<double>& bucket_limits() {
   return limits;
 }
 
-// The length of the well-formed UTF-8 sequence at `p` (of `n` bytes left),
-// or 0: the strict form (no overlong forms, no surrogates, nothing past
-// U+10FFFF), as Python decodes it.
-std::size_t utf8_length(const unsigned char* p, std::size_t n) {
-  const unsigned char c = p[0];
-  if (c < 0x80) return 1;
-  std::size_t len;
-  unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  if (n < len || p[1] < lo || p[1] > hi) return 0;
-  for (std::size_t i = 2; i < len; ++i)
-    if (p[i] < 0x80 || p[i] > 0xBF) return 0;
-  return len;
-}
-
 // A tag is a protobuf string, which must be UTF-8: TensorBoard's parser
 // refuses the whole event otherwise. A name's bytes that are not become
 // U+FFFD each, as the reader's export writes them (EVENTS.md).
 std::string utf8_tag(const std::string& s) {
   std::string out;
   out.reserve(s.size());
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   for (std::size_t i = 0; i < s.size();) {
-    const std::size_t len = utf8_length(p + i, s.size() - i);
+    const std::size_t len = utf8_sequence_length(s, i);
     if (len == 0) {
       out += "\xEF\xBF\xBD";
       ++i;
