@@ -1,6 +1,7 @@
 // The demo model and task, shared by the example programs.
 #pragma once
 
+#include <cstdlib>
 #include <utility>
 
 #include <torch/nn/module.h>
@@ -32,6 +33,14 @@ struct MlpImpl : torch::nn::Module {
 TORCH_MODULE(Mlp);
 
 constexpr int64_t kInputs = 32, kClasses = 10;
+
+/// Where the examples train: the device TENSORTAP_DEMO_DEVICE names ("cuda",
+/// "cuda:1"), the CPU without it. The task is made on the CPU either way, so
+/// every device starts from the same data.
+inline torch::Device device() {
+  const char* name = std::getenv("TENSORTAP_DEMO_DEVICE");
+  return torch::Device(name != nullptr && *name != '\0' ? name : "cpu");
+}
 
 /// 4096 points labelled by a fixed random two-layer "teacher": a task an MLP
 /// can learn, generated here so nothing is downloaded. Seeded: every process

@@ -11,6 +11,8 @@
 // shows the steps that led there.
 //
 //   train_blowup [run_dir=runs/blowup] [bad_lr=100] [k=10] [max_steps=500]
+//
+// On a GPU: TENSORTAP_DEMO_DEVICE=cuda in the environment.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -30,8 +32,11 @@ int main(int argc, char** argv) {
   const int64_t k = argc > 3 ? std::atoll(argv[3]) : 10;
   const int64_t max_steps = argc > 4 ? std::atoll(argv[4]) : 500;
   constexpr int64_t kBatch = 128;
-  const auto [data, labels] = demo::make_task();
+  const torch::Device device = demo::device();
+  const auto [cpu_data, cpu_labels] = demo::make_task();
+  const torch::Tensor data = cpu_data.to(device), labels = cpu_labels.to(device);
   demo::Mlp model(demo::kInputs, 128, 64, demo::kClasses);
+  model->to(device);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
 
   // tensortap: statistics every step; full tensors of every step held for the
@@ -45,7 +50,7 @@ int main(int argc, char** argv) {
     rec->step(step);
     const double lr = step < kGoodSteps ? 0.05 : bad_lr;
     static_cast<torch::optim::SGDOptions&>(opt.param_groups()[0].options()).lr(lr);
-    const torch::Tensor idx = torch::randint(0, data.size(0), {kBatch}, torch::kLong);
+    const torch::Tensor idx = torch::randint(0, data.size(0), {kBatch}, labels.options());
     const torch::Tensor x = data.index_select(0, idx), y = labels.index_select(0, idx);
     const torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
     rec->capture("loss", loss);

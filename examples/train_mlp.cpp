@@ -3,6 +3,8 @@
 // point: the tensortap lines are marked.
 //
 //   train_mlp [run_dir=runs/demo] [steps=300] [every=10]
+//
+// On a GPU: TENSORTAP_DEMO_DEVICE=cuda in the environment.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -19,8 +21,11 @@ int main(int argc, char** argv) {
   const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 300;
   const int64_t every = argc > 3 ? std::atoll(argv[3]) : 10;
   constexpr int64_t kBatch = 128;
-  const auto [data, labels] = demo::make_task();
+  const torch::Device device = demo::device();
+  const auto [cpu_data, cpu_labels] = demo::make_task();
+  const torch::Tensor data = cpu_data.to(device), labels = cpu_labels.to(device);
   demo::Mlp model(demo::kInputs, 128, 64, demo::kClasses);
+  model->to(device);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
 
   // tensortap: the one line. Gradients of every parameter and the two Taps'
@@ -29,7 +34,7 @@ int main(int argc, char** argv) {
 
   for (int64_t step = 0; step < steps; ++step) {
     rec->step(step);  // tensortap: mark the iteration
-    const torch::Tensor idx = torch::randint(0, data.size(0), {kBatch}, torch::kLong);
+    const torch::Tensor idx = torch::randint(0, data.size(0), {kBatch}, labels.options());
     const torch::Tensor x = data.index_select(0, idx), y = labels.index_select(0, idx);
     const torch::Tensor logits = model->forward(x);
     const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y);

@@ -6,6 +6,9 @@ agree bit for bit through the reader.
 
     torch_reference.py make DIR          weights, batches and Python's copies
     torch_reference.py check DIR RUN     RUN (written by torch_reference.cpp) against them
+    torch_reference.py check DIR RUN ref-cuda
+                                         a run of torch_reference.cpp --cuda against the
+                                         .cpu() copies it took at capture (scripts/gpu.sh)
 
 Run with the Python torch whose LibTorch the C++ side links: the same
 kernels, one thread each, so there is nothing to differ but tensortap.
@@ -78,10 +81,12 @@ def make(work):
     print(f"torch_reference: torch {torch.__version__}, {len(ref)} reference tensors in {out_dir}")
 
 
-def check(work, run_dir):
+def check(work, run_dir, refs="ref"):
+    """RUN against WORK/<refs>: "ref", PyTorch's own copies (make), or
+    "ref-cuda", the .cpu() copies torch_reference.cpp --cuda took at capture."""
     import tensortap
 
-    ref_dir = os.path.join(work, "ref")
+    ref_dir = os.path.join(work, refs)
     refs = sorted(os.listdir(ref_dir))
     assert len(refs) == STEPS * (3 + 3 + 6 + 1), len(refs)
     run = tensortap.open(run_dir)
@@ -103,13 +108,13 @@ def check(work, run_dir):
         if got.tobytes() != want.tobytes():
             diff = np.abs(got.astype(np.float64) - want.astype(np.float64)).max()
             raise AssertionError(f"{kind}/{name} at step {step} differs from PyTorch's copy (max |diff| {diff})")
-    print(f"torch_reference: {len(in_ref)} tensors equal PyTorch's own copies bit for bit")
+    print(f"torch_reference: {len(in_ref)} tensors equal the copies in {ref_dir} bit for bit")
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2])
     elif sys.argv[1] == "check":
-        check(sys.argv[2], sys.argv[3])
+        check(*sys.argv[2:5])
     else:
-        sys.exit(f"usage: {sys.argv[0]} make DIR | check DIR RUN")
+        sys.exit(f"usage: {sys.argv[0]} make DIR | check DIR RUN [REFS]")
