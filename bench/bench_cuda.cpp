@@ -32,8 +32,9 @@
 //
 // instead profiles, with PyTorch's profiler (Kineto, CUPTI), three steps of
 // the MLP capturing every step (mode 2), and twenty captures of one CUDA
-// tensor taken for statistics only, and saves the two traces as
-// DIR/step_trace.json and DIR/stats_trace.json (Chrome's trace format).
+// tensor taken for statistics only, and two hundred captures of a 4 KiB
+// tensor, and saves the traces as DIR/step_trace.json, stats_trace.json and
+// capture_trace.json (Chrome's trace format).
 // bench/gpu_timeline.py reads them: the streams the copies ran on, their
 // overlap with the training's kernels, the kernels per statistics vector,
 // and a picture of the timeline.
@@ -361,6 +362,30 @@ int profile(const std::string& out) {
     std::printf("bench_cuda --profile: %d statistics captures of a 4 MiB float32 tensor, %lld rows, trace in "
                 "%s/stats_trace.json\n",
                 kCaptures, static_cast<long long>(rec.counters().stats_rows), out.c_str());
+  }
+  {
+    // The training thread's side of a capture: 200 captures of a 4 KiB
+    // tensor, one a step, after warm-up. Its CUDA runtime calls, and the
+    // copier's beside them, show where the microseconds go.
+    constexpr int kCaptures = 200;
+    const at::Tensor t = torch::randn({1024}, kGpu);
+    tensortap::Recorder rec(tensortap::Options(dir.path + "/capture").buffer_bytes(std::size_t{64} << 20));
+    for (int i = 0; i < 20; ++i) {
+      rec.step(i);
+      rec.capture("x", t);
+    }
+    rec.flush();
+    torch::cuda::synchronize();
+    start_profiler();
+    for (int i = 0; i < kCaptures; ++i) {
+      rec.step(20 + i);
+      rec.capture("x", t);
+    }
+    rec.flush();
+    profiler::disableProfiler()->save(out + "/capture_trace.json");
+    rec.close();
+    std::printf("bench_cuda --profile: %d captures of a 4 KiB tensor, trace in %s/capture_trace.json\n", kCaptures,
+                out.c_str());
   }
   return 0;
 }

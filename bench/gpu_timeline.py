@@ -13,6 +13,9 @@ when there was none.
 stats_trace.json (20 captures of one tensor for statistics only): the
 kernels a statistics vector takes, per capture.
 
+capture_trace.json (200 captures of a 4 KiB tensor, one a step): the CUDA
+runtime calls of each thread, how many per capture and how long they took.
+
 With PICTURE, draws the step trace's timeline, a row per stream.
 """
 
@@ -22,6 +25,7 @@ import sys
 from collections import Counter, defaultdict
 
 STATS_CAPTURES = 20  # bench_cuda.cpp's profile(): captures in stats_trace.json
+CAPTURES = 200  # and in capture_trace.json
 
 
 def device_events(path):
@@ -113,6 +117,23 @@ def analyse_stats(path):
         print(f"  {n / STATS_CAPTURES:5.1f} per tensor  {k}")
 
 
+def analyse_captures(path):
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    calls = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            calls[(e.get("tid"), e.get("name", ""))].append(float(e.get("dur", 0)))
+    print(f"capture trace: CUDA runtime calls during {CAPTURES} captures of a 4 KiB tensor")
+    print(f"  {'thread':>12} {'call':<28} {'per capture':>11} {'mean us':>8} {'max us':>8} {'us per capture':>14}")
+    for (tid, name), d in sorted(calls.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {str(tid):>12} {name:<28} {len(d) / CAPTURES:11.2f} {sum(d) / len(d):8.1f} {max(d):8.1f}"
+              f" {sum(d) / CAPTURES:14.2f}")
+
+
 def draw(path, picture):
     import matplotlib
 
@@ -148,6 +169,7 @@ def main(argv):
         sys.exit(__doc__)
     rc = analyse_step(os.path.join(argv[1], "step_trace.json"))
     analyse_stats(os.path.join(argv[1], "stats_trace.json"))
+    analyse_captures(os.path.join(argv[1], "capture_trace.json"))
     if len(argv) == 3:
         draw(os.path.join(argv[1], "step_trace.json"), argv[2])
     return rc

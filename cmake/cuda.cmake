@@ -50,6 +50,28 @@ if(TENSORTAP_HAVE_CUDA_ENGINE AND TARGET torch_cuda)
   add_library(tensortap_cuda_engine INTERFACE)
   target_link_libraries(tensortap_cuda_engine INTERFACE tensortap CUDA::cudart)
   message(STATUS "tensortap: CUDA engine on (LibTorch with CUDA, toolkit ${CUDAToolkit_VERSION})")
+  # The fused statistics kernels (sdk/src/cuda/stats_kernel.cu): nvcc, no
+  # LibTorch headers, objects of the library as the TensorBoard code's are,
+  # so no target here has CUDA as a link language and a consumer needs no
+  # CUDA compiler. Without nvcc, statistics of CUDA tensors take ATen's
+  # reductions (some 40 kernels a tensor instead of 2).
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    # SASS for the H100/H200, and PTX that any later GPU compiles at load.
+    set(TENSORTAP_CUDA_ARCHITECTURES "75-virtual;90-real" CACHE STRING
+        "CUDA architectures of tensortap's own kernels (CMake's CUDA_ARCHITECTURES syntax)")
+    add_library(tensortap_cuda_kernels OBJECT sdk/src/cuda/stats_kernel.cu)
+    set_target_properties(tensortap_cuda_kernels PROPERTIES CUDA_ARCHITECTURES "${TENSORTAP_CUDA_ARCHITECTURES}"
+                          CUDA_STANDARD 17 POSITION_INDEPENDENT_CODE ON)
+    target_include_directories(tensortap_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR})
+    target_sources(tensortap PRIVATE $<TARGET_OBJECTS:tensortap_cuda_kernels>)
+    target_compile_definitions(tensortap_sdk PRIVATE TENSORTAP_HAVE_FUSED_STATS)
+    message(STATUS "tensortap: fused statistics kernels on (${CMAKE_CUDA_COMPILER}, ${TENSORTAP_CUDA_ARCHITECTURES})")
+  else()
+    message(STATUS "tensortap: no CUDA compiler: statistics of CUDA tensors through ATen's reductions")
+  endif()
 else()
   target_sources(tensortap_sdk PRIVATE sdk/src/cuda/capture_none.cpp)
   if(TENSORTAP_HAVE_CUDA_ENGINE)

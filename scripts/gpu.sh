@@ -23,7 +23,8 @@
 # bench_*.json, summary.txt with the ratios the issue sets targets for,
 # e2e.txt, profile.txt and timeline.png. TENSORTAP_GPU_DEADLINE (seconds
 # since the epoch) bounds every program, so a call ends in its lease;
-# TENSORTAP_GPU_STAGES picks the stages of `all`.
+# TENSORTAP_GPU_STAGES picks the stages of `all`, TENSORTAP_GPU_SANITIZE_SECONDS
+# caps the sanitizers.
 #
 # Environment: PYTHON (the interpreter with torch; default python3),
 # TENSORTAP_GPU_BUILD (build folder; default build-gpu), TORCH_CUDA_ARCH_LIST
@@ -209,22 +210,26 @@ run_sanitize() {
     echo "tensortap: no compute-sanitizer on this machine" | tee "$RESULTS/sanitize.txt"
     return 1
   }
-  local rc=0 tool spec budget
-  for run in "memcheck|[gpu]~[slow]" "racecheck|[#test_cuda_engine][gpu]" "synccheck|[#test_cuda_engine][gpu]"; do
-    tool=${run%%|*}
-    spec=${run#*|}
-    budget=$(($(left) - 10))
+  # TENSORTAP_GPU_SANITIZE_SECONDS caps the three together (default: what
+  # is left): memcheck gets 60% of it, racecheck and synccheck 20% each.
+  local total=${TENSORTAP_GPU_SANITIZE_SECONDS:-$(left)}
+  [ "$total" -le "$(left)" ] || total=$(left)
+  local rc=0 tool spec share budget status
+  for run in "memcheck|60|[gpu]~[slow]" "racecheck|20|[#test_cuda_engine][gpu]" "synccheck|20|[#test_cuda_engine][gpu]"; do
+    IFS='|' read -r tool share spec <<<"$run"
+    budget=$((total * share / 100))
+    [ "$budget" -le $(($(left) - 10)) ] || budget=$(($(left) - 10))
     if [ "$budget" -lt 20 ]; then
-      echo "tensortap: no time left for $tool" | tee -a "$RESULTS/sanitize_$tool.txt"
+      echo "tensortap: no time left for $tool" | tee "$RESULTS/sanitize_$tool.txt"
       rc=1
       continue
     fi
     echo "== compute-sanitizer --tool $tool, '$spec', at most ${budget}s" | tee "$RESULTS/sanitize_$tool.txt"
-    timeout -k 5 "$budget" env LD_LIBRARY_PATH="$PROGRAM_LIBS" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 50 \
-      "$BIN/tensortap_cuda_tests" -# "$spec" >>"$RESULTS/sanitize_$tool.txt" 2>&1
-    local status=$?
-    echo "== $tool exit $status" | tee -a "$RESULTS/sanitize_$tool.txt"
-    tail -5 "$RESULTS/sanitize_$tool.txt"
+    timeout -k 5 "$budget" env LD_LIBRARY_PATH="$PROGRAM_LIBS" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      --print-limit 50 "$BIN/tensortap_cuda_tests" -# "$spec" >>"$RESULTS/sanitize_$tool.txt" 2>&1
+    status=$?
+    echo "== $tool exit $status$([ "$status" -eq 124 ] && echo ' (out of time)')" | tee -a "$RESULTS/sanitize_$tool.txt"
+    tail -4 "$RESULTS/sanitize_$tool.txt"
     [ "$status" -eq 0 ] || rc=1
   done
   return $rc
@@ -284,7 +289,9 @@ run_profile() {
       "$PYTHON" "$ROOT/bench/gpu_timeline.py" "$dir" "$RESULTS/timeline.png"
   } 2>&1 | tee "$RESULTS/profile.txt"
   local rc=${PIPESTATUS[0]}
-  gzip -c "$dir/step_trace.json" >"$RESULTS/step_trace.json.gz" 2>/dev/null || true
+  for f in step_trace stats_trace capture_trace; do
+    gzip -c "$dir/$f.json" >"$RESULTS/$f.json.gz" 2>/dev/null || true
+  done
   rm -rf "$dir"
   return "$rc"
 }

@@ -20,6 +20,10 @@
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
 #include "sdk/src/pipeline/snapshot.h"
+#include "sdk/src/pipeline/stats.h"
+#ifdef TENSORTAP_HAVE_FUSED_STATS
+#include "sdk/src/cuda/stats_kernel.h"
+#endif
 #include "writers/src/check.h"
 #include "writers/src/dtypes.h"
 
@@ -86,6 +90,34 @@ std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t devic
   options.staging_memory = pinned_host_memory();
   options.arena_memory = torch_device_memory();
   return std::make_shared<CudaEngine>(staging, options, std::move(report));
+}
+
+at::Tensor fused_device_stats(const at::Tensor& tensor) {
+#ifdef TENSORTAP_HAVE_FUSED_STATS
+  StatsElement element;
+  switch (tensor.scalar_type()) {
+    case at::kFloat: element = StatsElement::Float32; break;
+    case at::kDouble: element = StatsElement::Float64; break;
+    case at::kHalf: element = StatsElement::Float16; break;
+    case at::kBFloat16: element = StatsElement::BFloat16; break;
+    default: return {};
+  }
+  if (!tensor.is_cuda() || !tensor.is_contiguous() || tensor.numel() == 0) return {};
+  const c10::cuda::CUDAGuard guard(tensor.device());
+  const auto dbl = at::TensorOptions().dtype(at::kDouble).device(tensor.device());
+  // From the caching allocator, on the current stream: the scratch goes back
+  // to it when this returns, reusable by that stream's later work only.
+  at::Tensor out = at::empty({kStatsVectorSize}, dbl);
+  const at::Tensor scratch = at::empty({std::int64_t{stats_partials(tensor.numel())} * kStatsPartialDoubles}, dbl);
+  const int error =
+      launch_fused_stats(tensor.data_ptr(), element, tensor.numel(), scratch.data_ptr<double>(),
+                         out.data_ptr<double>(), c10::cuda::getCurrentCUDAStream(tensor.device().index()).stream());
+  if (error != 0) return {};  // ATen's path instead (its launches report their own errors)
+  return out;
+#else
+  (void)tensor;
+  return {};
+#endif
 }
 
 bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, const at::Tensor& tensor, bool may_drop,

@@ -49,6 +49,14 @@ void cuda_flush(CudaEngine& engine);
 /// device memory. Call it before the writer (`WriterThread::stop()`) stops.
 void cuda_stop(CudaEngine& engine);
 
+/// The statistics vector (`device_stats`'s) of a contiguous float32,
+/// float64, float16 or bfloat16 CUDA tensor from tensortap's fused kernels
+/// (stats_kernel.cu), queued on the tensor's device's current stream; an
+/// undefined tensor where they do not apply (another dtype or layout, a build
+/// without them, a launch that failed), and `device_stats` then takes ATen's
+/// path.
+at::Tensor fused_device_stats(const at::Tensor& tensor);
+
 /// CUDA tensors this process has queued through an engine: lets tests check
 /// that captures take this path rather than a copy through the host.
 std::uint64_t cuda_captures() noexcept;

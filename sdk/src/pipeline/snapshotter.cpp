@@ -138,7 +138,13 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
   // Statistics only, of a tensor off the host: reduce it on its own device
   // and send the ten numbers down the same path as a tensor.
   const bool stats_vector = !full && !tensor.device().is_cpu();
-  at::Tensor src = stats_vector ? device_stats(tensor) : tensor;
+  at::Tensor src = tensor;
+  if (stats_vector) {
+    // The fused kernels where they apply (two launches), ATen's reductions
+    // otherwise (some 40).
+    src = fused_device_stats(tensor);
+    if (!src.defined()) src = device_stats(tensor);
+  }
   const DtypeInfo& info = stats_vector ? *dtype_info(src.scalar_type()) : tensor_info;
   // A float8 travels as its bytes (a view, no copy): every copy below is
   // then a byte copy, on the host or the device.

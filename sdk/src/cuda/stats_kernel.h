@@ -1,0 +1,33 @@
+// The statistics vector of a CUDA tensor in two kernels (stats_kernel.cu):
+// the fused form of device_stats' ATen reductions. Issue 35 measured those
+// on an H200 at about 40 kernels and 0.58 ms of the training thread's time
+// per tensor, most of it ATen's dispatch of ~47 operations; statistics of
+// every gradient every step made a step 5-7 times slower.
+//
+// No CUDA or LibTorch header here: stats_kernel.cu is compiled by nvcc
+// without LibTorch, and capture.cpp (LibTorch, no nvcc) calls it.
+#pragma once
+
+#include <cstdint>
+
+namespace tensortap::detail {
+
+/// The element types the fused kernels read; other types take ATen's path.
+enum class StatsElement : int { Float32, Float64, Float16, BFloat16 };
+
+/// float64 values of scratch a partial result takes (see stats_kernel.cu).
+constexpr int kStatsPartialDoubles = 8;
+
+/// How many partial results (blocks) `launch_fused_stats` uses for `n`
+/// values: its scratch holds `stats_partials(n) * kStatsPartialDoubles`
+/// float64 values.
+int stats_partials(std::int64_t n);
+
+/// Queues on `stream` (a cudaStream_t of the current device) the ten
+/// statistics of the `n` contiguous values at `data` (device memory), in
+/// TENSORTAP_STATS_FIELDS' order, as float64 into `out` (device memory).
+/// Returns the launch's cudaError_t (0: queued). Never waits for the device.
+int launch_fused_stats(const void* data, StatsElement element, std::int64_t n, double* scratch, double* out,
+                       void* stream);
+
+}  // namespace tensortap::detail
