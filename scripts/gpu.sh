@@ -203,8 +203,9 @@ run_tests() {
 }
 
 # The [gpu] cases under compute-sanitizer: memcheck over every case that is
-# not [slow], racecheck and synccheck over the engine's (test_cuda_engine.cpp:
-# its own copies, events and streams). Each is bounded by the time left.
+# not [slow]; racecheck over the fused statistics kernels' case (the only
+# kernels of ours, and their shared memory); synccheck over those and the
+# engine's cases (test_cuda_engine.cpp: its own copies, events and streams).
 run_sanitize() {
   command -v compute-sanitizer >/dev/null || {
     echo "tensortap: no compute-sanitizer on this machine" | tee "$RESULTS/sanitize.txt"
@@ -215,7 +216,7 @@ run_sanitize() {
   local total=${TENSORTAP_GPU_SANITIZE_SECONDS:-$(left)}
   [ "$total" -le "$(left)" ] || total=$(left)
   local rc=0 tool spec share budget status
-  for run in "memcheck|60|[gpu]~[slow]" "racecheck|20|[#test_cuda_engine][gpu]" "synccheck|20|[#test_cuda_engine][gpu]"; do
+  for run in "memcheck|60|[gpu]~[slow]" "racecheck|20|[fused]" "synccheck|20|[#test_cuda_engine][gpu],[fused]"; do
     IFS='|' read -r tool share spec <<<"$run"
     budget=$((total * share / 100))
     [ "$budget" -le $(($(left) - 10)) ] || budget=$(($(left) - 10))

@@ -72,7 +72,8 @@ def main(results):
         if "BM_PinnedMemcpyD2H" in rate[size]:
             budget = rate[size]["BM_PinnedMemcpyD2H"]
     if steps:
-        print("Step time, capture on vs off (median of rounds)")
+        print("Step time, capture on vs off (median of rounds; the ratio of each mode's fastest round to the")
+        print("  fastest round off beside it, as noise only adds time)")
         print("  targets: every 100 steps <= 1.03; statistics of everything every step <= 1.03")
         if budget:
             print(f"  PCIe budget: {budget / 1e9:.1f} GB/s device to host (plain pinned cudaMemcpyAsync, largest size)")
@@ -80,12 +81,15 @@ def main(results):
                   (4, "pageable peer", None))
         for model in sorted({m for m, _ in steps}):
             off = statistics.median(steps.get((model, 0), [float("nan")]))
-            print(f"{model:>20} off {off * 1e3:8.3f} ms")
+            off_min = min(steps.get((model, 0), [float("nan")]))
+            spread = steps.get((model, 0), [])
+            print(f"{model:>20} off {off * 1e3:8.3f} ms  (rounds {', '.join(f'{t * 1e3:.3f}' for t in spread)})")
             for mode, label, target in labels:
                 if (model, mode) not in steps:
                     continue
                 t = statistics.median(steps[(model, mode)])
-                line = f"{'':>20} {label:>16} {t * 1e3:8.3f} ms  ratio {t / off:6.3f}"
+                best = min(steps[(model, mode)])
+                line = f"{'':>20} {label:>16} {t * 1e3:8.3f} ms  ratio {t / off:6.3f} (of the fastest rounds {best / off_min:6.3f})"
                 if target is not None:
                     line += "  ok" if t / off <= target else "  ABOVE TARGET"
                 if captured.get((model, mode)):
