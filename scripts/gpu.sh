@@ -203,7 +203,8 @@ run_tests() {
 }
 
 # The [gpu] cases under compute-sanitizer: memcheck over every case that is
-# not [slow]; racecheck over the fused statistics kernels' case (the only
+# not [slow], but the one that calls cudaSetDevice with a device that does not
+# exist on purpose (memcheck reports the API error it provokes); racecheck over the fused statistics kernels' case (the only
 # kernels of ours, and their shared memory); synccheck over those and the
 # engine's cases (test_cuda_engine.cpp: its own copies, events and streams).
 run_sanitize() {
@@ -216,7 +217,7 @@ run_sanitize() {
   local total=${TENSORTAP_GPU_SANITIZE_SECONDS:-$(left)}
   [ "$total" -le "$(left)" ] || total=$(left)
   local rc=0 tool spec share budget status
-  for run in "memcheck|60|[gpu]~[slow]" "racecheck|20|[fused]" "synccheck|20|[#test_cuda_engine][gpu],[fused]"; do
+  for run in "memcheck|60|[gpu]~[slow]~[invalid_device]" "racecheck|20|[fused]" "synccheck|20|[#test_cuda_engine][gpu],[fused]"; do
     IFS='|' read -r tool share spec <<<"$run"
     budget=$((total * share / 100))
     [ "$budget" -le $(($(left) - 10)) ] || budget=$(($(left) - 10))
@@ -240,9 +241,15 @@ run_bench() {
   local dir
   dir=$(mktemp -d /dev/shm/tensortap-bench-XXXXXX 2>/dev/null || mktemp -d)
   export TENSORTAP_BENCH_DIR=$dir
-  bounded "$BIN/bench_cuda_engine" --benchmark_out="$RESULTS/bench_cuda_engine.json" \
-    --benchmark_out_format=json 2>&1 | tee "$RESULTS/bench_cuda_engine.txt"
-  bounded "$BIN/bench_cuda" --benchmark_out="$RESULTS/bench_cuda.json" --benchmark_out_format=json 2>&1 |
+  # TENSORTAP_GPU_BENCH_FILTER: only those of bench_cuda (a regex).
+  local filter=()
+  if [ -n "${TENSORTAP_GPU_BENCH_FILTER:-}" ]; then
+    filter=("--benchmark_filter=$TENSORTAP_GPU_BENCH_FILTER")
+  else
+    bounded "$BIN/bench_cuda_engine" --benchmark_out="$RESULTS/bench_cuda_engine.json" \
+      --benchmark_out_format=json 2>&1 | tee "$RESULTS/bench_cuda_engine.txt"
+  fi
+  bounded "$BIN/bench_cuda" "${filter[@]}" --benchmark_out="$RESULTS/bench_cuda.json" --benchmark_out_format=json 2>&1 |
     tee "$RESULTS/bench_cuda.txt"
   rm -rf "$dir"
   "$PYTHON" "$ROOT/scripts/gpu_summary.py" "$RESULTS" | tee "$RESULTS/summary.txt"

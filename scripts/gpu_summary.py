@@ -102,6 +102,17 @@ def main(results):
                 mine = statistics.median(steps[(model, 2)])
                 peer = statistics.median(steps[(model, 4)])
                 print(f"{'':>20} pinned double buffering against the pageable peer: {peer / mine:.2f}x faster steps")
+    paired = [b for b in torch_side if b["name"].startswith("BM_Paired")]
+    if paired:
+        print()
+        print("Step time, paired: the model watched against its unwatched twin, alternating 10-step blocks (target <= 1.03)")
+        labels = {"1": "every 100", "2": "every step", "3": "stats every step"}
+        for b in paired:
+            model, mode = b["name"].split("/")[:2]
+            ratio = b["ratio"]
+            print(f"{model:>22} {labels.get(mode, mode):>16}  off {b['off_step'] * 1e3:7.3f} ms  on {b['on_step'] * 1e3:7.3f} ms"
+                  f"  ratio {ratio:6.3f}{'  ok' if ratio <= 1.03 else '  ABOVE TARGET'}")
+
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else ".")

@@ -461,7 +461,7 @@ TEST_CASE("more records in flight than the event pool holds: the pool grows, not
   rig.check_records(40, bytes);
 }
 
-TEST_CASE("a device switch that fails leaves no error behind for torch to find", "[gpu][cuda]") {
+TEST_CASE("a device switch that fails leaves no error behind for torch to find", "[gpu][cuda][invalid_device]") {
   if (!have_gpu()) return;
   int count = 0;
   CUDA_OK(cudaGetDeviceCount(&count));
