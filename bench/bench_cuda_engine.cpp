@@ -11,7 +11,8 @@
 // and taken by the engine into pinned staging buffers (64 MiB each), which a
 // stand-in writer hands straight back: the engine's own cost, without the
 // disk's. An iteration ends when everything is in staging. The target is a
-// ratio of 0.85 or more from 1 MiB up.
+// ratio of 0.85 or more from 1 MiB up. BM_RuntimeFloor (below): the cost of
+// a capture's two runtime calls on their own.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -127,6 +128,57 @@ void BM_EngineD2H(benchmark::State& state) {
   cudaFree(src);
 }
 
+// BM_RuntimeFloor/<busy>: what the two CUDA runtime calls a capture makes on
+// the training thread cost by themselves on this machine: a 4 KiB
+// device-to-device cudaMemcpyAsync and a cudaEventRecord, back to back on
+// one stream, with nothing else running (busy 0), or beside a thread that
+// keeps making runtime calls as the copier does, cudaStreamWaitEvent,
+// cudaMemcpyAsync to pinned memory, cudaEventRecord and cudaEventQuery on a
+// stream of its own (busy 1). The floor under BM_CaptureCuda's 20 us target.
+void BM_RuntimeFloor(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  constexpr std::size_t kBytes = 4096;
+  cudaSetDevice(0);
+  void *src = nullptr, *dst = nullptr, *host = nullptr;
+  cudaStream_t stream, side;
+  cudaEvent_t ev, side_ev;
+  if (cudaMalloc(&src, 2 * kBytes) != cudaSuccess || cudaHostAlloc(&host, kBytes, cudaHostAllocPortable) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventCreateWithFlags(&side_ev, cudaEventDisableTiming) != cudaSuccess) {
+    state.SkipWithError("cannot allocate");
+    return;
+  }
+  dst = static_cast<char*>(src) + kBytes;
+  std::atomic<bool> stop{false};
+  std::thread busy;
+  if (state.range(0) == 1)
+    busy = std::thread([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+        cudaStreamWaitEvent(side, ev, 0);
+        cudaMemcpyAsync(host, src, kBytes, cudaMemcpyDeviceToHost, side);
+        cudaEventRecord(side_ev, side);
+        while (cudaEventQuery(side_ev) == cudaErrorNotReady && !stop.load(std::memory_order_relaxed)) {
+        }
+      }
+    });
+  for (auto _ : state) {
+    cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyDeviceToDevice, stream);
+    cudaEventRecord(ev, stream);
+  }
+  stop = true;
+  if (busy.joinable()) busy.join();
+  cudaStreamSynchronize(stream);
+  cudaStreamSynchronize(side);
+  cudaEventDestroy(ev);
+  cudaEventDestroy(side_ev);
+  cudaStreamDestroy(stream);
+  cudaStreamDestroy(side);
+  cudaFreeHost(host);
+  cudaFree(src);
+}
+
 }  // namespace
 
 // 4 KiB to 256 MiB, the two benchmarks interleaved size by size so that
@@ -136,6 +188,7 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("BM_PinnedMemcpyD2H", BM_PinnedMemcpyD2H)->Arg(s)->UseRealTime()->MinTime(0.5);
     benchmark::RegisterBenchmark("BM_EngineD2H", BM_EngineD2H)->Arg(s)->UseRealTime()->MinTime(0.5);
   }
+  benchmark::RegisterBenchmark("BM_RuntimeFloor", BM_RuntimeFloor)->Arg(0)->Arg(1)->UseRealTime()->MinTime(1.0);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
