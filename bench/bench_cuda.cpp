@@ -29,8 +29,8 @@
 // or less. scripts/gpu.sh prints the ratios.
 //
 // BM_Paired*/<mode> (after train_paired below): modes 1 and 3 measured
-// against an unwatched twin in alternating blocks, the figures the 1.03
-// targets are judged on.
+// against an unwatched twin in alternating blocks; drift cancels, a little
+// of the watched side's background work may not be counted.
 //
 //   build/bench/bench_cuda --profile DIR
 //
@@ -285,9 +285,10 @@ void train(benchmark::State& state, Model model, const at::Tensor& x, const at::
 // stream's work. Drift in clocks and load then falls on both alike, which
 // three rounds of BM_Train* could not resolve to 3% (their rounds differed
 // by up to 20% on an H200 machine). The copier's copies and the writer run
-// beside the blocks as they would beside training; a block's copies may
-// spill into the next block, off or on. Counters: off_step and on_step (s),
-// ratio = on / off.
+// beside the blocks as they would beside training; a watched block's copies
+// and files may spill into the next block, an unwatched one about half the
+// time, so the ratio understates by up to half of that spill. Counters:
+// off_step and on_step (s), ratio = on / off.
 template <class Model>
 void train_paired(benchmark::State& state, const std::function<Model()>& make, const at::Tensor& x,
                   const at::Tensor& y) {

@@ -134,7 +134,9 @@ void BM_EngineD2H(benchmark::State& state) {
 // one stream, with nothing else running (busy 0), or beside a thread that
 // keeps making runtime calls as the copier does, cudaStreamWaitEvent,
 // cudaMemcpyAsync to pinned memory, cudaEventRecord and cudaEventQuery on a
-// stream of its own (busy 1). The floor under BM_CaptureCuda's 20 us target.
+// stream of its own (busy 1). The floor under BM_CaptureCuda's 20 us target,
+// as an upper bound: the loop never waits for the stream, so once the GPU's
+// launch queue is full it runs at the device's pace, not the calls'.
 void BM_RuntimeFloor(benchmark::State& state) {
   if (!have_gpu(state)) return;
   constexpr std::size_t kBytes = 4096;

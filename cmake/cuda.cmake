@@ -52,9 +52,12 @@ if(TENSORTAP_HAVE_CUDA_ENGINE AND TARGET torch_cuda)
   message(STATUS "tensortap: CUDA engine on (LibTorch with CUDA, toolkit ${CUDAToolkit_VERSION})")
   # The fused statistics kernels (sdk/src/cuda/stats_kernel.cu): nvcc, no
   # LibTorch headers, objects of the library as the TensorBoard code's are,
-  # so no target here has CUDA as a link language and a consumer needs no
-  # CUDA compiler. Without nvcc, statistics of CUDA tensors take ATen's
-  # reductions (some 40 kernels a tensor instead of 2).
+  # so no target here has CUDA as a link language (their runtime calls
+  # resolve in the libcudart LibTorch links). PyTorch's CMake has enabled
+  # CUDA already and adds TORCH_CUDA_ARCH_LIST's architectures to
+  # CMAKE_CUDA_FLAGS: the kernels are built for those and ours. Without nvcc
+  # (a LibTorch that does not ask for it), statistics of CUDA tensors take
+  # ATen's reductions (some 40 kernels a tensor instead of 2).
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)

@@ -167,7 +167,8 @@ configure_torch2() {
   [ -d /usr/local/cuda ] && args+=(-DCUDAToolkit_ROOT=/usr/local/cuda)
   [ -x /usr/local/cuda/bin/nvcc ] && args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
   # LibTorch's CMake asks the GPU for its architecture, or warns without
-  # one; tensortap compiles no kernels, so any list will do: the H100/H200's.
+  # one. Its list is added to tensortap's own kernels' (stats_kernel.cu,
+  # TENSORTAP_CUDA_ARCHITECTURES): the H100/H200's.
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
   cmake -S "$ROOT" -B "$dir" -G Ninja "${args[@]}" "$@" 2>&1 | tee "$dir.configure.log"
   if ! grep -q "tensortap: CUDA engine on" "$dir.configure.log"; then

@@ -125,6 +125,8 @@ pack() {
         # libc; its libstdc++ is newer than this one's).
         "$torch"/* | */libc.so.* | */libm.so.* | */libpthread.so.* | */libdl.so.* | */librt.so.* | */ld-linux* | \
           */libresolv.so.* | */libutil.so.* | */libstdc++.so.* | */libgcc_s.so.*) ;;
+        # The driver's own libraries belong to that machine's driver.
+        */libcuda.so.* | */libnvidia-*) ;;
         *) cp -L "$lib" "$PACK/lib/" ;;
       esac
     done
@@ -216,7 +218,7 @@ run_sanitize() {
   # is left): memcheck gets 60% of it, racecheck and synccheck 20% each.
   local total=${TENSORTAP_GPU_SANITIZE_SECONDS:-$(left)}
   [ "$total" -le "$(left)" ] || total=$(left)
-  local rc=0 tool spec share budget status
+  local rc=0 run tool spec share budget status
   for run in "memcheck|60|[gpu]~[slow]~[invalid_device]" "racecheck|20|[fused]" "synccheck|20|[#test_cuda_engine][gpu],[fused]"; do
     IFS='|' read -r tool share spec <<<"$run"
     budget=$((total * share / 100))
@@ -242,17 +244,21 @@ run_bench() {
   dir=$(mktemp -d /dev/shm/tensortap-bench-XXXXXX 2>/dev/null || mktemp -d)
   export TENSORTAP_BENCH_DIR=$dir
   # TENSORTAP_GPU_BENCH_FILTER: only those of bench_cuda (a regex).
-  local filter=()
+  local filter="--benchmark_filter=." rc=0
   if [ -n "${TENSORTAP_GPU_BENCH_FILTER:-}" ]; then
-    filter=("--benchmark_filter=$TENSORTAP_GPU_BENCH_FILTER")
+    filter="--benchmark_filter=$TENSORTAP_GPU_BENCH_FILTER"
   else
     bounded "$BIN/bench_cuda_engine" --benchmark_out="$RESULTS/bench_cuda_engine.json" \
       --benchmark_out_format=json 2>&1 | tee "$RESULTS/bench_cuda_engine.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   fi
-  bounded "$BIN/bench_cuda" "${filter[@]}" --benchmark_out="$RESULTS/bench_cuda.json" --benchmark_out_format=json 2>&1 |
+  bounded "$BIN/bench_cuda" "$filter" --benchmark_out="$RESULTS/bench_cuda.json" --benchmark_out_format=json 2>&1 |
     tee "$RESULTS/bench_cuda.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   rm -rf "$dir"
   "$PYTHON" "$ROOT/scripts/gpu_summary.py" "$RESULTS" | tee "$RESULTS/summary.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  return $rc
 }
 
 # The demo end to end on the GPU. torch_reference --cuda: every tensor the

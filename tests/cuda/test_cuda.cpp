@@ -333,8 +333,8 @@ TEST_CASE("the fused statistics kernels agree with the host scan, every float dt
   const torch::Device gpu(torch::kCUDA, 0);
   const double inf = std::numeric_limits<double>::infinity();
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  // 5M values: more than the kernels' 1,024 blocks of 4,096 take in one
-  // sweep, so the threads loop.
+  // 5M values (float32): more than the kernels' 1,024 blocks of 4,096 take
+  // in one sweep, so the threads loop.
   for (const std::int64_t n : {std::int64_t{1}, std::int64_t{7}, std::int64_t{256}, std::int64_t{4099},
                                (std::int64_t{1} << 20) + 3, std::int64_t{5'000'000}}) {
     for (const auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
@@ -378,7 +378,24 @@ TEST_CASE("the fused statistics kernels agree with the host scan, every float dt
   CHECK(std::isnan(none.min));
   CHECK(std::isnan(none.norm));
   CHECK(none.nan == 300);
-  // Where they do not apply, ATen's path is taken.
+  // A view that starts inside its storage; float64 values past 1e154, whose
+  // squared deviations overflow (std and norm are then Inf, as on the host).
+  const at::Tensor base = torch::randn({10000}, torch::dtype(torch::kDouble).device(gpu));
+  for (const at::Tensor& t : {base.narrow(0, 17, 5000), base * 1e160}) {
+    const auto got = tensortap::detail::stats_from_vector(fused_device_stats(t).cpu().data_ptr<double>());
+    const at::Tensor host_copy = t.cpu().contiguous();
+    tensortap::detail::StatsAccumulator acc(tensortap::detail::dtype_info(at::kDouble)->element);
+    acc.add(host_copy.data_ptr(), host_copy.nbytes());
+    const auto want = acc.result();
+    CHECK(got.min == want.min);
+    CHECK(got.max == want.max);
+    CHECK(got.mean == Approx(want.mean).epsilon(1e-12).margin(1e-12 * std::abs(want.max)));
+    CHECK_FALSE(std::isnan(got.std));
+    CHECK(got.numel == want.numel);
+  }
+  // Where they do not apply, ATen's path is taken: a transposed view, a
+  // negated view (its bytes are not its values), integers, the CPU.
+  CHECK_FALSE(fused_device_stats(at::_neg_view(torch::ones({16}, gpu))).defined());
   CHECK_FALSE(fused_device_stats(torch::ones({4, 4}, gpu).t()).defined());
   CHECK_FALSE(fused_device_stats(torch::ones({16}, torch::dtype(torch::kInt).device(gpu))).defined());
   CHECK_FALSE(fused_device_stats(torch::ones({16})).defined());
@@ -390,19 +407,18 @@ TEST_CASE("captures return while a long kernel still runs: no host synchronizati
   tt_test::TempDir dir;
   const torch::Device gpu(torch::kCUDA, 0);
   // Arena 2 MiB: `large` is over it; the rest stay in it while nothing
-  // leaves the device. Statistics at even steps only, so that step 3 takes
-  // full tensors alone.
+  // leaves the device. Full captures: their statistics are computed on the
+  // host, from the bytes copied.
   tensortap::Recorder rec(tensortap::Options(dir / "run").every(1).stats_every(2).buffer_bytes(1 << 20));
   const at::Tensor small = torch::randn({256}, gpu);
   const at::Tensor large = torch::randn({1 << 20}, gpu);  // 4 MiB
   // How many captures wait behind the kernel. Not more: the GPU's launch
-  // queue holds about a thousand operations, and once it is full every
-  // launch waits for the device, the user's own as well as ours (seen on an
-  // H200: 1,100 captures with statistics, ~45 operations each, waited for
-  // the kernel). A capture is two operations (its copy and an event), its
-  // statistics some 45 more. The event pool's growth past what it holds up
-  // front is the engine test "more records in flight than the event pool
-  // holds" (a pool of 4).
+  // queue holds fewer than a few thousand operations, and once it is full
+  // every launch waits for the device, the user's own as well as ours (seen
+  // on an H200: 1,100 full captures, a copy and an event each, 2,200
+  // operations, waited for the kernel). The event pool's growth past what
+  // it holds up front is the engine test "more records in flight than the
+  // event pool holds" (a pool of 4).
   constexpr int kMany = 300;
   // Warm-up: the arena, the first events, pinned staging, allocator blocks.
   rec.step(0);

@@ -8,6 +8,7 @@
 #include "sdk/src/cuda/capture.h"
 
 #include <atomic>
+#include <cstdio>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -102,7 +103,14 @@ at::Tensor fused_device_stats(const at::Tensor& tensor) {
     case at::kBFloat16: element = StatsElement::BFloat16; break;
     default: return {};
   }
-  if (!tensor.is_cuda() || !tensor.is_contiguous() || tensor.numel() == 0) return {};
+  // A negated or conjugated view's bytes are not its values; ATen's path
+  // reads those right.
+  if (!tensor.is_cuda() || !tensor.is_contiguous() || tensor.numel() == 0 || tensor.is_neg() || tensor.is_conj())
+    return {};
+  // Once a launch has failed (a driver older than the kernels' PTX, say),
+  // every later tensor takes ATen's path at once.
+  static std::atomic<bool> broken{false};
+  if (broken.load(std::memory_order_relaxed)) return {};
   const c10::cuda::CUDAGuard guard(tensor.device());
   const auto dbl = at::TensorOptions().dtype(at::kDouble).device(tensor.device());
   // From the caching allocator, on the current stream: the scratch goes back
@@ -112,7 +120,16 @@ at::Tensor fused_device_stats(const at::Tensor& tensor) {
   const int error =
       launch_fused_stats(tensor.data_ptr(), element, tensor.numel(), scratch.data_ptr<double>(),
                          out.data_ptr<double>(), c10::cuda::getCurrentCUDAStream(tensor.device().index()).stream());
-  if (error != 0) return {};  // ATen's path instead (its launches report their own errors)
+  if (error == kStatsNotLaunched) return {};
+  if (error != 0) {
+    // ATen's path instead, for this tensor and every later one; said once.
+    if (!broken.exchange(true))
+      std::fprintf(stderr,
+                   "tensortap: its statistics kernels could not be launched on %s (CUDA error %d): statistics of CUDA "
+                   "tensors go through ATen's reductions from now on\n",
+                   tensor.device().str().c_str(), error);
+    return {};
+  }
   return out;
 #else
   (void)tensor;

@@ -50,7 +50,15 @@ __device__ void add(Partial& a, double v) {
 }
 
 __device__ void merge(Partial& a, const Partial& b) {
-  if (b.n > 0) {
+  if (a.n == 0) {
+    // Taken whole: Chan's formula would compute d * d * 0, which is NaN
+    // once d * d overflows (a mean past 1e154).
+    a.n = b.n;
+    a.mean = b.mean;
+    a.m2 = b.m2;
+    a.min = b.min;
+    a.max = b.max;
+  } else if (b.n > 0) {
     const double n = a.n + b.n;
     const double d = b.mean - a.mean;
     a.mean += d * (b.n / n);
@@ -125,6 +133,9 @@ int stats_partials(std::int64_t n) {
 
 int launch_fused_stats(const void* data, StatsElement element, std::int64_t n, double* scratch, double* out,
                        void* stream) {
+  // An error the caller's own work left pending is not ours to take (nor
+  // to be blamed for): ATen's path, which checks, reports it.
+  if (cudaPeekAtLastError() != cudaSuccess) return kStatsNotLaunched;
   const int blocks = stats_partials(n);
   const auto s = static_cast<cudaStream_t>(stream);
   auto* partials = reinterpret_cast<Partial*>(scratch);

@@ -23,10 +23,15 @@ constexpr int kStatsPartialDoubles = 8;
 /// float64 values.
 int stats_partials(std::int64_t n);
 
+/// What `launch_fused_stats` returns when an error of the caller's own work
+/// was pending (cudaPeekAtLastError): it launched nothing and left it there.
+constexpr int kStatsNotLaunched = -1;
+
 /// Queues on `stream` (a cudaStream_t of the current device) the ten
 /// statistics of the `n` contiguous values at `data` (device memory), in
 /// TENSORTAP_STATS_FIELDS' order, as float64 into `out` (device memory).
-/// Returns the launch's cudaError_t (0: queued). Never waits for the device.
+/// Returns the launch's cudaError_t (0: queued), or `kStatsNotLaunched`.
+/// Never waits for the device.
 int launch_fused_stats(const void* data, StatsElement element, std::int64_t n, double* scratch, double* out,
                        void* stream);
 
