@@ -217,6 +217,18 @@ TORCH_MODULE(GpuTransformer);
 
 constexpr int kStepsPerIteration = 50;
 
+// The options of modes 1 (every 100 steps), 2 (every step) and 3
+// (statistics only, every step).
+tensortap::Options mode_options(const std::string& run, std::int64_t mode) {
+  tensortap::Options options(run);
+  options.buffer_bytes(std::size_t{256} << 20);
+  if (mode == 3)
+    options.every(0).stats_every(1);
+  else
+    options.every(mode == 1 ? 100 : 1);
+  return options;
+}
+
 template <class Model>
 void train(benchmark::State& state, Model model, const at::Tensor& x, const at::Tensor& y) {
   const auto mode = state.range(0);
@@ -226,13 +238,7 @@ void train(benchmark::State& state, Model model, const at::Tensor& x, const at::
   std::shared_ptr<tensortap::Recorder> rec;
   PageablePeer pageable;
   if (mode >= 1 && mode <= 3) {
-    tensortap::Options options(dir.path + "/run");
-    options.buffer_bytes(std::size_t{256} << 20);
-    if (mode == 3)
-      options.every(0).stats_every(1);
-    else
-      options.every(mode == 1 ? 100 : 1);
-    rec = tensortap::watch(*model, options);
+    rec = tensortap::watch(*model, mode_options(dir.path + "/run", mode));
   } else if (mode == 4) {
     pageable.fd = ::open((dir.path + "/peer.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (pageable.fd < 0) {
@@ -299,13 +305,7 @@ void train_paired(benchmark::State& state, const std::function<Model()>& make, c
   torch::optim::SGD opt_off(off->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   torch::optim::SGD opt_on(on->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   BenchDir dir;
-  tensortap::Options options(dir.path + "/run");
-  options.buffer_bytes(std::size_t{256} << 20);
-  if (mode == 3)
-    options.every(0).stats_every(1);
-  else
-    options.every(mode == 1 ? 100 : 1);
-  auto rec = tensortap::watch(*on, options);
+  auto rec = tensortap::watch(*on, mode_options(dir.path + "/run", mode));
   std::int64_t step = 0;
   const auto block = [&](Model& model, torch::optim::SGD& opt, bool watched) {
     const auto t0 = std::chrono::steady_clock::now();
