@@ -13,6 +13,10 @@
 // into a destination that rotates like staging (caches as cold).
 // BM_CaptureSampledCold/<bytes>: the same into staging memory touched for the
 // first time, as on the first sampled steps of a run (page faults).
+// BM_Capture64x1K/<sampled>: issue 33's measure, steps of 64 captures of
+// 1 KiB, each from its own tensor under its own name, with a recorder that
+// samples every step (1) or none (0), 2,000 steps each: its instructions
+// per record, on minus off, are bench/hot_path_64x1k.sh's.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -160,6 +164,42 @@ void BM_EnqueueSampled(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * k));
 }
 BENCHMARK(BM_EnqueueSampled)->Arg(1)->UseRealTime();
+
+void BM_Capture64x1K(benchmark::State& state) {
+  const bool sampled = state.range(0) != 0;
+  BenchDir dir;
+  const std::size_t buffer = 16 << 20;
+  tensortap::Options options(dir.path + "/run");
+  options.format(tensortap::Format::Packed).buffer_bytes(buffer);
+  if (!sampled) options.every(0);
+  tensortap::Recorder rec(options);
+  // No warm-up captures: they would count in the instructions of
+  // hot_path_64x1k.sh; the writer thread populates staging as it starts.
+  std::int64_t step = 0;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> tensors;
+  for (int i = 0; i < 64; ++i) {
+    names.push_back("model.layers." + std::to_string(i) + ".mlp.out");
+    tensors.push_back(at::full({256}, static_cast<float>(i)));
+  }
+  // 100 steps of 64 records of 1 KiB (and their slots) fit in a 16 MiB
+  // staging buffer; the writer drains between bursts, untimed.
+  int in_burst = 0;
+  for (auto _ : state) {
+    rec.step(step++);
+    for (int i = 0; i < 64; ++i) rec.capture(names[static_cast<std::size_t>(i)], tensors[static_cast<std::size_t>(i)]);
+    if (++in_burst == 100) {
+      state.PauseTiming();
+      rec.flush();
+      in_burst = 0;
+      state.ResumeTiming();
+    }
+  }
+  rec.close();
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * 64);
+  state.counters["dropped"] = static_cast<double>(rec.counters().dropped);
+}
+BENCHMARK(BM_Capture64x1K)->Arg(0)->Arg(1)->Iterations(2000)->UseRealTime();
 BENCHMARK(BM_EnqueueSampled)->Arg(64)->UseRealTime();
 
 // Sizes 1 KiB to 64 MiB; iterations bounded by bytes, because every sampled
