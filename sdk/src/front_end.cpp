@@ -40,6 +40,10 @@ void FrontEnd::record_as(Kind kind, const std::string& name, const at::Tensor& t
   snapshotter_->record(kind, name, tensor, step);
 }
 
+void FrontEnd::record_given(Kind kind, const GivenName& name, const at::Tensor& tensor, std::int64_t step) {
+  snapshotter_->record(kind, name.str(), tensor, step, name.kept());
+}
+
 FrontEnd::~FrontEnd() {
   try {
     close();
@@ -71,7 +75,7 @@ void FrontEnd::capture(const std::string& name, const at::Tensor& tensor) {
   refuse_on_background_thread("capture");
   const std::int64_t step = current_step();
   const std::optional<GivenName> record_name = names_.capture_name(name, step, sampling_);
-  if (record_name) record_as(Kind::Tensor, record_name->str(), tensor, step);
+  if (record_name) record_given(Kind::Tensor, *record_name, tensor, step);
 }
 
 void FrontEnd::record_grads(const std::unordered_set<const void*>& params) {

@@ -81,7 +81,8 @@ class FrontEnd {
   /// k-th repeat in `step`). Throws `Error` for tensors that cannot be
   /// stored. Does nothing once closed: a late hook must not fail.
   void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
-    record_as(kind, names_.repeat(kind, name, step).str(), tensor, step);
+    const GivenName given = names_.repeat(kind, name, step);
+    record_given(kind, given, tensor, step);
   }
   /// As `record()`, under a name already given its repeat suffix.
   void record_as(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step);
@@ -132,6 +133,9 @@ class FrontEnd {
   void claim(const std::vector<Claim>& claims);
 
  private:
+  // record_as() of a name the table gave, kept by reference when it is
+  // the table's copy.
+  void record_given(Kind kind, const GivenName& name, const at::Tensor& tensor, std::int64_t step);
   // Throws if called on one of this recorder's background threads (a
   // Trigger::when predicate runs on the writer thread): `call` would wait for
   // that very thread. Inline: step() and capture() ask it every time.

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
@@ -144,6 +145,36 @@ TEST_CASE("a record two steps late never reuses a name its step already gave", "
   REQUIRE(names.repeat_name(Kind::Grad, "c", 0) == "c");
   REQUIRE(names.repeat_name(Kind::Tensor, "c", 2) == "c#1");
   REQUIRE(names.repeat_name(Kind::Tensor, "c", 1) == "c#1");
+}
+
+TEST_CASE("the name table finds every name again as it grows, and gives kept names that stay put", "[sdk]") {
+  // Its index is open addressing over a hash of eight bytes a round: names
+  // that differ in one byte, in every position, of every length from 0 to
+  // 40, many more than its first 64 slots, must each be found again (its
+  // first record "x", its second "x#1") after every growth, and the
+  // table's copy a first record gets must not move as others are added.
+  using tensortap::Kind;
+  tensortap::detail::NameTable names;
+  std::vector<std::string> all;
+  for (std::size_t len = 0; len <= 40; ++len)
+    for (std::size_t pos = 0; pos < std::max<std::size_t>(len, 1); ++pos)
+      for (char c : {'a', 'b', '#'}) {
+        std::string n(len, 'q');
+        if (len > 0) n[pos] = c;
+        if (std::find(all.begin(), all.end(), n) == all.end()) all.push_back(n);
+      }
+  REQUIRE(all.size() > 1000);
+  std::vector<std::pair<const std::string*, std::string>> first;
+  for (const std::string& n : all) {
+    const tensortap::detail::GivenName g = names.repeat(Kind::Tensor, n, 5);
+    // A name with '#' may collide with a repeat's: it is never kept.
+    CHECK(g.kept() == (n.find('#') == std::string::npos));
+    CHECK(g.str() == n);
+    if (g.kept()) first.emplace_back(&g.str(), n);
+  }
+  for (const std::string& n : all) CHECK(names.repeat_name(Kind::Tensor, n, 5).rfind(n + "#", 0) == 0);
+  for (const std::string& n : all) CHECK(names.repeat_name(Kind::Grad, n, 5) == n);
+  for (const auto& [address, n] : first) CHECK(*address == n);
 }
 
 TEST_CASE("a repeat never takes a name the user captured, whatever the order", "[sdk]") {

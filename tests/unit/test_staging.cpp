@@ -304,3 +304,40 @@ TEST_CASE("Staging::copy copies every byte and no more, streamed or not, whateve
     }
   }
 }
+
+TEST_CASE("a name kept by reference reaches the writer whole, and a kept slot's next record has its own again",
+          "[sdk][staging]") {
+  // The name table's copy of a name outlives the run: staging keeps a
+  // pointer to it and take() copies it in on the writer's side. The slot is
+  // then reused by records whose names are their own, and the other way
+  // round, over more slots than one block of the slot list holds.
+  Staging staging(1 << 20, Overflow::Block);
+  std::vector<std::string> kept;
+  for (int i = 0; i < 600; ++i) kept.push_back("model.layers." + std::to_string(i) + ".a_name_longer_than_sso");
+  for (int round = 0; round < 4; ++round) {
+    for (int i = 0; i < 600; ++i) {
+      Slot s = slot_of(4, static_cast<std::uint64_t>(round * 1000 + i));
+      s.record.desc.name = "own" + std::to_string(i);
+      tensortap::detail::RecordSpec r = spec(s);
+      // Rounds 0 and 2 by reference; 1 and 3 the record's own (the kept
+      // slot last held a reference).
+      const bool by_ref = round % 2 == 0;
+      tensortap::detail::RecordSpec with_ref{r.kind, by_ref ? kept[static_cast<std::size_t>(i)] : s.record.desc.name,
+                                             r.step,  r.dtype, r.shape, r.nbytes, r.op, r.stats_row, r.scan, r.id,
+                                             by_ref};
+      REQUIRE(staging.put(with_ref, "abcd", false));
+    }
+    Staging::Buffer* b = staging.take();
+    REQUIRE(b != nullptr);
+    REQUIRE(b->slots.size() == 600);
+    std::size_t i = 0;
+    for (const Slot& got : b->slots) {
+      const std::string want = round % 2 == 0 ? kept[i] : "own" + std::to_string(i);
+      CHECK(got.record.desc.name == want);
+      CHECK(got.id == static_cast<std::uint64_t>(round * 1000) + i);
+      ++i;
+    }
+    staging.release(b);
+  }
+  staging.stop();
+}

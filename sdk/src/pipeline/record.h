@@ -48,8 +48,9 @@ struct Record {
 
   /// Becomes the record `spec` describes, in place: into memory this
   /// record already has (a kept staging slot's), a name and a shape are
-  /// copied without allocating.
-  inline void assign(const RecordSpec& spec);
+  /// copied without allocating. Without `with_name` the name is left for
+  /// the holder of a reference to it to fill in (staging's, `Slot`).
+  inline void assign(const RecordSpec& spec, bool with_name = true);
 };
 
 /// A record as its producer already has it, by reference: what a capture
@@ -69,6 +70,10 @@ struct RecordSpec {
   bool scan = false;
   /// Identifies the record across its chunks.
   std::uint64_t id = 0;
+  /// `name` is the name table's copy, which outlives the run's writer
+  /// thread: staging keeps a reference and the writer copies it, so a
+  /// capture does not.
+  bool name_kept = false;
 
   /// The spec of a record built beforehand (the CUDA copier's, a marker's).
   static RecordSpec of(const Record& r, std::uint64_t id) {
@@ -77,9 +82,9 @@ struct RecordSpec {
   }
 };
 
-inline void Record::assign(const RecordSpec& spec) {
+inline void Record::assign(const RecordSpec& spec, bool with_name) {
   desc.kind = spec.kind;
-  desc.name.assign(spec.name);
+  if (with_name) desc.name.assign(spec.name);
   desc.step = spec.step;
   desc.dtype = spec.dtype;
   desc.shape.assign(spec.shape.begin(), spec.shape.end());

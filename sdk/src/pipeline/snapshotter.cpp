@@ -80,7 +80,10 @@ Snapshotter::Snapshotter(const Options& options, Staging& staging, const Samplin
       max_dims_why_(
           options.format() == Format::Hdf5
               ? "an HDF5 run stores at most 31 dimensions (a dataset has at most 32 axes, one of them the row)"
-              : "a .npy file NumPy can read has at most 32 dimensions") {}
+              : "a .npy file NumPy can read has at most 32 dimensions"),
+      put_bytes_(std::min<std::uint64_t>(kPutBytes, staging.capacity())) {
+  for (std::size_t i = 0; i < dtypes_.size(); ++i) dtypes_[i] = dtype_info(static_cast<c10::ScalarType>(i));
+}
 
 const DtypeInfo& Snapshotter::check(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const {
   const char* why = nullptr;
@@ -95,7 +98,7 @@ const DtypeInfo& Snapshotter::check(Kind kind, const std::string& name, const at
     why = "quantized tensors cannot be stored; call .dequantize() first";
   else if (t.is_meta())
     why = "meta tensors have no data";
-  else if ((info = dtype_info(t.scalar_type())) == nullptr)
+  else if ((info = dtypes_[static_cast<std::size_t>(t.scalar_type())]) == nullptr)
     why = "NumPy has no dtype for it, nor does tensortap store one in its place (README.md, \"dtypes\")";
   else if (t.dim() > max_dims_)
     why = max_dims_why_;
@@ -104,7 +107,8 @@ const DtypeInfo& Snapshotter::check(Kind kind, const std::string& name, const at
   return *info;
 }
 
-void Snapshotter::record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
+void Snapshotter::record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step,
+                         bool name_kept) {
   if (closed_.load(std::memory_order_acquire)) return;
   const DtypeInfo& info = check(kind, name, tensor, step);
   const bool open = flight_ != nullptr;
@@ -127,14 +131,26 @@ void Snapshotter::record(Kind kind, const std::string& name, const at::Tensor& t
     if (!stats) return;
     full = false;
   }
-  if (queue(kind, name, tensor, info, step, full, stats)) captured_.fetch_add(1, std::memory_order_relaxed);
+  bool queued = false;
+  if (full && !stats && !holds_ && nbytes <= put_bytes_ && tensor.device().is_cpu() &&
+      is_byte_copy(tensor, info.stored)) {
+    // The common case, a small dense CPU tensor stored whole: its bytes go
+    // into staging as they are, in one round of the lock, with no tensor
+    // made and no guard set.
+    const RecordSpec spec{kind,      name, step, info, tensor.sizes(), nbytes, Op::Store, false, false,
+                          next_id_.fetch_add(1, std::memory_order_relaxed), name_kept};
+    queued = staging_.put(spec, bytes_of(tensor), may_drop_);
+  } else {
+    queued = queue(kind, name, tensor, info, step, full, stats, name_kept);
+  }
+  if (queued) captured_.fetch_add(1, std::memory_order_relaxed);
   // Refused after close() is not a drop: the run had ended.
   else if (!closed_.load(std::memory_order_acquire))
     dropped_.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& tensor, const DtypeInfo& tensor_info,
-                    std::int64_t step, bool full, bool stats_row) {
+                        std::int64_t step, bool full, bool stats_row, bool name_kept) {
   // Statistics only, of a tensor off the host: reduce it on its own device
   // and send the ten numbers down the same path as a tensor.
   const bool stats_vector = !full && !tensor.device().is_cpu();
@@ -176,7 +192,8 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
                                        : Op::Stats,
                         stats_row,
                         full && scans_,
-                        next_id_.fetch_add(1, std::memory_order_relaxed)};
+                        next_id_.fetch_add(1, std::memory_order_relaxed),
+                        name_kept};
 
   if (on_engine) {
     auto record = std::make_shared<Record>();
@@ -184,7 +201,7 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
     return cuda_capture(*engine_, std::move(record), src, may_drop_, spec.id);
   }
 
-  if (host_bytes && nbytes <= std::min<std::uint64_t>(kPutBytes, staging_.capacity()))
+  if (host_bytes && nbytes <= put_bytes_)
     return staging_.put(spec, bytes_of(src), may_drop_);
   if (nbytes <= staging_.capacity()) {
     auto ticket = staging_.reserve(spec, nbytes, /*first=*/true, may_drop_);

@@ -5,6 +5,7 @@
 // record committed to staging. CPU tensors are copied here, before the call
 // returns; CUDA tensors go to the copier (sdk/src/cuda).
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -44,8 +45,11 @@ class Snapshotter {
   /// Snapshots `tensor` and queues it as record `name` of `step`, as the
   /// step's plan says: the full tensor, its statistics, or nothing. Throws
   /// `Error` naming the record if it cannot be stored. Does nothing once
-  /// closed: a late hook must not fail.
-  void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step);
+  /// closed: a late hook must not fail. `name_kept`: `name` is the name
+  /// table's own copy (`GivenName::kept()`), which staging may keep by
+  /// reference.
+  void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step,
+              bool name_kept = false);
   /// Queues a `Recorder::dump()` marker behind every record queued before.
   void dump_marker(std::int64_t step);
   /// A record a hook could not hand over: counted as captured (and, by the
@@ -65,7 +69,7 @@ class Snapshotter {
   // otherwise. False when refused: staging (or the device budget) full under
   // Overflow::DropNewest, or the pipeline stopped.
   bool queue(Kind kind, const std::string& name, const at::Tensor& t, const DtypeInfo& info, std::int64_t step,
-             bool full, bool stats_row);
+             bool full, bool stats_row, bool name_kept);
 
   // Throws `Error` naming the record if its `spec.nbytes` cannot fit the
   // free space where the run is written: a tensor whose logical size is
@@ -88,6 +92,11 @@ class Snapshotter {
   // The most dimensions the run's format can store, and why.
   const std::int64_t max_dims_;
   const char* const max_dims_why_;
+  // dtype_info() of each ScalarType, looked up once here rather than
+  // through a function-local static per capture.
+  std::array<const DtypeInfo*, static_cast<std::size_t>(c10::ScalarType::NumOptions)> dtypes_{};
+  // The largest CPU record copied under one round of staging's lock.
+  const std::uint64_t put_bytes_;
   std::atomic<std::uint64_t> next_id_{0};
   std::atomic<std::int64_t> captured_{0};
   std::atomic<std::int64_t> dropped_{0};

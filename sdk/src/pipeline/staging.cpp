@@ -188,13 +188,47 @@ bool Staging::put(const RecordSpec& spec, const void* src, bool may_drop) {
   bool wake = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    const std::optional<Ticket> ticket = reserve_locked(lock, spec, spec.nbytes, true, may_drop, 0, true);
-    if (!ticket) return false;
-    if (ticket->nbytes != 0) std::memcpy(ticket->dst, src, ticket->nbytes);
-    wake = commit_locked(*ticket, true);
+    Buffer& b = buffers_[fill_];
+    const std::size_t offset = align_up(b.used, kRecordAlign);
+    if (!stopping_ && b.data != nullptr && offset <= capacity_ && spec.nbytes <= capacity_ - offset) {
+      // The common case, with room: the slot, the copy and its commit in
+      // one go, without a ticket.
+      add_slot(b, spec, offset, spec.nbytes, true, true);
+      if (spec.nbytes != 0) std::memcpy(b.data + offset, src, spec.nbytes);
+      --b.pending;
+      wake = wakes(b);
+    } else {
+      const std::optional<Ticket> ticket = reserve_locked(lock, spec, spec.nbytes, true, may_drop, 0, true);
+      if (!ticket) return false;
+      if (ticket->nbytes != 0) std::memcpy(ticket->dst, src, ticket->nbytes);
+      wake = commit_locked(*ticket, true);
+    }
   }
   if (wake) writer_cv_.notify_one();
   return true;
+}
+
+Slot& Staging::add_slot(Buffer& b, const RecordSpec& spec, std::size_t offset, std::size_t n, bool first,
+                                 bool last) {
+  // The slot goes in first: if that throws, nothing counts it as pending.
+  Slot& slot = b.slots.add();
+  slot.name_ref = spec.name_kept ? &spec.name : nullptr;
+  try {
+    slot.record.assign(spec, /*with_name=*/!spec.name_kept);
+  } catch (...) {
+    b.slots.drop_last();
+    throw;
+  }
+  slot.id = spec.id;
+  slot.offset = offset;
+  slot.nbytes = n;
+  slot.first = first;
+  slot.last = last;
+  slot.ok = true;
+  b.used = offset + n;
+  ++b.pending;
+  ++reserved_;
+  return slot;
 }
 
 std::optional<Staging::Ticket> Staging::reserve_locked(std::unique_lock<std::mutex>& lock, const RecordSpec& spec,
@@ -223,23 +257,7 @@ std::optional<Staging::Ticket> Staging::reserve_locked(std::unique_lock<std::mut
               "(Options::buffer_bytes)",
               capacity_);
       }
-      // The slot goes in first: if that throws, nothing counts it as pending.
-      Slot& slot = b.slots.add();
-      try {
-        slot.record.assign(spec);
-      } catch (...) {
-        b.slots.drop_last();
-        throw;
-      }
-      slot.id = spec.id;
-      slot.offset = offset;
-      slot.nbytes = n;
-      slot.first = first;
-      slot.last = unit == 0 || n == nbytes;
-      slot.ok = true;
-      b.used = offset + n;
-      ++b.pending;
-      ++reserved_;
+      add_slot(b, spec, offset, n, first, unit == 0 || n == nbytes);
       return Ticket{&b, b.slots.size() - 1, b.data + offset, n};
     }
     if (may_drop && overflow_ == Overflow::DropNewest) return std::nullopt;
@@ -271,7 +289,12 @@ bool Staging::commit_locked(const Ticket& ticket, bool ok) {
   // when there is enough to write or someone waits for it; kick(), once a
   // step, wakes it for the rest.
   // Once stop() has begun nothing else will: the writer drains and exits.
-  const bool wake = --b.pending == 0 && (waiting_ > 0 || stopping_ || b.used >= capacity_ / 2);
+  --b.pending;
+  return wakes(b);
+}
+
+bool Staging::wakes(Buffer& b) {
+  const bool wake = b.pending == 0 && (waiting_ > 0 || stopping_ || b.used >= capacity_ / 2);
   if (!wake) unwoken_.store(true, std::memory_order_relaxed);
   return wake;
 }
@@ -305,6 +328,12 @@ Staging::Buffer* Staging::take() {
       fill_ ^= 1;
       lock.unlock();
       space_cv_.notify_all();
+      // The buffer is this thread's until release(): its slots may be
+      // completed without the lock.
+      for (std::size_t i = 0; i < b.slots.size(); ++i) {
+        Slot& slot = b.slots[i];
+        if (slot.name_ref != nullptr) slot.record.desc.name.assign(*slot.name_ref);
+      }
       return &b;
     }
     if (stopping_ && b.slots.empty()) return nullptr;

@@ -4,7 +4,6 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,6 +29,10 @@ struct Slot {
   bool last = true;
   /// False when the copy into staging failed: the writer drops the record.
   bool ok = true;
+  /// The record's name, when the capture handed the name table's own copy
+  /// (`RecordSpec::name_kept`): `take()` copies it into `record`, on the
+  /// writer thread, so the capture copies no string.
+  const std::string* name_ref = nullptr;
 };
 
 /// A staging buffer's slots. Clearing keeps them, and a reservation copies
@@ -38,33 +41,51 @@ struct Slot {
 /// freed on the writer thread (which glibc's per-thread caches never give
 /// back, so every such allocation took malloc's slow path).
 class SlotList {
+  // Blocks of a power of two of slots, which never move once made: growing
+  // copies no slot, and slot i is two loads away (a deque's indexing and
+  // size() were some 45 instructions of every capture).
+  static constexpr std::size_t kBlockShift = 8;
+  static constexpr std::size_t kBlock = std::size_t{1} << kBlockShift;
+
  public:
-  std::deque<Slot>::const_iterator begin() const { return slots_.begin(); }
-  std::deque<Slot>::const_iterator end() const { return slots_.begin() + static_cast<std::ptrdiff_t>(size_); }
+  class const_iterator {
+   public:
+    const_iterator(const SlotList* list, std::size_t i) : list_(list), i_(i) {}
+    const Slot& operator*() const { return (*list_)[i_]; }
+    const_iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator!=(const const_iterator& other) const { return i_ != other.i_; }
+
+   private:
+    const SlotList* list_;
+    std::size_t i_;
+  };
+  const_iterator begin() const { return {this, 0}; }
+  const_iterator end() const { return {this, size_}; }
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  Slot& operator[](std::size_t i) { return slots_[i]; }
-  const Slot& operator[](std::size_t i) const { return slots_[i]; }
+  Slot& operator[](std::size_t i) { return blocks_[i >> kBlockShift][i & (kBlock - 1)]; }
+  const Slot& operator[](std::size_t i) const { return blocks_[i >> kBlockShift][i & (kBlock - 1)]; }
   /// Appends a slot, a kept one where there is one: the caller overwrites
   /// every member.
   Slot& add() {
-    if (size_ == slots_.size()) slots_.emplace_back();
-    return slots_[size_++];
+    if (size_ == blocks_.size() * kBlock) blocks_.push_back(std::make_unique<Slot[]>(kBlock));
+    return (*this)[size_++];
   }
   /// Takes back the slot `add()` returned last, which could not be filled.
   void drop_last() { --size_; }
   void clear() { size_ = 0; }
   /// Gives the kept slots' memory back.
   void shrink() {
-    slots_.clear();
-    slots_.shrink_to_fit();
+    blocks_.clear();
+    blocks_.shrink_to_fit();
     size_ = 0;
   }
 
  private:
-  // A deque: growing it moves no slot (a vector copied every kept name and
-  // shape each time it grew, under staging's lock).
-  std::deque<Slot> slots_;
+  std::vector<std::unique_ptr<Slot[]>> blocks_;
   std::size_t size_ = 0;
 };
 
@@ -157,7 +178,8 @@ class Staging {
   /// Captures need not wait for it. Without it (or if it fails) a buffer
   /// is allocated on first use and its pages faulted in as they are.
   void prepare();
-  /// Writer side: waits for a buffer with committed slots and takes it.
+  /// Writer side: waits for a buffer with committed slots and takes it,
+  /// every slot's record whole (names kept by reference copied in).
   /// Returns nullptr once `stop()` was called and everything is taken.
   Buffer* take();
   /// Writer side: hands a taken buffer back, empty.
@@ -185,8 +207,13 @@ class Staging {
   std::pair<void*, HostMemory> move_to_spare(int i);
   std::optional<Ticket> reserve_locked(std::unique_lock<std::mutex>& lock, const RecordSpec& spec, std::size_t nbytes,
                                        bool first, bool may_drop, std::size_t unit, bool wait);
+  // Under mu_: the slot for `n` bytes of `spec` at `offset` of the filling
+  // buffer `b`, which has room and memory, counted as pending.
+  Slot& add_slot(Buffer& b, const RecordSpec& spec, std::size_t offset, std::size_t n, bool first, bool last);
   // Returns whether the writer must be woken (after the lock is released).
   bool commit_locked(const Ticket& ticket, bool ok);
+  // Under mu_, after a commit into `b`: whether to wake the writer.
+  bool wakes(Buffer& b);
 
   std::size_t capacity_;
   Overflow overflow_;

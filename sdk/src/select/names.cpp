@@ -12,15 +12,49 @@ namespace {
 // Recorder::scope() names, innermost last, with the table each belongs to.
 thread_local std::vector<std::pair<const NameTable*, std::string>> t_scopes;
 
-}  // namespace
+// The last name this thread was given that is not the table's copy (a
+// repeat's "name#k"): GivenName points here until the thread's next one.
+thread_local std::string t_given;
 
-std::pair<const std::string, NameTable::NameState>& NameTable::entry(const std::string& name) {
-  auto [it, created] = names_.try_emplace(name);
-  if (created) it->second.has_hash = name.find('#') != std::string::npos;
-  return *it;
+GivenName given(std::string name) {
+  t_given = std::move(name);
+  return GivenName(&t_given, false);
 }
 
-GivenName NameTable::next_name(std::pair<const std::string, NameState>& entry, Kind kind, std::int64_t step) {
+}  // namespace
+
+NameTable::Entry& NameTable::entry(const std::string& name) {
+  const std::uint64_t hash = NameHash()(name);
+  const std::size_t mask = index_.size() - 1;
+  for (std::size_t i = hash & mask;; i = (i + 1) & mask) {
+    const Slot& slot = index_[i];
+    if (slot.entry == nullptr) return add(name, hash);
+    if (slot.hash == hash && NameHash::equal(slot.entry->first, name)) return *slot.entry;
+  }
+}
+
+NameTable::Entry& NameTable::add(const std::string& name, std::uint64_t hash) {
+  Entry& e = entries_.emplace_back(std::piecewise_construct, std::forward_as_tuple(name), std::forward_as_tuple());
+  e.second.has_hash = name.find('#') != std::string::npos;
+  if (2 * entries_.size() > index_.size()) {
+    // At most half full: probes stay short. Rebuilt from the entries, whose
+    // hashes are computed again (once per doubling).
+    index_.assign(index_.size() * 2, Slot{});
+    for (Entry& other : entries_) {
+      const std::uint64_t h = &other == &e ? hash : NameHash()(other.first);
+      std::size_t i = h & (index_.size() - 1);
+      while (index_[i].entry != nullptr) i = (i + 1) & (index_.size() - 1);
+      index_[i] = Slot{h, &other};
+    }
+    return e;
+  }
+  std::size_t i = hash & (index_.size() - 1);
+  while (index_[i].entry != nullptr) i = (i + 1) & (index_.size() - 1);
+  index_[i] = Slot{hash, &e};
+  return e;
+}
+
+GivenName NameTable::next_name(Entry& entry, Kind kind, std::int64_t step) {
   const std::string& name = entry.first;
   NameState& state = entry.second;
   auto& slots = state.counts[static_cast<std::size_t>(kind)];
@@ -34,7 +68,7 @@ GivenName NameTable::next_name(std::pair<const std::string, NameState>& entry, K
       // of `name` that step had is forgotten, and restarting its count would
       // give a name (and a file) a record of that step already has. A name
       // of its own instead, which no counted record can have.
-      return GivenName(fmt::format("{}#late{}", name, ++state.late[static_cast<std::size_t>(kind)]));
+      return given(fmt::format("{}#late{}", name, ++state.late[static_cast<std::size_t>(kind)]));
     }
     *count = {step, 0};
   }
@@ -43,7 +77,7 @@ GivenName NameTable::next_name(std::pair<const std::string, NameState>& entry, K
   // '#' cannot be one that a repeat ("x#1") or the user ("h#1") took.
   if (k == 0 && !state.has_hash) {
     k = 1;
-    return GivenName(&name);
+    return GivenName(&name, true);
   }
   TakenNames* taken = taken_[0].step == step ? &taken_[0] : taken_[1].step == step ? &taken_[1] : nullptr;
   if (taken == nullptr) {
@@ -58,7 +92,7 @@ GivenName NameTable::next_name(std::pair<const std::string, NameState>& entry, K
   while (taken->names.count(candidate) != 0) candidate = fmt::format("{}#{}", key, ++k);
   ++k;
   taken->names.insert(candidate);
-  return GivenName(candidate.substr(1));
+  return given(candidate.substr(1));
 }
 
 void NameTable::push_scope(const std::string& name) {

@@ -1,12 +1,15 @@
 #pragma once
 
 #include <array>
+#include <deque>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include <tensortap/kinds.h>
 
@@ -16,18 +19,65 @@
 namespace tensortap::detail {
 
 /// A name a `NameTable` gave: in the common case, a name's first record in
-/// a step, the table's own copy of it, so that no string is built per
-/// record; a string of its own otherwise.
+/// a step, the table's own copy of it, which lives as long as the table;
+/// otherwise (a repeat, `name#1`) a string of the giving thread's own,
+/// valid until that thread is given its next name. Two words, so that
+/// handing it over copies no string.
 class GivenName {
  public:
-  explicit GivenName(const std::string* table_copy) : ref_(table_copy) {}
-  explicit GivenName(std::string own) : own_(std::move(own)) {}
-  const std::string& str() const { return ref_ != nullptr ? *ref_ : own_; }
+  GivenName(const std::string* name, bool kept) : name_(name), kept_(kept) {}
+  const std::string& str() const { return *name_; }
+  /// Whether `str()` is the table's copy, which lives as long as the
+  /// table: staging may then keep the name by reference.
+  bool kept() const { return kept_; }
 
  private:
-  // The table's copy: it keeps every name until it is destroyed.
-  const std::string* ref_ = nullptr;
-  std::string own_;
+  const std::string* name_;
+  bool kept_;
+};
+
+/// The hash of the name table: eight bytes a round, where std::hash of a
+/// string (murmur, a byte at a time for the tail) cost 96 instructions for
+/// a 23-character name, the largest share of a capture() by name.
+struct NameHash {
+  std::size_t operator()(const std::string& s) const noexcept {
+    constexpr std::uint64_t kMul = 0x9E3779B97F4A7C15ULL;
+    const char* p = s.data();
+    const std::size_t n = s.size();
+    std::uint64_t h = n * kMul;
+    const auto mix = [&h](std::uint64_t w) { h = ((h << 5 | h >> 59) ^ w) * kMul; };
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) mix(load(p + i, 8));
+    // The tail: the last eight bytes again (overlapping), or what there is.
+    if (i < n) mix(n >= 8 ? load(p + n - 8, 8) : load(p, n));
+    // A product's low bits depend only on its operands' low bits, and the
+    // table indexes by the low bits: fold the high half down, twice.
+    h = (h ^ h >> 32) * kMul;
+    return static_cast<std::size_t>(h ^ h >> 32);
+  }
+  /// Whether `a` and `b` are the same name: eight bytes a round, inline,
+  /// where operator== called memcmp.
+  static bool equal(const std::string& a, const std::string& b) noexcept {
+    const std::size_t n = a.size();
+    if (n != b.size()) return false;
+    const char* p = a.data();
+    const char* q = b.data();
+    if (n < 8) return std::memcmp(p, q, n) == 0;
+    for (std::size_t i = 0; i + 8 < n; i += 8)
+      if (load(p + i, 8) != load(q + i, 8)) return false;
+    return load(p + n - 8, 8) == load(q + n - 8, 8);
+  }
+
+ private:
+  static std::uint64_t load(const char* p, std::size_t n) noexcept {
+    std::uint64_t w = 0;
+    if (n == 8) {
+      std::memcpy(&w, p, 8);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) w = w << 8 | static_cast<unsigned char>(p[i]);
+    }
+    return w;
+  }
 };
 
 /// The names records get: a repeat of a name within a step is `name#1`,
@@ -36,7 +86,7 @@ class GivenName {
 class NameTable {
  public:
   /// The name the next record of `name` in `step` gets: `name`, then
-  /// `name#1`, `name#2`... Valid while the table lives.
+  /// `name#1`, `name#2`... (see `GivenName` for how long it is valid).
   GivenName repeat(Kind kind, const std::string& name, std::int64_t step);
   /// `repeat()` as a string of its own: lets a gradient hook keep its
   /// forward's suffix whatever order backward runs in.
@@ -81,14 +131,28 @@ class NameTable {
     std::int64_t step = -1;
     std::unordered_set<std::string> names;
   };
+  using Entry = std::pair<const std::string, NameState>;
   // The state of `name`, created on its first use; mu_ is held. The key is
   // the table's copy of the name.
-  std::pair<const std::string, NameState>& entry(const std::string& name);
+  Entry& entry(const std::string& name);
+  // Adds `name`, of hash `hash`, which the index does not hold.
+  Entry& add(const std::string& name, std::uint64_t hash);
   // The repeat name of `entry`'s name in `step`; mu_ is held.
   GivenName next_name(std::pair<const std::string, NameState>& entry, Kind kind, std::int64_t step);
 
   SpinLock mu_;
-  std::unordered_map<std::string, NameState> names_;
+  // The names, in a deque so that an entry never moves (records and
+  // GivenNames point at its string), and an open-addressing index of them
+  // (a power of two of slots, at most half used, probed in turn) whose
+  // slots keep the whole hash: a lookup is one hash, about one slot and one
+  // string comparison. std::unordered_map, without cached hashes, hashed
+  // a neighbour's name again on a collision.
+  struct Slot {
+    std::uint64_t hash = 0;
+    Entry* entry = nullptr;
+  };
+  std::deque<Entry> entries_;
+  std::vector<Slot> index_ = std::vector<Slot>(64);
   TakenNames taken_[2];
 };
 
