@@ -201,8 +201,7 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
     return cuda_capture(*engine_, std::move(record), src, may_drop_, spec.id);
   }
 
-  if (host_bytes && nbytes <= put_bytes_)
-    return staging_.put(spec, bytes_of(src), may_drop_);
+  if (host_bytes && nbytes <= put_bytes_) return staging_.put(spec, bytes_of(src), may_drop_);
   if (nbytes <= staging_.capacity()) {
     auto ticket = staging_.reserve(spec, nbytes, /*first=*/true, may_drop_);
     if (!ticket) return false;

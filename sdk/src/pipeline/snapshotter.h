@@ -48,8 +48,7 @@ class Snapshotter {
   /// closed: a late hook must not fail. `name_kept`: `name` is the name
   /// table's own copy (`GivenName::kept()`), which staging may keep by
   /// reference.
-  void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step,
-              bool name_kept = false);
+  void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step, bool name_kept = false);
   /// Queues a `Recorder::dump()` marker behind every record queued before.
   void dump_marker(std::int64_t step);
   /// A record a hook could not hand over: counted as captured (and, by the

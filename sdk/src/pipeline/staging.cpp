@@ -208,8 +208,7 @@ bool Staging::put(const RecordSpec& spec, const void* src, bool may_drop) {
   return true;
 }
 
-Slot& Staging::add_slot(Buffer& b, const RecordSpec& spec, std::size_t offset, std::size_t n, bool first,
-                                 bool last) {
+Slot& Staging::add_slot(Buffer& b, const RecordSpec& spec, std::size_t offset, std::size_t n, bool first, bool last) {
   // The slot goes in first: if that throws, nothing counts it as pending.
   Slot& slot = b.slots.add();
   slot.name_ref = spec.name_kept ? &spec.name : nullptr;
