@@ -87,7 +87,10 @@ inline void Record::assign(const RecordSpec& spec, bool with_name) {
   if (with_name) desc.name.assign(spec.name);
   desc.step = spec.step;
   desc.dtype = spec.dtype;
-  desc.shape.assign(spec.shape.begin(), spec.shape.end());
+  // Element by element: SmallVector's assign() called memcpy for a shape
+  // of one or two dimensions.
+  desc.shape.resize(spec.shape.size());
+  for (std::size_t i = 0; i < spec.shape.size(); ++i) desc.shape[i] = spec.shape[i];
   desc.nbytes = spec.nbytes;
   op = spec.op;
   stats_row = spec.stats_row;

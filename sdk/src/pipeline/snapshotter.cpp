@@ -85,7 +85,13 @@ Snapshotter::Snapshotter(const Options& options, Staging& staging, const Samplin
   for (std::size_t i = 0; i < dtypes_.size(); ++i) dtypes_[i] = dtype_info(static_cast<c10::ScalarType>(i));
 }
 
-const DtypeInfo& Snapshotter::check(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const {
+void Snapshotter::refuse(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step,
+                         const char* why) const {
+  fail("cannot capture '{}' (kind {}, step {}): {} ({})", name, kind_name(kind), step, why, describe_tensor(t));
+}
+
+inline const DtypeInfo& Snapshotter::check(Kind kind, const std::string& name, const at::Tensor& t,
+                                           std::int64_t step) const {
   const char* why = nullptr;
   const DtypeInfo* info = nullptr;
   if (!t.defined())
@@ -102,8 +108,7 @@ const DtypeInfo& Snapshotter::check(Kind kind, const std::string& name, const at
     why = "NumPy has no dtype for it, nor does tensortap store one in its place (README.md, \"dtypes\")";
   else if (t.dim() > max_dims_)
     why = max_dims_why_;
-  if (why != nullptr)
-    fail("cannot capture '{}' (kind {}, step {}): {} ({})", name, kind_name(kind), step, why, describe_tensor(t));
+  if (why != nullptr) refuse(kind, name, t, step, why);
   return *info;
 }
 

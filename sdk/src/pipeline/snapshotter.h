@@ -64,6 +64,9 @@ class Snapshotter {
   // Throws `Error` naming the record if `t` cannot be stored; returns its
   // dtype's description.
   const DtypeInfo& check(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step) const;
+  // check()'s throw, out of line: the common case's code stays small.
+  [[noreturn]] void refuse(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step,
+                           const char* why) const;
   // Queues `t`, of dtype `info`: the full tensor if `full`, its statistics
   // otherwise. False when refused: staging (or the device budget) full under
   // Overflow::DropNewest, or the pipeline stopped.

@@ -80,7 +80,7 @@ void Staging::prepare() {
   for (Buffer& b : buffers_) {
     char* data = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<SpinLock> lock(mu_);
       // Memory from a HostMemory hook (pinned, once the copier adopted it)
       // is its owner's to place.
       if (stopping_ || memory_.allocate != nullptr) return;
@@ -95,7 +95,7 @@ void Staging::prepare() {
         auto* page = static_cast<volatile char*>(static_cast<void*>(data));
         for (std::size_t i = 0; i < bytes; i += kPage) page[i] = 0;
       }
-      std::unique_lock<std::mutex> lock(mu_);
+      std::unique_lock<SpinLock> lock(mu_);
       if (b.data == nullptr) {
         b.data = data;
         held_[&b - buffers_] = HostMemory{};
@@ -131,7 +131,7 @@ bool Staging::adopt(HostMemory memory) {
   std::pair<void*, HostMemory> old[2];
   bool adopted = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     if (!stopping_ && fresh[0] != nullptr && fresh[1] != nullptr && spare_[0] == nullptr && spare_[1] == nullptr) {
       adopted = true;
       memory_ = memory;
@@ -180,14 +180,14 @@ void Staging::copy(char* dst, const void* src, std::size_t n) {
 
 std::optional<Staging::Ticket> Staging::reserve(const RecordSpec& spec, std::size_t nbytes, bool first, bool may_drop,
                                                 std::size_t unit, bool wait) {
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<SpinLock> lock(mu_);
   return reserve_locked(lock, spec, nbytes, first, may_drop, unit, wait);
 }
 
 bool Staging::put(const RecordSpec& spec, const void* src, bool may_drop) {
   bool wake = false;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    std::unique_lock<SpinLock> lock(mu_);
     Buffer& b = buffers_[fill_];
     const std::size_t offset = align_up(b.used, kRecordAlign);
     if (!stopping_ && b.data != nullptr && offset <= capacity_ && spec.nbytes <= capacity_ - offset) {
@@ -230,7 +230,7 @@ Slot& Staging::add_slot(Buffer& b, const RecordSpec& spec, std::size_t offset, s
   return slot;
 }
 
-std::optional<Staging::Ticket> Staging::reserve_locked(std::unique_lock<std::mutex>& lock, const RecordSpec& spec,
+std::optional<Staging::Ticket> Staging::reserve_locked(std::unique_lock<SpinLock>& lock, const RecordSpec& spec,
                                                        std::size_t nbytes, bool first, bool may_drop, std::size_t unit,
                                                        bool wait) {
   for (;;) {
@@ -274,7 +274,7 @@ std::optional<Staging::Ticket> Staging::reserve_locked(std::unique_lock<std::mut
 void Staging::commit(const Ticket& ticket, bool ok) {
   bool wake = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     wake = commit_locked(ticket, ok);
   }
   if (wake) writer_cv_.notify_one();
@@ -303,7 +303,7 @@ void Staging::kick() {
   if (!unwoken_.exchange(false, std::memory_order_relaxed)) return;
   bool wake = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     const Buffer& b = buffers_[fill_];
     wake = !b.slots.empty() && b.pending == 0;
   }
@@ -311,7 +311,7 @@ void Staging::kick() {
 }
 
 void Staging::wait_drained() {
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<SpinLock> lock(mu_);
   const std::uint64_t target = reserved_;
   ++waiting_;
   if (buffers_[fill_].pending == 0) writer_cv_.notify_one();
@@ -320,7 +320,7 @@ void Staging::wait_drained() {
 }
 
 Staging::Buffer* Staging::take() {
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<SpinLock> lock(mu_);
   for (;;) {
     Buffer& b = buffers_[fill_];
     if (!b.slots.empty() && b.pending == 0) {
@@ -343,7 +343,7 @@ Staging::Buffer* Staging::take() {
 void Staging::release(Buffer* buffer) {
   std::pair<void*, HostMemory> old;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     released_ += buffer->slots.size();
     buffer->slots.clear();
     buffer->used = 0;
@@ -356,7 +356,7 @@ void Staging::release(Buffer* buffer) {
 
 void Staging::stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     stopping_ = true;
   }
   writer_cv_.notify_one();
@@ -364,15 +364,22 @@ void Staging::stop() {
 }
 
 void Staging::free_memory() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (int i = 0; i < 2; ++i) {
-    Buffer& b = buffers_[i];
-    release_memory(b.data, held_[i]);
-    release_memory(spare_[i], memory_);
-    b.data = nullptr;
-    spare_[i] = nullptr;
-    b.slots.shrink();
+  // Given back outside the lock: munmap, or the CUDA runtime's free, is a
+  // system call, and mu_ is a spin lock.
+  std::pair<void*, HostMemory> old[4];
+  SlotList slots[2];
+  {
+    std::lock_guard<SpinLock> lock(mu_);
+    for (int i = 0; i < 2; ++i) {
+      Buffer& b = buffers_[i];
+      old[2 * i] = {b.data, held_[i]};
+      old[2 * i + 1] = {spare_[i], memory_};
+      b.data = nullptr;
+      spare_[i] = nullptr;
+      std::swap(slots[i], b.slots);
+    }
   }
+  for (const auto& [data, from] : old) release_memory(data, from);
 }
 
 }  // namespace tensortap::detail

@@ -1,5 +1,6 @@
 #include "sdk/src/select/names.h"
 
+#include <atomic>
 #include <vector>
 
 #include <fmt/format.h>
@@ -16,6 +17,15 @@ thread_local std::vector<std::pair<const NameTable*, std::string>> t_scopes;
 // repeat's "name#k"): GivenName points here until the thread's next one.
 thread_local std::string t_given;
 
+// The entry this thread looked up last, and its table's id_.
+struct LastLookup {
+  std::uint64_t table = 0;
+  void* entry = nullptr;
+};
+thread_local LastLookup t_last;
+
+std::atomic<std::uint64_t> g_table_ids{0};
+
 GivenName given(std::string name) {
   t_given = std::move(name);
   return GivenName(&t_given, false);
@@ -23,7 +33,23 @@ GivenName given(std::string name) {
 
 }  // namespace
 
+std::uint64_t next_table_id() { return g_table_ids.fetch_add(1, std::memory_order_relaxed) + 1; }
+
 NameTable::Entry& NameTable::entry(const std::string& name) {
+  LastLookup& last = t_last;
+  Entry* previous = last.table == id_ ? static_cast<Entry*>(last.entry) : nullptr;
+  if (previous != nullptr && previous->second.next != nullptr &&
+      NameHash::equal(previous->second.next->first, name)) {
+    last.entry = previous->second.next;
+    return *previous->second.next;
+  }
+  Entry& e = find(name);
+  if (previous != nullptr) previous->second.next = &e;
+  last = LastLookup{id_, &e};
+  return e;
+}
+
+NameTable::Entry& NameTable::find(const std::string& name) {
   const std::uint64_t hash = NameHash()(name);
   const std::size_t mask = index_.size() - 1;
   for (std::size_t i = hash & mask;; i = (i + 1) & mask) {

@@ -80,6 +80,9 @@ struct NameHash {
   }
 };
 
+/// A number no other NameTable of the process has.
+std::uint64_t next_table_id();
+
 /// The names records get: a repeat of a name within a step is `name#1`,
 /// `name#2`..., and inside `Recorder::scope()`s a name is prefixed with
 /// them. Thread-safe.
@@ -123,6 +126,9 @@ class NameTable {
     std::array<std::array<Count, 2>, kKindCount> counts{};  // [kind][slot]
     // Records of a step older than both counters' (see next_name()).
     std::array<int, kKindCount> late{};
+    // The name some thread looked up right after this one, last time: the
+    // first guess for that thread's next lookup (see entry()).
+    std::pair<const std::string, NameState>* next = nullptr;
   };
   // Names with a '#' given out in the current and the previous step, kind
   // byte first: the only ones a repeat's "name#k" can collide with (a name
@@ -133,13 +139,19 @@ class NameTable {
   };
   using Entry = std::pair<const std::string, NameState>;
   // The state of `name`, created on its first use; mu_ is held. The key is
-  // the table's copy of the name.
+  // the table's copy of the name. A training loop looks names up in the
+  // same order every step, so each thread's lookup first tries the name
+  // that followed its previous one last time: one comparison, no hash.
   Entry& entry(const std::string& name);
+  // entry() by the index: one hash.
+  Entry& find(const std::string& name);
   // Adds `name`, of hash `hash`, which the index does not hold.
   Entry& add(const std::string& name, std::uint64_t hash);
   // The repeat name of `entry`'s name in `step`; mu_ is held.
   GivenName next_name(std::pair<const std::string, NameState>& entry, Kind kind, std::int64_t step);
 
+  // Tells this table's entries from another's in a thread's last lookup.
+  const std::uint64_t id_ = next_table_id();
   SpinLock mu_;
   // The names, in a deque so that an entry never moves (records and
   // GivenNames point at its string), and an open-addressing index of them

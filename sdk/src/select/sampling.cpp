@@ -40,13 +40,8 @@ std::uint64_t Sampling::stats_bits(std::int64_t step) const {
   return (step - o.start()) % o.stats_every() == 0 ? KindSetAccess::bits(o.kinds()) : 0;
 }
 
-std::uint64_t Sampling::plan(std::int64_t step, bool capturing, bool full_halted) const {
-  const std::uint64_t state = state_.load(std::memory_order_relaxed);
-  std::uint64_t bits = static_cast<std::int64_t>(state >> kStepShift) - 1 == step
-                           ? state & kPlanMask
-                           : (capturing ? full_bits(step) | stats_bits(step) << kStatsShift : 0);
-  if (full_halted) bits &= ~kFullMask;
-  return bits;
+std::uint64_t Sampling::other_plan(std::int64_t step, bool capturing) const {
+  return capturing ? full_bits(step) | stats_bits(step) << kStatsShift : 0;
 }
 
 void Sampling::begin(std::int64_t step, bool capturing, bool full_halted) {

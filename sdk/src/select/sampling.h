@@ -43,7 +43,14 @@ class Sampling {
   /// record (gradients commit when the next step begins) gets its own
   /// step's plan. Nothing unless `capturing`; no full tensors when
   /// `full_halted`.
-  std::uint64_t plan(std::int64_t step, bool capturing, bool full_halted) const;
+  /// Inline: every sampled record asks it.
+  std::uint64_t plan(std::int64_t step, bool capturing, bool full_halted) const {
+    const std::uint64_t state = state_.load(std::memory_order_relaxed);
+    std::uint64_t bits = static_cast<std::int64_t>(state >> kStepShift) - 1 == step ? state & kPlanMask
+                                                                                     : other_plan(step, capturing);
+    if (full_halted) bits &= ~kFullMask;
+    return bits;
+  }
   static bool full(std::uint64_t plan, Kind kind) { return (plan & KindSetAccess::bit(kind)) != 0; }
   static bool stats(std::uint64_t plan, Kind kind) { return (plan >> kStatsShift & KindSetAccess::bit(kind)) != 0; }
 
@@ -53,6 +60,8 @@ class Sampling {
   void stop() { state_.fetch_and(~kPlanMask, std::memory_order_relaxed); }
 
  private:
+  // The plan of a step that is not the current one (a late record's).
+  std::uint64_t other_plan(std::int64_t step, bool capturing) const;
   // The kinds `step` samples, and those whose statistics it takes.
   std::uint64_t full_bits(std::int64_t step) const;
   std::uint64_t stats_bits(std::int64_t step) const;
