@@ -308,7 +308,7 @@ TEST_CASE("Staging::copy copies every byte and no more, streamed or not, whateve
 TEST_CASE("a name kept by reference reaches the writer whole, and a kept slot's next record has its own again",
           "[sdk][staging]") {
   // The name table's copy of a name outlives the run: staging keeps a
-  // pointer to it and take() copies it in on the writer's side. The slot is
+  // pointer to it and name_slots() copies it in on the writer's side. The slot is
   // then reused by records whose names are their own, and the other way
   // round, over more slots than one block of the slot list holds.
   Staging staging(1 << 20, Overflow::Block);
@@ -329,6 +329,7 @@ TEST_CASE("a name kept by reference reaches the writer whole, and a kept slot's 
     }
     Staging::Buffer* b = staging.take();
     REQUIRE(b != nullptr);
+    Staging::name_slots(*b);
     REQUIRE(b->slots.size() == 600);
     std::size_t i = 0;
     for (const Slot& got : b->slots) {

@@ -327,16 +327,18 @@ Staging::Buffer* Staging::take() {
       fill_ ^= 1;
       lock.unlock();
       space_cv_.notify_all();
-      // The buffer is this thread's until release(): its slots may be
-      // completed without the lock.
-      for (std::size_t i = 0; i < b.slots.size(); ++i) {
-        Slot& slot = b.slots[i];
-        if (slot.name_ref != nullptr) slot.record.desc.name.assign(*slot.name_ref);
-      }
       return &b;
     }
     if (stopping_ && b.slots.empty()) return nullptr;
     writer_cv_.wait(lock);
+  }
+}
+
+void Staging::name_slots(Buffer& buffer) {
+  // The buffer is the writer's until release(): no lock.
+  for (std::size_t i = 0; i < buffer.slots.size(); ++i) {
+    Slot& slot = buffer.slots[i];
+    if (slot.name_ref != nullptr) slot.record.desc.name.assign(*slot.name_ref);
   }
 }
 

@@ -31,8 +31,8 @@ struct Slot {
   /// False when the copy into staging failed: the writer drops the record.
   bool ok = true;
   /// The record's name, when the capture handed the name table's own copy
-  /// (`RecordSpec::name_kept`): `take()` copies it into `record`, on the
-  /// writer thread, so the capture copies no string.
+  /// (`RecordSpec::name_kept`): `name_slots()` copies it into `record`, on
+  /// the writer thread, so the capture copies no string.
   const std::string* name_ref = nullptr;
 };
 
@@ -173,10 +173,13 @@ class Staging {
   /// Captures need not wait for it. Without it (or if it fails) a buffer
   /// is allocated on first use and its pages faulted in as they are.
   void prepare();
-  /// Writer side: waits for a buffer with committed slots and takes it,
-  /// every slot's record whole (names kept by reference copied in).
+  /// Writer side: waits for a buffer with committed slots and takes it.
   /// Returns nullptr once `stop()` was called and everything is taken.
   Buffer* take();
+  /// Writer side, on a taken buffer: copies the names its slots keep by
+  /// reference into their records, which are whole from then on. Throws
+  /// (out of memory) as the writer's own work does.
+  static void name_slots(Buffer& buffer);
   /// Writer side: hands a taken buffer back, empty.
   void release(Buffer* buffer);
   /// Moves the buffers to memory from `memory` (the CUDA copier's pinned
@@ -222,9 +225,11 @@ class Staging {
   // and every wait goes through a condition variable that lets it go.
   // condition_variable_any takes its own mutex before it lets mu_ go, so a
   // notify after a change made under mu_ is never lost; only a wake-up pays
-  // for that mutex. The one system call made under it is a buffer's
-  // allocation on first use, where prepare() did not make it (memory from
-  // a HostMemory hook, or prepare() failed): twice a run at most.
+  // for that mutex. Under mu_ otherwise: a notify_one() where a thread is
+  // about to wait for the writer (it takes that mutex for a moment), and a
+  // buffer's allocation on first use, where prepare() did not make it
+  // (memory from a HostMemory hook, or prepare() failed): twice a run at
+  // most.
   SpinLock mu_;
   std::condition_variable_any writer_cv_;   // the writer waits for data
   std::condition_variable_any space_cv_;    // capturers wait for room

@@ -58,6 +58,7 @@ void WriterThread::run() noexcept {
   staging_.prepare();
   while (Staging::Buffer* buffer = staging_.take()) {
     try {
+      Staging::name_slots(*buffer);
       write_batch(*buffer);
     } catch (...) {
       // Out of memory, say: the batch's records are lost, and counted.

@@ -60,23 +60,24 @@ NameTable::Entry& NameTable::find(const std::string& name) {
 }
 
 NameTable::Entry& NameTable::add(const std::string& name, std::uint64_t hash) {
-  Entry& e = entries_.emplace_back(std::piecewise_construct, std::forward_as_tuple(name), std::forward_as_tuple());
-  e.second.has_hash = name.find('#') != std::string::npos;
-  if (2 * entries_.size() > index_.size()) {
+  const auto place = [](std::vector<Slot>& index, std::uint64_t h, Entry* e) {
+    std::size_t i = h & (index.size() - 1);
+    while (index[i].entry != nullptr) i = (i + 1) & (index.size() - 1);
+    index[i] = Slot{h, e};
+  };
+  // Everything that may throw (out of memory) comes before the entry goes
+  // in, so a failed add leaves no entry the index lacks (a second entry of
+  // the same name would count its repeats apart).
+  if (2 * (entries_.size() + 1) > index_.size()) {
     // At most half full: probes stay short. Rebuilt from the entries, whose
     // hashes are computed again (once per doubling).
-    index_.assign(index_.size() * 2, Slot{});
-    for (Entry& other : entries_) {
-      const std::uint64_t h = &other == &e ? hash : NameHash()(other.first);
-      std::size_t i = h & (index_.size() - 1);
-      while (index_[i].entry != nullptr) i = (i + 1) & (index_.size() - 1);
-      index_[i] = Slot{h, &other};
-    }
-    return e;
+    std::vector<Slot> bigger(index_.size() * 2);
+    for (Entry& other : entries_) place(bigger, NameHash()(other.first), &other);
+    index_.swap(bigger);
   }
-  std::size_t i = hash & (index_.size() - 1);
-  while (index_[i].entry != nullptr) i = (i + 1) & (index_.size() - 1);
-  index_[i] = Slot{hash, &e};
+  Entry& e = entries_.emplace_back(std::piecewise_construct, std::forward_as_tuple(name), std::forward_as_tuple());
+  e.second.has_hash = name.find('#') != std::string::npos;
+  place(index_, hash, &e);
   return e;
 }
 
