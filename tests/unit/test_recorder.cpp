@@ -2,7 +2,9 @@
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -175,6 +177,45 @@ TEST_CASE("the name table finds every name again as it grows, and gives kept nam
   for (const std::string& n : all) CHECK(names.repeat_name(Kind::Tensor, n, 5).rfind(n + "#", 0) == 0);
   for (const std::string& n : all) CHECK(names.repeat_name(Kind::Grad, n, 5) == n);
   for (const auto& [address, n] : first) CHECK(*address == n);
+}
+
+TEST_CASE("threads naming the same names in different orders each get a suffix of their own", "[sdk]") {
+  // Each thread's lookup first guesses the name that followed its last
+  // one, and the guesses are kept in shared entries: threads that take the
+  // names in different orders overwrite each other's guesses. Every record
+  // of a name in the step must still get a distinct suffix, x to x#3.
+  using tensortap::Kind;
+  tensortap::detail::NameTable names;
+  constexpr int kThreads = 4;
+  constexpr int kNames = 300;
+  std::vector<std::string> base;
+  for (int i = 0; i < kNames; ++i) base.push_back("model.layers." + std::to_string(i) + ".mlp.out");
+  std::vector<std::vector<std::string>> given(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kNames; ++i) {
+        // Forward, backward, by twos and by threes: four orders.
+        const int k = t == 0   ? i
+                      : t == 1 ? kNames - 1 - i
+                      : t == 2 ? (2 * i) % kNames + (2 * i) / kNames
+                               : (3 * i) % kNames + (3 * i) / kNames;
+        given[static_cast<std::size_t>(t)].push_back(
+            names.repeat_name(Kind::Tensor, base[static_cast<std::size_t>(k)], 7));
+      }
+    });
+  for (auto& th : threads) th.join();
+  std::vector<std::string> all;
+  for (const auto& g : given) {
+    REQUIRE(g.size() == static_cast<std::size_t>(kNames));
+    all.insert(all.end(), g.begin(), g.end());
+  }
+  std::sort(all.begin(), all.end());
+  std::vector<std::string> want;
+  for (const std::string& n : base)
+    for (const char* suffix : {"", "#1", "#2", "#3"}) want.push_back(n + suffix);
+  std::sort(want.begin(), want.end());
+  CHECK(all == want);
 }
 
 TEST_CASE("a repeat never takes a name the user captured, whatever the order", "[sdk]") {
