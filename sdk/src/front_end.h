@@ -136,6 +136,8 @@ class FrontEnd {
   // record_as() of a name the table gave, kept by reference when it is
   // the table's copy.
   void record_given(Kind kind, const GivenName& name, const at::Tensor& tensor, std::int64_t step);
+  // record_as() of a copy of `name`.
+  [[gnu::noinline]] void record_copy(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step);
   // Throws if called on one of this recorder's background threads (a
   // Trigger::when predicate runs on the writer thread): `call` would wait for
   // that very thread. Inline: step() and capture() ask it every time.
