@@ -27,10 +27,13 @@ WORK = os.environ.get("TT_TB_WORK", "/tmp/tensortap-tensorboard-test")
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 40
 EVERY = 5  # tensorboard_proc's histograms_every
-# The claim of Options::tensorboard: events are readable within a second of
-# the writer's batch. The wait allows a loaded CI machine more; the time
-# taken is printed.
-LIVE_DEADLINE_S = 5.0
+# The claim of Options::tensorboard (README, "Live in TensorBoard"): a
+# step's events are readable within about a second of its records' capture,
+# even when training pauses after it (the writer takes what was committed
+# after 0.5 s without a wake). The test waits for the event, up to that
+# bound plus a margin that only a hang exceeds; the time taken is printed.
+LIVE_BOUND_S = 1.0
+LIVE_DEADLINE_S = LIVE_BOUND_S + 60.0
 
 
 def setUpModule():

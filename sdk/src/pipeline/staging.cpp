@@ -320,6 +320,13 @@ void Staging::wait_drained() {
 }
 
 Staging::Buffer* Staging::take() {
+  for (;;) {
+    if (const std::optional<Buffer*> taken = take_within(std::chrono::hours(1))) return *taken;
+  }
+}
+
+std::optional<Staging::Buffer*> Staging::take_within(std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
   std::unique_lock<SpinLock> lock(mu_);
   for (;;) {
     Buffer& b = buffers_[fill_];
@@ -330,7 +337,13 @@ Staging::Buffer* Staging::take() {
       return &b;
     }
     if (stopping_ && b.slots.empty()) return nullptr;
-    writer_cv_.wait(lock);
+    if (writer_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      // One last look: what was committed without a wake goes now.
+      Buffer& last = buffers_[fill_];
+      if (!last.slots.empty() && last.pending == 0) continue;
+      if (stopping_ && last.slots.empty()) return nullptr;
+      return std::nullopt;
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -176,6 +177,12 @@ class Staging {
   /// Writer side: waits for a buffer with committed slots and takes it.
   /// Returns nullptr once `stop()` was called and everything is taken.
   Buffer* take();
+  /// take(), waiting at most `limit`: nullopt when nothing could be taken
+  /// by then. Committed slots are taken when the limit passes even if no
+  /// commit woke the writer (commits wake it only when half a buffer is
+  /// full, and kick() only at step()), so a run paused between steps
+  /// still has its last records written within the limit.
+  std::optional<Buffer*> take_within(std::chrono::milliseconds limit);
   /// Writer side, on a taken buffer: copies the names its slots keep by
   /// reference into their records, which are whole from then on. Throws
   /// (out of memory) as the writer's own work does.

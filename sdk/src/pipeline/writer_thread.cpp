@@ -1,10 +1,19 @@
 #include "sdk/src/pipeline/writer_thread.h"
 
+#include <chrono>
 #include <optional>
 
 #include "sdk/src/run/process.h"
 
 namespace tensortap::detail {
+
+// How long the writer waits for a wake before it takes what was committed
+// without one, and makes what it wrote durable and indexed (publish_idle):
+// the bound on how late a paused run's last records appear (README, "Live
+// in TensorBoard"). Captures wake the writer only when half a buffer fills
+// (a wake per record would cost the training thread a futex call), and
+// step() wakes it for the rest.
+constexpr std::chrono::milliseconds kIdlePublish{500};
 
 WriterThread::WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight, Failures& failures,
                            TensorBoard* tensorboard)
@@ -56,7 +65,14 @@ void WriterThread::run() noexcept {
   // would wait for this thread (process.h).
   mark_background_thread();
   staging_.prepare();
-  while (Staging::Buffer* buffer = staging_.take()) {
+  for (;;) {
+    const std::optional<Staging::Buffer*> taken = staging_.take_within(kIdlePublish);
+    if (!taken) {
+      publish_idle();
+      continue;
+    }
+    Staging::Buffer* buffer = *taken;
+    if (buffer == nullptr) break;
     try {
       Staging::name_slots(*buffer);
       write_batch(*buffer);
@@ -68,6 +84,16 @@ void WriterThread::run() noexcept {
   }
   // A record cut off by stop() leaves only its temporary, removed here.
   in_flight_.clear();
+}
+
+void WriterThread::publish_idle() noexcept {
+  // Index lines wait for their records to be durable, which a batch does
+  // only at the format's interval (packed, HDF5): with nothing else to do,
+  // the writer makes them durable now, so a paused run's last records are
+  // indexed, visible to readers, within about a second of their capture.
+  std::lock_guard<std::mutex> lock(batch_mu_);
+  if (stopped_) return;
+  store_.sync(/*force=*/true);
 }
 
 void WriterThread::write_batch(const Staging::Buffer& buffer) {

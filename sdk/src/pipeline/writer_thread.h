@@ -55,6 +55,8 @@ class WriterThread {
   };
 
   void run() noexcept;
+  // With nothing to take: makes what was written durable and indexed.
+  void publish_idle() noexcept;
   void write_batch(const Staging::Buffer& buffer);
   void write_slot(const Slot& slot, const char* base);
   // The slot's part of its record's operation; throws.
