@@ -4,7 +4,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # Debian packages tensortap builds, tests and demos with.
-CORE_PACKAGES="cmake g++ make ninja-build libtorch-dev libfmt-dev catch2 libbenchmark-dev
+CORE_PACKAGES="cmake g++ make ninja-build ccache libtorch-dev libfmt-dev catch2 libbenchmark-dev
   libhdf5-dev python3 python3-numpy python3-h5py python3-matplotlib python3-pip python3-setuptools libgloo-dev
   python3-pandas python3-xarray python3-dask python3-tqdm libprotobuf-dev protobuf-compiler"
 
@@ -57,12 +57,37 @@ install_reader() {
   "$py" -c "import tensortap" || { echo "tensortap: the reader did not install for $py" >&2; return 1; }
 }
 
+# The compiler cache (Debian's ccache): a build that compiles what an
+# earlier build compiled, in this clone or another, takes the objects from
+# ~/.cache/ccache instead. base_dir makes paths inside the clone relative,
+# so a fresh clone in another folder hits the cache; the sloppiness lets
+# precompiled headers (CMakeLists.txt, tensortap_precompile) be cached and
+# used: a clone's files, and the header built in it, are all newer than the
+# cache's entries. The consumer tests' own CMake projects get the launcher
+# through consumer-cache.cmake (tests/CMakeLists.txt) and these variables
+# through ctest's environment. TENSORTAP_CCACHE=0 builds without it.
+# Compiler launcher arguments for cmake (none without ccache).
+ccache_args() {
+  [ "${TENSORTAP_CCACHE:-1}" = 1 ] && command -v ccache >/dev/null || return 0
+  echo "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
+}
+if [ "${TENSORTAP_CCACHE:-1}" = 1 ]; then
+  export CCACHE_DIR=${CCACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ccache}
+  export CCACHE_BASEDIR=$ROOT
+  export CCACHE_NOHASHDIR=1
+  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+  # Both LibTorches' trees and their C++20 consumer builds: about 2 GB.
+  export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
+fi
+
 # configure_and_build BUILD_DIR [cmake args...]: against the LibTorch CMake
 # finds first (Debian's 1.13 unless CMAKE_PREFIX_PATH says otherwise).
 configure_and_build() {
   local dir=$1
   shift
-  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTENSORTAP_PYTHON="$(numpy_python)" "$@"
+  # shellcheck disable=SC2046
+  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTENSORTAP_PYTHON="$(numpy_python)" \
+    $(ccache_args) "$@"
   cmake --build "$dir" --parallel "$(nproc)"
 }
 
@@ -170,7 +195,8 @@ configure_torch2() {
   # one. Its list is added to tensortap's own kernels' (stats_kernel.cu,
   # TENSORTAP_CUDA_ARCHITECTURES): the H100/H200's.
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-  cmake -S "$ROOT" -B "$dir" -G Ninja "${args[@]}" "$@" 2>&1 | tee "$dir.configure.log"
+  # shellcheck disable=SC2046
+  cmake -S "$ROOT" -B "$dir" -G Ninja "${args[@]}" $(ccache_args) "$@" 2>&1 | tee "$dir.configure.log"
   if ! grep -q "tensortap: CUDA engine on" "$dir.configure.log"; then
     echo "tensortap: the LibTorch at $prefix has no CUDA (no TARGET torch_cuda), or no CUDA toolkit was found" >&2
     return 1
@@ -184,17 +210,24 @@ configure_torch2() {
   fi
 }
 
+# torch2_wrapper DIR: writes DIR/torch2-python, one interpreter path for
+# CMake and the tests: Debian's Python with torch2_dir on its path. Prints
+# its path.
+torch2_wrapper() {
+  local py=$1/torch2-python
+  mkdir -p "$1"
+  printf '#!/bin/sh\nPYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}" exec "%s" "$@"\n' "$(torch2_dir)" "$(numpy_python)" >"$py"
+  chmod +x "$py"
+  echo "$py"
+}
+
 # configure_and_build_torch2 BUILD_DIR [cmake args...]: the CI build against
 # torch2_dir's LibTorch 2.x with CUDA.
 configure_and_build_torch2() {
   local dir=$1
   shift
-  mkdir -p "$dir"
-  local py=$dir/torch2-python
-  # One interpreter path for CMake and the tests: Debian's Python with
-  # torch2_dir on its path.
-  printf '#!/bin/sh\nPYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}" exec "%s" "$@"\n' "$(torch2_dir)" "$(numpy_python)" >"$py"
-  chmod +x "$py"
+  local py
+  py=$(torch2_wrapper "$dir")
   configure_torch2 "$dir" "$py" -DTENSORTAP_PYTHON="$(numpy_python)" -DTENSORTAP_TORCH_PYTHON="$py" "$@"
   cmake --build "$dir" --parallel "$(nproc)"
 }

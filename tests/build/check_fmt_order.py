@@ -41,6 +41,8 @@ def main():
     run(["cmake", "-S", src, "-B", build, *gen, "-DCMAKE_BUILD_TYPE=Release", f"-DTorch_DIR={config}",
          "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON", "-DTENSORTAP_BUILD_TESTS=ON", "-DTENSORTAP_BUILD_BENCH=ON",
          "-DTENSORTAP_BUILD_EXAMPLES=OFF", "-DTENSORTAP_INSTALL=OFF",
+         # Each source's own includes, not a precompiled header's.
+         "-DTENSORTAP_PRECOMPILE_HEADERS=OFF",
          f"-DTENSORTAP_PYTHON={sys.executable}"])
     shim = os.path.join(build, "fmt_include")
     # Every header name the found fmt has, poisoned.

@@ -268,25 +268,40 @@ class ProgressTest(unittest.TestCase):
 
 
 class ReportTest(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="tensortap-report-")
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="tensortap-report-")
+        cls._driver = None
+        # Each run's page is drawn once, its legends measured as it is drawn
+        # (a page takes seconds); the tests read these.
+        cls.pages = {}
+        for fmt in FORMATS:
+            with report_figures() as (figures, legends):
+                path, page = cls.report(fmt)
+                figures.clear()  # the figures themselves are not needed
+            cls.pages[fmt] = (path, page, legends)
 
-    def tearDown(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    @classmethod
+    def tearDownClass(cls):
+        if cls._driver is not None:
+            cls._driver.quit()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def report(self, fmt, *extra):
-        out = os.path.join(self.tmp, f"{fmt}.html")
+    @classmethod
+    def report(cls, fmt, *extra):
+        out = os.path.join(cls.tmp, f"{fmt}{''.join(extra)}.html")
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             rc = cli.main(["report", os.path.join(RUNS, fmt), "-o", out, *extra])
-        self.assertEqual(rc, 0)
+        if rc != 0:
+            raise AssertionError(f"tensortap report {fmt} {extra}: exit {rc}")
         with open(out, encoding="utf-8") as f:
             return out, f.read()
 
     def test_page_is_self_contained_and_complete(self):
         for fmt in FORMATS:
             with self.subTest(fmt=fmt):
-                _, page = self.report(fmt)
+                page = self.pages[fmt][1]
                 for section in ("Summary", "Scalars", "Gradient norms per parameter", "Activation histograms",
                                 "Statistics heatmaps", "Flight recorder dumps"):
                     self.assertIn(f"<h2>{section}</h2>", page)
@@ -317,8 +332,8 @@ class ReportTest(unittest.TestCase):
 
     def test_every_legend_is_outside_the_axes(self):
         for fmt in FORMATS:
-            with self.subTest(fmt=fmt), report_figures() as (figures, legends):
-                self.report(fmt)
+            with self.subTest(fmt=fmt):
+                legends = self.pages[fmt][2]
                 alts = {alt for alt, *_ in legends}
                 for want in ("gradient norms per parameter over steps", "activation histograms at chosen steps",
                              "the steps before the dump at step 40"):
@@ -341,6 +356,9 @@ class ReportTest(unittest.TestCase):
         self.assertIn("--steps wants integers", err.getvalue())
 
     def browser(self):
+        # One browser for the class: starting Chromium takes seconds.
+        if ReportTest._driver is not None:
+            return ReportTest._driver
         try:
             from selenium import webdriver
             from selenium.webdriver.chrome.service import Service
@@ -353,9 +371,8 @@ class ReportTest(unittest.TestCase):
         for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                     "--window-size=1366,900", f"--user-data-dir={self.tmp}/profile"):
             opts.add_argument(arg)
-        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
-        self.addCleanup(driver.quit)
-        return driver
+        ReportTest._driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+        return ReportTest._driver
 
     def problems(self, driver, path):
         """What is wrong with the page at `path` as Chromium renders it."""
@@ -403,7 +420,7 @@ class ReportTest(unittest.TestCase):
     def test_rendered_in_a_real_browser(self):
         driver = self.browser()
         for fmt in ("npy", "ranks"):
-            path, _ = self.report(fmt)
+            path = self.pages[fmt][0]
             found, figures, ink = self.problems(driver, path)
             self.assertEqual(found, [], fmt)
             print(f"\nbrowser: {fmt} report: {figures} figures decoded, visible and painted; "
@@ -411,7 +428,7 @@ class ReportTest(unittest.TestCase):
 
     def test_the_browser_check_sees_a_broken_page(self):
         driver = self.browser()
-        path, page = self.report("npy")
+        page = self.pages["npy"][1]
         # One figure's data damaged, another hidden by a style: both are found.
         first = page.index("base64,") + len("base64,")
         page = page[:first] + "!!!!" + page[first + 4:]

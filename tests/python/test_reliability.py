@@ -5,6 +5,7 @@
 Prints a summary line per test; tests/README.md has the figures.
 """
 
+import concurrent.futures
 import json
 import os
 import random
@@ -12,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 import warnings
@@ -59,6 +61,11 @@ def check_index(path):
     return records
 
 
+# warnings.catch_warnings changes the process's filters: the trials'
+# threads take turns.
+WARNINGS = threading.Lock()
+
+
 class CrashTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="tensortap-crash-")
@@ -67,53 +74,64 @@ class CrashTest(unittest.TestCase):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def run_trials(self, fmt, trials, new_names=False):
-        rng = random.Random(1234)
-        verified = left_open = 0
-        for t in range(trials):
-            run = os.path.join(self.tmp, f"{fmt}{t}")
-            p = subprocess.Popen([PROC, "crash", run, fmt] + (["new_names"] if new_names else []),
-                                 stdout=subprocess.PIPE, text=True)
-            self.assertEqual(p.stdout.readline().strip(), "step 0")
-            time.sleep(rng.uniform(0.02, 0.6))
-            p.send_signal(signal.SIGKILL)
-            p.wait()
-            with open(os.path.join(run, "run.json")) as f:
-                self.assertFalse(json.load(f)["closed"])
-            records = check_index(run)
-            r = tensortap.open(run)
-            # A writer killed while making new names' datasets is read as
-            # before them, with a RunWarning, never refused.
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", tensortap.RunWarning)
-                for rec in records[:1]:
-                    r.load(rec["name"], rec["step"], kind=rec["kind"], mmap=False)
-            left_open += any("killed?" in str(w.message) for w in caught)
-            for rec in records:
-                a = r.load(rec["name"], rec["step"], kind=rec["kind"], mmap=False)
-                self.assertEqual(list(a.shape), rec["shape"])
-                self.assertEqual(a.dtype, NUMPY[rec["dtype"]])
-                np.testing.assert_array_equal(a, expected(rec["name"], rec["step"], a.shape))
-            r.close()
-            if fmt == "npy":
-                # No short file under a final name: every .npy loads whole,
-                # indexed or not (a crash between rename and index append).
-                for d, _, files in os.walk(os.path.join(run, "npy")):
-                    for name in files:
-                        if name.endswith(".npy") and not name.startswith("."):
-                            a = np.load(os.path.join(d, name))
-                            self.assertEqual(os.path.getsize(os.path.join(d, name)) % 64, a.nbytes % 64)
-            if fmt == "packed":
-                # An indexed record is a whole image inside its segment; what
-                # follows the last one may be a torn, unindexed tail.
-                for rec in records:
-                    size = os.path.getsize(os.path.join(run, rec["file"]))
-                    self.assertLessEqual(rec["offset"] + rec["nbytes"], size)
-                    self.assertEqual(rec["offset"] % 64, 0)
-            verified += len(records)
+        # Trials run three at a time: most of a trial is waiting (for the
+        # process to start, for the moment to kill it), so they overlap.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+            results = list(pool.map(lambda t: self.trial(fmt, t, new_names), range(trials)))
+        verified = sum(r[0] for r in results)
+        left_open = sum(r[1] for r in results)
         tag = fmt + (" with eight new names every step" if new_names else "")
         print(f"\ncrash/{tag}: {trials} SIGKILLs, {verified} indexed records verified, 0 lost or corrupt"
               + (f"; {left_open} killed while making datasets, read as before it with a RunWarning" if fmt == "hdf5" else ""))
         return left_open
+
+    def trial(self, fmt, t, new_names):
+        """One SIGKILL at a random moment (seeded by the trial); returns
+        (records verified, whether the writer was killed making datasets)."""
+        rng = random.Random(1234 + t)
+        verified = left_open = 0
+        run = os.path.join(self.tmp, f"{fmt}{t}")
+        p = subprocess.Popen([PROC, "crash", run, fmt] + (["new_names"] if new_names else []),
+                             stdout=subprocess.PIPE, text=True)
+        self.assertEqual(p.stdout.readline().strip(), "step 0")
+        time.sleep(rng.uniform(0.02, 0.6))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        p.stdout.close()
+        with open(os.path.join(run, "run.json")) as f:
+            self.assertFalse(json.load(f)["closed"])
+        records = check_index(run)
+        r = tensortap.open(run)
+        # A writer killed while making new names' datasets is read as
+        # before them, with a RunWarning, never refused.
+        with WARNINGS, warnings.catch_warnings(record=True) as caught:  # process-wide: one trial at a time
+            warnings.simplefilter("always", tensortap.RunWarning)
+            for rec in records[:1]:
+                r.load(rec["name"], rec["step"], kind=rec["kind"], mmap=False)
+        left_open += any("killed?" in str(w.message) for w in caught)
+        for rec in records:
+            a = r.load(rec["name"], rec["step"], kind=rec["kind"], mmap=False)
+            self.assertEqual(list(a.shape), rec["shape"])
+            self.assertEqual(a.dtype, NUMPY[rec["dtype"]])
+            np.testing.assert_array_equal(a, expected(rec["name"], rec["step"], a.shape))
+        r.close()
+        if fmt == "npy":
+            # No short file under a final name: every .npy loads whole,
+            # indexed or not (a crash between rename and index append).
+            for d, _, files in os.walk(os.path.join(run, "npy")):
+                for name in files:
+                    if name.endswith(".npy") and not name.startswith("."):
+                        a = np.load(os.path.join(d, name))
+                        self.assertEqual(os.path.getsize(os.path.join(d, name)) % 64, a.nbytes % 64)
+        if fmt == "packed":
+            # An indexed record is a whole image inside its segment; what
+            # follows the last one may be a torn, unindexed tail.
+            for rec in records:
+                size = os.path.getsize(os.path.join(run, rec["file"]))
+                self.assertLessEqual(rec["offset"] + rec["nbytes"], size)
+                self.assertEqual(rec["offset"] % 64, 0)
+        verified += len(records)
+        return verified, left_open
 
     def test_sigkill_npy(self):
         self.run_trials("npy", TRIALS_NPY)
