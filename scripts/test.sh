@@ -21,8 +21,15 @@ install_reader
 install_tensorboard
 ARGS=(-DTENSORTAP_BUILD_TESTS=ON -DTENSORTAP_BUILD_EXAMPLES=ON -DTENSORTAP_BUILD_BENCH=ON
   "-DTENSORTAP_TENSORBOARD_DIR=$(tensorboard_dir)")
+# The Python twin's tests, and the twin against 1.13 within a tolerance,
+# take the wheel's torch (any Python with torch would do).
+twin_args() {
+  torch2_python -c "import torch" >/dev/null 2>&1 || return 0
+  echo "-DTENSORTAP_TWIN_PYTHON=$(torch2_wrapper "$ROOT/build")"
+}
 if [ $FAST -eq 1 ]; then
-  configure_and_build "$ROOT/build" "${ARGS[@]}"
+  # shellcheck disable=SC2046
+  configure_and_build "$ROOT/build" "${ARGS[@]}" $(twin_args)
   CTEST_SUMMARY=$(mktemp)
   rc=0
   run_ctest "$ROOT/build" "LibTorch 1.13 (Debian, CPU), fast loop: without the tests labelled slow" -LE slow || rc=1
@@ -32,7 +39,8 @@ if [ $FAST -eq 1 ]; then
   exit $rc
 fi
 install_torch2
-configure_and_build "$ROOT/build" "${ARGS[@]}"
+# shellcheck disable=SC2046
+configure_and_build "$ROOT/build" "${ARGS[@]}" $(twin_args)
 configure_and_build_torch2 "$ROOT/build-torch2" "${ARGS[@]}"
 
 CTEST_SUMMARY=$(mktemp)

@@ -13,6 +13,10 @@
     run.index_frame(), run.stats_frame()          # pandas DataFrames (python3-pandas)
     run.series("hidden", kind="activation", lazy=True)  # a dask array, read when computed (python3-dask)
     run.to_xarray("grad", lazy=True)              # an xarray Dataset (python3-xarray)
+    tensortap.diff("runs/cpp", "runs/py")         # two runs record by record (pandas DataFrame)
+
+tensortap.torch records a PyTorch (Python) loop into the same layout (the
+Python twin), for comparisons with a C++ port.
 
 A run written by several ranks (rank<r>/ directories) opens as one: pass
 rank=r to look at one rank; series() without a rank stacks them all on a
@@ -29,12 +33,13 @@ call that passes it by position still works, with a DeprecationWarning.
 # NUMPY_DTYPES is public too, though not in __all__.
 from ._base import KINDS, NUMPY_DTYPES, STATS_FIELDS, RunError, RunWarning  # noqa: F401
 from ._run import Run, open
+from ._diff import diff
 
-__all__ = ["open", "Run", "KINDS", "STATS_FIELDS", "RunError", "RunWarning"]
+__all__ = ["open", "Run", "diff", "KINDS", "STATS_FIELDS", "RunError", "RunWarning"]
 __version__ = "0.1.0"
 
 # The public names say they are tensortap's (in tracebacks, repr, help and
 # pickles), wherever they are defined.
-for _public in (open, Run, RunError, RunWarning):
+for _public in (open, Run, diff, RunError, RunWarning):
     _public.__module__ = __name__
 del _public

@@ -3,6 +3,7 @@
     python3 -m tensortap inspect RUN_DIR [--check]
     python3 -m tensortap report RUN_DIR [-o report.html] [--steps 0,100,200] [--histograms 6]
     python3 -m tensortap tensorboard RUN_DIR [--logdir DIR] [--histograms-every 100]
+    python3 -m tensortap diff RUN_A RUN_B [--rtol R] [--atol A] [--common-only] [--html OUT.html]
 
 The summary lists kinds, names, the steps captured, shapes, dtypes, bytes,
 dropped records and whether the run was closed cleanly. --check also opens
@@ -23,6 +24,15 @@ tensor/<name>, histograms of every record at every --histograms-every'th
 step, the flight recorder's dumps as text. Into the run directory, unless
 the recorder wrote events there already; with --logdir DIR, into
 DIR/<the run's folder name>/. Then: tensorboard --logdir DIR.
+
+diff compares two runs record by record (tensortap/_diff.py has the rules),
+A the reference: it prints the first divergence (the earliest step with a
+record beyond tolerance, the first such record in A's order) with the
+record that agreed before it and the next that differ, the records on one
+side only, and last "compared N, differ D, only in A X, only in B Y". Exit
+status 0: every record is on both sides and agrees within tolerance
+(default: exactly); 1: some differ, or are on one side only (unless
+--common-only); 2: bad input.
 """
 
 import argparse
@@ -54,7 +64,18 @@ def main(argv=None):
                    "into the run directory, which is refused where the recorder wrote events already")
     p.add_argument("--histograms-every", type=int, default=100, metavar="N",
                    help="histograms of every record at steps that are multiples of N (default: 100; 0: none)")
+    p = sub.add_parser("diff", help="compare two runs record by record, A the reference")
+    p.add_argument("a", metavar="RUN_A", help="the reference run")
+    p.add_argument("b", metavar="RUN_B", help="the run compared with it")
+    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance: |a-b| <= atol + rtol*|a| (default 0)")
+    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
+    p.add_argument("--common-only", action="store_true",
+                   help="compare the records both runs hold; those on one side only do not fail")
+    p.add_argument("--html", metavar="OUT", help="also write a self-contained page: the first divergence and a "
+                   "heatmap of the error, name against step")
     args = parser.parse_args(argv)
+    if args.command == "diff":
+        return _diff(args)
     if args.command == "report":
         return _report(args)
     if args.command == "tensorboard":
@@ -135,6 +156,48 @@ def _tensorboard(args):
     for path in written:
         print(f"tensortap: wrote {_safe(path)}")
     return 0
+
+
+def _diff(args):
+    from ._diff import _check_tolerance, iter_pairs, summary_lines
+
+    try:
+        _check_tolerance(args.rtol, args.atol)
+    except ValueError as e:
+        print(f"tensortap: {_safe(e)}", file=sys.stderr)
+        return 2
+    rows, details = [], {}
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RunWarning)
+            with Run(args.a) as run_a, Run(args.b) as run_b:
+                for i, (row, detail) in enumerate(iter_pairs(run_a, run_b, args.rtol, args.atol)):
+                    rows.append(row)
+                    if detail:
+                        details[i] = detail
+        for w in caught:
+            if issubclass(w.category, RunWarning):
+                print(f"tensortap: warning: {_safe(w.message)}", file=sys.stderr)
+    except (RunError, OSError, ValueError, KeyError) as e:
+        print(f"tensortap: {_safe(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - a command prints what failed, not a traceback
+        print(f"tensortap: the comparison failed: {type(e).__name__}: {_safe(e)}", file=sys.stderr)
+        return 2
+    lines, status = summary_lines(rows, details, common_only=args.common_only)
+    if args.html:
+        from .report import write_diff_page
+
+        try:
+            write_diff_page(rows, details, args.html, args.a, args.b, args.rtol, args.atol, lines)
+        except (OSError, ValueError, ImportError) as e:
+            print(f"tensortap: {_safe(e)}", file=sys.stderr)
+            return 2
+    for line in lines:
+        print(line)
+    if args.html:
+        print(f"tensortap: wrote {_safe(args.html)}")
+    return status
 
 
 if __name__ == "__main__":

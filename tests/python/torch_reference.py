@@ -1,17 +1,23 @@
-"""PyTorch itself as the reference (issue 29, item 5): the same small model,
-weights and batches trained twice, in Python with hooks that take
-`.detach().clone()` copies and in C++ with tensortap (torch_reference.cpp);
-every activation, activation gradient, parameter gradient and loss must
-agree bit for bit through the reader.
+"""PyTorch itself as the reference (issue 29, item 5; issue 45): the same
+small model, weights and batches trained twice, in Python recorded by the
+Python twin (tensortap.torch) and in C++ with tensortap
+(torch_reference.cpp); `tensortap.diff` then compares the two runs, record
+by record: every activation, activation gradient, parameter gradient and
+loss.
 
-    torch_reference.py make DIR          weights, batches and Python's copies
-    torch_reference.py check DIR RUN     RUN (written by torch_reference.cpp) against them
+    torch_reference.py make DIR          weights, batches and the Python run (DIR/py-run)
+    torch_reference.py check DIR RUN [--rtol R --atol A]
+                                         RUN (written by torch_reference.cpp) against
+                                         DIR/py-run: bit for bit unless a tolerance is given
     torch_reference.py check DIR RUN ref-cuda
                                          a run of torch_reference.cpp --cuda against the
-                                         .cpu() copies it took at capture (scripts/gpu.sh)
+                                         .cpu() copies it took at capture (scripts/gpu.sh),
+                                         written as a run first
 
-Run with the Python torch whose LibTorch the C++ side links: the same
-kernels, one thread each, so there is nothing to differ but tensortap.
+Run `make` with the Python torch whose LibTorch the C++ side links for the
+bit-exact check: the same kernels, one thread each, so there is nothing to
+differ but tensortap. Against another LibTorch (Debian's 1.13) the check
+takes a tolerance (tests/CMakeLists.txt, reference.twin_tolerance).
 """
 
 import os
@@ -44,77 +50,85 @@ def make(work):
         np.save(os.path.join(data, f"y{step}.npy"), y.numpy())
         batches.append((x, y))
 
-    ref = {}  # (kind, name, step) -> array
+    import tensortap.torch as ttt
 
-    def keep(kind, name, t):
-        key = (kind, name, current[0])
-        assert key not in ref, key
-        ref[key] = t.detach().clone().numpy()
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2, self.fc3 = fc1, fc2, fc3
 
-    current = [0]
-    for lname, layer in layers.items():
-        # The forward hook copies the layer's output; a tensor hook on that
-        # output copies the gradient flowing back into it.
-        def forward_hook(module, inputs, output, lname=lname):
-            keep("activation", lname, output)
-            output.register_hook(lambda g, lname=lname: keep("activation_grad", lname, g))
+        def forward(self, x):
+            return self.fc3(torch.tanh(self.fc2(torch.relu(self.fc1(x)))))
 
-        layer.register_forward_hook(forward_hook)
-        for pname, p in layer.named_parameters():
-            p.register_hook(lambda g, name=f"{lname}.{pname}": keep("grad", name, g))
-
-    params = [p for layer in layers.values() for p in layer.parameters()]
-    opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
-    for step, (x, y) in enumerate(batches):
-        current[0] = step
-        opt.zero_grad()
-        out = fc3(torch.tanh(fc2(torch.relu(fc1(x)))))
-        loss = torch.nn.functional.mse_loss(out, y)
-        keep("tensor", "loss", loss)
-        loss.backward()
-        opt.step()
-
-    out_dir = os.path.join(work, "ref")
-    os.makedirs(out_dir, exist_ok=True)
-    for (kind, name, step), a in ref.items():
-        np.save(os.path.join(out_dir, f"{kind}__{name}__{step}.npy"), a)
-    print(f"torch_reference: torch {torch.__version__}, {len(ref)} reference tensors in {out_dir}")
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    run = os.path.join(work, "py-run")
+    with ttt.watch(model, run, overwrite=True) as rec:
+        for step, (x, y) in enumerate(batches):
+            rec.step(step)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            rec.capture("loss", loss)
+            loss.backward()
+            opt.step()
+    print(f"torch_reference: torch {torch.__version__}, {rec.records} records by the Python twin in {run}")
 
 
-def check(work, run_dir, refs="ref"):
-    """RUN against WORK/<refs>: "ref", PyTorch's own copies (make), or
-    "ref-cuda", the .cpu() copies torch_reference.cpp --cuda took at capture."""
+RECORDS = STEPS * (3 + 3 + 6 + 1)
+
+
+def copies_as_run(ref_dir, run):
+    """The .cpu() copies torch_reference.cpp --cuda saved (KIND__NAME__STEP.npy)
+    as a run, written as the Python twin writes one, so that one comparison,
+    tensortap.diff, serves both checks."""
+    from tensortap._writer import RunWriter, default_options
+
+    writer = RunWriter(run, default_options(1, ["activation", "activation_grad", "grad", "tensor"]), overwrite=True)
+    try:
+        for f in sorted(os.listdir(ref_dir)):
+            kind, name, step = f[:-len(".npy")].split("__")
+            a = np.load(os.path.join(ref_dir, f))
+            writer.write(kind, name, int(step), a, a.dtype.name)
+    finally:
+        writer.close()
+    return run
+
+
+def check(work, run_dir, refs=None, rtol=0.0, atol=0.0):
+    """RUN against the reference: the Python twin's run (make), or with
+    refs="ref-cuda", the .cpu() copies torch_reference.cpp --cuda took."""
     import tensortap
 
-    ref_dir = os.path.join(work, refs)
-    refs = sorted(os.listdir(ref_dir))
-    assert len(refs) == STEPS * (3 + 3 + 6 + 1), len(refs)
-    run = tensortap.open(run_dir)
-    assert run.closed and run.info.get("errors", 0) == 0, run.info
-    assert run.info.get("dropped", 0) == 0, run.info
-    # Nothing in the run that Python did not take, and the reverse.
-    in_run = {(r["kind"], r["name"], r["step"]) for r in run.records}
-    in_ref = set()
-    for f in refs:
-        kind, name, step = f[:-len(".npy")].split("__")
-        in_ref.add((kind, name, int(step)))
-    assert in_run == in_ref, (sorted(in_run - in_ref), sorted(in_ref - in_run))
-    for kind, name, step in sorted(in_ref):
-        want = np.load(os.path.join(ref_dir, f"{kind}__{name}__{step}.npy"))
-        got = run.load(name, step, kind=kind)
-        assert got.dtype == want.dtype and got.shape == want.shape, (kind, name, step, got.dtype, got.shape,
-                                                                      want.dtype, want.shape)
-        # Bit for bit: the bytes, not a tolerance (NaN-safe, -0.0 apart from 0.0).
-        if got.tobytes() != want.tobytes():
-            diff = np.abs(got.astype(np.float64) - want.astype(np.float64)).max()
-            raise AssertionError(f"{kind}/{name} at step {step} differs from PyTorch's copy (max |diff| {diff})")
-    print(f"torch_reference: {len(in_ref)} tensors equal the copies in {ref_dir} bit for bit")
+    reference = os.path.join(work, "py-run") if refs is None else copies_as_run(os.path.join(work, refs),
+                                                                                 os.path.join(work, refs + "-run"))
+    for path in (reference, run_dir):
+        run = tensortap.open(path)
+        assert run.closed and run.info.get("errors", 0) == 0, (path, run.info)
+        assert run.info.get("dropped", 0) == 0, (path, run.info)
+        assert len(run.records) == RECORDS, (path, len(run.records))
+    df = tensortap.diff(reference, run_dir, rtol=rtol, atol=atol)
+    # Nothing in one run that the other did not take, and every value equal.
+    assert len(df) == RECORDS and (df.status == "equal").all(), df[df.status != "equal"].to_string()
+    how = "bit for bit" if rtol == 0 and atol == 0 else f"within rtol {rtol:g}, atol {atol:g}"
+    worst = df.loc[df.max_rel.idxmax()]
+    print(f"torch_reference: {len(df)} records of {run_dir} equal {reference}'s {how} "
+          f"(largest relative difference {worst.max_rel:.3g}: {worst.kind} {worst['name']} step {worst.step}; "
+          f"largest in ULPs {df.max_ulp.max():g})")
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "make":
+    if len(sys.argv) >= 3 and sys.argv[1] == "make":
         make(sys.argv[2])
-    elif sys.argv[1] == "check":
-        check(*sys.argv[2:5])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "check":
+        import argparse
+
+        p = argparse.ArgumentParser(prog="torch_reference.py check")
+        p.add_argument("work")
+        p.add_argument("run")
+        p.add_argument("refs", nargs="?")
+        p.add_argument("--rtol", type=float, default=0.0)
+        p.add_argument("--atol", type=float, default=0.0)
+        a = p.parse_args(sys.argv[2:])
+        check(a.work, a.run, a.refs, a.rtol, a.atol)
     else:
-        sys.exit(f"usage: {sys.argv[0]} make DIR | check DIR RUN [REFS]")
+        sys.exit(f"usage: {sys.argv[0]} make DIR | check DIR RUN [ref-cuda] [--rtol R --atol A]")

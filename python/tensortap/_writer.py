@@ -1,0 +1,239 @@
+"""A run directory written from Python, in the layout the C++ recorder writes
+(DESIGN.md section 3): `.npy` records under npy/<kind>/<name>/<step>.npy,
+index.jsonl, run.json and the writer's lock. The Python twin
+(tensortap.torch) records through it; it needs only NumPy.
+
+What it shares with the C++ writers, and must keep sharing (the reader, the
+file-name test and `tensortap diff` rely on it): the names on disk
+(encode_name is writers/src/paths.cpp's), the index line exactly as
+append_index_line prints it (the reader's fast path reads that form only),
+the `.npy` form (format 1.0, header padded to 64 bytes, C order, little
+endian; bfloat16 stored as float32 and float8 as its bytes, the index keeping
+the tensor's dtype), run.json's keys, and the lock (`.tensortap.lock`,
+flock). A file is written under `.<name>.tmp` and renamed, so no final name
+ever holds a short file, and its index line is appended only after.
+
+What it does not do: fsync. A process that dies loses nothing it indexed;
+a machine that crashes may lose the last records' data.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import fcntl
+import json
+import os
+import shutil
+import stat
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ._base import KINDS, RunError
+from ._names import INDEX, LOCK, NPY_DIR, RUN_FILE_NAMES, RUN_JSON, is_run_file_name
+
+FORMAT_VERSION = 1
+
+_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-#+=@,")
+_MAX_ENCODED = 200
+
+
+def _fnv1a(data: bytes) -> int:
+    h = 1469598103934665603
+    for c in data:
+        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def encode_name(name: str) -> str:
+    """A record name as a folder name, as the C++ writers encode it
+    (writers/src/paths.cpp encode_name): unsafe bytes as %XX, a leading dot
+    too, long names cut and suffixed with a hash of the whole name."""
+    raw = name.encode("utf-8", "surrogateescape")
+    out = "".join(chr(c) if c in _SAFE and not (i == 0 and c == 0x2E) else f"%{c:02X}" for i, c in enumerate(raw))
+    if not out:
+        out = "%00empty"
+    if len(out) > _MAX_ENCODED:
+        cut = _MAX_ENCODED - 17
+        # '%' only ever starts a three-byte escape: do not cut one in half.
+        if out[cut - 1] == "%":
+            cut -= 1
+        elif out[cut - 2] == "%":
+            cut -= 2
+        out = f"{out[:cut]}~{_fnv1a(raw):016x}"
+    return out
+
+
+def _json_string(s: str) -> str:
+    # As put_json_string (writers/src/json.cpp): UTF-8 as it is, control
+    # characters and DEL as \u00XX, a lone surrogate (a byte that was not
+    # UTF-8) as \udcXX.
+    out = ['"']
+    for ch in s:
+        c = ord(ch)
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif c < 0x20 or c == 0x7F or 0xD800 <= c <= 0xDFFF:
+            out.append(f"\\u{c:04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def index_line(step: int, kind: str, name: str, dtype: str, shape: Sequence[int], file: str) -> str:
+    """One line of index.jsonl, exactly as append_index_line prints it."""
+    return (f'{{"step":{int(step)},"kind":"{kind}","name":{_json_string(name)},"dtype":"{dtype}",'
+            f'"shape":[{",".join(str(int(d)) for d in shape)}],"file":{_json_string(file)}}}\n')
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rank_and_world() -> tuple:
+    """(rank, world size) as the C++ recorder reads them: RANK and WORLD_SIZE
+    from the environment (torchrun's), 0 and 1 without them."""
+    def read(var, default):
+        text = os.environ.get(var)
+        if text is None or text == "":
+            return default
+        try:
+            return int(text)
+        except ValueError:
+            raise RunError(f"{var}={text!r} is not an integer") from None
+    rank, world = read("RANK", 0), read("WORLD_SIZE", 1)
+    if world < 1 or not 0 <= rank < world:
+        raise RunError(f"RANK={rank} and WORLD_SIZE={world}: the rank must be in [0, world size)")
+    return rank, world
+
+
+class RunWriter:
+    """One rank's run directory, open for writing: `write()` a record, then
+    `close()`. The directory is locked as the C++ recorder locks it, so the
+    two never write into one run at once."""
+
+    def __init__(self, path: str, options: Dict[str, Any], overwrite: bool = False,
+                 torch_version: str = "?", rank: Optional[int] = None, world_size: Optional[int] = None):
+        from . import __version__
+
+        if not isinstance(path, (str, os.PathLike)) or str(path) == "":
+            raise RunError(f"the run directory must be a non-empty path, not {path!r}")
+        if rank is None or world_size is None:
+            rank, world_size = rank_and_world()
+        self.root = os.fspath(path)
+        self.path = self.root if world_size == 1 else os.path.join(self.root, f"rank{rank}")
+        os.makedirs(self.path, exist_ok=True)
+        self._lock = os.open(os.path.join(self.path, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                             0o666)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(self._lock)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise RunError(f"run directory {self.path} is in use by another recorder") from None
+            raise
+        try:
+            self._prepare(overwrite)
+            self._info: Dict[str, Any] = {
+                "format_version": FORMAT_VERSION, "tensortap_version": __version__, "torch_version": torch_version,
+                "writer": "python", "options": dict(options, dir=self.root, format="npy", overwrite=overwrite),
+                "rank": rank, "world_size": world_size, "start_time": _utc_now(), "dumps": []}
+            self._write_run_json(closed=False)
+            self._index = open(os.path.join(self.path, INDEX), "x", encoding="utf-8", errors="surrogateescape")
+        except BaseException:
+            os.close(self._lock)
+            raise
+        self.records = 0
+        self.bytes = 0
+        self.closed = False
+        self._dirs: set = set()
+
+    def _prepare(self, overwrite: bool) -> None:
+        held = sorted(n for n in os.listdir(self.path) if is_run_file_name(n))
+        if held and not overwrite:
+            raise RunError(f"run directory {self.path} already holds a run ({', '.join(held)}): "
+                           "pass overwrite=True to replace it")
+        for name in held:
+            p = os.path.join(self.path, name)
+            st = os.lstat(p)
+            # Only tensortap's own names are removed; a link is removed, never followed.
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(p)
+            else:
+                os.unlink(p)
+
+    def _write_run_json(self, closed: bool) -> None:
+        info = dict(self._info)
+        if closed:
+            info.update(end_time=_utc_now(), records=self.records, bytes=self.bytes, dropped=0, errors=0)
+        info["closed"] = closed
+        tmp = os.path.join(self.path, "." + RUN_JSON + ".tmp")
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(info, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, os.path.join(self.path, RUN_JSON))
+
+    def write(self, kind: str, name: str, step: int, array: np.ndarray, dtype: str) -> None:
+        """Writes one record: `array` as stored (a bfloat16 tensor as
+        float32, a float8 one as uint8), `dtype` the tensor's own dtype name."""
+        if self.closed:
+            raise RunError(f"the run {self.path} is closed: {kind} {name!r} step {step} not written")
+        if kind not in KINDS:
+            raise RunError(f"unknown kind {kind!r} for {name!r}: one of {', '.join(KINDS)}")
+        folder = os.path.join(NPY_DIR, kind, encode_name(name))
+        if folder not in self._dirs:
+            os.makedirs(os.path.join(self.path, folder), exist_ok=True)
+            self._dirs.add(folder)
+        stem = f"{step:08d}.npy"
+        rel = os.path.join(folder, stem)
+        final = os.path.join(self.path, rel)
+        tmp = os.path.join(self.path, folder, "." + stem + ".tmp")
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        if not array.flags.c_contiguous:
+            array = array.copy(order="C")  # np.ascontiguousarray would make a 0-d array 1-d
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            np.lib.format.write_array(f, array, allow_pickle=False)
+        os.replace(tmp, final)
+        self._index.write(index_line(step, kind, name, dtype, array.shape, rel))
+        self._index.flush()
+        self.records += 1
+        self.bytes += array.nbytes
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._index.close()
+            self._write_run_json(closed=True)
+        finally:
+            os.close(self._lock)
+
+
+def default_options(every: int, kinds: List[str]) -> Dict[str, Any]:
+    """run.json's "options" for a Python run: the C++ recorder's names, with
+    the values the twin has (the rest at the C++ defaults, or off)."""
+    return {"every": every, "start": 0, "stop": -1, "include": "", "exclude": "", "kinds": list(kinds),
+            "every_by_kind": {k: (every if k in kinds else 0) for k in KINDS}, "steps": [], "ranks": [],
+            "capture_eval": False, "grad_per_backward": False, "capture_ops": False, "on_error": "continue",
+            "tap_sequential": "", "stats_every": 0, "flight_recorder": 0, "tensorboard": None, "dump_on": []}
+
+
+__all__ = ["RunWriter", "encode_name", "index_line", "default_options", "RUN_FILE_NAMES"]
