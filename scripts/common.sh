@@ -86,9 +86,9 @@ configure_and_build() {
   local dir=$1
   shift
   # shellcheck disable=SC2046
-  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTENSORTAP_PYTHON="$(numpy_python)" \
-    $(ccache_args) "$@"
-  cmake --build "$dir" --parallel "$(nproc)"
+  timed "$(basename "$dir")/: configure" cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DTENSORTAP_PYTHON="$(numpy_python)" $(ccache_args) "$@"
+  timed "$(basename "$dir")/: build" cmake --build "$dir" --parallel "$(nproc)"
 }
 
 # PyTorch's own LibTorch 2.x with CUDA: the `torch` wheel from PyPI, which
@@ -195,8 +195,10 @@ configure_torch2() {
   # one. Its list is added to tensortap's own kernels' (stats_kernel.cu,
   # TENSORTAP_CUDA_ARCHITECTURES): the H100/H200's.
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-  # shellcheck disable=SC2046
-  cmake -S "$ROOT" -B "$dir" -G Ninja "${args[@]}" $(ccache_args) "$@" 2>&1 | tee "$dir.configure.log"
+  local extra=("$@")
+  # shellcheck disable=SC2016
+  timed "$(basename "$dir")/: configure" eval 'cmake -S "$ROOT" -B "$dir" -G Ninja "${args[@]}" $(ccache_args) \
+    "${extra[@]}" 2>&1 | tee "$dir.configure.log"'
   if ! grep -q "tensortap: CUDA engine on" "$dir.configure.log"; then
     echo "tensortap: the LibTorch at $prefix has no CUDA (no TARGET torch_cuda), or no CUDA toolkit was found" >&2
     return 1
@@ -229,12 +231,22 @@ configure_and_build_torch2() {
   local py
   py=$(torch2_wrapper "$dir")
   configure_torch2 "$dir" "$py" -DTENSORTAP_PYTHON="$(numpy_python)" -DTENSORTAP_TORCH_PYTHON="$py" "$@"
-  cmake --build "$dir" --parallel "$(nproc)"
+  timed "$(basename "$dir")/: build" cmake --build "$dir" --parallel "$(nproc)"
+}
+
+# timed LABEL COMMAND...: runs COMMAND; its time goes to $TENSORTAP_TIMES
+# (when set) for the time table scripts/test.sh prints last.
+timed() {
+  local label=$1 start=$SECONDS rc=0
+  shift
+  "$@" || rc=$?
+  [ -n "${TENSORTAP_TIMES:-}" ] && printf '  %-58s %5d s\n' "$label" $((SECONDS - start)) >>"$TENSORTAP_TIMES"
+  return $rc
 }
 
 # run_ctest BUILD_DIR LABEL [ctest arguments...]: the build's suite (all of it, or
 # what the arguments select); its summary line goes to $CTEST_SUMMARY for the
-# closing line of scripts/test.sh.
+# closing line of scripts/test.sh, its 15 slowest tests to $CTEST_SLOWEST.
 run_ctest() {
   local dir=$1 label=$2 log rc=0
   shift 2
@@ -243,6 +255,11 @@ run_ctest() {
   local line
   line=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$log" | tail -1 || true)
   echo "$label: ${line:-no ctest summary (exit $rc)}" >>"$CTEST_SUMMARY"
+  if [ -n "${CTEST_SLOWEST:-}" ]; then
+    echo "$label, the 15 slowest tests (s):" >>"$CTEST_SLOWEST"
+    sed -nE 's/^.*Test +#[0-9]+: (.*[^ .]) \.+.* ([0-9.]+) sec$/\2  \1/p' "$log" | sort -rn | head -15 |
+      awk '{ printf "  %7.1f  %s\n", $1, substr($0, index($0, $2)) }' >>"$CTEST_SLOWEST"
+  fi
   rm -f "$log"
   return $rc
 }
