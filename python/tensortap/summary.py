@@ -103,7 +103,17 @@ def summarize(run, out=None):
         bad = table[(table["nan"] + table["posinf"] + table["neginf"]) > 0]
         first = f", first non-finite at step {bad['step'].min()}" if len(bad) else ", all finite"
         print(f"  {where}statistics: {len(table)} rows of {len(series)} tensors{first}", file=out)
-    for d in run.dumps:
+    dumps = run.dumps
+    shown, counts = dump_digest(dumps)
+    if counts:
+        # Thousands of dumps (a rule that fires every step) would bury the
+        # summary: counts, then the first and the last few.
+        print(f"  {len(dumps)} flight recorder dumps:", file=out)
+        for (rule, reason), n in counts:
+            print(f"    {n:>8}  {_safe(rule)} ({_safe(reason)})", file=out)
+    for i, d in enumerate(shown):
+        if counts and i == len(shown) // 2:
+            print(f"  ... {len(dumps) - len(shown)} more dumps ...", file=out)
         where = "" if d.get("rank") is None else f"rank {d['rank']}: "
         cause = f" in {_safe(d.get('kind', '?'))} {_safe(d['name'])}" if "name" in d else ""
         steps = d.get("steps")
@@ -111,6 +121,31 @@ def summarize(run, out=None):
         print(f"  {where}flight recorder dump at step {_safe(d.get('step', '?'))} "
               f"({_safe(d.get('reason', '?'))}{cause}): {span}", file=out)
     return problems
+
+
+# More dumps than this are summarized (inspect, report): counts per rule
+# and reason, and the first and last DUMPS_SHOWN / 2.
+DUMPS_LISTED = 24
+DUMPS_SHOWN = 10
+
+
+def _rule(d):
+    trigger = d.get("trigger")
+    return trigger.get("kind", "?") if isinstance(trigger, dict) else "user" if "name" not in d else "?"
+
+
+def dump_digest(dumps):
+    """(the dumps to list, [((rule, reason), count)] or [] when all are
+    listed): every dump up to DUMPS_LISTED, past that the first and last
+    DUMPS_SHOWN / 2 and the counts, most frequent first."""
+    if len(dumps) <= DUMPS_LISTED:
+        return list(dumps), []
+    counts = {}
+    for d in dumps:
+        key = (str(_rule(d)), str(d.get("reason", "?")))
+        counts[key] = counts.get(key, 0) + 1
+    half = DUMPS_SHOWN // 2
+    return list(dumps[:half]) + list(dumps[-half:]), sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 def check(run, out=None, found=()):

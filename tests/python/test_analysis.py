@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 from unittest import mock
 
@@ -490,6 +491,41 @@ class HandMadeRuns:
         return page, json.loads(raw, parse_constant=no_constant)
 
 
+class ManyDumpsTest(HandMadeRuns, unittest.TestCase):
+    """Round 4: 1,100 dumps made a 142 s, 21 MB page (a figure each), and
+    inspect printed a line per dump. 301 here: past DUMPS_LISTED, what
+    grew with each dump would show."""
+
+    def test_thousands_of_dumps_are_summarized(self):
+        from tensortap import summary
+
+        loss = [("tensor", "loss", s, np.array(float(s), dtype=np.float32)) for s in range(0, 600, 10)]
+        dumps = ([{"step": s, "reason": "nan", "steps": [s], "kind": "tensor", "name": "loss",
+                   "trigger": {"kind": "non_finite"}} for s in range(0, 300)]
+                 + [{"step": 500, "reason": "user", "steps": [500]}])
+        run = self.make(loss, dumps=dumps)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            self.assertEqual(cli.main(["inspect", run]), 0)
+        text = out.getvalue()
+        self.assertLess(len(text.splitlines()), 40, text)
+        self.assertIn("301 flight recorder dumps:", text)
+        self.assertRegex(text, r"300  non_finite \(nan\)")
+        self.assertRegex(text, r"1  user \(user\)")
+        self.assertIn("flight recorder dump at step 0 ", text)
+        self.assertIn("flight recorder dump at step 500 ", text)
+        self.assertIn(f"... {301 - summary.DUMPS_SHOWN} more dumps ...", text)
+        t = time.perf_counter()
+        page, data = self.report(run)
+        took = time.perf_counter() - t
+        self.assertEqual(len(data["dumps"]), 301)  # the data keeps every dump
+        section = re.search(r'<section id="flight-recorder-dumps">(.*?)</section>', page, re.S).group(1)
+        self.assertIn('alt="timeline of the dumps"', section)
+        self.assertLessEqual(section.count('<img class="figure"'), 1 + summary.DUMPS_SHOWN)
+        self.assertLess(len(page), 3_000_000)
+        print(f"\n301 dumps: inspect {len(text.splitlines())} lines; report {len(page) / 1e6:.1f} MB in {took:.1f} s")
+
+
 class HostileRunTest(HandMadeRuns, unittest.TestCase):
     """Runs made by hand to break the analysis code: names that are not text,
     values at the ends of float64, dtypes that change, ranks that disagree,
@@ -692,5 +728,17 @@ class ExampleTest(unittest.TestCase):
         first = min(crossings)
         self.assertIn(f"first activation max above 3.5: step {first[0]} ({first[1]})", out.stdout)
 
+# ctest runs the file in two halves side by side (tests/CMakeLists.txt):
+# `test_analysis.py frames` and `test_analysis.py report`. Every test class
+# is in exactly one of them; with no half named, all run.
+HALVES = {"frames": ["FramesTest", "LargerThanMemoryTest", "ProgressTest", "HostileRunTest", "ExampleTest"],
+          "report": ["ReportTest", "ReportScalarsTest", "ManyDumpsTest"]}
+
+
 if __name__ == "__main__":
+    classes = sorted(n for n, v in list(globals().items()) if isinstance(v, type) and issubclass(v, unittest.TestCase))
+    halves = sorted(c for half in HALVES.values() for c in half)
+    assert classes == halves, f"test classes {classes} are not split exactly into HALVES {halves}"
+    if len(sys.argv) > 1 and sys.argv[1] in HALVES:
+        sys.argv[1:2] = HALVES[sys.argv[1]]
     unittest.main(verbosity=2)
