@@ -1,37 +1,35 @@
-# Precompiled headers (tests/README.md, "Time"). LibTorch's headers are most
-# of every unit's compile time: a unit that includes <torch/torch.h> spends
-# 12-20 s of its compile on them, one of the library's 2-10 s. Each header
-# set below is compiled once per build tree, and the targets that include
-# those headers load it instead of parsing them again.
+# Precompiled headers (tests/README.md, "Time"): LibTorch's headers are
+# parsed once per build tree for the programs that include <torch/torch.h>
+# or most of it, not once per unit.
 #
-# What a set holds: only headers of LibTorch (and Catch), never
-# tensortap's own, so a change to tensortap never rebuilds one; and only
-# headers the target's sources really include (ARCHITECTURE.md's parts
-# include ATen, not torch/torch.h). A set makes its headers visible to every
-# unit of the target, so a source that forgets an include still compiles
-# here: the units of the library are compiled without them by ctest
-# consumer.cxx20 (TENSORTAP_PRECOMPILE_HEADERS=OFF), and every public
-# header alone by tensortap_header_check, which never uses one.
+# Where they pay was measured, unit by unit, on both LibTorches
+# (.ninja_log, a cold build of 2026-11-27):
+# - the test program (tests/unit/, Catch and <torch/torch.h>): its units
+#   took 423 s of a core against 2.11 and 345 s with the set (43 s to make
+#   it), 400 s and 392 s against 1.13, whose headers are smaller;
+# - the programs (examples, tests/programs, benchmarks), one set reused by
+#   all: 20 s a unit including <torch/torch.h> became 12 s;
+# - not the library's parts: most of their units include ATen's core
+#   headers only, and a set of ATen cost them more to make and load than it
+#   saved (writers 32 s became 45 s, sdk 70 s became 91 s against 2.11).
+# Most of a unit's time is code generation, which no header set saves:
+# tests/unit/test_tapped.cpp alone takes over two minutes of a core.
 #
-# A precompiled header is only valid for the flags it was built with (GCC
-# checks -fPIC among them and silently parses the headers instead, warning
-# under -Winvalid-pch, which CMake adds), so the library's PIC objects and
-# the programs have sets of their own: a program reuses
-# tensortap_programs_pch's (REUSE_FROM), built once.
-option(TENSORTAP_PRECOMPILE_HEADERS "Precompile LibTorch's headers for the library, tests, examples and benchmarks"
-       ON)
+# A set holds only headers of LibTorch and Catch, never tensortap's, so a
+# change to tensortap never rebuilds one. It makes its headers visible to
+# every unit of its target: a source that forgot an include would compile
+# here, so fmt's include-order check (ctest build.fmt_from_linked), which
+# preprocesses every unit, configures with TENSORTAP_PRECOMPILE_HEADERS=OFF,
+# and every public header compiles alone (tensortap_header_check, no set).
+# A precompiled header is valid only for the flags it was made with (GCC
+# checks -fPIC, and macros such as HDF5's, and otherwise parses the headers
+# again, warning under -Winvalid-pch, which CMake adds): the programs share
+# tensortap_programs_pch's set, which links what they link.
+option(TENSORTAP_PRECOMPILE_HEADERS "Precompile LibTorch's headers for the tests, examples and benchmarks" ON)
 
-# The library's parts: ATen (writers/, sdk/), and for hooks/ the torch::nn
-# headers that tap.h and watch.h include.
-set(TENSORTAP_PCH_LIBRARY <ATen/ATen.h>)
-# (1.13's instancenorm.h does not include the functional header it uses:
-# tap.h includes it first, and so does this list.)
-set(TENSORTAP_PCH_HOOKS <ATen/ATen.h> <torch/nn/module.h> <torch/nn/cloneable.h>
-    <torch/nn/modules/container/sequential.h> <torch/nn/functional/instancenorm.h> <torch/nn/modules/batchnorm.h>
-    <torch/nn/modules/instancenorm.h>)
-# Programs: tests, examples and benchmarks include <torch/torch.h> or a
+# The programs: tests, examples and benchmarks include <torch/torch.h> or a
 # handful of the torch::nn and optim headers it gathers, and
-# <tensortap/tensortap.h>, which includes the torch::nn ones above.
+# <tensortap/tensortap.h>, which includes torch::nn's module headers.
 set(TENSORTAP_PCH_PROGRAMS <torch/torch.h>)
 
 # tensortap_precompile(TARGET HEADERS...): TARGET's own set.

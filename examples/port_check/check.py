@@ -27,7 +27,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("port_check", help="the C++ program (port_check.cpp)")
     p.add_argument("work", help="a folder for the two runs")
@@ -35,7 +35,7 @@ def main():
     p.add_argument("--rtol", type=float)
     p.add_argument("--atol", type=float)
     p.add_argument("--html", metavar="OUT", help="also write the diff's page")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     import torch
 

@@ -2,24 +2,31 @@
 original, and each deliberate port bug is named at its layer, at step 0.
 
     check_port_check.py PORT_CHECK WORK     (with a Python that has torch)
+
+The three checks run in this process (check.main), so torch is imported once.
 """
 
+import contextlib
+import io
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "port_check", "check.py")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "port_check"))
+
+import check as port  # noqa: E402
 
 
 def check(program, work, bug, status, first):
-    args = [sys.executable, SCRIPT, program, os.path.join(work, bug or "faithful")] + (["--bug", bug] if bug else [])
-    out = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    print(out.stdout)
-    assert out.returncode == status, (bug, out.returncode, out.stdout, out.stderr)
-    lines = [x for x in out.stdout.splitlines() if not x.startswith("port_check:")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = port.main([program, os.path.join(work, bug or "faithful")] + (["--bug", bug] if bug else []))
+    text = out.getvalue()
+    print(text)
+    assert rc == status, (bug, rc, text)
+    lines = [x for x in text.splitlines() if not x.startswith("port_check:")]
     if first is None:
-        assert "first divergence" not in out.stdout, out.stdout
+        assert "first divergence" not in text, text
         assert lines[-1].endswith("differ 0, only in A 0, only in B 0"), lines[-1]
     else:
         assert lines[1].startswith(f"first divergence: {first} step 0: "), lines[1]

@@ -18,11 +18,8 @@ if [ "$mode" = find_package ]; then
   cmake $cache -S "$src/tests/build/consumer" -B "$work/build" $gen -DCMAKE_BUILD_TYPE=Release \
         -DTENSORTAP_PREFIX="$work/prefix" -DTENSORTAP_CONSUME=find_package -DCMAKE_CXX_STANDARD="$std"
 else
-  # Without precompiled headers: every source of the library must compile
-  # from its own includes (cmake/precompile.cmake).
   cmake $cache -S "$src/tests/build/consumer" -B "$work/build" $gen -DCMAKE_BUILD_TYPE=Release \
-        -DTENSORTAP_CONSUME=add_subdirectory -DTENSORTAP_SOURCE_DIR="$src" -DCMAKE_CXX_STANDARD="$std" \
-        -DTENSORTAP_PRECOMPILE_HEADERS=OFF
+        -DTENSORTAP_CONSUME=add_subdirectory -DTENSORTAP_SOURCE_DIR="$src" -DCMAKE_CXX_STANDARD="$std"
 fi
 cmake --build "$work/build" --parallel 2
 "$work/build/consumer" "$work/run"
