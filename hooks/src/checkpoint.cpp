@@ -1,6 +1,8 @@
 #include <tensortap/checkpoint.h>
 
 #include <exception>
+#include <string>
+#include <vector>
 
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -21,22 +23,45 @@ std::string path_of(const std::string& prefix, const std::string& key) {
   return prefix.empty() ? key : prefix + "." + key;
 }
 
-// What Module::load does (parameters, buffers, then each child's archive),
-// except that a stateless child with no entry is skipped. Modules' own
-// load() overrides are not called: LibTorch's modules have none.
-void load_into(torch::nn::Module& m, torch::serialize::InputArchive& archive, const std::string& prefix,
-               const std::string& file) {
-  const auto read = [&](const std::string& key, torch::Tensor& t, bool buffer) {
+// A tensor of the module and the checkpoint's value for it.
+struct Pending {
+  torch::Tensor target;
+  torch::Tensor value;
+};
+
+std::string shape_of(const torch::Tensor& t) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < t.sizes().size(); ++i) out += (i ? ", " : "") + std::to_string(t.sizes()[i]);
+  return out + "]";
+}
+
+// Reads what Module::load would (parameters, buffers, then each child's
+// archive), except that a stateless child with no entry is skipped, and
+// sets nothing: every name, shape and dtype is checked first (round 4: a
+// checkpoint of Linear(3, 2) loaded into a Linear(4, 5) changed its weight
+// to [2, 3], and a refused load had overwritten the submodules before the
+// one refused). Modules' own load() overrides are not called: LibTorch's
+// modules have none.
+void read_into(torch::nn::Module& m, torch::serialize::InputArchive& archive, const std::string& prefix,
+               const std::string& file, std::vector<Pending>& out) {
+  const auto read = [&](const std::string& key, const torch::Tensor& t, bool buffer) {
+    const char* what = buffer ? "buffer" : "parameter";
+    torch::Tensor value;
     bool found = false;
     try {
-      found = archive.try_read(key, t, buffer);
+      found = archive.try_read(key, value, buffer);
     } catch (const c10::Error& e) {
-      detail::fail("load_checkpoint: '{}': {} '{}': {}", file, buffer ? "buffer" : "parameter", path_of(prefix, key),
-                   e.what_without_backtrace());
+      detail::fail("load_checkpoint: '{}': {} '{}': {}", file, what, path_of(prefix, key), e.what_without_backtrace());
     }
     if (!found)
-      detail::fail("load_checkpoint: '{}' has no {} '{}' (a checkpoint of another model?)", file,
-                   buffer ? "buffer" : "parameter", path_of(prefix, key));
+      detail::fail("load_checkpoint: '{}' has no {} '{}' (a checkpoint of another model?)", file, what,
+                   path_of(prefix, key));
+    if (t.defined() && (value.sizes() != t.sizes() || value.scalar_type() != t.scalar_type()))
+      detail::fail("load_checkpoint: '{}': {} '{}' is {} {} in the checkpoint and {} {} in the model; nothing was "
+                   "loaded (a checkpoint of another model?)",
+                   file, what, path_of(prefix, key), c10::toString(value.scalar_type()), shape_of(value),
+                   c10::toString(t.scalar_type()), shape_of(t));
+    out.push_back({t, std::move(value)});
   };
   for (auto& p : m.named_parameters(/*recurse=*/false)) read(p.key(), p.value(), false);
   for (auto& b : m.named_buffers(/*recurse=*/false)) read(b.key(), b.value(), true);
@@ -45,10 +70,10 @@ void load_into(torch::nn::Module& m, torch::serialize::InputArchive& archive, co
     if (!c.value()->is_serializable()) continue;
     torch::serialize::InputArchive child;
     if (archive.try_read(c.key(), child)) {
-      load_into(*c.value(), child, path_of(prefix, c.key()), file);
+      read_into(*c.value(), child, path_of(prefix, c.key()), file, out);
     } else if (has_state(*c.value())) {
       detail::fail("load_checkpoint: '{}' has no submodule '{}', which has parameters or buffers (a checkpoint of "
-                   "another model?)",
+                   "another model?); nothing was loaded",
                    file, path_of(prefix, c.key()));
     }
   }
@@ -63,9 +88,18 @@ void load_checkpoint(torch::nn::Module& module, const std::string& path, const c
   } catch (const c10::Error& e) {
     detail::fail("load_checkpoint: '{}': {}", path, e.what_without_backtrace());
   }
-  // As torch::load: the values are copied into the tensors in place.
+  std::vector<Pending> pending;
+  read_into(module, archive, "", path, pending);
+  // Every value checked: set them as torch::load does (InputArchive's
+  // try_read), the tensor kept, its data the checkpoint's.
   c10::NoGradGuard no_grad;
-  load_into(module, archive, "", path);
+  for (Pending& p : pending) {
+    if (!p.target.defined()) continue;  // an undefined buffer: nothing to set, as torch::load
+    if (p.target.device() != p.value.device())
+      p.target.set_data(p.value);
+    else
+      p.target.set_(p.value);
+  }
 }
 
 }  // namespace tensortap

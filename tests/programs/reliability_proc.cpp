@@ -83,8 +83,22 @@ static int fill(const std::string& dir, bool stop, int64_t steps, tensortap::For
   return 0;
 }
 
+// Opens a recorder in DIR and closes it: prints "opened", or the error.
+static int open_only(const std::string& dir) {
+  try {
+    tensortap::Recorder rec{Options(dir)};
+    rec.close();
+  } catch (const tensortap::Error& e) {
+    std::printf("error %s\n", e.what());
+    return 1;
+  }
+  std::printf("opened\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "open" && argc == 3) return open_only(argv[2]);
   if (mode == "crash" && (argc == 4 || (argc == 5 && std::string(argv[4]) == "new_names"))) {
     const std::string f = argv[3];
     return crash(argv[2],
@@ -99,6 +113,6 @@ int main(int argc, char** argv) {
   if (mode == "fill_packed" && argc == 4) return fill(argv[2], false, std::atoll(argv[3]), tensortap::Format::Packed);
   std::fprintf(stderr,
                "usage: reliability_proc crash DIR npy|hdf5|packed [new_names] | fill DIR continue|stop STEPS | "
-               "fill_hdf5 DIR STEPS | fill_packed DIR STEPS\n");
+               "fill_hdf5 DIR STEPS | fill_packed DIR STEPS | open DIR\n");
   return 2;
 }

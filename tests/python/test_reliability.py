@@ -250,6 +250,21 @@ class DiskFullTest(unittest.TestCase):
                                           np.full(16384, rec["step"], np.float32))
         print(f"\ndisk full/packed: {info['records']} written, {info['errors']} failed, training finished")
 
+    def test_a_disk_full_at_open_says_so(self):
+        # Round 4: run.json's fallback (an in-place rewrite, for a disk that
+        # fills during the run) ran at open too, where there is no run.json
+        # yet, and reported ENOENT instead of the full disk.
+        with open(os.path.join(self.fs, "filler"), "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\1" * 4096)
+            except OSError:
+                pass
+        p = subprocess.run([PROC, "open", os.path.join(self.fs, "run")], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertIn("No space left on device", p.stdout)
+        self.assertNotIn("No such file", p.stdout)
+
     def test_stop(self):
         done, stopped, error, info = self.fill("stop")
         self.assertTrue(stopped)

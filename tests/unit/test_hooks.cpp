@@ -482,6 +482,51 @@ TEST_CASE("load_checkpoint loads a checkpoint saved before tensortap was added, 
                Catch::Contains("missing.pt"));
 }
 
+TEST_CASE("load_checkpoint checks every name, shape and dtype before it sets anything (round 4)", "[hooks]") {
+  TempDir dir;
+  torch::nn::Linear small(3, 2);
+  torch::save(small, dir / "small.pt");
+  // Another shape: the weight silently became [2, 3].
+  torch::nn::Linear big(4, 5);
+  const torch::Tensor weight = big->weight.clone(), bias = big->bias.clone();
+  REQUIRE_THAT(tt_test::error_of([&] { tensortap::load_checkpoint(big, dir / "small.pt"); }),
+               Catch::Contains("parameter 'weight'") && Catch::Contains("[2, 3]") && Catch::Contains("[5, 4]") &&
+                   Catch::Contains("small.pt"));
+  CHECK(big->weight.sizes() == weight.sizes());
+  CHECK(torch::equal(big->weight, weight));
+  CHECK(torch::equal(big->bias, bias));
+  // Another dtype.
+  torch::nn::Linear doubles(3, 2);
+  doubles->to(torch::kDouble);
+  torch::save(doubles, dir / "doubles.pt");
+  torch::nn::Linear floats(3, 2);
+  REQUIRE_THAT(tt_test::error_of([&] { tensortap::load_checkpoint(floats, dir / "doubles.pt"); }),
+               Catch::Contains("Double") && Catch::Contains("Float"));
+  CHECK(floats->weight.scalar_type() == torch::kFloat);
+  // A submodule missing from the checkpoint: the ones before it keep their values.
+  struct TwoImpl : torch::nn::Module {
+    torch::nn::Linear a{nullptr}, b{nullptr};
+    TwoImpl() {
+      a = register_module("a", torch::nn::Linear(3, 2));
+      b = register_module("b", torch::nn::Linear(2, 2));
+    }
+  };
+  struct ThreeImpl : TwoImpl {
+    torch::nn::Linear c{nullptr};
+    ThreeImpl() { c = register_module("c", torch::nn::Linear(2, 2)); }
+  };
+  torch::save(std::make_shared<TwoImpl>(), dir / "two.pt");
+  auto three = std::make_shared<ThreeImpl>();
+  const torch::Tensor a = three->a->weight.clone();
+  REQUIRE_THAT(tt_test::error_of([&] { tensortap::load_checkpoint(three, dir / "two.pt"); }),
+               Catch::Contains("submodule 'c'") && Catch::Contains("nothing was loaded"));
+  CHECK(torch::equal(three->a->weight, a));
+  // And the right checkpoint loads, values and all.
+  torch::nn::Linear same(3, 2);
+  tensortap::load_checkpoint(same, dir / "small.pt");
+  CHECK(torch::equal(same->weight, small->weight));
+}
+
 TEST_CASE("grad_per_backward records every micro-batch's gradient on its own", "[hooks]") {
   TempDir dir;
   Net net;

@@ -581,6 +581,18 @@ struct Env {
 TEST_CASE("rank and world size come from the environment, and each rank writes rank<r>/", "[sdk][distributed]") {
   TempDir dir;
   {
+    // LOCAL_RANK is read only without RANK (round 4: a bad one refused a valid RANK).
+    Env env{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "zz"}};
+    Recorder rec{Options(dir / "local")};
+    REQUIRE(rec.rank() == 1);
+    rec.close();
+  }
+  {
+    Env env{{"LOCAL_RANK", "zz"}};
+    REQUIRE_THAT(tt_test::error_of([&] { Recorder rec{Options(dir / "bad")}; }),
+                 Catch::Contains("LOCAL_RANK='zz'"));
+  }
+  {
     Env env{{"RANK", "1"}, {"WORLD_SIZE", "2"}};
     Recorder rec{Options(dir.path)};
     REQUIRE(rec.rank() == 1);

@@ -265,6 +265,45 @@ TEST_CASE("a large mean does not cost std its precision", "[sdk][stats]") {
   REQUIRE(acc.result().std == Approx(t.std(/*unbiased=*/false).item<double>()).epsilon(1e-9));
 }
 
+TEST_CASE("statistics of finite values near DBL_MAX and of subnormal ones are finite and right (round 4)",
+          "[sdk][stats]") {
+  // Their squares overflow or vanish: five 1e300 gave std NaN and norm inf,
+  // five 1e-310 norm 0. The host scan sums such chunks scaled.
+  struct Case {
+    std::vector<double> values;
+    double mean, std, norm;
+  };
+  const double big = 1e300, tiny = 1e-310, huge = 5e307;
+  const std::vector<Case> cases{
+      {{big, big, big, big, big}, big, 0, std::sqrt(5.0) * big},
+      {{tiny, tiny, tiny, tiny, tiny}, tiny, 0, std::sqrt(5.0) * tiny},
+      {{huge, -huge, huge, -huge}, 0, huge, 2 * huge},
+      {{big, -big}, 0, big, std::sqrt(2.0) * big},
+  };
+  for (const Case& c : cases) {
+    INFO("values " << c.values[0] << ", " << c.values[1]);
+    for (std::size_t chunk : {c.values.size(), std::size_t{1}}) {  // whole, and merged value by value
+      INFO("chunks of " << chunk);
+      StatsAccumulator acc(Element::F64);
+      for (std::size_t i = 0; i < c.values.size(); i += chunk)
+        acc.add(c.values.data() + i, std::min(chunk, c.values.size() - i) * sizeof(double));
+      const TensorStats s = acc.result();
+      CHECK(s.mean == Approx(c.mean).margin(1e-300 * c.norm));
+      CHECK(s.std == Approx(c.std).margin(1e-12 * c.norm));
+      CHECK(s.norm == Approx(c.norm).epsilon(1e-6));
+      CHECK(std::isfinite(s.norm));
+    }
+  }
+  // A chunk of ordinary values merged with one of huge ones.
+  StatsAccumulator mixed(Element::F64);
+  const double ordinary[] = {1.0, 2.0, 3.0}, huge_ones[] = {1e300};
+  mixed.add(ordinary, sizeof(ordinary));
+  mixed.add(huge_ones, sizeof(huge_ones));
+  CHECK(mixed.result().norm == Approx(1e300));
+  CHECK(mixed.result().mean == Approx(0.25e300));
+  CHECK(mixed.result().std == Approx(std::sqrt(3.0) / 4 * 1e300));
+}
+
 TEST_CASE("stats_every writes one row per tensor and step, independent of every()", "[sdk][stats]") {
   TempDir dir;
   Recorder rec{Options(dir.path).every(5).stats_every(2)};
@@ -426,6 +465,18 @@ TEST_CASE("the flight ring keeps k steps before the newest and places late recor
   REQUIRE(ring.steps().empty());
   for (std::int64_t s : {10, 11, 12}) REQUIRE(ring.hold(rec(s)));
   REQUIRE(ring.take(20).size() == 2);  // the 2 newest before 20
+}
+
+TEST_CASE("flight_recorder(INT64_MAX) keeps every step the budget allows (round 4)", "[sdk][stats][flight]") {
+  // k + 1 overflowed: the ring kept only the newest step.
+  tensortap::detail::FlightRing ring(std::numeric_limits<std::int64_t>::max(), 1 << 20);
+  for (std::int64_t s = 0; s < 5; ++s) {
+    tensortap::detail::Record m;
+    m.desc.step = s;
+    REQUIRE(ring.hold(tensortap::detail::HeldRecord{m, std::string(8, 'x')}));
+  }
+  REQUIRE(ring.steps() == std::vector<std::int64_t>{0, 1, 2, 3, 4});
+  REQUIRE(ring.take(4).size() == 5);
 }
 
 TEST_CASE("flight recorder and statistics options are checked", "[sdk][stats]") {

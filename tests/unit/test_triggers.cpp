@@ -294,6 +294,24 @@ TEST_CASE("without a flight recorder a trigger marks the run, and Throw still st
                         Catch::Contains("step 5") && Catch::Contains("'g'"));
 }
 
+TEST_CASE("spike keeps a history per kind: a Tap's activation and its gradient are two series (round 4)",
+          "[sdk][triggers]") {
+  // A Tap named "loss": its activation is 0.1 and its gradient 1.0 at every
+  // step. One median of both (0.55) made 1.0 a spike of factor 1.5.
+  Triggers t(Options("x").stats_every(1).dump_on(Trigger::spike("loss", 1.5, 20)));
+  std::string error;
+  for (std::int64_t s = 0; s < 40; ++s) {
+    INFO("step " << s);
+    REQUIRE_FALSE(t.evaluate(summary(s, "loss", 0.1, 1, Kind::Activation), false, error));
+    REQUIRE_FALSE(t.evaluate(summary(s, "loss", 1.0, 1, Kind::ActivationGrad), false, error));
+  }
+  // Each series still fires on its own jump.
+  auto d = t.evaluate(summary(40, "loss", 2.0, 1, Kind::ActivationGrad), false, error);
+  REQUIRE(d);
+  CHECK(d->kind == Kind::ActivationGrad);
+  CHECK(d->median == 1.0);
+}
+
 TEST_CASE("cooldown(INT64_MAX) fires once, not every step (no overflow in the cooldown check)", "[sdk][triggers]") {
   const std::vector<double> values{1, 1, 1, 100, 100, 100, 100, 100};
   auto spike = Trigger::spike("loss", 5.0, 3);

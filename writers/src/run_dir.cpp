@@ -3,10 +3,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <ctime>
+#include <mutex>
 
 #include <fmt/format.h>
 
@@ -125,12 +129,13 @@ RunDir::RunDir(const std::string& root, const std::string& sub, bool overwrite, 
   Dir top = Dir::open(root, /*create=*/true);
   clear_other_runs(top, sub, world_size, overwrite);
   dir_ = sub.empty() ? std::move(top) : top.sub(sub, /*create=*/true);
-  lock_ = dir_.open_file(kLockName, O_RDWR | O_CREAT);
-  if (!lock_.try_lock())
+  File lock = dir_.open_file(kLockName, O_RDWR | O_CREAT);
+  if (!lock.try_lock())
     fail(
         "'{}' is in use by another recorder (in this process or another); two recorders cannot write one run "
         "directory: choose another directory",
         dir_.path());
+  lock_.hold(std::move(lock));
   // Either file marks a run; the message names the one found.
   const char* const run_file = dir_.exists("run.json")      ? "run.json"
                                : dir_.exists("index.jsonl") ? "index.jsonl"
@@ -154,8 +159,48 @@ RunDir::RunDir(const std::string& root, const std::string& sub, bool overwrite, 
 
 void RunDir::release() noexcept {
   // Closing the lock's descriptor drops the lock.
-  lock_ = File();
+  lock_.reset();
   dir_ = Dir();
+}
+
+namespace {
+
+// The run directories' locks this process holds, as descriptor + 1 (0: a
+// free slot): the fork() child handler closes them, and it may neither
+// allocate nor take a lock, hence atomic slots. Past kLockSlots recorders
+// open at once, a child keeps the further locks (as before this).
+constexpr std::size_t kLockSlots = 256;
+std::atomic<int> g_lock_slots[kLockSlots];
+
+void close_locks_in_child() {
+  for (std::atomic<int>& slot : g_lock_slots) {
+    const int v = slot.exchange(0, std::memory_order_relaxed);
+    if (v > 0) ::close(v - 1);  // async-signal-safe
+  }
+}
+
+}  // namespace
+
+void RunDir::Lock::hold(File file) {
+  static std::once_flag registered;
+  std::call_once(registered, [] { ::pthread_atfork(nullptr, nullptr, close_locks_in_child); });
+  reset();
+  file_ = std::move(file);
+  for (std::atomic<int>& slot : g_lock_slots) {
+    int free = 0;
+    if (slot.compare_exchange_strong(free, file_.fd() + 1, std::memory_order_relaxed)) break;
+  }
+}
+
+void RunDir::Lock::reset() noexcept {
+  if (!file_) return;
+  // Out of the slots before the descriptor closes: a fork() in between
+  // must not close another file that reuses its number in the child.
+  for (std::atomic<int>& slot : g_lock_slots) {
+    int mine = file_.fd() + 1;
+    if (slot.compare_exchange_strong(mine, 0, std::memory_order_relaxed)) break;
+  }
+  file_ = File();
 }
 
 std::uint64_t write_run_json(const Dir& dir, const std::string& json) {
@@ -170,7 +215,9 @@ std::uint64_t write_run_json(const Dir& dir, const std::string& json) {
     // No room for a temporary (disk full): rewrite the old file in place,
     // in the blocks reserved when it was written. Less safe against a crash
     // mid-write, but the alternative is a run.json that never says the run
-    // closed.
+    // closed. At open there is no old file: the full disk is the error to
+    // report, not the missing file (round 4: it said ENOENT).
+    if (!dir.exists("run.json")) throw;
     File f = dir.open_file("run.json", O_WRONLY);
     f.pwrite_all(json.data(), json.size(), 0);
     if (f.size() > json.size()) f.truncate(json.size());

@@ -46,8 +46,26 @@ class RunDir {
  private:
   static void clear_other_runs(const Dir& top, const std::string& sub, std::int64_t world_size, bool overwrite);
 
+  // The lock's descriptor, closed in every fork() child at once
+  // (run_dir.cpp): flock belongs to the open file description, which a
+  // child shares, so a child outliving the parent's close() kept the
+  // directory locked.
+  class Lock {
+   public:
+    Lock() = default;
+    Lock(const Lock&) = delete;
+    Lock& operator=(const Lock&) = delete;
+    ~Lock() { reset(); }
+    /// Takes `file`, locked, and has fork() children close their copy.
+    void hold(File file);
+    void reset() noexcept;
+
+   private:
+    File file_;
+  };
+
   Dir dir_;
-  File lock_;
+  Lock lock_;
 };
 
 /// Rewrites `run.json` in `dir` atomically with `json`, its whole text.

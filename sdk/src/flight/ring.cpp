@@ -30,8 +30,11 @@ bool FlightRing::hold(HeldRecord record) {
     return false;
   }
   // Keep `k` steps before the newest; the budget then lets older steps go
-  // first. The record's own step is never let go for it.
-  while (steps_.front().step != step && (static_cast<std::int64_t>(steps_.size()) > k_ + 1 || bytes_ + n > budget_))
+  // first. The record's own step is never let go for it. (Compared as
+  // size - 1 > k: k + 1 overflows for k = INT64_MAX, which kept only the
+  // newest step.)
+  while (steps_.front().step != step &&
+         (static_cast<std::int64_t>(steps_.size()) - 1 > k_ || bytes_ + n > budget_))
     drop_oldest();
   it = std::lower_bound(steps_.begin(), steps_.end(), step, [](const Step& s, std::int64_t v) { return s.step < v; });
   if (bytes_ + n > budget_) {

@@ -143,16 +143,15 @@ std::optional<Dump> Triggers::evaluate(const TensorSummary& s, bool only_non_fin
     switch (t.type()) {
       case Trigger::Type::NonFinite: fires = s.nan > 0 || s.posinf > 0 || s.neginf > 0; break;
       case Trigger::Type::Spike:
-        if (s.name != t.name()) continue;
-        value = non_finite ? non_finite_value : s.mean;
-        fires = non_finite || jumps(rule, t.name(), value, median);
-        break;
       case Trigger::Type::NormJump:
+        if (t.type() == Trigger::Type::Spike && s.name != t.name()) continue;
+        // A history per kind and name: a Tap named "loss" has an activation
+        // and an activation gradient, two series that one median mixed.
         if (key.empty()) {
           key.assign(1, static_cast<char>(s.kind));
           key += s.name;
         }
-        value = non_finite ? non_finite_value : s.norm;
+        value = non_finite ? non_finite_value : t.type() == Trigger::Type::Spike ? s.mean : s.norm;
         fires = non_finite || jumps(rule, key, value, median);
         break;
       case Trigger::Type::When: try { fires = t.predicate()(s);

@@ -36,6 +36,43 @@ double value_of(std::complex<double> v) {
   return std::abs(v);
 }
 
+// Values whose squares neither overflow nor vanish, even summed over 2^60
+// elements: a chunk whose largest magnitude lies outside is summed again
+// scaled (scan_scaled).
+constexpr double kSafeHigh = 0x1p450, kSafeLow = 0x1p-450;
+
+// x * 2^k, exactly (unless the result leaves the doubles' range), for any k:
+// std::ldexp scales x itself, where 2^k alone may be no double.
+double times_pow2(double x, int k) { return std::ldexp(x, k); }
+
+// scan()'s sums for a chunk of extreme magnitudes (round 4: five finite
+// float64 values of 1e300 gave std NaN and norm inf, five of 1e-310 norm 0):
+// every value scaled by 2^-e, e the exponent of the largest, so the sums
+// hold 1 at most per element; m2 and sumsq stay in those units (Part::exp).
+template <typename T, typename Value>
+void scan_scaled(const T* p, std::size_t n, Value value, double largest, StatsAccumulator::Part& r) {
+  int e = 0;
+  std::frexp(largest, &e);
+  double sum = 0, sumsq = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double v = value(p[i]);
+    if (!std::isfinite(v)) continue;
+    const double s = times_pow2(v, -e);
+    sum += s;
+    sumsq += s * s;
+  }
+  const double mean = sum / static_cast<double>(r.finite);
+  double m2 = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double v = value(p[i]);
+    if (std::isfinite(v)) m2 += (times_pow2(v, -e) - mean) * (times_pow2(v, -e) - mean);
+  }
+  r.exp = e;
+  r.mean = times_pow2(mean, e);
+  r.sumsq = sumsq;
+  r.m2 = m2;
+}
+
 // Two passes over a chunk that is in cache: counts, extremes and the mean,
 // then the squared deviations from that mean (a one-pass sum of squares
 // loses std to cancellation when the mean is large).
@@ -65,6 +102,11 @@ StatsAccumulator::Part scan(const T* p, std::size_t n, Value value) {
   if (r.finite == 0) return r;
   r.min = lo;
   r.max = hi;
+  const double largest = std::max(std::fabs(lo), std::fabs(hi));
+  if (largest > kSafeHigh || (largest < kSafeLow && largest > 0)) {
+    scan_scaled(p, n, value, largest, r);
+    return r;
+  }
   r.sumsq = sumsq;
   r.mean = sum / static_cast<double>(r.finite);
   double m2 = 0;
@@ -144,12 +186,16 @@ void StatsAccumulator::add(const void* data, std::size_t nbytes) {
       t.min = std::min(t.min, c.min);
       t.max = std::max(t.max, c.max);
     }
-    // Chan et al.: merge two (count, mean, M2) summaries exactly.
+    // Chan et al.: merge two (count, mean, M2) summaries exactly, in the
+    // units of the larger exponent (Part::exp).
+    const int e = t.finite == 0 ? c.exp : std::max(t.exp, c.exp);
     const double na = static_cast<double>(t.finite), nb = static_cast<double>(c.finite);
-    const double n = na + nb, delta = c.mean - t.mean;
-    t.mean += delta * nb / n;
-    t.m2 += c.m2 + delta * delta * na * nb / n;
-    t.sumsq += c.sumsq;
+    const double n = na + nb;
+    const double delta = times_pow2(c.mean, -e) - times_pow2(t.mean, -e);
+    t.m2 = times_pow2(t.m2, 2 * (t.exp - e)) + (times_pow2(c.m2, 2 * (c.exp - e)) + delta * delta * na * nb / n);
+    t.sumsq = times_pow2(t.sumsq, 2 * (t.exp - e)) + times_pow2(c.sumsq, 2 * (c.exp - e));
+    t.mean = times_pow2(times_pow2(t.mean, -e) + delta * nb / n, e);
+    t.exp = e;
     t.finite += c.finite;
   }
   t.nan += c.nan;
@@ -166,8 +212,8 @@ TensorStats StatsAccumulator::result() const {
   s.min = any ? t.min : kNaN;
   s.max = any ? t.max : kNaN;
   s.mean = any ? t.mean : kNaN;
-  s.std = any ? std::sqrt(t.m2 / static_cast<double>(t.finite)) : kNaN;
-  s.norm = any ? std::sqrt(t.sumsq) : kNaN;
+  s.std = any ? times_pow2(std::sqrt(t.m2 / static_cast<double>(t.finite)), t.exp) : kNaN;
+  s.norm = any ? times_pow2(std::sqrt(t.sumsq), t.exp) : kNaN;
   s.nan = t.nan;
   s.posinf = t.posinf;
   s.neginf = t.neginf;

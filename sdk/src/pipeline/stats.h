@@ -27,7 +27,11 @@ class StatsAccumulator {
   // Per-chunk figures, merged into the totals; public for the dtype loops.
   struct Part {
     std::int64_t finite = 0;
+    // m2 and sumsq are in units of 2^(2 exp): squares of values near
+    // DBL_MAX overflow and of subnormal ones vanish, so such values are
+    // summed scaled by 2^-exp (exp = 0 for every other chunk).
     double mean = 0, m2 = 0, sumsq = 0;
+    int exp = 0;
     double min = 0, max = 0;
     std::int64_t nan = 0, posinf = 0, neginf = 0, zeros = 0, numel = 0;
   };

@@ -87,7 +87,14 @@ void validate(const Options& o) {
 Placement place(const Options& o) {
   Placement p;
   p.world_size = o.world_size() ? *o.world_size() : env_int("WORLD_SIZE", 1);
-  p.rank = o.rank() ? *o.rank() : env_int("RANK", env_int("LOCAL_RANK", -1));
+  // LOCAL_RANK only stands in for an unset RANK: read, and checked, only
+  // then (round 4: LOCAL_RANK=zz refused a recorder whose RANK was valid).
+  if (o.rank()) {
+    p.rank = *o.rank();
+  } else {
+    const char* rank = std::getenv("RANK");
+    p.rank = rank != nullptr && *rank != '\0' ? env_int("RANK", -1) : env_int("LOCAL_RANK", -1);
+  }
   if (p.rank < 0) {
     // Every process would think it is rank 0 and overwrite the others.
     TENSORTAP_CHECK(p.world_size <= 1,
