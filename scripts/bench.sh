@@ -31,9 +31,10 @@ BUILT=$SECONDS
 if [ $QUICK -eq 1 ]; then
   GB=(--benchmark_repetitions=1); TRAIN=(--reps 1 --scale 0.2); SCALE=(--reps 1 --quick)
   ANALYSIS=(--reps 1 --names 200 --steps 200); READER=(--reps 1 --names 200 --steps 200); TB=(--reps 1 --steps 50)
+  DIFF=(--reps 1 --mib 64 --records 32)
 else
   GB=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true); TRAIN=(--reps 7); SCALE=(--reps 2)
-  ANALYSIS=(--reps 3); READER=(--reps 3); TB=(--reps 5 --steps 300)
+  ANALYSIS=(--reps 3); READER=(--reps 3); TB=(--reps 5 --steps 300); DIFF=(--reps 3)
 fi
 gbench() {  # gbench NAME BINARY [args...]: Google Benchmark, JSON to $OUT/NAME.json
   local name=$1 bin=$2
@@ -64,6 +65,8 @@ echo "== analysis views (reader)"
 "$PY" "$ROOT/bench/bench_analysis.py" "${ANALYSIS[@]}" --json "$OUT/analysis.json" | tee "$OUT/analysis.md"
 echo "== the reader at a million index lines"
 "$PY" "$ROOT/bench/bench_reader_scale.py" "${READER[@]}" --json "$OUT/reader_scale.json" | tee "$OUT/reader_scale.md"
+echo "== tensortap diff against reading both runs"
+"$PY" "$ROOT/bench/bench_diff.py" "${DIFF[@]}" --json "$OUT/diff.json" | tee "$OUT/diff.md"
 
 echo
 echo "## tensortap benchmarks: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
