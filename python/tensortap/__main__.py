@@ -112,22 +112,39 @@ def _report(args):
             print(f"tensortap: --steps wants integers separated by commas, not {_safe(args.steps)!r}", file=sys.stderr)
             return 2
     out = args.output
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", RunWarning)
-            with Run(args.run) as run:
-                write_report(run, out, steps=steps, histograms=max(0, args.histograms))
-        for w in caught:  # damaged lines, skipped: said once each, as inspect does
-            if issubclass(w.category, RunWarning):
-                print(f"tensortap: warning: {_safe(w.message)}", file=sys.stderr)
-    except (RunError, OSError, ValueError, ImportError) as e:
-        print(f"tensortap: {_safe(e)}", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001 - a command prints what failed, not a traceback
-        print(f"tensortap: the report failed: {type(e).__name__}: {_safe(e)}", file=sys.stderr)
+
+    def work():
+        with Run(args.run) as run:
+            write_report(run, out, steps=steps, histograms=max(0, args.histograms))
+        return out
+
+    if _command("report", work) is None:
         return 2
     print(f"tensortap: wrote {_safe(out)}")
     return 0
+
+
+def _command(what, work):
+    """Runs a command's `work()`: each warning about the run (a damaged
+    line skipped, a record not exported) printed once, any other shown; an
+    error printed as one line, never a traceback. Returns what `work`
+    returned, or None after an error."""
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RunWarning)
+            result = work()
+        for w in caught:
+            if issubclass(w.category, RunWarning):
+                print(f"tensortap: warning: {_safe(w.message)}", file=sys.stderr)
+            else:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    except (RunError, OSError, ValueError, KeyError, ImportError) as e:
+        print(f"tensortap: {_safe(e)}", file=sys.stderr)
+        return None
+    except Exception as e:  # noqa: BLE001 - a command prints what failed, not a traceback
+        print(f"tensortap: the {what} failed: {type(e).__name__}: {_safe(e)}", file=sys.stderr)
+        return None
+    return result
 
 
 def _tensorboard(args):
@@ -137,21 +154,12 @@ def _tensorboard(args):
         print(f"tensortap: --histograms-every wants an integer >= 0 (0: no histograms), not {args.histograms_every}",
               file=sys.stderr)
         return 2
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", RunWarning)
-            with Run(args.run) as run:
-                written = export_tensorboard(run, args.logdir, args.histograms_every)
-        for w in caught:  # damaged lines and records not exported: said once each
-            if issubclass(w.category, RunWarning):
-                print(f"tensortap: warning: {_safe(w.message)}", file=sys.stderr)
-            else:
-                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-    except (RunError, OSError, ValueError) as e:
-        print(f"tensortap: {_safe(e)}", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001 - a command prints what failed, not a traceback
-        print(f"tensortap: the export failed: {type(e).__name__}: {_safe(e)}", file=sys.stderr)
+    def work():
+        with Run(args.run) as run:
+            return export_tensorboard(run, args.logdir, args.histograms_every)
+
+    written = _command("export", work)
+    if written is None:
         return 2
     for path in written:
         print(f"tensortap: wrote {_safe(path)}")
@@ -167,22 +175,16 @@ def _diff(args):
         print(f"tensortap: {_safe(e)}", file=sys.stderr)
         return 2
     rows, details = [], {}
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", RunWarning)
-            with Run(args.a) as run_a, Run(args.b) as run_b:
-                for i, (row, detail) in enumerate(iter_pairs(run_a, run_b, args.rtol, args.atol)):
-                    rows.append(row)
-                    if detail:
-                        details[i] = detail
-        for w in caught:
-            if issubclass(w.category, RunWarning):
-                print(f"tensortap: warning: {_safe(w.message)}", file=sys.stderr)
-    except (RunError, OSError, ValueError, KeyError) as e:
-        print(f"tensortap: {_safe(e)}", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001 - a command prints what failed, not a traceback
-        print(f"tensortap: the comparison failed: {type(e).__name__}: {_safe(e)}", file=sys.stderr)
+
+    def work():
+        with Run(args.a) as run_a, Run(args.b) as run_b:
+            for i, (row, detail) in enumerate(iter_pairs(run_a, run_b, args.rtol, args.atol)):
+                rows.append(row)
+                if detail:
+                    details[i] = detail
+        return rows
+
+    if _command("comparison", work) is None:
         return 2
     lines, status = summary_lines(rows, details, common_only=args.common_only)
     if args.html:

@@ -73,3 +73,28 @@ def _printable(text):
     from .summary import _safe
 
     return _safe(text)
+
+
+def json_string(s: str) -> str:
+    """`s` as tensortap's JSON writer puts a string (writers/src/json.cpp,
+    put_json_string), for what Python writes in its formats (the export's
+    dump lines, the Python twin's index lines):
+    quote, backslash, \\n, \\r, \\t escaped; other controls and DEL as \\u00xx;
+    a lone surrogate (a byte that is not UTF-8) as \\udcxx; the rest as is."""
+    out = ['"']
+    for ch in s:
+        c = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif c < 0x20 or c == 0x7F or 0xD800 <= c <= 0xDFFF:
+            out.append(f"\\u{c:04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Union
 import numpy as np
 
 from ._base import STATS_FIELDS, RunError, _is_int, _is_int64, _warn
+from ._base import json_string as _json_string
 from ._files import _open_regular, _rank_dumps
 from ._names import DUMPS, EVENTS_PREFIX, EVENTS_SUFFIX, STATS_TABLE, is_events_file_name
 
@@ -276,29 +277,6 @@ def scalar_value(array) -> Optional[bytes]:
 
 
 # -- dumps -----------------------------------------------------------------------
-
-
-def _json_string(s: str) -> str:
-    """`s` as tensortap's JSON writer puts a string (writers/src/json.cpp):
-    quote, backslash, \\n, \\r, \\t escaped; other controls and DEL as \\u00xx;
-    a lone surrogate (a byte that is not UTF-8) as \\udcxx; the rest as is."""
-    out = ['"']
-    for ch in s:
-        c = ord(ch)
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif c < 0x20 or c == 0x7F or 0xD800 <= c <= 0xDFFF:
-            out.append(f"\\u{c:04x}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
 
 
 def _json_text(value) -> str:

@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from ._base import KINDS, RunError
+from ._base import json_string as _json_string
 from ._names import INDEX, LOCK, NPY_DIR, RUN_FILE_NAMES, RUN_JSON, is_run_file_name
 
 FORMAT_VERSION = 1
@@ -63,31 +64,6 @@ def encode_name(name: str) -> str:
             cut -= 2
         out = f"{out[:cut]}~{_fnv1a(raw):016x}"
     return out
-
-
-def _json_string(s: str) -> str:
-    # As put_json_string (writers/src/json.cpp): UTF-8 as it is, control
-    # characters and DEL as \u00XX, a lone surrogate (a byte that was not
-    # UTF-8) as \udcXX.
-    out = ['"']
-    for ch in s:
-        c = ord(ch)
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif c < 0x20 or c == 0x7F or 0xD800 <= c <= 0xDFFF:
-            out.append(f"\\u{c:04x}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
 
 
 def index_line(step: int, kind: str, name: str, dtype: str, shape: Sequence[int], file: str) -> str:
