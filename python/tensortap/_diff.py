@@ -50,7 +50,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from ._base import KINDS, RunError
+from ._base import RunError
 from ._float8 import FORMATS as FLOAT8, table as float8_table
 
 COLUMNS = ("rank", "kind", "name", "step", "status", "max_abs", "max_rel", "max_ulp", "n_bad", "cosine")
@@ -241,14 +241,6 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, dtype: str, rtol: float = 0.0, 
 
 
 # -- two runs ---------------------------------------------------------------
-
-
-class _Rows:
-    """The rows of a comparison, in A's index order, then B's records that A lacks."""
-
-    def __init__(self) -> None:
-        self.rows: List[Dict[str, Any]] = []
-        self.details: List[str] = []  # a mismatch's shapes and dtypes, by row
 
 
 def _check_tolerance(rtol, atol):

@@ -11,7 +11,10 @@ the `.npy` form (format 1.0, header padded to 64 bytes, C order, little
 endian; bfloat16 stored as float32 and float8 as its bytes, the index keeping
 the tensor's dtype), run.json's keys, and the lock (`.tensortap.lock`,
 flock). A file is written under `.<name>.tmp` and renamed, so no final name
-ever holds a short file, and its index line is appended only after.
+ever holds a short file, and its index line is appended only after. As the
+C++ writers, it never reads or writes outside the run: the directory is
+opened once, and every folder below it component by component without
+following a link.
 
 What it does not do: fsync. A process that dies loses nothing it indexed;
 a machine that crashes may lose the last records' data.
@@ -109,12 +112,20 @@ class RunWriter:
         self.root = os.fspath(path)
         self.path = self.root if world_size == 1 else os.path.join(self.root, f"rank{rank}")
         os.makedirs(self.path, exist_ok=True)
-        self._lock = os.open(os.path.join(self.path, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-                             0o666)
+        # Opened once, as the C++ writers do: every file is made through this
+        # descriptor, component by component, never through a link planted
+        # in the run (_folder), whatever chdir() or a rename does meanwhile.
+        self._dir = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self._lock = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666, dir_fd=self._dir)
+        except BaseException:
+            os.close(self._dir)
+            raise
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             os.close(self._lock)
+            os.close(self._dir)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise RunError(f"run directory {self.path} is in use by another recorder") from None
             raise
@@ -125,42 +136,74 @@ class RunWriter:
                 "writer": "python", "options": dict(options, dir=self.root, format="npy", overwrite=overwrite),
                 "rank": rank, "world_size": world_size, "start_time": _utc_now(), "dumps": []}
             self._write_run_json(closed=False)
-            self._index = open(os.path.join(self.path, INDEX), "x", encoding="utf-8", errors="surrogateescape")
+            fd = os.open(INDEX, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o666, dir_fd=self._dir)
+            self._index = os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape")
         except BaseException:
             os.close(self._lock)
+            os.close(self._dir)
             raise
         self.records = 0
         self.bytes = 0
         self.closed = False
-        self._dirs: set = set()
 
     def _prepare(self, overwrite: bool) -> None:
-        held = sorted(n for n in os.listdir(self.path) if is_run_file_name(n))
+        held = sorted(n for n in os.listdir(self._dir) if is_run_file_name(n))
         if held and not overwrite:
             raise RunError(f"run directory {self.path} already holds a run ({', '.join(held)}): "
                            "pass overwrite=True to replace it")
         for name in held:
-            p = os.path.join(self.path, name)
-            st = os.lstat(p)
             # Only tensortap's own names are removed; a link is removed, never followed.
-            if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(p)
+            if stat.S_ISDIR(os.lstat(name, dir_fd=self._dir).st_mode):
+                shutil.rmtree(name, dir_fd=self._dir)
             else:
-                os.unlink(p)
+                os.unlink(name, dir_fd=self._dir)
+
+    def _folder(self, parts: Sequence[str]) -> int:
+        """The run's folder `parts` (made where missing), opened one component
+        at a time without following a link: a link planted there is refused
+        with a RunError, never written through. The caller closes it."""
+        fd = os.dup(self._dir)
+        try:
+            for i, part in enumerate(parts):
+                try:
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                try:
+                    inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except OSError as e:
+                    where = os.path.join(self.path, *parts[:i + 1])
+                    raise RunError(f"{where} is not a folder of the run (a link or file planted there?): "
+                                   f"{e.strerror}") from None
+                os.close(fd)
+                fd = inner
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _replace(self, folder: int, name: str, write) -> None:
+        """Writes `name` in `folder` under `.name.tmp` (made exclusively, a
+        stale one removed, never followed), then renames it into place (a
+        link planted at `name` is replaced, not followed)."""
+        tmp = "." + name + ".tmp"
+        try:
+            os.unlink(tmp, dir_fd=folder)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=folder)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
 
     def _write_run_json(self, closed: bool) -> None:
         info = dict(self._info)
         if closed:
             info.update(end_time=_utc_now(), records=self.records, bytes=self.bytes, dropped=0, errors=0)
         info["closed"] = closed
-        tmp = os.path.join(self.path, "." + RUN_JSON + ".tmp")
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(info, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, os.path.join(self.path, RUN_JSON))
+        text = (json.dumps(info, indent=2) + "\n").encode("utf-8")
+        self._replace(self._dir, RUN_JSON, lambda f: f.write(text))
 
     def write(self, kind: str, name: str, step: int, array: np.ndarray, dtype: str) -> None:
         """Writes one record: `array` as stored (a bfloat16 tensor as
@@ -169,25 +212,18 @@ class RunWriter:
             raise RunError(f"the run {self.path} is closed: {kind} {name!r} step {step} not written")
         if kind not in KINDS:
             raise RunError(f"unknown kind {kind!r} for {name!r}: one of {', '.join(KINDS)}")
-        folder = os.path.join(NPY_DIR, kind, encode_name(name))
-        if folder not in self._dirs:
-            os.makedirs(os.path.join(self.path, folder), exist_ok=True)
-            self._dirs.add(folder)
+        parts = (NPY_DIR, kind, encode_name(name))
         stem = f"{step:08d}.npy"
-        rel = os.path.join(folder, stem)
-        final = os.path.join(self.path, rel)
-        tmp = os.path.join(self.path, folder, "." + stem + ".tmp")
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
         if not array.flags.c_contiguous:
             array = array.copy(order="C")  # np.ascontiguousarray would make a 0-d array 1-d
         if array.dtype.byteorder == ">":
             array = array.astype(array.dtype.newbyteorder("<"))
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        with os.fdopen(fd, "wb") as f:
-            np.lib.format.write_array(f, array, allow_pickle=False)
-        os.replace(tmp, final)
-        self._index.write(index_line(step, kind, name, dtype, array.shape, rel))
+        folder = self._folder(parts)
+        try:
+            self._replace(folder, stem, lambda f: np.lib.format.write_array(f, array, allow_pickle=False))
+        finally:
+            os.close(folder)
+        self._index.write(index_line(step, kind, name, dtype, array.shape, "/".join(parts + (stem,))))
         self._index.flush()
         self.records += 1
         self.bytes += array.nbytes
@@ -201,6 +237,7 @@ class RunWriter:
             self._write_run_json(closed=True)
         finally:
             os.close(self._lock)
+            os.close(self._dir)
 
 
 def default_options(every: int, kinds: List[str]) -> Dict[str, Any]:

@@ -107,7 +107,7 @@ def write_diff_page(rows, details, out_path, a, b, rtol, atol, lines):
     from ._diff import describe
 
     page = _Page(f"tensortap diff: {_safe(a)} against {_safe(b)}")
-    tol = f"exact" if rtol == 0 and atol == 0 else f"rtol {rtol:g}, atol {atol:g}"
+    tol = "exact" if rtol == 0 and atol == 0 else f"rtol {rtol:g}, atol {atol:g}"
     page.section("Summary", f"<p>A (the reference): <code>{html.escape(_safe(a))}</code><br>"
                  f"B: <code>{html.escape(_safe(b))}</code><br>tolerance: {tol}</p>"
                  f"<pre>{html.escape(chr(10).join(lines))}</pre>")

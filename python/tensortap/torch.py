@@ -111,6 +111,7 @@ class Recorder:
         self._rename = rename
         self._mu = threading.RLock()
         self._step = 0
+        self._stepped = False
         self._repeats: Dict[Tuple[str, str], int] = {}
         self._pending: Dict[str, Tuple[int, Any]] = {}
         self._handles: List[Any] = []
@@ -226,9 +227,15 @@ class Recorder:
         written), then records parameters and buffers if `step` is sampled."""
         if isinstance(step, bool) or not isinstance(step, int):
             raise TypeError(f"tensortap.torch: step must be an integer, not {step!r}")
+        # As the C++ recorder: steps are 0 to 2^47 and increase.
+        if not 0 <= step < 1 << 47:
+            raise ValueError(f"tensortap.torch: step({step}): steps must be 0 or more and below 2^47")
         with self._mu:
             if self._writer.closed:
                 raise RunError(f"the run {self._writer.path} is closed")
+            if self._stepped and step <= self._step:
+                raise ValueError(f"tensortap.torch: step({step}) after step({self._step}): steps must increase")
+            self._stepped = True
             self._end_step()
             self._step = step
             self._repeats.clear()

@@ -408,6 +408,33 @@ class WriterLayoutTest(TempCase):
         RunWriter(path, default_options(1, ["tensor"]), overwrite=True).close()
         self.assertTrue(os.path.exists(keep))
 
+    def test_links_planted_in_the_run_are_never_followed(self):
+        # As the C++ writers: a link planted at a name's folder is refused,
+        # one at a file's final or temporary name replaced, and nothing is
+        # written outside the run.
+        outside = os.path.join(self.tmp, "outside")
+        os.makedirs(outside)
+        path = os.path.join(self.tmp, "r")
+        w = RunWriter(path, default_options(1, ["tensor"]))
+        w.write("tensor", "x", 0, np.ones(2, np.float32), "float32")
+        os.symlink(outside, os.path.join(path, "npy", "tensor", "y"))
+        with self.assertRaisesRegex(tensortap.RunError, r"npy/tensor/y is not a folder of the run"):
+            w.write("tensor", "y", 0, np.ones(2, np.float32), "float32")
+        folder = os.path.join(path, "npy", "tensor", "x")
+        os.symlink(os.path.join(outside, "final"), os.path.join(folder, "00000001.npy"))
+        os.symlink(os.path.join(outside, "tmp"), os.path.join(folder, ".00000002.npy.tmp"))
+        os.symlink(os.path.join(outside, "json"), os.path.join(path, ".run.json.tmp"))
+        w.write("tensor", "x", 1, np.full(2, 1, np.float32), "float32")
+        w.write("tensor", "x", 2, np.full(2, 2, np.float32), "float32")
+        os.unlink(os.path.join(path, "run.json"))
+        os.symlink(os.path.join(outside, "run"), os.path.join(path, "run.json"))
+        w.close()
+        self.assertEqual(os.listdir(outside), [])
+        r = tensortap.open(path)
+        self.assertTrue(r.closed)
+        self.assertEqual(r.load("x", 2, kind="tensor").tolist(), [2.0, 2.0])
+        self.assertEqual(r.names(), ["x"])
+
     def test_importable_without_torch(self):
         code = ("import sys; sys.modules['torch'] = None\n"
                 "import tensortap.torch as ttt\n"
@@ -453,6 +480,12 @@ with ttt.watch(model, sys.argv[1], every=2, kinds=kinds, rename={"block.1": "gel
     model.eval()
     rec.step(4)
     model(torch.arange(8) % 10)  # eval: no activations
+    for bad in (4, 3, -1, 1 << 47):  # as C++: steps increase, from 0, below 2^47
+        try:
+            rec.step(bad)
+            sys.exit(f"step({bad}) was taken")
+        except ValueError:
+            pass
 print("twin", rec.records)
 """
 

@@ -41,14 +41,12 @@ double value_of(std::complex<double> v) {
 // scaled (scan_scaled).
 constexpr double kSafeHigh = 0x1p450, kSafeLow = 0x1p-450;
 
-// x * 2^k, exactly (unless the result leaves the doubles' range), for any k:
-// std::ldexp scales x itself, where 2^k alone may be no double.
-double times_pow2(double x, int k) { return std::ldexp(x, k); }
-
 // scan()'s sums for a chunk of extreme magnitudes (round 4: five finite
 // float64 values of 1e300 gave std NaN and norm inf, five of 1e-310 norm 0):
 // every value scaled by 2^-e, e the exponent of the largest, so the sums
 // hold 1 at most per element; m2 and sumsq stay in those units (Part::exp).
+// std::ldexp(x, k) scales x itself, exactly, for any k (2^k alone may be no
+// double).
 template <typename T, typename Value>
 void scan_scaled(const T* p, std::size_t n, Value value, double largest, StatsAccumulator::Part& r) {
   int e = 0;
@@ -57,7 +55,7 @@ void scan_scaled(const T* p, std::size_t n, Value value, double largest, StatsAc
   for (std::size_t i = 0; i < n; ++i) {
     const double v = value(p[i]);
     if (!std::isfinite(v)) continue;
-    const double s = times_pow2(v, -e);
+    const double s = std::ldexp(v, -e);
     sum += s;
     sumsq += s * s;
   }
@@ -65,10 +63,10 @@ void scan_scaled(const T* p, std::size_t n, Value value, double largest, StatsAc
   double m2 = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const double v = value(p[i]);
-    if (std::isfinite(v)) m2 += (times_pow2(v, -e) - mean) * (times_pow2(v, -e) - mean);
+    if (std::isfinite(v)) m2 += (std::ldexp(v, -e) - mean) * (std::ldexp(v, -e) - mean);
   }
   r.exp = e;
-  r.mean = times_pow2(mean, e);
+  r.mean = std::ldexp(mean, e);
   r.sumsq = sumsq;
   r.m2 = m2;
 }
@@ -191,10 +189,10 @@ void StatsAccumulator::add(const void* data, std::size_t nbytes) {
     const int e = t.finite == 0 ? c.exp : std::max(t.exp, c.exp);
     const double na = static_cast<double>(t.finite), nb = static_cast<double>(c.finite);
     const double n = na + nb;
-    const double delta = times_pow2(c.mean, -e) - times_pow2(t.mean, -e);
-    t.m2 = times_pow2(t.m2, 2 * (t.exp - e)) + (times_pow2(c.m2, 2 * (c.exp - e)) + delta * delta * na * nb / n);
-    t.sumsq = times_pow2(t.sumsq, 2 * (t.exp - e)) + times_pow2(c.sumsq, 2 * (c.exp - e));
-    t.mean = times_pow2(times_pow2(t.mean, -e) + delta * nb / n, e);
+    const double delta = std::ldexp(c.mean, -e) - std::ldexp(t.mean, -e);
+    t.m2 = std::ldexp(t.m2, 2 * (t.exp - e)) + (std::ldexp(c.m2, 2 * (c.exp - e)) + delta * delta * na * nb / n);
+    t.sumsq = std::ldexp(t.sumsq, 2 * (t.exp - e)) + std::ldexp(c.sumsq, 2 * (c.exp - e));
+    t.mean = std::ldexp(std::ldexp(t.mean, -e) + delta * nb / n, e);
     t.exp = e;
     t.finite += c.finite;
   }
@@ -212,8 +210,8 @@ TensorStats StatsAccumulator::result() const {
   s.min = any ? t.min : kNaN;
   s.max = any ? t.max : kNaN;
   s.mean = any ? t.mean : kNaN;
-  s.std = any ? times_pow2(std::sqrt(t.m2 / static_cast<double>(t.finite)), t.exp) : kNaN;
-  s.norm = any ? times_pow2(std::sqrt(t.sumsq), t.exp) : kNaN;
+  s.std = any ? std::ldexp(std::sqrt(t.m2 / static_cast<double>(t.finite)), t.exp) : kNaN;
+  s.norm = any ? std::ldexp(std::sqrt(t.sumsq), t.exp) : kNaN;
   s.nan = t.nan;
   s.posinf = t.posinf;
   s.neginf = t.neginf;
