@@ -33,7 +33,7 @@ FrontEnd::FrontEnd(Options options)
   // thread, no memory. Its hooks see no sampled step.
   if (!only.empty() && std::find(only.begin(), only.end(), placement_.rank) == only.end()) return;
   back_ = std::make_unique<BackEnd>(options_, placement_, *staging_, *failures_);
-  snapshotter_->open(back_->engine(), &back_->flight(), back_->space_fd());
+  snapshotter_->open(back_->engine(), &back_->flight(), back_->space_fd(), placement_.run_dir);
 }
 
 void FrontEnd::record_as(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step) {
@@ -89,7 +89,14 @@ void FrontEnd::capture(const std::string& name, const at::Tensor& tensor) {
   refuse_on_background_thread("capture");
   const std::int64_t step = current_step();
   const std::optional<GivenName> record_name = names_.capture_name(name, step, sampling_);
-  if (record_name) record_given(Kind::Tensor, *record_name, tensor, step);
+  if (!record_name) return;
+  try {
+    record_given(Kind::Tensor, *record_name, tensor, step);
+  } catch (const NoRoom&) {
+    // A full disk is not the caller's error (README, "Errors"): counted as
+    // a failed record, as a Tap's would be. The caller's own still throw.
+    hook_failed(std::current_exception());
+  }
 }
 
 void FrontEnd::record_grads(const std::unordered_set<const void*>& params) {

@@ -5,13 +5,22 @@
 //       new_names, no 1 MiB tensor but eight names never seen before every step
 //       ("new<step>", "new<step>.<k>"), so an HDF5 writer often dies while making datasets
 //   reliability_proc fill DIR continue|stop STEPS
-//       captures 64 KiB a step into a small filesystem until it is full;
-//       prints one line: "steps <s> stopped <0|1> error <what step() or close() threw>"
+//       captures 64 KiB a step into a small filesystem until it is full
 //   reliability_proc fill_hdf5 DIR STEPS
 //       the same in an HDF5 run, and a name never seen before every step, so
-//       new datasets are created after the disk filled; same output line
+//       new datasets are created after the disk filled
 //   reliability_proc fill_packed DIR STEPS
 //       `fill DIR continue STEPS` in a Format::Packed run
+//   reliability_proc fill_large DIR npy|hdf5 STEPS
+//       256 KiB a step through a 64 KiB staging buffer (streamed in chunks,
+//       checked against the free space before it starts, but not in HDF5,
+//       which deflates here), statistics every step, OnError::Continue
+//   reliability_proc fill_rules DIR npy|hdf5 STEPS
+//       64 KiB a step and a 0-d "loss", NaN at step STEPS - 10, with
+//       statistics every step and dump_on(non_finite()).after_dump(Throw)
+// Each fill prints one line: "steps <s> stopped <0|1> captured <c> errors <e>
+// stats_rows <r> error <what step() or close() threw>".
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -45,25 +54,34 @@ static int crash(const std::string& dir, tensortap::Format format, bool new_name
   }
 }
 
-static int fill(const std::string& dir, bool stop, int64_t steps, tensortap::Format format) {
+enum class Fill { Plain, Large, Rules };
+
+static int fill(const std::string& dir, bool stop, int64_t steps, tensortap::Format format, Fill what = Fill::Plain) {
   const bool hdf5 = format == tensortap::Format::Hdf5;
-  tensortap::Recorder rec(Options(dir)
-                              .on_error(stop ? tensortap::OnError::Stop : tensortap::OnError::Continue)
-                              .format(format)
-                              // One row a chunk: the disk fills row by row, not at the first chunk.
-                              .hdf5(tensortap::Hdf5Options().chunk_bytes(64 << 10)));
+  Options options = Options(dir)
+                        .on_error(stop ? tensortap::OnError::Stop : tensortap::OnError::Continue)
+                        .format(format)
+                        // One row a chunk: the disk fills row by row, not at the first chunk.
+                        .hdf5(tensortap::Hdf5Options().chunk_bytes(64 << 10));
+  if (what == Fill::Large)
+    options.buffer_bytes(64 << 10).stats_every(1).hdf5(tensortap::Hdf5Options().chunk_bytes(64 << 10).deflate(1));
+  if (what == Fill::Rules)
+    options.stats_every(1).dump_on(tensortap::Trigger::non_finite()).after_dump(tensortap::AfterDump::Throw);
+  tensortap::Recorder rec(options);
   int64_t s = 0;
   bool stopped = false;
   std::string error;
   try {
     for (; s < steps; ++s) {
       rec.step(s);
-      rec.capture("x", at::full({16384}, static_cast<double>(s)));  // 64 KiB
-      if (hdf5) rec.capture("new" + std::to_string(s), at::full({64}, static_cast<double>(s)));
-      // With Stop, let the writer catch up so the error surfaces at the next
-      // step() (flush() itself rethrows it: not what is tested here); with
-      // Continue, training does not look at all.
-      if (stop) {
+      rec.capture("x", at::full({what == Fill::Large ? 65536 : 16384}, static_cast<double>(s)));  // 256 or 64 KiB
+      if (hdf5 && what == Fill::Plain) rec.capture("new" + std::to_string(s), at::full({64}, static_cast<double>(s)));
+      if (what == Fill::Rules)
+        rec.capture("loss", at::scalar_tensor(s == steps - 10 ? std::nan("") : static_cast<double>(s), at::kFloat));
+      // With Stop (and the rules), let the writer catch up so the error
+      // surfaces at the next step() (flush() itself rethrows it: not what
+      // is tested here); with Continue, training does not look at all.
+      if (stop || what == Fill::Rules) {
         try {
           rec.flush();
         } catch (const tensortap::Error&) {
@@ -79,7 +97,10 @@ static int fill(const std::string& dir, bool stop, int64_t steps, tensortap::For
   } catch (const tensortap::Error& e) {
     if (error.empty()) error = e.what();
   }
-  std::printf("steps %lld stopped %d error %s\n", static_cast<long long>(s), stopped ? 1 : 0, error.c_str());
+  const tensortap::Counters c = rec.counters();
+  std::printf("steps %lld stopped %d captured %lld errors %lld stats_rows %lld error %s\n", static_cast<long long>(s),
+              stopped ? 1 : 0, static_cast<long long>(c.captured), static_cast<long long>(c.errors),
+              static_cast<long long>(c.stats_rows), error.c_str());
   return 0;
 }
 
@@ -111,6 +132,10 @@ int main(int argc, char** argv) {
     return fill(argv[2], std::string(argv[3]) == "stop", std::atoll(argv[4]), tensortap::Format::Npy);
   if (mode == "fill_hdf5" && argc == 4) return fill(argv[2], false, std::atoll(argv[3]), tensortap::Format::Hdf5);
   if (mode == "fill_packed" && argc == 4) return fill(argv[2], false, std::atoll(argv[3]), tensortap::Format::Packed);
+  if ((mode == "fill_large" || mode == "fill_rules") && argc == 5)
+    return fill(argv[2], false, std::atoll(argv[4]),
+                std::string(argv[3]) == "hdf5" ? tensortap::Format::Hdf5 : tensortap::Format::Npy,
+                mode == "fill_large" ? Fill::Large : Fill::Rules);
   std::fprintf(stderr,
                "usage: reliability_proc crash DIR npy|hdf5|packed [new_names] | fill DIR continue|stop STEPS | "
                "fill_hdf5 DIR STEPS | fill_packed DIR STEPS | open DIR\n");

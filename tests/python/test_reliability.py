@@ -6,9 +6,11 @@ Prints a summary line per test; tests/README.md has the figures.
 """
 
 import concurrent.futures
+import io
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -186,10 +188,21 @@ class DiskFullTest(unittest.TestCase):
         self.assertGreaterEqual(info["errors"], 1)
         return p, run, info, records
 
+    @staticmethod
+    def outcome(stdout):
+        """reliability_proc's fill line as a dict: steps, stopped, captured,
+        errors, stats_rows (ints) and error (text)."""
+        m = re.match(r"steps (\d+) stopped ([01]) captured (\d+) errors (\d+) stats_rows (\d+) error (.*)",
+                     stdout, re.S)
+        assert m, stdout
+        out = dict(zip(("steps", "stopped", "captured", "errors", "stats_rows"), map(int, m.groups()[:5])))
+        out["error"] = m.group(6)
+        return out
+
     def fill(self, policy, steps=40):
         p, run, info, records = self.run_to_full("fill", policy, str(steps))
-        words = p.stdout.split(" ", 5)
-        done, stopped, error = int(words[1]), words[3] == "1", words[5]
+        o = self.outcome(p.stdout)
+        done, stopped, error = o["steps"], o["stopped"] == 1, o["error"]
         files = [f for _, _, fs in os.walk(os.path.join(run, "npy")) for f in fs]
         # What was written before the disk filled is valid.
         self.assertEqual(len(files), len(records))
@@ -249,6 +262,81 @@ class DiskFullTest(unittest.TestCase):
             np.testing.assert_array_equal(r.load(rec["name"], rec["step"], kind=rec["kind"]),
                                           np.full(16384, rec["step"], np.float32))
         print(f"\ndisk full/packed: {info['records']} written, {info['errors']} failed, training finished")
+
+    def test_packed_indexes_what_was_written_before_the_disk_filled(self):
+        # Round 4: index lines waited for the 1 s sync, and once the disk was
+        # full every sync failed at the flush of the newest bytes before it
+        # could make durable and index the records already in the segment:
+        # 16 of 30 written records were indexed. Every record wholly in the
+        # segment is indexed now, and reads back.
+        p, run, info, records = self.run_to_full("fill_packed", "40")
+        with open(os.path.join(run, "packed", "00000000.npys"), "rb") as f:
+            data = f.read()
+        whole = 0
+        offset = 0
+        while True:
+            f = io.BytesIO(data[offset:])
+            try:
+                a = np.load(f)
+            except Exception:
+                break
+            if a.shape != (16384,) or not (a == whole).all():
+                break
+            whole += 1
+            offset = (offset + f.tell() + 63) // 64 * 64
+        self.assertGreater(whole, 3)
+        self.assertEqual(len(records), whole, f"{whole} records wholly in the segment, {len(records)} indexed")
+        self.assertEqual(sorted(r["step"] for r in records), list(range(whole)))
+        print(f"\ndisk full/packed: {whole} records wholly written, {len(records)} indexed")
+
+    def test_a_large_capture_on_a_full_disk_is_counted_not_thrown(self):
+        # Round 4: a tensor larger than a staging buffer that did not fit the
+        # free space was refused with a throw out of capture() under
+        # OnError::Continue, and counted nowhere. A full disk is not the
+        # caller's error: counted as a failed record; training goes on.
+        p, run, info, records = self.run_to_full("fill_large", "npy", "40")
+        o = self.outcome(p.stdout)
+        self.assertEqual(o["stopped"], 0, p.stdout)
+        self.assertEqual(o["steps"], 40)
+        self.assertEqual(o["captured"], 40)
+        self.assertEqual(info["records"] + info["errors"], 40)
+        self.assertIn("No space left on device", o["error"])  # close() rethrew the first
+        # A record refused for the disk still gives its statistics row.
+        self.assertEqual(o["stats_rows"], 40)
+
+    def test_a_chunked_record_that_fails_still_gives_its_statistics(self):
+        # Round 4: the statistics of a record streamed in chunks came only
+        # once its last chunk was stored. Here HDF5 (deflating, so nothing
+        # is refused at capture) refuses every record on the small disk, and
+        # each one's row must still be written.
+        run = os.path.join(self.fs, "run")
+        p = subprocess.run([PROC, "fill_large", run, "hdf5", "40"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        o = self.outcome(p.stdout)
+        self.assertEqual((o["steps"], o["stopped"], o["captured"]), (40, 0, 40), p.stdout)
+        self.assertEqual(o["errors"], 40, p.stdout)  # HDF5 keeps 4 MiB of headroom: none fits
+        self.assertEqual(o["stats_rows"], 40, p.stdout)
+
+    def check_rules_outlive_the_store(self, fmt):
+        # Round 4: statistics and triggers came only after a successful
+        # store, so once the disk was full a NaN loss never stopped training
+        # under after_dump(Throw), and rows went missing from the table.
+        p = subprocess.run([PROC, "fill_rules", os.path.join(self.fs, "run"), fmt, "40"], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        o = self.outcome(p.stdout)
+        self.assertEqual(o["stopped"], 1, p.stdout)
+        self.assertEqual(o["steps"], 31, p.stdout)  # the NaN of step 30 stops step 31
+        self.assertIn("a nan", o["error"])
+        self.assertIn("'loss'", o["error"])
+        self.assertGreater(o["errors"], 0, p.stdout)  # the disk did fill
+        self.assertEqual(o["stats_rows"], 2 * 31, p.stdout)  # x and loss, every step
+
+    def test_rules_and_statistics_outlive_a_full_disk_npy(self):
+        self.check_rules_outlive_the_store("npy")
+
+    def test_rules_and_statistics_outlive_a_full_disk_hdf5(self):
+        self.check_rules_outlive_the_store("hdf5")
 
     def test_a_disk_full_at_open_says_so(self):
         # Round 4: run.json's fallback (an in-place rewrite, for a disk that

@@ -183,14 +183,16 @@ void File::write_all(const void* a, std::size_t na, const void* b, std::size_t n
   }
 }
 
-void File::pwrite_all(const void* data, std::size_t n, std::uint64_t offset) {
+void File::pwrite_all(const void* data, std::size_t n, std::uint64_t offset, std::size_t* written) {
   const char* p = static_cast<const char*>(data);
+  if (written != nullptr) *written = 0;
   while (n > 0) {
     const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
     if (w < 0) {
       if (errno == EINTR) continue;
       throw_errno("write", path_, errno);
     }
+    if (written != nullptr) *written += static_cast<std::size_t>(w);
     p += w;
     n -= static_cast<std::size_t>(w);
     offset += static_cast<std::uint64_t>(w);

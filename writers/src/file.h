@@ -41,8 +41,9 @@ class File {
   /// Writes all of `a`, then all of `b`, at the file offset, in one
   /// system call where the kernel allows.
   void write_all(const void* a, std::size_t na, const void* b = nullptr, std::size_t nb = 0);
-  /// Writes all of `data` at `offset`, leaving the file offset alone.
-  void pwrite_all(const void* data, std::size_t n, std::uint64_t offset);
+  /// Writes all of `data` at `offset`, leaving the file offset alone. On
+  /// failure `*written` (if given) says how many leading bytes went out.
+  void pwrite_all(const void* data, std::size_t n, std::uint64_t offset, std::size_t* written = nullptr);
   /// Reads exactly `n` bytes at `offset`; a short file is an error.
   void pread_all(void* data, std::size_t n, std::uint64_t offset) const;
   /// Reads `n` bytes at `offset`, fewer where the file ends; returns how many.

@@ -38,8 +38,10 @@ void fsync_dir(const Dir& dir) {
 class PackedSink final : public RecordSink {
  public:
   // The header is already in place: `begin()` wrote it.
-  PackedSink(PackedWriter::Segment& segment, std::uint64_t offset, std::uint64_t header_bytes, std::uint64_t nbytes)
+  PackedSink(PackedWriter::Segment& segment, std::vector<PackedWriter::Finished>& finished, std::uint64_t offset,
+             std::uint64_t header_bytes, std::uint64_t nbytes)
       : segment_(segment),
+        finished_records_(finished),
         offset_(offset),
         cursor_(offset + header_bytes),
         left_(nbytes),
@@ -69,6 +71,7 @@ class PackedSink final : public RecordSink {
       p = put(p, ",\"nbytes\":");
       return put_int(p, static_cast<std::int64_t>(nbytes_));
     });
+    finished_records_.push_back(PackedWriter::Finished{segment_.number, offset_ + nbytes_});
     finished_ = true;
     --segment_.live;
     segment_.undurable = true;
@@ -78,6 +81,8 @@ class PackedSink final : public RecordSink {
  private:
   // Outlives the sink: a segment is let go only once no record is live in it.
   PackedWriter::Segment& segment_;
+  // The writer's list, which outlives every sink too.
+  std::vector<PackedWriter::Finished>& finished_records_;
   std::uint64_t offset_;
   std::uint64_t cursor_;
   std::uint64_t left_;
@@ -103,6 +108,7 @@ std::unique_ptr<PackedWriter::Segment> PackedWriter::open_segment() {
   // (overwrite removed packed/ with the old run).
   s->file = packed_.open_file(name, O_WRONLY | O_CREAT | O_EXCL);
   s->rel = "packed/" + name;
+  s->number = next_segment_;
   ++next_segment_;
   return s;
 }
@@ -149,7 +155,7 @@ std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
   open_->put(offset, header_.data(), header_.size());
   end_ = offset + size;
   ++open_->live;
-  return std::make_unique<PackedSink>(*open_, offset, header_.size(), meta.nbytes);
+  return std::make_unique<PackedSink>(*open_, finished_, offset, header_.size(), meta.nbytes);
 }
 
 void PackedWriter::Segment::put(std::uint64_t offset, const char* data, std::size_t n) {
@@ -180,9 +186,18 @@ void PackedWriter::Segment::put(std::uint64_t offset, const char* data, std::siz
 
 void PackedWriter::Segment::flush() {
   if (buf.empty()) return;
-  // On failure (a full disk) the buffer stays, and a later flush writes it
-  // again at the same offsets: finished records in it are not lost.
-  file.pwrite_all(buf.data(), buf.size(), buf_start);
+  // On failure (a full disk) what did not go out stays, and a later flush
+  // writes it again at the same offsets: finished records in it are not
+  // lost. What went out leaves the buffer, so the records wholly written
+  // can be told apart (durable_after_failure).
+  std::size_t written = 0;
+  try {
+    file.pwrite_all(buf.data(), buf.size(), buf_start, &written);
+  } catch (...) {
+    buf.erase(0, written);
+    buf_start += written;
+    throw;
+  }
   buf_start += buf.size();
   buf.clear();
 }
@@ -211,7 +226,38 @@ bool PackedWriter::sync(bool force) {
   }
   // A retiring segment whose last record was dropped, not finished, goes too.
   close_retired();
+  finished_.clear();
   return true;
+}
+
+std::size_t PackedWriter::durable_after_failure() noexcept {
+  // Everything behind a segment's buffer is in its file: made durable here,
+  // each record wholly there may be indexed. A record still (partly) in a
+  // buffer stops the count: index lines stay in the order records finished.
+  try {
+    each_segment([&](Segment& s) {
+      if (!s.file) return;
+      s.file.datasync();
+      if (s.new_entry) {
+        fsync_dir(packed_);
+        s.new_entry = false;
+      }
+    });
+  } catch (...) {
+    return 0;
+  }
+  std::size_t n = 0;
+  for (; n < finished_.size(); ++n) {
+    const Finished& f = finished_[n];
+    const Segment* held = nullptr;
+    each_segment([&](Segment& s) {
+      if (s.number == f.segment) held = &s;
+    });
+    // A segment no longer held, or closed, was made durable as it closed.
+    if (held != nullptr && held->file && f.end > held->buf_start) break;
+  }
+  finished_.erase(finished_.begin(), finished_.begin() + static_cast<std::ptrdiff_t>(n));
+  return n;
 }
 
 void PackedWriter::close() {
@@ -228,6 +274,7 @@ void PackedWriter::close() {
     }
   });
   if (first) std::rethrow_exception(first);
+  finished_.clear();
   packed_ = Dir();
 }
 

@@ -34,10 +34,20 @@ class PackedWriter final : public Writer {
   std::unique_ptr<RecordSink> begin(const RecordDesc& meta) override;
   bool sync(bool force) override;
   void close() override;
+  std::size_t durable_after_failure() noexcept override;
+
+  /// A record finished since the last sync that made all durable: the
+  /// segment it is in, by number, and where its bytes end.
+  struct Finished {
+    std::uint32_t segment;
+    std::uint64_t end;
+  };
 
   /// One segment file and the bytes gathered for it.
   struct Segment {
     File file;
+    // Its number, as its name has it.
+    std::uint32_t number = 0;
     // Its path relative to the run, as index lines name it.
     std::string rel;
     // Bytes not yet written, for the offsets [buf_start, buf_start + buf.size()).
@@ -52,7 +62,8 @@ class PackedWriter final : public Writer {
 
     /// Writes `n` bytes at `offset`, through the buffer.
     void put(std::uint64_t offset, const char* data, std::size_t n);
-    /// Writes what the buffer holds.
+    /// Writes what the buffer holds. On failure (a full disk) what went out
+    /// leaves the buffer, and the rest stays for a later flush.
     void flush();
     /// Makes what was written durable, its name included.
     void datasync(const Dir& packed);
@@ -82,6 +93,10 @@ class PackedWriter final : public Writer {
   std::uint64_t end_ = 0;
   // Segments rolled past with records still arriving in chunks.
   std::vector<std::unique_ptr<Segment>> retiring_;
+  // Records finished and not yet known durable, oldest first: after a
+  // failed flush, those wholly behind their segment's buffer are indexed
+  // (durable_after_failure).
+  std::vector<Finished> finished_;
   // The record's .npy header, built here (its memory kept from record to record).
   std::string header_;
   std::chrono::steady_clock::time_point last_sync_;

@@ -70,6 +70,12 @@ class Writer {
   }
   /// Finalizes what the format needs at the end of a run; all is durable after.
   virtual void close() = 0;
+  /// After `sync()` or `close()` threw (a full disk): makes durable what is
+  /// already in the files and returns how many of the records finished since
+  /// the last `sync()` that returned true, oldest first, are durable despite
+  /// the failure, so that their index lines may still be written. Called
+  /// once per failure; 0 (the default) leaves them all unindexed.
+  virtual std::size_t durable_after_failure() noexcept { return 0; }
 };
 
 /// The writer of `format` (with `hdf5`'s settings for `Format::Hdf5`,

@@ -1,6 +1,7 @@
 #include "sdk/src/pipeline/snapshotter.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -186,6 +187,19 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
   // The record as references to what is at hand: staging copies it once,
   // into a slot that keeps its memory (sdk/src/pipeline/staging.h).
   const std::uint64_t nbytes = static_cast<std::uint64_t>(src.numel()) * c10::elementSize(info.stored);
+  // A record streamed through staging is checked against the free space
+  // first. Refused for a full disk, it still gives its statistics row when
+  // the step takes one (the rules see it); the refusal is thrown after.
+  std::optional<NoRoom> no_room;
+  if (full && !holds_ && !on_engine && nbytes > staging_.capacity()) {
+    try {
+      check_room(kind, name, step, nbytes, src);
+    } catch (const NoRoom& e) {
+      if (!stats_row) throw;
+      no_room = e;
+      full = false;
+    }
+  }
   const RecordSpec spec{kind,
                         name,
                         step,
@@ -220,8 +234,13 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
     return true;
   }
 
-  if (spec.op == Op::Store) check_room(spec, src);
+  const bool queued = stream(spec, src, host_bytes);
+  // Its statistics went as the rules need them; the record counts as failed.
+  if (no_room) throw *no_room;
+  return queued;
+}
 
+bool Snapshotter::stream(const RecordSpec& spec, const at::Tensor& src, bool host_bytes) {
   // Larger than a buffer: stream it through in chunks of whole elements, as
   // large as the room in the filling buffer allows. It may be dropped only
   // before its first chunk; once started, it waits for room so that no half
@@ -230,7 +249,8 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
   // chunk too: never copied whole first, which took memory the size of the
   // tensor (512 MiB for a transposed 512 MiB tensor, with 1 MiB of staging).
   const char* bytes = host_bytes ? static_cast<const char*>(bytes_of(src)) : nullptr;
-  const std::size_t unit = c10::elementSize(info.stored);
+  const std::size_t unit = c10::elementSize(spec.dtype.stored);
+  const std::uint64_t nbytes = spec.nbytes;
   for (std::uint64_t off = 0; off < nbytes;) {
     auto ticket = staging_.reserve(spec, static_cast<std::size_t>(nbytes - off), off == 0, may_drop_ && off == 0, unit);
     // Either dropped before its first chunk, or cut off by close(): the
@@ -240,7 +260,7 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
       Staging::copy(ticket->dst, bytes + off, ticket->nbytes);
     } else {
       try {
-        copy_elements(ticket->dst, src, info.stored, static_cast<std::int64_t>(off / unit),
+        copy_elements(ticket->dst, src, spec.dtype.stored, static_cast<std::int64_t>(off / unit),
                       static_cast<std::int64_t>(ticket->nbytes / unit));
       } catch (...) {
         // The writer drops the record's chunks.
@@ -254,7 +274,8 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
   return true;
 }
 
-void Snapshotter::check_room(const RecordSpec& spec, const at::Tensor& src) const {
+void Snapshotter::check_room(Kind kind, const std::string& name, std::int64_t step, std::uint64_t nbytes,
+                             const at::Tensor& src) const {
   // Only a record larger than staging gets here, so a system call is
   // nothing beside its copy. Compression (HDF5's deflate) may make room
   // where there seems to be none: not refused then.
@@ -264,11 +285,22 @@ void Snapshotter::check_room(const RecordSpec& spec, const at::Tensor& src) cons
   // The descriptor is the run directory's until close() lets go of it,
   // after setting closed_: a capture racing with close() may have asked a
   // descriptor reused for another file, and its record is cut off anyway.
-  if (spec.nbytes <= free || closed_.load(std::memory_order_acquire)) return;
-  fail(
-      "cannot capture '{}' (kind {}, step {}): its {} bytes ({}) would not fit the {} bytes free on the run "
-      "directory's file system",
-      spec.name, kind_name(spec.kind), spec.step, spec.nbytes, describe_tensor(src), free);
+  if (nbytes <= free || closed_.load(std::memory_order_acquire)) return;
+  const std::uint64_t total = static_cast<std::uint64_t>(fs.f_blocks) * fs.f_frsize;
+  // More than the whole file system holds is the caller's own error (an
+  // expanded view of 2^40 elements): it throws, as a refused dtype does.
+  if (nbytes > total)
+    fail(
+        "cannot capture '{}' (kind {}, step {}): its {} bytes ({}) are more than the run directory's whole file "
+        "system holds ({} bytes)",
+        name, kind_name(kind), step, nbytes, describe_tensor(src), total);
+  // A disk that is full now is not: the caller counts it under
+  // Options::on_error, as a write that fails.
+  throw NoRoom(fmt::format("cannot capture '{}' (kind {}, step {}): its {} bytes ({}) would not fit the {} bytes free "
+                           "on the file system of '{}': {} (errno {})",
+                           name, kind_name(kind), step, nbytes, describe_tensor(src), free,
+                           run_dir_, std::strerror(ENOSPC), ENOSPC),
+               std::make_error_code(std::errc::no_space_on_device));
 }
 
 void Snapshotter::dump_marker(std::int64_t step) {

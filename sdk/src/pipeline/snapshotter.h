@@ -9,9 +9,11 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 
+#include <tensortap/error.h>
 #include <tensortap/options.h>
 
 #include "sdk/src/select/sampling.h"
@@ -21,6 +23,14 @@ namespace tensortap::detail {
 
 class CudaEngine;
 class FlightRecorder;
+
+/// A capture refused because the run's disk has no room for it now: not the
+/// caller's error, so `Recorder::capture()` counts it under
+/// `Options::on_error`, as a write that fails, instead of throwing.
+class NoRoom : public Error {
+ public:
+  using Error::Error;
+};
 
 /// Snapshots tensors into records and queues them: the hot path from a
 /// tensor a hook wants to a record committed to staging. Thread-safe.
@@ -35,11 +45,12 @@ class Snapshotter {
   /// tensors through `engine` (null without CUDA), and full tensors stop
   /// once `flight` says capture has halted.
   /// `space_fd`, a descriptor in the run's file system, tells how much
-  /// room a record larger than staging has (-1: not checked).
-  void open(CudaEngine* engine, const FlightRecorder* flight, int space_fd) {
+  /// room a record larger than staging has (-1: not checked) in `run_dir`.
+  void open(CudaEngine* engine, const FlightRecorder* flight, int space_fd, std::string run_dir) {
     engine_ = engine;
     flight_ = flight;
     space_fd_ = space_fd;
+    run_dir_ = std::move(run_dir);
   }
 
   /// Snapshots `tensor` and queues it as record `name` of `step`, as the
@@ -73,11 +84,15 @@ class Snapshotter {
   bool queue(Kind kind, const std::string& name, const at::Tensor& t, const DtypeInfo& info, std::int64_t step,
              bool full, bool stats_row, bool name_kept);
 
-  // Throws `Error` naming the record if its `spec.nbytes` cannot fit the
-  // free space where the run is written: a tensor whose logical size is
-  // absurd (an expanded view of 2^40 elements) is refused before a byte of
-  // it is streamed.
-  void check_room(const RecordSpec& spec, const at::Tensor& src) const;
+  // Throws naming the record if its `spec.nbytes` cannot fit where the run
+  // is written, before a byte of it is streamed: `Error` if it exceeds the
+  // whole file system (an expanded view of 2^40 elements, the caller's
+  // error), `NoRoom` if only the free space.
+  void check_room(Kind kind, const std::string& name, std::int64_t step, std::uint64_t nbytes,
+                  const at::Tensor& src) const;
+  // Streams a record larger than a staging buffer through it in chunks.
+  // False when dropped before its first chunk or cut off by close().
+  bool stream(const RecordSpec& spec, const at::Tensor& src, bool host_bytes);
 
   Staging& staging_;
   const Sampling& sampling_;
@@ -85,6 +100,7 @@ class Snapshotter {
   CudaEngine* engine_ = nullptr;
   const FlightRecorder* flight_ = nullptr;
   int space_fd_ = -1;
+  std::string run_dir_;
   const bool may_drop_;
   const bool compresses_;
   const bool holds_;

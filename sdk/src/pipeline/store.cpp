@@ -1,5 +1,7 @@
 #include "sdk/src/pipeline/store.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace tensortap::detail {
@@ -17,8 +19,7 @@ void Store::prepare(const std::vector<const RecordDesc*>& records) noexcept {
 
 void Store::written(const RecordDesc& record, const std::string& location) {
   append_index_line(pending_index_, record, location);
-  ++pending_records_;
-  pending_bytes_ += static_cast<std::int64_t>(record.nbytes);
+  pending_.push_back(Pending{pending_index_.size(), static_cast<std::int64_t>(record.nbytes)});
 }
 
 void Store::write_whole(const RecordDesc& record, const char* data, std::size_t nbytes) noexcept {
@@ -37,25 +38,39 @@ void Store::sync(bool force) noexcept {
     durable = writer_->sync(force);
   } catch (...) {
     failures_.add(nullptr, Failures::current(), 0);
+    index_survivors();
+    return;
   }
   if (durable) write_index();
 }
 
-void Store::write_index() noexcept {
-  if (pending_index_.empty()) return;
+void Store::index_survivors() noexcept {
+  // A full disk fails the writer's flush of its newest bytes; the records
+  // already in the files must not wait on them (they would all count as
+  // failed at close).
+  const std::size_t n = writer_->durable_after_failure();
+  if (n > 0) write_index(n);
+}
+
+void Store::write_index(std::size_t n) noexcept {
+  n = std::min(n, pending_.size());
+  if (n == 0) return;
+  const std::size_t end = pending_[n - 1].line_end;
+  std::int64_t bytes = 0;
+  for (std::size_t i = 0; i < n; ++i) bytes += pending_[i].bytes;
+  const auto records = static_cast<std::int64_t>(n);
   try {
-    index_->append(pending_index_);
-    records_.fetch_add(pending_records_, std::memory_order_relaxed);
-    bytes_.fetch_add(pending_bytes_, std::memory_order_relaxed);
+    index_->append(n == pending_.size() ? pending_index_ : pending_index_.substr(0, end));
+    records_.fetch_add(records, std::memory_order_relaxed);
+    bytes_.fetch_add(bytes, std::memory_order_relaxed);
   } catch (...) {
     // The index was cut back to its whole lines: these records are on disk
     // but no reader can find them. Each counts as failed.
-    failures_.add(nullptr, fmt::format("{} ({} record(s) not indexed)", Failures::current(), pending_records_),
-                  pending_records_);
+    failures_.add(nullptr, fmt::format("{} ({} record(s) not indexed)", Failures::current(), records), records);
   }
-  pending_index_.clear();
-  pending_records_ = 0;
-  pending_bytes_ = 0;
+  pending_index_.erase(0, end);
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
+  for (Pending& p : pending_) p.line_end -= end;
 }
 
 void Store::close() noexcept {
@@ -70,12 +85,14 @@ void Store::close() noexcept {
   // failed, records not yet indexed may not be readable: they failed.
   if (closed) {
     write_index();
-  } else if (pending_records_ > 0) {
-    failures_.add(nullptr, fmt::format("{} record(s) not durable when the file failed to close", pending_records_),
-                  pending_records_);
-    pending_index_.clear();
-    pending_records_ = 0;
-    pending_bytes_ = 0;
+  } else {
+    index_survivors();
+    if (!pending_.empty()) {
+      const auto lost = static_cast<std::int64_t>(pending_.size());
+      failures_.add(nullptr, fmt::format("{} record(s) not durable when the file failed to close", lost), lost);
+      pending_index_.clear();
+      pending_.clear();
+    }
   }
   // A closed run holds no file: one recorder per epoch must not run the
   // process out of descriptors while the model (and its taps) lives on.

@@ -41,15 +41,22 @@ class Store {
   std::int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
 
  private:
-  void write_index() noexcept;
+  // Indexes the first `n` pending records (all: -1).
+  void write_index(std::size_t n = static_cast<std::size_t>(-1)) noexcept;
+  // After the writer failed: indexes what it still made durable.
+  void index_survivors() noexcept;
 
   std::unique_ptr<Writer> writer_;
   std::unique_ptr<LinesFile> index_;
   Failures& failures_;
-  // Index lines of records not yet durable, and what they count.
+  // Index lines of records not yet durable, oldest first, and where each
+  // line ends and what its record counts.
   std::string pending_index_;
-  std::int64_t pending_records_ = 0;
-  std::int64_t pending_bytes_ = 0;
+  struct Pending {
+    std::size_t line_end;
+    std::int64_t bytes;
+  };
+  std::vector<Pending> pending_;
   std::atomic<std::int64_t> records_{0};
   std::atomic<std::int64_t> bytes_{0};
 };

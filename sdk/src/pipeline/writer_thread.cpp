@@ -127,13 +127,44 @@ void WriterThread::write_slot(const Slot& slot, const char* base) {
     if (open != nullptr && slot.last) in_flight_.erase(slot.id);
   } catch (...) {
     const std::string what = Failures::current();
+    // A record whose store failed was counted then.
+    const bool counted = open != nullptr && open->lost;
     if (open != nullptr) {
       if (slot.last)
         in_flight_.erase(slot.id);
       else
         *open = InFlight{nullptr, nullptr, {}, /*failed=*/true, nullptr};
     }
-    failures_.add(slot.record.desc, what);
+    if (!counted) failures_.add(slot.record.desc, what);
+  }
+}
+
+void WriterThread::store(const Slot& slot, const char* data, InFlight* open) noexcept {
+  const RecordDesc& desc = slot.record.desc;
+  // A chunked record whose store failed is counted once; its later chunks
+  // still feed the statistics and TensorBoard.
+  if (open != nullptr && open->lost) return;
+  try {
+    if (open == nullptr) {
+      auto sink = store_.begin(desc);
+      sink->append(data, slot.nbytes);
+      store_.written(desc, sink->finish());
+      return;
+    }
+    if (slot.first) open->sink = store_.begin(desc);
+    if (!open->sink) throw std::logic_error("a chunk arrived for a record that was never begun");
+    open->sink->append(data, slot.nbytes);
+    if (slot.last) {
+      const std::string location = open->sink->finish();
+      open->sink.reset();
+      store_.written(desc, location);
+    }
+  } catch (...) {
+    failures_.add(desc, Failures::current());
+    if (open != nullptr) {
+      open->lost = true;
+      open->sink.reset();  // its stretch stays unindexed
+    }
   }
 }
 
@@ -181,23 +212,12 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
       if (slot.last) flight_.keep(std::move(open->held));
     }
   } else if (record.op == Op::Store) {
-    if (open == nullptr) {
-      auto sink = store_.begin(desc);
-      sink->append(data, slot.nbytes);
-      store_.written(desc, sink->finish());
-    } else {
-      if (slot.first) open->sink = store_.begin(desc);
-      if (!open->sink) throw std::logic_error("a chunk arrived for a record that was never begun");
-      open->sink->append(data, slot.nbytes);
-      if (slot.last) {
-        const std::string location = open->sink->finish();
-        open->sink.reset();
-        store_.written(desc, location);
-      }
-    }
+    store(slot, data, open);
   }
-  // TensorBoard's part once the record's own operation has succeeded: a
-  // record the store lost shows in TensorBoard no more than in the run.
+  // TensorBoard's part and the statistics do not depend on the store: a
+  // full disk must not silence a rule (a NaN loss that stops training under
+  // AfterDump::Throw), nor empty the statistics table and the charts, which
+  // are often all that still fits.
   if (tensorboard_ != nullptr) {
     if (open == nullptr) {
       to_tensorboard([&] { tensorboard_->values(desc, data, slot.nbytes); });

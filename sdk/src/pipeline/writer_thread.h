@@ -45,13 +45,15 @@ class WriterThread {
  private:
   // A record whose chunks are still arriving: the open record in the
   // format, the statistics so far, or the bytes the flight recorder will
-  // hold. `failed`: an earlier chunk failed, the rest are skipped.
+  // hold. `failed`: an earlier chunk failed, the rest are skipped. `lost`:
+  // the store failed (counted); the rest feed statistics and TensorBoard.
   struct InFlight {
     std::unique_ptr<RecordSink> sink;
     std::unique_ptr<StatsAccumulator> stats;
     HeldRecord held;
     bool failed = false;
     std::unique_ptr<HistogramAccumulator> histogram;  // TensorBoard's, at its steps
+    bool lost = false;
   };
 
   void run() noexcept;
@@ -61,6 +63,9 @@ class WriterThread {
   void write_slot(const Slot& slot, const char* base);
   // The slot's part of its record's operation; throws.
   void apply(const Slot& slot, const char* data, InFlight* open);
+  // The slot's part of storing its record; a failure is counted, and the
+  // record's statistics and TensorBoard part go on.
+  void store(const Slot& slot, const char* data, InFlight* open) noexcept;
   // Writes the statistics table and the TensorBoard events so far; a
   // failure is counted, never thrown.
   void flush_stats(bool durable) noexcept;
