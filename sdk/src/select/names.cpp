@@ -35,28 +35,34 @@ GivenName given(std::string name) {
 
 std::uint64_t next_table_id() { return g_table_ids.fetch_add(1, std::memory_order_relaxed) + 1; }
 
-NameTable::Entry& NameTable::entry(const std::string& name) {
+NameTable::Entry* NameTable::entry(const std::string& name, bool create) {
   LastLookup& last = t_last;
   Entry* previous = last.table == id_ ? static_cast<Entry*>(last.entry) : nullptr;
   if (previous != nullptr && previous->second.next != nullptr &&
       NameHash::equal(previous->second.next->first, name)) {
     last.entry = previous->second.next;
-    return *previous->second.next;
+    return previous->second.next;
   }
-  Entry& e = find(name);
-  if (previous != nullptr) previous->second.next = &e;
-  last = LastLookup{id_, &e};
+  Entry* e = find(name, create);
+  if (e == nullptr) return nullptr;
+  if (previous != nullptr) previous->second.next = e;
+  last = LastLookup{id_, e};
   return e;
 }
 
-NameTable::Entry& NameTable::find(const std::string& name) {
+NameTable::Entry* NameTable::find(const std::string& name, bool create) {
   const std::uint64_t hash = NameHash()(name);
   const std::size_t mask = index_.size() - 1;
   for (std::size_t i = hash & mask;; i = (i + 1) & mask) {
     const Slot& slot = index_[i];
-    if (slot.entry == nullptr) return add(name, hash);
-    if (slot.hash == hash && NameHash::equal(slot.entry->first, name)) return *slot.entry;
+    if (slot.entry == nullptr) return create ? &add(name, hash) : nullptr;
+    if (slot.hash == hash && NameHash::equal(slot.entry->first, name)) return slot.entry;
   }
+}
+
+std::size_t NameTable::size() const {
+  std::lock_guard<SpinLock> lock(mu_);
+  return entries_.size();
 }
 
 NameTable::Entry& NameTable::add(const std::string& name, std::uint64_t hash) {
@@ -146,8 +152,8 @@ std::string NameTable::scoped(Kind kind, const std::string& name) const {
 
 GivenName NameTable::repeat(Kind kind, const std::string& name, std::int64_t step) {
   std::lock_guard<SpinLock> lock(mu_);
-  if (t_scopes.empty()) return next_name(entry(name), kind, step);
-  return next_name(entry(scoped(kind, name)), kind, step);
+  if (t_scopes.empty()) return next_name(*entry(name, true), kind, step);
+  return next_name(*entry(scoped(kind, name), true), kind, step);
 }
 
 std::optional<GivenName> NameTable::capture_name(const std::string& name, std::int64_t step, const Sampling& sampling) {
@@ -156,13 +162,21 @@ std::optional<GivenName> NameTable::capture_name(const std::string& name, std::i
     if (!sampling.selected(name)) return std::nullopt;
     return repeat(Kind::Tensor, name, step);
   }
-  // Selection and the repeat suffix: one lock, one lookup.
+  // Selection and the repeat suffix: one lock, one lookup. A name is
+  // interned only once it is known to be selected: a name left out
+  // (Options::exclude, a name made from the step) costs the table nothing,
+  // and is matched against the patterns at each capture instead.
   std::lock_guard<SpinLock> lock(mu_);
-  auto& e = entry(name);
-  NameState& state = e.second;
+  Entry* e = entry(name, false);
+  if (e == nullptr) {
+    if (!sampling.selected(name)) return std::nullopt;
+    e = entry(name, true);
+    e->second.selected = 1;
+  }
+  NameState& state = e->second;
   if (state.selected < 0) state.selected = sampling.selected(name) ? 1 : 0;
   if (state.selected == 0) return std::nullopt;
-  return next_name(e, Kind::Tensor, step);
+  return next_name(*e, Kind::Tensor, step);
 }
 
 }  // namespace tensortap::detail

@@ -7,7 +7,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -101,6 +100,11 @@ class NameTable {
   /// up once per name and found with the suffix in one lookup.
   std::optional<GivenName> capture_name(const std::string& name, std::int64_t step, const Sampling& sampling);
 
+  /// How many names the table holds: each costs about 350 bytes for the
+  /// table's life (the recorder's). Names `capture()` leaves out are not
+  /// held.
+  std::size_t size() const;
+
   /// Scopes (Recorder::scope) on this thread, innermost last.
   void push_scope(const std::string& name);
   void pop_scope() noexcept;
@@ -142,9 +146,10 @@ class NameTable {
   // the table's copy of the name. A training loop looks names up in the
   // same order every step, so each thread's lookup first tries the name
   // that followed its previous one last time: one comparison, no hash.
-  Entry& entry(const std::string& name);
+  // Without `create`, null for a name not in the table.
+  Entry* entry(const std::string& name, bool create);
   // entry() by the index: one hash.
-  Entry& find(const std::string& name);
+  Entry* find(const std::string& name, bool create);
   // Adds `name`, of hash `hash`, which the index does not hold.
   Entry& add(const std::string& name, std::uint64_t hash);
   // The repeat name of `entry`'s name in `step`; mu_ is held.
@@ -152,7 +157,7 @@ class NameTable {
 
   // Tells this table's entries from another's in a thread's last lookup.
   const std::uint64_t id_ = next_table_id();
-  SpinLock mu_;
+  mutable SpinLock mu_;
   // The names, in a deque so that an entry never moves (records and
   // GivenNames point at its string), and an open-addressing index of them
   // (a power of two of slots, at most half used, probed in turn) whose
