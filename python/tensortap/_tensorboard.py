@@ -353,15 +353,37 @@ def _key(value) -> str:
 # -- one rank's events -------------------------------------------------------------
 
 
+def _say_tag_collisions(scalars, statistics, where):
+    """Warns once per pair where a 0-d tensor's tag (`tensor/x/norm`) is one a
+    tensor's statistic has (the norm of `x`): the tag scheme is fixed (DESIGN
+    sections 8 and 9), so the two charts mix. As the recorder says it."""
+    for name in sorted(scalars):
+        base, slash, field = name.rpartition("/")
+        if slash and field in STATS_FIELDS and base in statistics:
+            _warn(f"{where}: the 0-d tensor {name!r} and the statistics of the tensor {base!r} both write the "
+                  f"TensorBoard tag 'tensor/{name}': their charts mix; rename one of them to tell them apart")
+
+
 def _stats_events(run, rank, directory):
     """(step, 0, row, event) for each row of the rank's statistics table, by step."""
     if not os.path.exists(os.path.join(directory, STATS_TABLE)):
         return
-    table, series = run.stats_table(rank=rank)
+    try:
+        table, series = run.stats_table(rank=rank)
+    except RunError as e:
+        # A table cut short (a crash, a full disk) costs only the statistics:
+        # the records and dumps are exported all the same.
+        _warn(f"{os.path.join(directory, STATS_TABLE)}: the statistics are not exported: {e}")
+        return
     if len(table) == 0:
         return
     with np.errstate(over="ignore", invalid="ignore"):  # past FLT_MAX: inf, as C++'s cast gives
         values = np.stack([table[f].astype("<f4") for f in STATS_FIELDS], axis=1)
+    index = run._index
+    sources = {i for i, src in enumerate(index.sources) if src[2] == rank}
+    metas = set(index.meta[np.isin(index.source, list(sources))].tolist()) if sources and len(index) else set()
+    _say_tag_collisions({index.metas[m][1] for m in metas if index.metas[m][0] == "tensor" and not index.metas[m][3]},
+                        {name for kind, name in series.values() if kind == "tensor"}, directory)
     order = np.argsort(table["step"], kind="stable")
     steps = table["step"].tolist()
     ids = table["series"].tolist()

@@ -422,6 +422,40 @@ class ExportTest(TempCase):
         self.assertIn("'w' step -2 is not exported", messages[0])
         self.assertEqual(sorted(e.step for e in accumulator(path).Histograms("grad/w")), [0, 2, 4])
 
+    def test_a_truncated_statistics_table_costs_only_the_statistics(self):
+        # Round 4: a truncated stats.npy failed the whole export, records and
+        # dumps included. Now its statistics are left out with a warning.
+        self.make()
+        table = os.path.join(self.run_dir, "stats.npy")
+        os.truncate(table, os.path.getsize(table) - 10)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            (path,) = _tensorboard.export_tensorboard(self.run_dir, self.logdir, histograms_every=2)
+        messages = [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
+        self.assertEqual(len(messages), 1, messages)
+        self.assertIn("statistics are not exported", messages[0])
+        self.assertIn("stats.npy", messages[0])
+        acc = accumulator(path)
+        tags = acc.Tags()
+        self.assertFalse([t for t in tags["scalars"] if t.endswith("/norm")], tags["scalars"])
+        self.assertEqual(sorted(e.step for e in acc.Histograms("grad/w")), [-2, 0, 2, 4])
+        self.assertTrue(acc.Tensors(_tensorboard.DUMPS_TAG))
+
+    def test_a_0d_tensor_named_like_a_statistics_tag_is_said_once(self):
+        # Round 4, as the recorder says it (test_tensorboard.cpp): the tags
+        # stay, the collision is named once.
+        ten = (0.0, 1.0, 0.5, 0.5, 1.0, 0, 0, 0, 0, 4)
+        make_run(self.run_dir, records=[("tensor", "x/norm", s, np.float32(s)) for s in range(3)]
+                 + [("tensor", "y/size", 0, np.float32(1))],
+                 stats=[(s, "tensor", "x", ten) for s in range(3)] + [(0, "tensor", "y", ten)])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _tensorboard.export_tensorboard(self.run_dir, self.logdir)
+        messages = [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
+        self.assertEqual(len(messages), 1, messages)
+        self.assertIn("the 0-d tensor 'x/norm' and the statistics of the tensor 'x' both write the TensorBoard tag "
+                      "'tensor/x/norm'", messages[0])
+
     def test_the_checker_takes_events_in_any_order(self):
         # The recorder writes events as they come: checked all the same.
         self.make()

@@ -1,6 +1,7 @@
 // TensorBoard's event files (Options::tensorboard): the CRC, the framing,
 // the file's name and the rules every file of a run follows. What the events
 // say is checked with TensorBoard's own reader (tests/python/test_tensorboard.py).
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <cstring>
 #include <filesystem>
@@ -170,6 +172,61 @@ TEST_CASE("Options::tensorboard: one event file of whole events, tagged as Tenso
     CHECK(bytes.find(tag) != std::string::npos);
   // run.json records the setting.
   CHECK(tt_test::read_file(run + "/run.json").find("\"tensorboard\": {\"histograms_every\": 2}") != std::string::npos);
+}
+
+namespace {
+
+// What `f` printed on stderr (file descriptor 2).
+template <typename F>
+std::string stderr_of(const std::string& path, F&& f) {
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  REQUIRE((saved >= 0 && fd >= 0));
+  ::dup2(fd, 2);
+  ::close(fd);
+  try {
+    f();
+  } catch (...) {
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    throw;
+  }
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  return tt_test::read_file(path);
+}
+
+}  // namespace
+
+TEST_CASE("a 0-d tensor named like a statistic's tag is said once, naming both", "[tensorboard]") {
+  // Round 4: a 0-d tensor named "x/norm" gets the tag of the norm statistic
+  // of tensor "x" (the tag scheme is fixed, DESIGN sections 8 and 9), and
+  // the two charts mixed without a word. Either may come first.
+  tt_test::TempDir tmp;
+  for (const bool scalar_first : {false, true}) {
+    const std::string run = tmp / (scalar_first ? "scalar_first" : "statistics_first");
+    const std::string err = stderr_of(tmp / "stderr", [&] {
+      tensortap::Recorder rec(Options(run).stats_every(1).tensorboard(true));
+      for (int64_t s = 0; s < 3; ++s) {
+        rec.step(s);
+        if (scalar_first) rec.capture("x/norm", torch::tensor(1.5));
+        rec.capture("x", torch::ones({4}));
+        if (!scalar_first) rec.capture("x/norm", torch::tensor(1.5));
+        rec.capture("y/size", torch::tensor(2.0));  // not a statistic's name
+        rec.capture("y", torch::ones({4}));
+        rec.flush();
+      }
+      rec.close();
+    });
+    const std::string said = "the 0-d tensor 'x/norm' and the statistics of the tensor 'x' both write the TensorBoard "
+                             "tag 'tensor/x/norm'";
+    CHECK(err.find(said) != std::string::npos);
+    CHECK(err.find(said) == err.rfind(said));  // once
+    CHECK(err.find("'y/size'") == std::string::npos);
+  }
 }
 
 TEST_CASE("Options::tensorboard: a link planted at the event file's name is refused, nothing outside is written",

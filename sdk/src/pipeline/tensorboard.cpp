@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -185,7 +186,47 @@ bool TensorBoard::histogram_step(std::int64_t step) const {
   return histograms_every_ > 0 && step % histograms_every_ == 0;
 }
 
+namespace {
+
+// The statistics' tag suffixes, TENSORTAP_STATS_FIELDS' names.
+constexpr std::array<const char*, kStatsFields> kFieldNames = {
+#define TENSORTAP_NAME_(name) #name,
+    TENSORTAP_STATS_FIELDS(TENSORTAP_NAME_, TENSORTAP_NAME_)
+#undef TENSORTAP_NAME_
+};
+
+}  // namespace
+
+void TensorBoard::say_tags_collide(const std::string& scalar, const std::string& statistics) const {
+  std::fprintf(stderr,
+               "tensortap: warning: the 0-d tensor '%s' and the statistics of the tensor '%s' both write the "
+               "TensorBoard tag 'tensor/%s' (the tag scheme: README, \"Live in TensorBoard\"): their charts mix; rename one "
+               "of them to tell them apart\n",
+               scalar.c_str(), statistics.c_str(), scalar.c_str());
+}
+
+void TensorBoard::check_tag_of_scalar(const std::string& name) {
+  if (scalar_names_.count(name) != 0) return;
+  scalar_names_.insert(name);
+  const std::size_t slash = name.rfind('/');
+  if (slash == std::string::npos) return;
+  const std::string base = name.substr(0, slash);
+  for (const char* field : kFieldNames)
+    if (name.compare(slash + 1, std::string::npos, field) == 0 && statistics_names_.count(base) != 0)
+      say_tags_collide(name, base);
+}
+
+void TensorBoard::check_tags_of_statistics(const std::string& name) {
+  if (statistics_names_.count(name) != 0) return;
+  statistics_names_.insert(name);
+  for (const char* field : kFieldNames) {
+    const std::string scalar = name + "/" + field;
+    if (scalar_names_.count(scalar) != 0) say_tags_collide(scalar, name);
+  }
+}
+
 void TensorBoard::statistics(const RecordDesc& desc, const TensorStats& stats) {
+  if (desc.kind == Kind::Tensor) check_tags_of_statistics(desc.name);
   const std::string prefix = kind_prefix(desc) + "/";
   // The tags' strings are assigned in place, keeping their memory.
   scalars_.resize(kStatsFields);
@@ -202,6 +243,7 @@ void TensorBoard::values(const RecordDesc& desc, const void* data, std::size_t n
   const Element e = desc.dtype.element;
   if (desc.kind == Kind::Tensor && desc.shape.empty() && nbytes == element_size(e) && e != Element::C64 &&
       e != Element::C128) {
+    check_tag_of_scalar(desc.name);
     double v = 0;
     values_of(e, data, nbytes, &v);
     file_->append(tb::scalars_event(wall_seconds(), desc.step, {{utf8_tag("tensor/" + desc.name), static_cast<float>(v)}}));

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <tensortap/options.h>
@@ -72,9 +73,17 @@ class TensorBoard {
 
  private:
   bool histogram_step(std::int64_t step) const;
+  // The tag scheme (DESIGN sections 8 and 9) gives a 0-d tensor named
+  // "x/norm" the tag of the norm statistic of tensor "x": the two charts
+  // mix. The tags stay; each such pair is said once on stderr, naming both.
+  void check_tag_of_scalar(const std::string& name);
+  void check_tags_of_statistics(const std::string& name);
+  void say_tags_collide(const std::string& scalar, const std::string& statistics) const;
   std::unique_ptr<EventFile> file_;
   const std::int64_t histograms_every_;
   std::vector<std::pair<std::string, float>> scalars_;  // reused
+  // Names of kind tensor seen as 0-d scalars and with statistics rows.
+  std::unordered_set<std::string> scalar_names_, statistics_names_;
 };
 
 }  // namespace tensortap::detail
