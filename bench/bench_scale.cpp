@@ -4,6 +4,7 @@
 // amount of compute per step (about 10 ms of matmul) and captures every step.
 //
 //   bench_scale [--reps N] [--csv PATH] [--quick] [--formats npy,packed,hdf5] [--sweep bytes|tensors]
+//   bench_scale --sweep drops    # Overflow::DropNewest against 1-32 capturing threads
 //
 // For every point and format, measured in the same run: the step time
 // without capture (off) and with it (on, flush() included), the time the
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +30,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -275,6 +278,58 @@ Measured measure(const FormatCase& fc, const Compute& compute, const std::vector
   return m;
 }
 
+// --sweep drops: Overflow::DropNewest against the number of capturing
+// threads (issue 46). 1-32 threads share the same work: 16,384 captures of
+// 16 KiB (packed, 4 MiB of staging), each after 20 us of busy compute; the
+// main thread steps every millisecond. Per count: the share dropped, and
+// the rates offered and kept.
+void drops_sweep(const std::string& scratch) {
+  constexpr int kCaptures = 16384;
+  const at::Tensor t = at::ones({4096});  // 16 KiB
+  std::printf(
+      "| capturing threads | captured | dropped | dropped %% | offered, records/s | kept, records/s | written, MiB/s "
+      "|\n|---|---|---|---|---|---|---|\n");
+  for (int threads : {1, 2, 4, 8, 16, 32}) {
+    const std::string dir = scratch + "/drops";
+    std::filesystem::remove_all(dir);
+    tensortap::Recorder rec{tensortap::Options(dir)
+                                .format(tensortap::Format::Packed)
+                                .overflow(tensortap::Overflow::DropNewest)
+                                .buffer_bytes(std::size_t{4} << 20)};
+    rec.step(0);
+    std::atomic<int> running{threads};
+    std::vector<std::thread> pool;
+    const auto t0 = Clock::now();
+    for (int k = 0; k < threads; ++k)
+      pool.emplace_back([&, k] {
+        const std::string name = fmt::format("t{}", k);
+        for (int i = 0; i < kCaptures / threads; ++i) {
+          const auto until = Clock::now() + std::chrono::microseconds(20);
+          while (Clock::now() < until) {
+          }
+          rec.capture(name, t);
+        }
+        running.fetch_sub(1);
+      });
+    for (std::int64_t s = 1; running.load() > 0; ++s) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      rec.step(s);
+    }
+    for (auto& th : pool) th.join();
+    const double seconds = seconds_since(t0);
+    rec.flush();
+    const tensortap::Counters c = rec.counters();
+    rec.close();
+    const double offered = static_cast<double>(c.captured + c.dropped);
+    std::printf("| %d | %lld | %lld | %.0f%% | %.0f | %.0f | %.0f |\n", threads, static_cast<long long>(c.captured),
+                static_cast<long long>(c.dropped), 100.0 * static_cast<double>(c.dropped) / offered,
+                offered / seconds, static_cast<double>(c.captured) / seconds,
+                static_cast<double>(c.bytes) / seconds / (1 << 20));
+    std::fflush(stdout);
+    std::filesystem::remove_all(dir);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -297,9 +352,14 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(
           stderr,
-          "usage: bench_scale [--reps N] [--csv PATH] [--quick] [--formats npy,packed,hdf5] [--sweep bytes|tensors]\n");
+          "usage: bench_scale [--reps N] [--csv PATH] [--quick] [--formats npy,packed,hdf5] [--sweep bytes|tensors|drops]\n");
       return 2;
     }
+  }
+  if (only_sweep == "drops") {
+    BenchDir scratch;
+    drops_sweep(scratch.path);
+    return 0;
   }
   at::set_num_threads(1);                 // as bench_training: the writer thread has the other core
   ::mallopt(M_MMAP_THRESHOLD, 32 << 20);  // as bench_training: allocation alike in every run

@@ -22,6 +22,51 @@ set(TENSORTAP_CUDA_ENGINE_SOURCES
   ${PROJECT_SOURCE_DIR}/sdk/src/cuda/device.cpp
   ${PROJECT_SOURCE_DIR}/sdk/src/cuda/pinned.cpp)
 
+# Only the architectures this nvcc can compile (`nvcc --list-gpu-arch`),
+# whatever LibTorch's CMake proposes. It puts its list into
+# CMAKE_CUDA_FLAGS as -gencode pairs: TORCH_CUDA_ARCH_LIST's, or without one
+# and without a GPU its "Common" list, which names architectures a newer
+# nvcc refuses (LibTorch 2.11 and 2.15 with nvcc 13: compute_50 and
+# compute_101a, "nvcc fatal: Unsupported gpu architecture"). The pairs this
+# nvcc does not list are dropped, as are such entries of
+# TENSORTAP_CUDA_ARCHITECTURES, and the configure says which.
+macro(tensortap_cuda_supported_architectures)
+  execute_process(COMMAND "${CMAKE_CUDA_COMPILER}" --list-gpu-arch OUTPUT_VARIABLE _tt_listed
+                  RESULT_VARIABLE _tt_rc ERROR_QUIET)
+  string(REGEX MATCHALL "compute_[0-9]+" _tt_supported "${_tt_listed}")
+  if(_tt_rc EQUAL 0 AND _tt_supported)
+    set(_tt_dropped "")
+    string(REGEX MATCHALL "-gencode[ =]arch=compute_[0-9]+[a-z]?,code=[^ ]+" _tt_pairs "${CMAKE_CUDA_FLAGS}")
+    foreach(_tt_pair IN LISTS _tt_pairs)
+      string(REGEX MATCH "compute_[0-9]+" _tt_base "${_tt_pair}")
+      if(NOT _tt_base IN_LIST _tt_supported)
+        string(REPLACE "${_tt_pair}" "" CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS}")
+        list(APPEND _tt_dropped "${_tt_base}")
+      endif()
+    endforeach()
+    set(_tt_kept "")
+    foreach(_tt_arch IN LISTS TENSORTAP_CUDA_ARCHITECTURES)
+      string(REGEX MATCH "^[0-9]+" _tt_number "${_tt_arch}")
+      if("compute_${_tt_number}" IN_LIST _tt_supported)
+        list(APPEND _tt_kept "${_tt_arch}")
+      else()
+        list(APPEND _tt_dropped "${_tt_arch}")
+      endif()
+    endforeach()
+    if(NOT _tt_kept)
+      # None left: PTX of the oldest this nvcc has, which every newer GPU runs.
+      list(GET _tt_supported 0 _tt_oldest)
+      string(REPLACE "compute_" "" _tt_oldest "${_tt_oldest}")
+      set(_tt_kept "${_tt_oldest}-virtual")
+    endif()
+    set(TENSORTAP_CUDA_ARCHITECTURES "${_tt_kept}")
+    if(_tt_dropped)
+      list(REMOVE_DUPLICATES _tt_dropped)
+      message(STATUS "tensortap: architectures this nvcc does not support, left out: ${_tt_dropped}")
+    endif()
+  endif()
+endmacro()
+
 set(TENSORTAP_HAVE_CUDA_ENGINE OFF)
 set(TENSORTAP_HAVE_CUDA OFF)
 if(TENSORTAP_WITH_CUDA)
@@ -65,6 +110,7 @@ if(TENSORTAP_HAVE_CUDA_ENGINE AND TARGET torch_cuda)
     # SASS for the H100/H200, and PTX that any later GPU compiles at load.
     set(TENSORTAP_CUDA_ARCHITECTURES "75-virtual;90-real" CACHE STRING
         "CUDA architectures of tensortap's own kernels (CMake's CUDA_ARCHITECTURES syntax)")
+    tensortap_cuda_supported_architectures()
     add_library(tensortap_cuda_kernels OBJECT sdk/src/cuda/stats_kernel.cu)
     set_target_properties(tensortap_cuda_kernels PROPERTIES CUDA_ARCHITECTURES "${TENSORTAP_CUDA_ARCHITECTURES}"
                           CUDA_STANDARD 17 POSITION_INDEPENDENT_CODE ON)

@@ -173,21 +173,19 @@ install_tensorboard() {
 configure_torch2() {
   local dir=$1 py=$2
   shift 2
-  local prefix torch_py torch_cuda nvidia_libs rpath_link="" d
+  local prefix torch_py torch_cuda
   prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')
   torch_py=$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
   torch_cuda=$("$py" -c 'import torch; print(torch.version.cuda or "")')
-  # The wheels' CUDA libraries (nvidia/*/lib beside torch): libtorch_cuda.so
-  # finds them at run time through its own RPATH ($ORIGIN/../../nvidia/...),
-  # but the linker checking it needs them named.
-  nvidia_libs=$(ls -d "$torch_py"/../nvidia/*/lib 2>/dev/null || true)
-  for d in $nvidia_libs; do rpath_link+=" -Wl,-rpath-link,$d"; done
+  # No linker flags for the wheel's CUDA libraries (nvidia/*/lib beside
+  # torch): the tensortap target and its installed package config name them
+  # (cmake/torch_wheel.cmake), which the suite's programs and the consumer
+  # projects check by linking without any.
   local args=(-DCMAKE_BUILD_TYPE=Release
     # The torch folder itself too: TorchConfig's find_library(torch) would
     # otherwise take the first libtorch.so on the system's paths (Debian's
     # 1.13, where libtorch-dev is installed) for TORCH_LIBRARY.
     "-DCMAKE_PREFIX_PATH=$prefix;$torch_py${CMAKE_PREFIX_PATH:+;$CMAKE_PREFIX_PATH}"
-    "-DCMAKE_EXE_LINKER_FLAGS=$rpath_link" "-DCMAKE_SHARED_LINKER_FLAGS=$rpath_link"
     -DTENSORTAP_WITH_CUDA=ON)
   [ -d /usr/local/cuda ] && args+=(-DCUDAToolkit_ROOT=/usr/local/cuda)
   [ -x /usr/local/cuda/bin/nvcc ] && args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)

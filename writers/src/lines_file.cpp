@@ -33,8 +33,35 @@ void append_index_line(std::string& out, const RecordDesc& meta, const std::stri
   });
 }
 
+namespace {
+
+// Room kept allocated past the end of a lines file, renewed once half of it
+// is used: about 400 index lines.
+constexpr std::uint64_t kReserveBytes = 64 << 10;
+
+}  // namespace
+
 LinesFile::LinesFile(const Dir& dir, const std::string& name)
-    : file_(dir.open_file(name, O_WRONLY | O_CREAT | O_EXCL | O_APPEND)) {}
+    : file_(dir.open_file(name, O_WRONLY | O_CREAT | O_EXCL | O_APPEND)) {
+  reserve();
+}
+
+LinesFile::~LinesFile() {
+  // The room not used goes back; the file's size never included it.
+  if (file_ && reserved_ > size_)
+    (void)::fallocate(file_.fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(size_),
+                      static_cast<off_t>(reserved_ - size_));
+}
+
+void LinesFile::reserve() noexcept {
+  // Blocks allocated ahead, past the file's size (KEEP_SIZE): once the disk
+  // is full, the lines of records already written (index.jsonl) and of dumps
+  // still fit, where an append needing a new block would fail. Where the
+  // file system cannot (no fallocate, or already full), nothing is reserved.
+  if (size_ + kReserveBytes / 2 <= reserved_) return;
+  if (::fallocate(file_.fd(), FALLOC_FL_KEEP_SIZE, static_cast<off_t>(size_), static_cast<off_t>(kReserveBytes)) == 0)
+    reserved_ = size_ + kReserveBytes;
+}
 
 void LinesFile::append(const std::string& lines) {
   if (lines.empty()) return;
@@ -46,6 +73,7 @@ void LinesFile::append(const std::string& lines) {
     }
     file_.write_all(lines.data(), lines.size());
     size_ += lines.size();
+    reserve();
   } catch (...) {
     // A short write left part of a line: cut back to the whole lines.
     try {

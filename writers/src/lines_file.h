@@ -22,12 +22,21 @@ class LinesFile {
  public:
   /// Creates `name` in `dir`; it must not exist yet.
   LinesFile(const Dir& dir, const std::string& name);
+  ~LinesFile();
+  LinesFile(const LinesFile&) = delete;
+  LinesFile& operator=(const LinesFile&) = delete;
   void append(const std::string& lines);
   void datasync() { file_.datasync(); }
 
  private:
+  // Keeps room allocated past the end for the next lines (see lines_file.cpp).
+  void reserve() noexcept;
+
   File file_;
   std::uint64_t size_ = 0;
+  // The file's blocks end here (fallocate KEEP_SIZE): appends up to it need
+  // no new block, so they succeed on a full disk.
+  std::uint64_t reserved_ = 0;
   // A failed append could not be cut off: the next starts a new line.
   bool torn_ = false;
 };
