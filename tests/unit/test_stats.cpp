@@ -268,7 +268,8 @@ TEST_CASE("a large mean does not cost std its precision", "[sdk][stats]") {
 TEST_CASE("statistics of finite values near DBL_MAX and of subnormal ones are finite and right (round 4)",
           "[sdk][stats]") {
   // Their squares overflow or vanish: five 1e300 gave std NaN and norm inf,
-  // five 1e-310 norm 0. The host scan sums such chunks scaled.
+  // five 1e-310 norm 0. The host scan sums such chunks scaled, and ATen's
+  // path scales the tensor by a power of two.
   struct Case {
     std::vector<double> values;
     double mean, std, norm;
@@ -293,6 +294,17 @@ TEST_CASE("statistics of finite values near DBL_MAX and of subnormal ones are fi
       CHECK(s.norm == Approx(c.norm).epsilon(1e-6));
       CHECK(std::isfinite(s.norm));
     }
+    // ATen's reductions (device_stats, CUDA tensors without the fused
+    // kernels) scale the same way: they gave norm inf for five 1e300.
+    const at::Tensor t = at::tensor(c.values, at::kDouble);
+    const TensorStats d = tensortap::detail::stats_from_vector(tensortap::detail::device_stats(t).data_ptr<double>());
+    INFO("device_stats");
+    CHECK(d.mean == Approx(c.mean).margin(1e-300 * c.norm));
+    CHECK(d.std == Approx(c.std).margin(1e-12 * c.norm));
+    CHECK(d.norm == Approx(c.norm).epsilon(1e-6));
+    CHECK(std::isfinite(d.norm));
+    CHECK(d.min == *std::min_element(c.values.begin(), c.values.end()));
+    CHECK(d.max == *std::max_element(c.values.begin(), c.values.end()));
   }
   // A chunk of ordinary values merged with one of huge ones.
   StatsAccumulator mixed(Element::F64);

@@ -226,19 +226,42 @@ namespace {
 // the finite values in float64 with every other value at the mean (so they
 // move neither min, max nor the deviations); `counts` is [finite, nan,
 // posinf, nonzero].
-at::Tensor stats_vector(const at::Tensor& xd, const at::Tensor& mean, const at::Tensor& counts, double numel) {
+// The power of two `xd` was scaled by (scale_down), as two factors: the
+// values' own statistics are the scaled ones times up[0] times up[1].
+using ScaleUp = std::array<at::Tensor, 2>;
+
+// Scales `xd` (float64, every value finite, ours to overwrite) in place by
+// a power of two when its largest magnitude is beyond 2^+-450, where squares
+// overflow or vanish (five 1e300: norm inf, std NaN; five 1e-310: norm 0),
+// as the host scan does. Without a host sync: the exponent is a tensor, and
+// a tensor within range is multiplied by 1, which changes no bit. Two
+// factors, since 2^1074 (a subnormal's) is past a double's range.
+ScaleUp scale_down(at::Tensor& xd) {
   const auto minmax = at::aminmax(xd);
-  const at::Tensor& v_min = std::get<0>(minmax);
-  const at::Tensor& v_max = std::get<1>(minmax);
+  const at::Tensor amax = at::maximum(std::get<0>(minmax).abs(), std::get<1>(minmax).abs());
+  const at::Tensor zero = at::zeros({}, xd.options());
+  const at::Tensor out_of_range = (amax > 0x1p450) | ((amax > 0) & (amax < 0x1p-450));
+  const at::Tensor e = at::where(out_of_range, at::floor(at::log2(amax)), zero);
+  const at::Tensor half = at::floor(e / 2);
+  xd.mul_(at::exp2(-half)).mul_(at::exp2(half - e));
+  return {at::exp2(half), at::exp2(e - half)};
+}
+
+at::Tensor stats_vector(const at::Tensor& xd, const at::Tensor& mean, const at::Tensor& counts, double numel,
+                        const ScaleUp& up) {
+  const auto scale = [&](const at::Tensor& v) { return v * up[0] * up[1]; };
+  const auto minmax = at::aminmax(xd);
+  const at::Tensor v_min = scale(std::get<0>(minmax));
+  const at::Tensor v_max = scale(std::get<1>(minmax));
   const std::vector<at::Tensor> c = counts.to(at::kDouble).unbind();
   const at::Tensor &finite = c[0], &v_nan = c[1], &v_posinf = c[2];
   // Welford in double over every element: the deviations of those at the
   // mean are zero, so this is the finite values' sum of squared deviations.
   const at::Tensor m2 = at::var(xd, /*unbiased=*/false) * numel;
-  const at::Tensor v_mean = mean;
-  const at::Tensor v_std = (m2 / finite).sqrt();
+  const at::Tensor v_mean = scale(mean);
+  const at::Tensor v_std = scale((m2 / finite).sqrt());
   // sum(v^2) = M2 + n mean^2: two non-negative terms, no cancellation.
-  const at::Tensor v_norm = (m2 + finite * mean * mean).sqrt();
+  const at::Tensor v_norm = scale((m2 + finite * mean * mean).sqrt());
   const at::Tensor v_neginf = numel - finite - v_nan - v_posinf;
   const at::Tensor v_zeros = numel - c[3];
   const at::Tensor v_numel = at::full({}, numel, xd.options());
@@ -280,7 +303,8 @@ at::Tensor device_stats(const at::Tensor& t) {
     const at::Tensor none = at::zeros({}, dbl.dtype(at::kLong));
     const at::Tensor counts =
         at::stack({at::full({}, t.numel(), dbl.dtype(at::kLong)), none, none, at::count_nonzero(xd)});
-    return stats_vector(xd, xd.sum() / numel, counts, numel);
+    const at::Tensor one = at::ones({}, dbl);
+    return stats_vector(xd, xd.sum() / numel, counts, numel, {one, one});
   }
   const at::Tensor finite = at::isfinite(x);
   // count_nonzero, not sum: a sum of a mask converts it to int64 first.
@@ -288,9 +312,10 @@ at::Tensor device_stats(const at::Tensor& t) {
                                        at::count_nonzero(at::isposinf(x)), at::count_nonzero(x)});
   at::Tensor xd = owned && x.scalar_type() == at::kDouble ? x : x.to(at::kDouble, false, /*copy=*/true);
   at::where_out(xd, finite, xd, at::zeros({}, dbl));
+  const ScaleUp up = scale_down(xd);
   const at::Tensor mean = xd.sum() / counts[0];  // 0/0 when nothing is finite: NaN, and so is all it feeds
   at::where_out(xd, finite, xd, mean);
-  return stats_vector(xd, mean, counts, numel);
+  return stats_vector(xd, mean, counts, numel, up);
 }
 
 TensorStats stats_from_vector(const double* v) {
