@@ -8,7 +8,7 @@
 
 #include <tensortap/tap.h>
 
-#include "sdk/src/front_end.h"
+#include "sdk/src/front/front_end.h"
 
 namespace tensortap::detail {
 

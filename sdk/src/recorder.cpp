@@ -5,7 +5,7 @@
 
 #include <torch/optim/optimizer.h>
 
-#include "sdk/src/front_end.h"
+#include "sdk/src/front/front_end.h"
 
 namespace tensortap {
 

@@ -18,19 +18,62 @@ PUBLIC = {part: {p.name for p in (ROOT / part / "include" / "tensortap").glob("*
           for part in ("writers", "sdk", "hooks")}
 # What each part may use: its own folder and the parts below it. hooks/
 # uses sdk's interface; of the internals below it, hooks/ may include only
-# the front end (sdk/src/front_end.h, which keeps the pipeline's headers to
+# the front end (sdk/src/front/front_end.h, which keeps the pipeline's headers to
 # itself) and writers' check.h (how every part throws).
 MAY_USE = {"writers": ("writers",), "sdk": ("writers", "sdk"), "hooks": ("sdk", "hooks")}
 HOOKS_MAY_ALSO = {"writers/src/check.h"}
-HOOKS_MAY_USE_OF_SDK = {"sdk/src/front_end.h"}
-# What sdk/src/front_end.h may include of sdk/src: hooks/ sees these
+HOOKS_MAY_USE_OF_SDK = {"sdk/src/front/front_end.h"}
+# What sdk/src/front/front_end.h may include of sdk/src: hooks/ sees these
 # through it, so the pipeline (staging, the snapshotter, the writer thread,
 # the run's files) stays out of hooks/.
-FRONT_END_MAY_INCLUDE = {"sdk/src/select/names.h", "sdk/src/select/sampling.h", "sdk/src/run/process.h",
+FRONT_END_MAY_INCLUDE = {"sdk/src/select/names.h", "sdk/src/select/sampling.h", "sdk/src/pipeline/process.h",
                          "sdk/src/run/settings.h"}
 
 
-def problems():
+# Inside sdk/src the folders are floors too (ARCHITECTURE.md): a file may
+# include its own folder and the floors below. The ground, pipeline/, holds
+# what every floor shares (records, staging, the run's files); select/,
+# cuda/ and flight/ are peers on one floor and include none of each other;
+# run/ holds the settings; back/ the writer's half, front/ the training
+# thread's; recorder.cpp, the facade, sits on top.
+SDK_FLOORS = {"pipeline": 0, "select": 1, "cuda": 1, "flight": 1, "run": 2, "back": 3, "front": 4}
+SDK_TOP = {"sdk/src/recorder.cpp": 5}
+
+
+def sdk_floor(rel):
+    """(folder, floor) of a file of sdk/src, or None for one outside it."""
+    parts = rel.split("/")
+    if parts[:2] != ["sdk", "src"]:
+        return None
+    if len(parts) == 3:
+        return (parts[2], SDK_TOP.get(rel))
+    return (parts[2], SDK_FLOORS.get(parts[2]))
+
+
+def sdk_problems(root):
+    for path in sorted((root / "sdk" / "src").rglob("*")):
+        if path.suffix not in (".h", ".cpp", ".cu"):
+            continue
+        rel = path.relative_to(root).as_posix()
+        folder, floor = sdk_floor(rel)
+        if floor is None:
+            yield f"{rel}: not on a floor of sdk/src ({', '.join(SDK_FLOORS)}, or recorder.cpp on top)"
+            continue
+        for kind, name in INCLUDE.findall(path.read_text()):
+            if kind != '"' or not name.startswith("sdk/src/"):
+                continue
+            target = sdk_floor(name)
+            to_folder, to_floor = target
+            if to_folder == folder:
+                continue
+            if to_floor is None or to_floor >= floor:
+                why = "a peer" if to_floor == floor else "a floor above"
+                yield (f"{rel}: includes \"{name}\", {why}: in sdk/src pipeline < select, cuda, flight < run < back "
+                       "< front < recorder.cpp, and the peers do not include each other")
+
+
+def problems(root=ROOT):
+    yield from sdk_problems(root)
     if not all(PUBLIC.values()):
         yield f"no public headers found under {ROOT}: wrong root?"
     for part, allowed in MAY_USE.items():
@@ -51,7 +94,7 @@ def problems():
                     elif part == "hooks" and name.startswith("sdk/src/") and name not in HOOKS_MAY_USE_OF_SDK:
                         yield (f"{rel}: includes \"{name}\": hooks/ may include only "
                                f"{', '.join(sorted(HOOKS_MAY_USE_OF_SDK))} of sdk/src")
-                    elif rel == "sdk/src/front_end.h" and name.startswith("sdk/src/") and \
+                    elif rel == "sdk/src/front/front_end.h" and name.startswith("sdk/src/") and \
                             name not in FRONT_END_MAY_INCLUDE:
                         yield (f"{rel}: includes \"{name}\": the front end may include only "
                                f"{', '.join(sorted(FRONT_END_MAY_INCLUDE))} of sdk/src (hooks/ sees them)")
@@ -59,8 +102,30 @@ def problems():
                     yield f"{rel}: includes <{name}>, a public header of a part {part}/ may not use"
 
 
+def self_test():
+    """Plants an include against the floors in a copy of sdk/src: the check
+    must name it, and find nothing else."""
+    import shutil
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = pathlib.Path(tmp)
+        shutil.copytree(ROOT / "sdk" / "src", copy / "sdk" / "src")
+        clean = list(sdk_problems(copy))
+        planted = copy / "sdk" / "src" / "pipeline" / "store.h"
+        planted.write_text('#include "sdk/src/back/writer_thread.h"\n' + planted.read_text())
+        peer = copy / "sdk" / "src" / "cuda" / "ring.h"
+        peer.write_text('#include "sdk/src/flight/ring.h"\n' + peer.read_text())
+        found = list(sdk_problems(copy))
+    expected = ["sdk/src/cuda/ring.h: includes \"sdk/src/flight/ring.h\", a peer",
+                "sdk/src/pipeline/store.h: includes \"sdk/src/back/writer_thread.h\", a floor above"]
+    missing = [e for e in expected if not any(f.startswith(e) for f in found)]
+    if clean or missing or len(found) != len(expected):
+        return [f"self-test: the floors check missed {missing} or found more: {found} (clean copy: {clean})"]
+    return []
+
+
 if __name__ == "__main__":
-    found = list(problems())
+    found = list(problems()) + self_test()
     for p in found:
         print(p)
     print(f"check_layers: {len(found)} problem(s)")

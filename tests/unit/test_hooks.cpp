@@ -14,7 +14,7 @@
 
 #include "tests/support/helpers.h"
 #include "tests/support/net.h"
-#include "sdk/src/front_end.h"
+#include "sdk/src/front/front_end.h"
 #include "writers/src/paths.h"
 
 using tensortap::Kind;

@@ -14,7 +14,7 @@
 
 #include "tests/support/helpers.h"
 #include "sdk/src/select/names.h"
-#include "sdk/src/run/run_json.h"
+#include "sdk/src/pipeline/run_json.h"
 #include "sdk/src/run/settings.h"
 
 using tensortap::Kind;

@@ -89,14 +89,6 @@ struct [[deprecated("use Options::rank(), .world_size() and .ranks()")]] Distrib
 #pragma GCC diagnostic pop
 #endif
 
-/// Settings of a `Recorder`: where it writes, what it captures and when.
-///
-/// A step `s` is sampled when `start <= s`, `s < stop` (if `stop` is set) and
-/// `(s - start) % every == 0`. A name is selected when it matches `include`
-/// (ECMAScript regex, searched anywhere in the name; empty matches all) and
-/// does not match `exclude` (empty matches none).
-///
-/// Example:
 /// Settings of `Options::tensorboard`: what the writer thread writes to
 /// TensorBoard's event files besides the statistics.
 struct TensorBoardOptions {
@@ -106,6 +98,14 @@ struct TensorBoardOptions {
   TORCH_ARG(std::int64_t, histograms_every) = 100;
 };
 
+/// Settings of a `Recorder`: where it writes, what it captures and when.
+///
+/// A step `s` is sampled when `start <= s`, `s < stop` (if `stop` is set) and
+/// `(s - start) % every == 0`. A name is selected when it matches `include`
+/// (ECMAScript regex, searched anywhere in the name; empty matches all) and
+/// does not match `exclude` (empty matches none).
+///
+/// Example:
 /// ```
 /// auto opts = tensortap::Options("runs/exp1")
 ///                 .every(100)

@@ -11,7 +11,7 @@
 
 #include "sdk/src/pipeline/failures.h"
 #include "sdk/src/flight/ring.h"
-#include "sdk/src/run/run_json.h"
+#include "sdk/src/pipeline/run_json.h"
 #include "sdk/src/pipeline/store.h"
 #include "sdk/src/pipeline/tensorboard.h"
 #include "sdk/src/flight/triggers.h"

@@ -14,7 +14,7 @@
 #include <tensortap/options.h>
 
 #include "sdk/src/pipeline/record.h"
-#include "sdk/src/select/spin_lock.h"
+#include "sdk/src/pipeline/spin_lock.h"
 
 namespace tensortap::detail {
 

@@ -8,12 +8,12 @@
 
 #include "sdk/src/pipeline/failures.h"
 #include "sdk/src/flight/flight.h"
-#include "sdk/src/run/run_json.h"
+#include "sdk/src/pipeline/run_json.h"
 #include "sdk/src/run/settings.h"
 #include "sdk/src/pipeline/staging.h"
 #include "sdk/src/pipeline/store.h"
 #include "sdk/src/pipeline/tensorboard.h"
-#include "sdk/src/pipeline/writer_thread.h"
+#include "sdk/src/back/writer_thread.h"
 #include "writers/src/run_dir.h"
 #include "writers/src/stats_file.h"
 

@@ -1,11 +1,11 @@
-#include "sdk/src/front_end.h"
+#include "sdk/src/front/front_end.h"
 
 #include <algorithm>
 
 #include "sdk/src/pipeline/failures.h"
-#include "sdk/src/pipeline/snapshotter.h"
+#include "sdk/src/front/snapshotter.h"
 #include "sdk/src/pipeline/staging.h"
-#include "sdk/src/run/back_end.h"
+#include "sdk/src/back/back_end.h"
 #include "sdk/src/flight/triggers.h"
 #include "writers/src/check.h"
 
@@ -22,9 +22,9 @@ FrontEnd::FrontEnd(Options options)
     : options_(settle(std::move(options))),
       placement_(place(options_)),
       sampling_(options_),
+      failures_(std::make_unique<Failures>()),
       // Heap memory: the CUDA engine moves it to pinned memory once, from
       // its copier thread, if a CUDA tensor is ever captured.
-      failures_(std::make_unique<Failures>()),
       staging_(std::make_unique<Staging>(options_.buffer_bytes(), options_.overflow())),
       snapshotter_(std::make_unique<Snapshotter>(options_, *staging_, sampling_, closed_, options_.flight_recorder() > 0,
                                                  scans_non_finite(options_))) {

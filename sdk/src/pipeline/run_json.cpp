@@ -1,4 +1,4 @@
-#include "sdk/src/run/run_json.h"
+#include "sdk/src/pipeline/run_json.h"
 
 #include <algorithm>
 #include <cmath>

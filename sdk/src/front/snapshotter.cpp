@@ -1,4 +1,4 @@
-#include "sdk/src/pipeline/snapshotter.h"
+#include "sdk/src/front/snapshotter.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,7 +1,7 @@
 #pragma once
 
 // The hot path, from a tensor a hook, a Tap or `capture()` hands over (the
-// front end's inline `active()` test has passed, sdk/src/front_end.h) to a
+// front end's inline `active()` test has passed, sdk/src/front/front_end.h) to a
 // record committed to staging. CPU tensors are copied here, before the call
 // returns; CUDA tensors go to the copier (sdk/src/cuda).
 

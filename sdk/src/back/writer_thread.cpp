@@ -1,9 +1,9 @@
-#include "sdk/src/pipeline/writer_thread.h"
+#include "sdk/src/back/writer_thread.h"
 
 #include <chrono>
 #include <optional>
 
-#include "sdk/src/run/process.h"
+#include "sdk/src/pipeline/process.h"
 
 namespace tensortap::detail {
 

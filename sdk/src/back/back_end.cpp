@@ -1,4 +1,4 @@
-#include "sdk/src/run/back_end.h"
+#include "sdk/src/back/back_end.h"
 
 #include "sdk/src/cuda/capture.h"
 

@@ -16,7 +16,7 @@
 #include <tensortap/recorder.h>
 
 #include "sdk/src/select/names.h"
-#include "sdk/src/run/process.h"
+#include "sdk/src/pipeline/process.h"
 #include "sdk/src/select/sampling.h"
 #include "sdk/src/run/settings.h"
 

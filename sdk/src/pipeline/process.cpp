@@ -1,4 +1,4 @@
-#include "sdk/src/run/process.h"
+#include "sdk/src/pipeline/process.h"
 
 #include <pthread.h>
 

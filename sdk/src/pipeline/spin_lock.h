@@ -6,7 +6,7 @@
 namespace tensortap::detail {
 
 /// A lock for sections of a few hundred instructions taken on every
-/// capture (the name table's): one atomic exchange to take, one store to
+/// capture (the name table's and staging's): one atomic exchange to take, one store to
 /// give back, where a pthread mutex costs two atomic operations and about
 /// a hundred instructions. A waiter spins briefly, then yields its core,
 /// so a holder that was preempted gets to finish. Not for sections that
