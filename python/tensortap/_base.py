@@ -5,6 +5,7 @@ JSON values a run's files hold."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from typing import Dict, Tuple
 
@@ -67,11 +68,25 @@ def _reason(e):
     return str(e)
 
 
+# Names and paths come from the run's files: printed raw, a planted escape
+# sequence would drive the terminal. A name's bytes that are not UTF-8 come
+# as lone surrogates U+DC80..U+DCFF (tensortap writes them so); they are
+# shown as the byte they stand for.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _escape(ch):
+    code = ord(ch)
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def _safe(value):
+    return _CONTROL.sub(lambda m: _escape(m.group()), str(value))
+
+
 def _printable(text):
     """`text` with control characters and lone surrogates (a name's bytes
     that are not UTF-8) shown as escapes: safe for a terminal or a page."""
-    from .summary import _safe
-
     return _safe(text)
 
 

@@ -630,54 +630,52 @@ def _write_file(dir_fd, name, shown, events):
         raise
 
 
-def export_tensorboard(run: Union[str, "os.PathLike[str]", Run], logdir: Union[str, "os.PathLike[str]", None] = None,
+def export_tensorboard(run: Run, logdir: Union[str, "os.PathLike[str]", None] = None,
                        histograms_every: int = 100) -> List[str]:
-    """Writes the TensorBoard events of `run` (a run directory, or an open
-    Run), one file per rank; returns the paths written. Statistics rows as
-    scalars `<kind>/<name>/<stat>`, 0-d tensor records as `tensor/<name>`,
-    histograms `<kind>/<name>` of every record at the steps where
-    step % histograms_every == 0 (0: none), dumps as text `tensortap/dumps`.
+    """Writes the TensorBoard events of `run` (an open Run: `Run.export_tensorboard`
+    is the public entry), one file per rank; returns the paths written.
+    Statistics rows as scalars `<kind>/<name>/<stat>`, 0-d tensor records as
+    `tensor/<name>`, histograms `<kind>/<name>` of every record at the steps
+    where step % histograms_every == 0 (0: none), dumps as text
+    `tensortap/dumps`.
 
     Without `logdir`, into the run directory (each rank's folder), refused
     with a RunError when one already holds tensortap event files (the
     recorder's: Options::tensorboard). With `logdir`, into
     logdir/<the run's folder name>/ (rank<r>/ for each rank), refused the
-    same way when a folder there holds some already."""
+    same way when a folder there holds some already.
+
+    It takes a Run, not a path: opening one is _run's (which imports this
+    module), so the two never import each other."""
+    if isinstance(run, (str, bytes, os.PathLike)):
+        raise TypeError(f"export_tensorboard wants an open Run, not the path {run!r}: "
+                        "tensortap.open(path).export_tensorboard(...)")
     if not _is_int(histograms_every) or histograms_every < 0:
         raise ValueError(f"histograms_every must be an integer >= 0 (0: no histograms), not {histograms_every!r}")
-    from ._run import Run
-
-    own = not isinstance(run, Run)
-    if own:
-        run = Run(run)
+    top, targets = _targets(run, logdir)
+    _refuse_existing(top, targets, logdir)
+    name = events_file_name()
+    written = []  # (dir fd, shown path): removed again if a later rank fails
+    top_fd = _open_top(top, create=logdir is not None)
     try:
-        top, targets = _targets(run, logdir)
-        _refuse_existing(top, targets, logdir)
-        name = events_file_name()
-        written = []  # (dir fd, shown path): removed again if a later rank fails
-        top_fd = _open_top(top, create=logdir is not None)
-        try:
-            for rank, names, shown in targets:
-                fd = _walk(top_fd, names, top, create=True)
-                path = os.path.join(shown, name)
-                try:
-                    _write_file(fd, name, path, rank_events(run, rank, histograms_every))
-                except BaseException:
-                    os.close(fd)
-                    raise
-                written.append((fd, path))
-        except BaseException:
-            for fd, _ in written:
-                try:
-                    os.unlink(name, dir_fd=fd)
-                except OSError:
-                    pass
-            raise
-        finally:
-            os.close(top_fd)
-            for fd, _ in written:
+        for rank, names, shown in targets:
+            fd = _walk(top_fd, names, top, create=True)
+            path = os.path.join(shown, name)
+            try:
+                _write_file(fd, name, path, rank_events(run, rank, histograms_every))
+            except BaseException:
                 os.close(fd)
-        return [path for _, path in written]
+                raise
+            written.append((fd, path))
+    except BaseException:
+        for fd, _ in written:
+            try:
+                os.unlink(name, dir_fd=fd)
+            except OSError:
+                pass
+        raise
     finally:
-        if own:
-            run.close()
+        os.close(top_fd)
+        for fd, _ in written:
+            os.close(fd)
+    return [path for _, path in written]

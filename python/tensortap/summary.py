@@ -3,31 +3,15 @@ and `tensortap report`."""
 
 import math
 import os
-import re
 import sys
 
 import numpy as np
 
 from . import NUMPY_DTYPES, RunError
+from ._base import _safe
 from ._float8 import FORMATS as FORMATS_FLOAT8
 from ._names import STATS_TABLE
 from ._optional import progress
-
-# Names and paths come from the run's files: printed raw, a planted escape
-# sequence would drive the terminal. A name's bytes that are not UTF-8 come
-# as lone surrogates U+DC80..U+DCFF (tensortap writes them so); they are
-# shown as the byte they stand for.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def _escape(ch):
-    code = ord(ch)
-    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def _safe(value):
-    return _CONTROL.sub(lambda m: _escape(m.group()), str(value))
-
 
 def _human(n):
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -102,6 +102,52 @@ def problems(root=ROOT):
                     yield f"{rel}: includes <{name}>, a public header of a part {part}/ may not use"
 
 
+def python_import_circles(root):
+    """Circles among the reader's modules (python/tensortap), counting lazy
+    imports inside functions, but not those under `if TYPE_CHECKING:`: a
+    module that reaches up to one that imports it hides an order only the
+    first call decides."""
+    import ast
+    package = root / "python" / "tensortap"
+    graph = {}
+    for path in sorted(package.glob("*.py")):
+        name = path.stem
+        tree = ast.parse(path.read_text())
+        skip = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                skip.update(id(n) for n in ast.walk(node))
+        edges = set()
+        for node in ast.walk(tree):
+            if id(node) in skip or not isinstance(node, ast.ImportFrom) or node.level != 1:
+                continue
+            if node.module:
+                edges.add(node.module.split(".")[0])
+            else:
+                edges.update(a.name for a in node.names)
+        # `from . import X` of a name __init__ defines is an edge to __init__.
+        graph[name] = {e if (package / f"{e}.py").exists() else "__init__" for e in edges} - {name}
+    found = []
+    seen_circles = set()
+
+    def visit(node, trail):
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in trail:
+                circle = trail[trail.index(nxt):]
+                key = frozenset(circle)
+                # __init__ imports every public module: those that import
+                # names from the package itself are what __init__ is for.
+                if key not in seen_circles and "__init__" not in circle:
+                    seen_circles.add(key)
+                    found.append("python/tensortap: import circle " + " -> ".join(circle + [nxt]))
+            elif len(trail) < len(graph):
+                visit(nxt, trail + [nxt])
+
+    for start in sorted(graph):
+        visit(start, [start])
+    return found
+
+
 def self_test():
     """Plants an include against the floors in a copy of sdk/src: the check
     must name it, and find nothing else."""
@@ -125,7 +171,7 @@ def self_test():
 
 
 if __name__ == "__main__":
-    found = list(problems()) + self_test()
+    found = list(problems()) + self_test() + python_import_circles(ROOT)
     for p in found:
         print(p)
     print(f"check_layers: {len(found)} problem(s)")

@@ -125,10 +125,19 @@ def rich_stats():
     return rows
 
 
+def export_path(run, *args, **kwargs):
+    """export_tensorboard of `run`, an open Run or the path of one (it takes
+    an open Run)."""
+    if not isinstance(run, tensortap.Run):
+        with tensortap.open(run) as opened:
+            return _tensorboard.export_tensorboard(opened, *args, **kwargs)
+    return _tensorboard.export_tensorboard(run, *args, **kwargs)
+
+
 def export(*args, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tensortap.RunWarning)
-        return _tensorboard.export_tensorboard(*args, **kwargs)
+        return export_path(*args, **kwargs)
 
 
 def accumulator(path):
@@ -416,7 +425,7 @@ class ExportTest(TempCase):
         os.unlink(os.path.join(self.run_dir, "npy", "grad", "r0", "-0000002.npy"))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            (path,) = _tensorboard.export_tensorboard(self.run_dir, self.logdir, histograms_every=2)
+            (path,) = export_path(self.run_dir, self.logdir, histograms_every=2)
         messages = [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
         self.assertEqual(len(messages), 1, messages)
         self.assertIn("'w' step -2 is not exported", messages[0])
@@ -430,7 +439,7 @@ class ExportTest(TempCase):
         os.truncate(table, os.path.getsize(table) - 10)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            (path,) = _tensorboard.export_tensorboard(self.run_dir, self.logdir, histograms_every=2)
+            (path,) = export_path(self.run_dir, self.logdir, histograms_every=2)
         messages = [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
         self.assertEqual(len(messages), 1, messages)
         self.assertIn("statistics are not exported", messages[0])
@@ -450,7 +459,7 @@ class ExportTest(TempCase):
                  stats=[(s, "tensor", "x", ten) for s in range(3)] + [(0, "tensor", "y", ten)])
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            _tensorboard.export_tensorboard(self.run_dir, self.logdir)
+            export_path(self.run_dir, self.logdir)
         messages = [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
         self.assertEqual(len(messages), 1, messages)
         self.assertIn("the 0-d tensor 'x/norm' and the statistics of the tensor 'x' both write the TensorBoard tag "
