@@ -7,7 +7,7 @@ Builds, by hand, in a temporary directory (under $TENSORTAP_BENCH_DIR, else
 /dev/shm), runs of `names` (four kinds) x `steps`, one record per name and step,
 a tensor of 16 float32:
 
-- packed: Format::Packed exactly as writers/src/packed_writer.cpp writes it:
+- packed: Format::Packed exactly as writers/src/packed/writer.cpp writes it:
   each record a complete .npy image (NumPy writes the same bytes as the C++
   writer) at a 64-byte-aligned offset of packed/00000000.npys, the records of
   a step in one stretch, and index lines as writers/src/lines_file.cpp formats
@@ -45,7 +45,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 KINDS = ("activation", "grad", "param", "activation_grad")
 SHAPE = (16,)
-ALIGN = 64  # packed_writer.cpp: records start at multiples of 64 bytes
+ALIGN = 64  # packed/writer.cpp: records start at multiples of 64 bytes
 
 
 def names_of(n):

@@ -27,8 +27,8 @@
 #include <tensortap/tensortap.h>
 
 #include "bench_dir.h"
-#include "writers/src/npy_writer.h"
-#include "writers/src/packed_writer.h"
+#include "writers/src/npy/writer.h"
+#include "writers/src/packed/writer.h"
 #ifdef TENSORTAP_HAVE_HDF5
 #include "writers/src/hdf5/writer.h"
 #endif

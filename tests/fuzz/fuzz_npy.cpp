@@ -13,7 +13,7 @@
 #include <tensortap/error.h>
 #include <tensortap/npy.h>
 
-#include "writers/src/npy_format.h"
+#include "writers/src/npy/format.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);

@@ -925,7 +925,7 @@ def image(a):
 
 
 def make_packed_run(path, arrays, segment_bytes=1 << 30):
-    """A Format::Packed run as packed_writer.cpp writes one: each (step, name,
+    """A Format::Packed run as packed/writer.cpp writes one: each (step, name,
     array) a .npy image at a 64-byte-aligned offset of packed/<n>.npys, a new
     segment when the next record would pass segment_bytes; index lines in
     the writer's form. Returns the index records."""

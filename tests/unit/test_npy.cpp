@@ -13,7 +13,7 @@
 #include <tensortap/npy.h>
 
 #include "tests/support/helpers.h"
-#include "writers/src/npy_format.h"
+#include "writers/src/npy/format.h"
 
 using tt_test::TempDir;
 

@@ -17,8 +17,8 @@
 
 #include "tests/support/helpers.h"
 #include "writers/src/file.h"
-#include "writers/src/npy_format.h"
-#include "writers/src/packed_writer.h"
+#include "writers/src/npy/format.h"
+#include "writers/src/packed/writer.h"
 
 namespace fs = std::filesystem;
 using tensortap::Format;

@@ -7,7 +7,7 @@
 #include "writers/src/check.h"
 #include "writers/src/file.h"
 #include "writers/src/json.h"
-#include "writers/src/npy_format.h"
+#include "writers/src/npy/format.h"
 #include "writers/src/lines_file.h"
 
 namespace tensortap::detail {

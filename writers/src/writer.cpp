@@ -6,8 +6,8 @@
 
 #include "writers/src/check.h"
 #include "writers/src/file.h"
-#include "writers/src/npy_writer.h"
-#include "writers/src/packed_writer.h"
+#include "writers/src/npy/writer.h"
+#include "writers/src/packed/writer.h"
 #ifdef TENSORTAP_HAVE_HDF5
 #include "writers/src/hdf5/writer.h"
 #endif

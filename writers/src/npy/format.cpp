@@ -1,4 +1,4 @@
-#include "writers/src/npy_format.h"
+#include "writers/src/npy/format.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "writers/src/npy_writer.h"
+#include "writers/src/npy/writer.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include "writers/src/check.h"
 #include "writers/src/file.h"
 #include "writers/src/json.h"
-#include "writers/src/npy_format.h"
+#include "writers/src/npy/format.h"
 #include "writers/src/paths.h"
 
 namespace tensortap::detail {

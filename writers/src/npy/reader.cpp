@@ -21,7 +21,7 @@
 #include "writers/src/check.h"
 #include "writers/src/dtypes.h"
 #include "writers/src/file.h"
-#include "writers/src/npy_format.h"
+#include "writers/src/npy/format.h"
 
 namespace tensortap {
 namespace {

@@ -1,4 +1,4 @@
-#include "writers/src/packed_writer.h"
+#include "writers/src/packed/writer.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 
 #include "writers/src/check.h"
 #include "writers/src/json.h"
-#include "writers/src/npy_format.h"
+#include "writers/src/npy/format.h"
 
 namespace tensortap::detail {
 namespace {
