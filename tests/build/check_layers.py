@@ -14,7 +14,10 @@ ROOT = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__)
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 
 # The public headers of each part, by the folder that owns them.
-PUBLIC = {part: {p.name for p in (ROOT / part / "include" / "tensortap").glob("*.h")}
+# As included: "tap.h", "detail/tapped_base.h" (a header's implementation
+# templates, LibTorch's habit).
+PUBLIC = {part: {p.relative_to(ROOT / part / "include" / "tensortap").as_posix()
+                 for p in (ROOT / part / "include" / "tensortap").rglob("*.h")}
           for part in ("writers", "sdk", "hooks")}
 # What each part may use: its own folder and the parts below it. hooks/
 # uses sdk's interface; of the internals below it, hooks/ may include only
