@@ -4,7 +4,8 @@
 //
 // BM_CaptureNotSampled, BM_TapNotSampled: the cost on a step that is not
 // sampled; BM_TapUnbound is the same Tap with no recorder, the floor.
-// BM_EnqueueSampled/<captures per step>: a sampled capture of a one-element
+// BM_CaptureFixedCost/<captures per step> (BM_EnqueueSampled before issue 48,
+// after a class that is gone): a sampled capture of a one-element
 // tensor, so what is left is the enqueue (naming, metadata, staging lock,
 // waking the writer), not the copy: the fixed cost of a capture.
 // BM_CaptureSampled/<bytes> against BM_Memcpy/<bytes>: the bytes per second
@@ -137,7 +138,7 @@ void BM_CaptureSampled(benchmark::State& state, bool warm) {
 // in BM_CaptureSampled, captures come in bursts that fit in staging, with
 // the writer draining between bursts outside the timed region: the
 // writer's own cost per record is bench_writers' and bench_scale's figure.
-void BM_EnqueueSampled(benchmark::State& state) {
+void BM_CaptureFixedCost(benchmark::State& state) {
   const auto k = static_cast<std::size_t>(state.range(0));
   BenchDir dir;
   const std::size_t buffer = 4 << 20;
@@ -163,7 +164,7 @@ void BM_EnqueueSampled(benchmark::State& state) {
   rec.close();  // after the loop, untimed: the drain is the writer's cost
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * k));
 }
-BENCHMARK(BM_EnqueueSampled)->Arg(1)->UseRealTime();
+BENCHMARK(BM_CaptureFixedCost)->Arg(1)->UseRealTime();
 
 void BM_Capture64x1K(benchmark::State& state) {
   const bool sampled = state.range(0) != 0;
@@ -200,7 +201,7 @@ void BM_Capture64x1K(benchmark::State& state) {
   state.counters["dropped"] = static_cast<double>(rec.counters().dropped);
 }
 BENCHMARK(BM_Capture64x1K)->Arg(0)->Arg(1)->Iterations(2000)->UseRealTime();
-BENCHMARK(BM_EnqueueSampled)->Arg(64)->UseRealTime();
+BENCHMARK(BM_CaptureFixedCost)->Arg(64)->UseRealTime();
 
 // Sizes 1 KiB to 64 MiB; iterations bounded by bytes, because every sampled
 // capture becomes a file in /dev/shm.

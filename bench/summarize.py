@@ -77,7 +77,7 @@ def hot_path(g, out):
         out.append("| `Tap` on a step not sampled | %.1f ns | a Tap with no recorder: %.1f ns | %.2f |"
                    % (ns(g["BM_TapNotSampled"]), base, ns(g["BM_TapNotSampled"]) / base))
     for k, what in (("1", "step() + 1 capture, per step"), ("64", "per capture, 64 per step")):
-        b = g.get("BM_EnqueueSampled/" + k)
+        b = g.get("BM_CaptureFixedCost/" + k)
         if b and mem256:
             per = 1e9 / b["items_per_second"]
             same = per * 1e-9 * mem256["bytes_per_second"]

@@ -790,7 +790,7 @@ TEST_CASE("stop, rank and world size are plain optional settings", "[sdk][option
   REQUIRE_FALSE(Options("d").stop(100).stop(std::nullopt).stop().has_value());
   // The flat flight recorder setters each set their own setting only.
   const Options kept = Options("d").dump_on(tensortap::Trigger::non_finite()).after_dump(tensortap::AfterDump::Throw).flight_recorder(3);
-  REQUIRE(kept.triggers().size() == 1);
+  REQUIRE(kept.dump_on().size() == 1);
   REQUIRE(kept.after_dump() == tensortap::AfterDump::Throw);
   REQUIRE(Options("d").flight_recorder(20).flight_recorder(0).flight_recorder() == 0);
 }
@@ -865,7 +865,7 @@ TEST_CASE("the deprecated spellings of 0.1 still work", "[sdk][options][deprecat
   // The struct replaces every flight recorder setting.
   const Options replaced =
       Options("d").dump_on(Trigger::non_finite()).after_dump(AfterDump::Throw).flight_recorder(FlightRecorderOptions(3));
-  REQUIRE(replaced.triggers().empty());
+  REQUIRE(replaced.dump_on().empty());
   REQUIRE(replaced.after_dump() == AfterDump::StopCapture);
 
   // A negative stop, rank or world size is taken as unset by the recorder
@@ -890,6 +890,28 @@ TEST_CASE("the deprecated spellings of 0.1 still work", "[sdk][options][deprecat
   REQUIRE(old_counters.records == 1);
   const std::vector<tensortap::DumpRecord> none = rec.dumps();
   REQUIRE(none.empty());
+}
+
+TEST_CASE("the names renamed in 0.2's second pass keep their old spellings, deprecated", "[sdk][options][deprecated]") {
+  // every_of(kind) read as "every of a kind" beside every(kind); triggers()
+  // read back what dump_on() set.
+  const Options o = Options("d").every(tensortap::Kind::Grad, 10).dump_on(tensortap::Trigger::non_finite());
+  REQUIRE(o.every_of(tensortap::Kind::Grad) == o.every_override(tensortap::Kind::Grad));
+  REQUIRE(o.every_override(tensortap::Kind::Grad) == 10);
+  REQUIRE_FALSE(o.every_override(tensortap::Kind::Activation).has_value());
+  REQUIRE(o.triggers().size() == o.dump_on().size());
+  REQUIRE(o.dump_on().size() == 1);
+  // KindSet{} is the default set, named so now; none() is empty.
+  using tensortap::Kind;
+  using tensortap::KindSet;
+  for (Kind k : tensortap::kAllKinds) {
+    REQUIRE(KindSet{}.contains(k) == KindSet::defaults().contains(k));
+    REQUIRE(Options("d").kinds().contains(k) == KindSet::defaults().contains(k));
+    REQUIRE_FALSE(KindSet::none().contains(k));
+    REQUIRE(KindSet::all().contains(k));
+  }
+  REQUIRE_FALSE(KindSet::defaults().contains(Kind::Param));
+  REQUIRE(KindSet::defaults().contains(Kind::Grad));
 }
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop

@@ -135,8 +135,15 @@ struct Options {
   }
   /// The period of `kind`: its own, or `every()`.
   std::int64_t every(Kind kind) const { return every_kind_.at(static_cast<std::size_t>(kind)).value_or(every_); }
-  /// The period `every(kind, n)` set for `kind`, if it set one.
-  std::optional<std::int64_t> every_of(Kind kind) const { return every_kind_.at(static_cast<std::size_t>(kind)); }
+  /// The period `every(kind, n)` set for `kind`, if it set one (unset: the
+  /// kind follows `every()`).
+  std::optional<std::int64_t> every_override(Kind kind) const {
+    return every_kind_.at(static_cast<std::size_t>(kind));
+  }
+  /// The name `every_override` had before 0.2's second pass.
+  [[deprecated("use Options::every_override(kind)")]] std::optional<std::int64_t> every_of(Kind kind) const {
+    return every_override(kind);
+  }
   /// Capture exactly these steps (within `start`/`stop`) instead of every
   /// n-th one; empty = use `every`. A kind switched off with
   /// `every(kind, 0)` stays off at these steps too.
@@ -152,7 +159,7 @@ struct Options {
   /// Names to skip: an ECMAScript regex searched in the name; empty = none.
   TORCH_ARG(std::string, exclude) = "";
   /// Which kinds to capture. `Param` and `Buffer` are off by default.
-  TORCH_ARG(KindSet, kinds) = KindSet();
+  TORCH_ARG(KindSet, kinds) = KindSet::defaults();
   /// Size of each of the two host staging buffers, in bytes. The training
   /// thread fills one while the writer thread drains the other, so staging
   /// never holds more than twice this. A larger tensor is streamed through in
@@ -258,7 +265,10 @@ struct Options {
     triggers_.push_back(std::move(trigger));
     return *this;
   }
-  /// The rules given to `dump_on()`.
+  /// The rules given to `dump_on(trigger)`, read back under the same name.
+  const std::vector<Trigger>& dump_on() const noexcept { return triggers_; }
+  /// The name `dump_on()` was read back by before 0.2's second pass.
+  [[deprecated("use Options::dump_on() (no argument) to read the rules back")]]
   const std::vector<Trigger>& triggers() const noexcept { return triggers_; }
 
   /// This process's rank in a distributed run; unset (the default) reads
@@ -296,7 +306,7 @@ struct Options {
     return *this;
   }
   /// Deprecated (0.1's nested spelling): the flight recorder's settings as one struct.
-  [[deprecated("use .flight_recorder(), .flight_recorder_bytes(), .after_dump() and .triggers()")]]
+  [[deprecated("use .flight_recorder(), .flight_recorder_bytes(), .after_dump() and .dump_on()")]]
   FlightRecorderOptions flight_recorder_options() const {
     FlightRecorderOptions f(flight_recorder_);
     f.bytes(flight_recorder_bytes_).after_dump(after_dump_);

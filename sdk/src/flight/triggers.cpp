@@ -75,7 +75,7 @@ double median_of(std::vector<double> v) {
 }  // namespace
 
 void validate_triggers(const Options& o) {
-  for (const Trigger& t : o.triggers()) {
+  for (const Trigger& t : o.dump_on()) {
     const std::string what = describe(t);
     if (t.cooldown() < 0)
       fail(
@@ -102,7 +102,7 @@ void validate_triggers(const Options& o) {
 }
 
 Triggers::Triggers(const Options& options) {
-  for (const Trigger& t : options.triggers()) rules_.push_back({t, {}, -1, false, false});
+  for (const Trigger& t : options.dump_on()) rules_.push_back({t, {}, -1, false, false});
   if (rules_.empty() && options.flight_recorder() > 0) rules_.push_back({Trigger::non_finite(), {}, -1, false, false});
   for (const Rule& r : rules_) non_finite_ = non_finite_ || r.trigger.type() == Trigger::Type::NonFinite;
 }

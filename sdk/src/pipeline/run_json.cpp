@@ -92,8 +92,8 @@ std::string run_json(const Options& o, const RunInfo& info) {
   else
     j += ",\n    \"tensorboard\": null";
   j += ",\n    \"dump_on\": [";
-  for (std::size_t i = 0; i < o.triggers().size(); ++i) {
-    const Trigger& t = o.triggers()[i];
+  for (std::size_t i = 0; i < o.dump_on().size(); ++i) {
+    const Trigger& t = o.dump_on()[i];
     j += fmt::format("{}{{\"kind\": \"{}\"", i ? ", " : "", t.type_name());
     if (t.type() == Trigger::Type::Spike) {
       j += ", \"name\": ";

@@ -27,7 +27,7 @@ std::uint64_t Sampling::full_bits(std::int64_t step) const {
   for (Kind k : kAllKinds) {
     if (!o.kinds().contains(k)) continue;
     // Listed steps replace the periods, but not a kind's own 0 (off).
-    const bool on = o.steps().empty() ? o.every(k) > 0 && (step - o.start()) % o.every(k) == 0 : o.every_of(k) != 0;
+    const bool on = o.steps().empty() ? o.every(k) > 0 && (step - o.start()) % o.every(k) == 0 : o.every_override(k) != 0;
     if (on) bits |= KindSetAccess::bit(k);
   }
   return bits;

@@ -46,14 +46,24 @@ const char* kind_name(Kind kind);
 /// ```
 class KindSet {
  public:
-  /// Every kind but `Param` and `Buffer`: weights are large and wanted rarely.
+  /// The default set, `defaults()`: every kind but `Param` and `Buffer`
+  /// (weights are large and wanted rarely). So `KindSet{}` is that set, not
+  /// an empty one: `none()` is the empty set.
   KindSet() : KindSet{Kind::Activation, Kind::ActivationGrad, Kind::Grad, Kind::Tensor} {}
+  /// Every kind but `Param` and `Buffer`: what `Options::kinds` starts as.
+  static KindSet defaults() { return KindSet(); }
+  /// No kind.
+  static KindSet none() {
+    KindSet s;
+    s.bits_ = 0;
+    return s;
+  }
   KindSet(std::initializer_list<Kind> kinds) {
     for (Kind k : kinds) bits_ |= bit(k);
   }
   /// Every kind, `Param` and `Buffer` included.
   static KindSet all() {
-    KindSet s{};
+    KindSet s = none();
     for (Kind k : kAllKinds) s.bits_ |= bit(k);
     return s;
   }
