@@ -35,6 +35,10 @@ status 0: every record is on both sides and agrees within tolerance
 --common-only); 2: bad input.
 """
 
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
 import argparse
 import signal
 import sys
@@ -43,7 +47,7 @@ import warnings
 from . import Run, RunError, RunWarning
 from .summary import _safe, check, summarize
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     # `tensortap inspect RUN | head` ends quietly, like any other command.
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -93,7 +97,7 @@ def main(argv=None):
             damaged = [_safe(w.message) for w in caught if issubclass(w.category, RunWarning)]
             for message in damaged:
                 print(f"tensortap: warning: {message}", file=sys.stderr)
-            failed = args.check and check(run, found=damaged + problems) > 0
+            failed = args.check and check(run, found=damaged + list(problems)) > 0
     # Shown only now: inside the block, showing one would record it again.
     for w in caught:
         if not issubclass(w.category, RunWarning):

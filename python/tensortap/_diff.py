@@ -46,12 +46,15 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
 from ._base import RunError
 from ._float8 import FORMATS as FLOAT8, table as float8_table
+
+if TYPE_CHECKING:
+    import pandas
 
 COLUMNS = ("rank", "kind", "name", "step", "status", "max_abs", "max_rel", "max_ulp", "n_bad", "cosine")
 _BLOCK = 1 << 22  # elements compared at once
@@ -255,7 +258,7 @@ def _nan_row(key: Key, status: str) -> Dict[str, Any]:
             "max_rel": math.nan, "max_ulp": math.nan, "n_bad": None, "cosine": math.nan}
 
 
-def iter_pairs(run_a, run_b, rtol: float = 0.0, atol: float = 0.0) -> Iterator[Tuple[Dict[str, Any], str]]:
+def iter_pairs(run_a: Any, run_b: Any, rtol: float = 0.0, atol: float = 0.0) -> Iterator[Tuple[Dict[str, Any], str]]:
     """(row, detail) for every record of A in index order, then every record
     only B has; `detail` says what a mismatch is ("" otherwise)."""
     rec_a, rec_b = _records(run_a), _records(run_b)
@@ -299,7 +302,8 @@ def first_divergence(rows: List[Dict[str, Any]]) -> Optional[int]:
     return best
 
 
-def diff(a: Union[str, os.PathLike, Any], b: Union[str, os.PathLike, Any], rtol: float = 0.0, atol: float = 0.0):
+def diff(a: Union[str, os.PathLike, Any], b: Union[str, os.PathLike, Any], rtol: float = 0.0,
+         atol: float = 0.0) -> "pandas.DataFrame":
     """Compares run `a` (the reference) with run `b`: a pandas DataFrame, one
     row per aligned record (columns: rank, kind, name, step, status, max_abs,
     max_rel, max_ulp, n_bad, cosine), in A's index order, then the records

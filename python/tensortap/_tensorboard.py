@@ -196,6 +196,13 @@ class Histogram:
     written buckets (bucket_limit, bucket), empty runs collapsed."""
 
     __slots__ = ("min", "max", "num", "sum", "sum_squares", "bucket_limit", "bucket")
+    min: float
+    max: float
+    num: float
+    sum: float
+    sum_squares: float
+    bucket_limit: List[float]
+    bucket: List[float]
 
     def __repr__(self):
         return (f"Histogram(min={self.min!r}, max={self.max!r}, num={self.num!r}, sum={self.sum!r}, "
@@ -240,8 +247,8 @@ def histogram(array) -> Optional[Histogram]:
         counts += np.bincount(where, minlength=len(limits))
         lo, hi, num = min(lo, float(v.min())), max(hi, float(v.max())), num + v.size
         with np.errstate(over="ignore", invalid="ignore"):  # past DBL_MAX: inf, as in C++
-            total = float(np.cumsum(np.concatenate(([total], v)))[-1])
-            squares = float(np.cumsum(np.concatenate(([squares], v * v)))[-1])
+            total = float(np.cumsum(np.concatenate((np.array([total]), v)))[-1])
+            squares = float(np.cumsum(np.concatenate((np.array([squares]), v * v)))[-1])
     if num == 0:
         return None
     out_limits, out_counts = [], []
@@ -331,7 +338,7 @@ def dump_lines(directory: str, info: dict) -> List[tuple]:
                 continue
             if isinstance(value, dict):
                 lines.setdefault(_key(value), collections.deque()).append(raw)
-    out = []
+    out: List[tuple] = []
     for d in dumps:
         step = d.get("step")
         if not _is_int64(step):
@@ -608,9 +615,9 @@ def _write_file(dir_fd, name, shown, events):
     try:
         with os.fdopen(fd, "wb", buffering=1 << 20) as f:
             # Errors reading the run come as they are; writing's name the file.
-            for e in events:
+            for event in events:
                 try:
-                    f.write(e)
+                    f.write(event)
                 except OSError as x:
                     raise OSError(x.errno, x.strerror, shown) from None
             try:

@@ -4,6 +4,10 @@ Run.index_frame(), Run.stats_frame(), Run.series(..., lazy=True) and
 Run.to_xarray() call these; each imports its package only when called.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Union
+
 import math
 import threading
 
@@ -12,6 +16,11 @@ import numpy as np
 from . import _float8
 from ._names import STATS_TABLE
 from ._optional import need
+
+if TYPE_CHECKING:
+    import pandas
+    
+    from ._run import Run
 
 # HDF5 files the lazy arrays' tasks opened, per process: a task carries only
 # its index record, so that dask's process and distributed schedulers can
@@ -45,7 +54,7 @@ def _itemsize(dtype):
         return 1  # a dtype NumPy does not know: counted as bytes
 
 
-def index_frame(run):
+def index_frame(run: Run) -> pandas.DataFrame:
     """One row per record: step, kind, name, dtype, shape, bytes (as captured:
     two a bfloat16 element), rank, and where the record lives: file, and for
     HDF5 dataset and row, for Format::Packed offset and nbytes."""
@@ -105,7 +114,7 @@ def index_frame(run):
     return frame
 
 
-def stats_frame(run):
+def stats_frame(run: Run) -> pandas.DataFrame:
     """The statistics table of every rank: step, rank, kind, name, min, max,
     mean, std, norm, nan, posinf, neginf, zeros, numel; kind and name are
     categorical. Rows whose series has no name (a damaged stats_series.jsonl
@@ -115,7 +124,7 @@ def stats_frame(run):
 
     pd = need("pandas", "python3-pandas", "Run.stats_frame()")
     parts = []
-    ranks = run.ranks if run.ranks else [None]
+    ranks: List[Optional[int]] = list(run.ranks) if run.ranks else [None]
     for r in ranks:
         if run.ranks and not _has_stats(run, r):
             continue  # a rank without statistics: the others' still count
@@ -131,7 +140,7 @@ def stats_frame(run):
     names = sorted({n for _, _, _, series in parts for _, n in series.values()})
     name_code = {n: i for i, n in enumerate(names)}
     kind_code = {k: i for i, k in enumerate(KINDS)}
-    columns = {"step": [], "rank": [], "kind": [], "name": []}
+    columns: Dict[str, List[Any]] = {"step": [], "rank": [], "kind": [], "name": []}
     columns.update({f: [] for f in STATS_FIELDS})
     for rank, table, ids, series in parts:
         where = np.searchsorted(ids, table["series"])
@@ -240,7 +249,7 @@ def _same_over_ranks(run, name, kind, per_rank):
                        "pass rank=, or use load() per step")
 
 
-def lazy_series(run, name, kind, rank=None):
+def lazy_series(run: Run, name: str, kind: str, rank: Optional[int] = None) -> Any:
     """Run.series(name, kind=kind, rank=rank, lazy=True)."""
     if rank is None and run.ranks:
         da = need("dask.array", "python3-dask", "Run.series(lazy=True)")
@@ -252,7 +261,7 @@ def lazy_series(run, name, kind, rank=None):
     return _lazy_stack(run, recs, name, kind)
 
 
-def to_xarray(run, kind, names=None, lazy=False):
+def to_xarray(run: Run, kind: str, names: Union[str, Iterable[str], None] = None, lazy: bool = False) -> Any:
     """An xarray.Dataset of `kind`: one variable per name over a shared `step`
     coordinate (steps a name was not captured at are NaN), with a leading
     `rank` dimension on a multi-rank run (ranks without the name are NaN);
@@ -274,7 +283,7 @@ def to_xarray(run, kind, names=None, lazy=False):
                        "'<name>/dim<i>'); leave them out with names=, or read them with series()")
     variables = {}
     for name in names:
-        ranks = run.ranks if run.ranks else [None]
+        ranks: List[Optional[int]] = list(run.ranks) if run.ranks else [None]
         arrays, present = [], []
         by_rank = run._lookup(name, kind)
         for r in ranks:

@@ -16,6 +16,10 @@ the run's statistics table when it has one (Options::stats_every), and are
 otherwise computed from the records.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
+
 import base64
 import html
 import io
@@ -28,6 +32,9 @@ import numpy as np
 
 from ._optional import need, progress
 from .summary import _safe, dump_digest, summarize
+
+if TYPE_CHECKING:
+    from ._run import Run
 
 # Enough lines to see the spread; the rest are drawn faint, unlabeled.
 LABELED_LINES = 8
@@ -46,7 +53,8 @@ SCALAR_COLUMNS = 3
 SCALAR_MARKERS = 60
 
 
-def write_report(run, out_path, steps=None, histograms=6, title=None):
+def write_report(run: Run, out_path: Union[str, "os.PathLike[str]"], steps: Optional[Sequence[int]] = None,
+                 histograms: int = 6, title: Optional[str] = None) -> str:
     """Writes the page for `run` to `out_path`. `steps`: the steps whose
     activation histograms are drawn (default: first, middle, last);
     `histograms`: at most this many activations get one."""
@@ -56,7 +64,7 @@ def write_report(run, out_path, steps=None, histograms=6, title=None):
     page.section("Summary", f"<pre>{html.escape(text.getvalue())}</pre>")
 
     stats = _stats(run)
-    scalars = []  # a summary per scalar series, for the page's data
+    scalars: List[Any] = []  # a summary per scalar series, for the page's data
     # A figure that cannot be drawn costs its section, not the page.
     for heading, draw in (("Scalars", lambda: _scalars(page, run, scalars)),
                           ("Gradient norms per parameter", lambda: _grad_norms(page, run, stats)),
@@ -99,7 +107,8 @@ DIFF_HEATMAP_NAMES = 60
 DIFF_HEATMAP_STEPS = 200
 
 
-def write_diff_page(rows, details, out_path, a, b, rtol, atol, lines):
+def write_diff_page(rows: Any, details: Any, out_path: Union[str, "os.PathLike[str]"], a: str, b: str, rtol: float,
+                    atol: float, lines: Sequence[str]) -> str:
     """The page of `tensortap diff --html`: what the command printed (the
     first divergence first), a heatmap of each record's error (log10 of the
     largest relative difference; equal records blank, mismatched and

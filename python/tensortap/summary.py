@@ -1,6 +1,10 @@
 """The text summary of a run and its --check, shared by `tensortap inspect`
 and `tensortap report`."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, Tuple
+
 import math
 import os
 import sys
@@ -12,6 +16,9 @@ from ._base import _safe
 from ._float8 import FORMATS as FORMATS_FLOAT8
 from ._names import STATS_TABLE
 from ._optional import progress
+
+if TYPE_CHECKING:
+    from ._run import Run
 
 def _human(n):
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -28,7 +35,7 @@ def _nbytes(shape, dtype):
     return math.prod(shape) * itemsize
 
 
-def summarize(run, out=None):
+def summarize(run: Run, out: Optional[TextIO] = None) -> List[str]:
     """Prints the summary; returns the problems it met (statistics that cannot be read)."""
     out = out if out is not None else sys.stdout
     problems = []
@@ -73,7 +80,8 @@ def summarize(run, out=None):
     counts = np.bincount(index.meta, minlength=len(index.metas)).tolist()
     total = sum(c * _nbytes(m[3], m[2]) for m, c in zip(index.metas, counts) if c)
     print(f"  total: {len(run.records)} records, {_human(total)}", file=out)
-    for r in [None] if not run.ranks else run.ranks:
+    ranks: List[Optional[int]] = list(run.ranks) if run.ranks else [None]
+    for r in ranks:
         where = "" if r is None else f"rank {r}: "
         # No stats.npy is a run made without statistics, not a problem.
         if not os.path.exists(os.path.join(run._dirs[r], STATS_TABLE)):
@@ -95,15 +103,15 @@ def summarize(run, out=None):
         print(f"  {len(dumps)} flight recorder dumps:", file=out)
         for (rule, reason), n in counts:
             print(f"    {n:>8}  {_safe(rule)} ({_safe(reason)})", file=out)
-    for i, d in enumerate(shown):
-        if counts and i == len(shown) // 2:
+    for k, dump in enumerate(shown):
+        if counts and k == len(shown) // 2:
             print(f"  ... {len(dumps) - len(shown)} more dumps ...", file=out)
-        where = "" if d.get("rank") is None else f"rank {d['rank']}: "
-        cause = f" in {_safe(d.get('kind', '?'))} {_safe(d['name'])}" if "name" in d else ""
-        steps = d.get("steps")
+        where = "" if dump.get("rank") is None else f"rank {dump['rank']}: "
+        cause = f" in {_safe(dump.get('kind', '?'))} {_safe(dump['name'])}" if "name" in dump else ""
+        steps = dump.get("steps")
         span = f"steps {_safe(steps[0])}..{_safe(steps[-1])}" if isinstance(steps, list) and steps else "no steps"
-        print(f"  {where}flight recorder dump at step {_safe(d.get('step', '?'))} "
-              f"({_safe(d.get('reason', '?'))}{cause}): {span}", file=out)
+        print(f"  {where}flight recorder dump at step {_safe(dump.get('step', '?'))} "
+              f"({_safe(dump.get('reason', '?'))}{cause}): {span}", file=out)
     return problems
 
 
@@ -118,13 +126,13 @@ def _rule(d):
     return trigger.get("kind", "?") if isinstance(trigger, dict) else "user" if "name" not in d else "?"
 
 
-def dump_digest(dumps):
+def dump_digest(dumps: Sequence[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Tuple[Tuple[str, str], int]]]:
     """(the dumps to list, [((rule, reason), count)] or [] when all are
     listed): every dump up to DUMPS_LISTED, past that the first and last
     DUMPS_SHOWN / 2 and the counts, most frequent first."""
     if len(dumps) <= DUMPS_LISTED:
         return list(dumps), []
-    counts = {}
+    counts: Dict[Tuple[str, str], int] = {}
     for d in dumps:
         key = (str(_rule(d)), str(d.get("reason", "?")))
         counts[key] = counts.get(key, 0) + 1
@@ -132,7 +140,7 @@ def dump_digest(dumps):
     return list(dumps[:half]) + list(dumps[-half:]), sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
-def check(run, out=None, found=()):
+def check(run: Run, out: Optional[TextIO] = None, found: Sequence[str] = ()) -> int:
     """Opens every indexed file; returns the number of problems, counting those
     already `found` (damaged lines skipped, statistics that cannot be read)."""
     out = out if out is not None else sys.stdout

@@ -48,8 +48,9 @@ tensortap.torch imports without PyTorch; watch() says what to install.
 
 from __future__ import annotations
 
+import os
 import threading
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from ._base import KINDS, RunError
 from ._writer import RunWriter, default_options
@@ -66,7 +67,7 @@ def _torch():
     return torch
 
 
-def watch(model, dir, every: int = 1, kinds: Iterable[str] = DEFAULT_KINDS, modules: Optional[Iterable[str]] = None,
+def watch(model: Any, dir: Union[str, "os.PathLike[str]"], every: int = 1, kinds: Iterable[str] = DEFAULT_KINDS, modules: Optional[Iterable[str]] = None,
           rename: Optional[Dict[str, str]] = None, overwrite: bool = False) -> "Recorder":
     """Records `model` (a torch.nn.Module) into the run directory `dir`;
     see the module's documentation. Returns the Recorder."""
@@ -76,9 +77,9 @@ def watch(model, dir, every: int = 1, kinds: Iterable[str] = DEFAULT_KINDS, modu
 class Recorder:
     """What watch() returns: step(), capture(), close(); a context manager."""
 
-    def __init__(self, model, dir, every: int = 1, kinds: Iterable[str] = DEFAULT_KINDS,
+    def __init__(self, model: Any, dir: Union[str, "os.PathLike[str]"], every: int = 1, kinds: Iterable[str] = DEFAULT_KINDS,
                  modules: Optional[Iterable[str]] = None, rename: Optional[Dict[str, str]] = None,
-                 overwrite: bool = False):
+                 overwrite: bool = False) -> None:
         torch = _torch()
         self._torch = torch
         if not isinstance(model, torch.nn.Module):
@@ -118,7 +119,7 @@ class Recorder:
         self._writer: Optional[RunWriter] = None
         self._params = [(self._renamed(n), p) for n, p in model.named_parameters()]
         self._buffers = [(self._renamed(n), b) for n, b in model.named_buffers()]
-        self._writer = RunWriter(dir, default_options(every, sorted(self._kinds, key=KINDS.index)),
+        self._writer = RunWriter(os.fspath(dir), default_options(every, sorted(self._kinds, key=KINDS.index)),
                                  overwrite=overwrite, torch_version=torch.__version__)
         try:
             if "grad" in self._kinds:
@@ -134,6 +135,12 @@ class Recorder:
 
     # -- names and steps --------------------------------------------------
 
+
+    @property
+    def _w(self) -> RunWriter:
+        # Set in __init__ before any hook is registered: never None where used.
+        assert self._writer is not None
+        return self._writer
     def _renamed(self, path: str) -> str:
         # The longest module path in `rename` that is `path` or a prefix of it.
         best = None
@@ -166,12 +173,12 @@ class Recorder:
         else:
             array = t.numpy()
         with self._mu:
-            self._writer.write(kind, name, step, array, dtype)
+            self._w.write(kind, name, step, array, dtype)
 
     def _grad_hook(self, name: str):
         def hook(grad):
             with self._mu:
-                if self._writer.closed or not self._sampled():
+                if self._w.closed or not self._sampled():
                     return None
                 step = self._step
                 held = self._pending.get(name)
@@ -186,7 +193,7 @@ class Recorder:
     def _forward_hook(self, name: str):
         def hook(module, inputs, output):
             with self._mu:
-                if self._writer.closed or not self._sampled() or not module.training:
+                if self._w.closed or not self._sampled() or not module.training:
                     return None
                 return self._tap(name, output, self._step)
         return hook
@@ -209,7 +216,7 @@ class Recorder:
         return out
 
     def _grad_of_activation(self, name: str, step: int, grad) -> None:
-        if not self._writer.closed:
+        if not self._w.closed:
             self._write("activation_grad", name, step, grad)
 
     def _end_step(self) -> None:
@@ -231,8 +238,8 @@ class Recorder:
         if not 0 <= step < 1 << 47:
             raise ValueError(f"tensortap.torch: step({step}): steps must be 0 or more and below 2^47")
         with self._mu:
-            if self._writer.closed:
-                raise RunError(f"the run {self._writer.path} is closed")
+            if self._w.closed:
+                raise RunError(f"the run {self._w.path} is closed")
             if self._stepped and step <= self._step:
                 raise ValueError(f"tensortap.torch: step({step}) after step({self._step}): steps must increase")
             self._stepped = True
@@ -249,7 +256,7 @@ class Recorder:
                     if b is not None:
                         self._write("buffer", name, step, b)
 
-    def capture(self, name: str, tensor, kind: str = "tensor") -> None:
+    def capture(self, name: str, tensor: Any, kind: str = "tensor") -> None:
         """Records `tensor` under `name` (kind "tensor" unless given) at the
         current step, if it is sampled."""
         if not isinstance(name, str):
@@ -259,8 +266,8 @@ class Recorder:
         if not isinstance(tensor, self._torch.Tensor):
             raise TypeError(f"tensortap.torch: {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
         with self._mu:
-            if self._writer.closed:
-                raise RunError(f"the run {self._writer.path} is closed: {name!r} not recorded")
+            if self._w.closed:
+                raise RunError(f"the run {self._w.path} is closed: {name!r} not recorded")
             if kind in self._kinds and self._sampled():
                 self._write(kind, self._repeat(kind, name), self._step, tensor)
 
@@ -281,11 +288,11 @@ class Recorder:
     @property
     def path(self) -> str:
         """The directory this rank writes (the run directory, or its rank<r>/)."""
-        return self._writer.path
+        return self._w.path
 
     @property
     def records(self) -> int:
-        return self._writer.records
+        return self._w.records
 
     def __enter__(self) -> "Recorder":
         return self
