@@ -28,15 +28,12 @@ import collections
 import errno
 import heapq
 import json
-import math
 import os
 import re
 import socket
 import stat
-import struct
-import sys
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Dict, List, Union
 
 import numpy as np
 
@@ -44,243 +41,13 @@ from ._base import STATS_FIELDS, RunError, _is_int, _is_int64, _warn
 from ._base import json_string as _json_string
 from ._files import _open_regular, _rank_dumps
 from ._names import DUMPS, EVENTS_PREFIX, EVENTS_SUFFIX, STATS_TABLE, is_events_file_name
+from ._tb_events import FILE_VERSION, _event, _histogram_value, _scalar_head, _summary, _text_value, frame
+from ._tb_values import histogram, scalar_value
 
 if TYPE_CHECKING:
     from ._run import Run
 
 DUMPS_TAG = "tensortap/dumps"
-FILE_VERSION = "brain.Event:2"
-
-# -- CRC-32C (Castagnoli), table-driven ----------------------------------------
-
-
-def _crc_table():
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return tuple(table)
-
-
-_CRC_TABLE = _crc_table()
-
-
-def crc32c(data: bytes) -> int:
-    """The CRC-32C of `data`: reflected polynomial 0x82F63B78, initial value
-    and final xor 0xFFFFFFFF (crc32c(b"123456789") == 0xE3069283)."""
-    crc = 0xFFFFFFFF
-    table = _CRC_TABLE
-    for b in data:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked_crc32c(data: bytes) -> int:
-    """TFRecord's masked CRC-32C of `data`."""
-    crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def frame(event: bytes) -> bytes:
-    """One TFRecord: the length as a little-endian uint64, its masked CRC, the
-    serialized event, the event's masked CRC."""
-    header = struct.pack("<Q", len(event))
-    return header + struct.pack("<I", masked_crc32c(header)) + event + struct.pack("<I", masked_crc32c(event))
-
-
-# -- protobuf, by hand ---------------------------------------------------------
-
-_U64 = (1 << 64) - 1
-
-
-def _varint(n: int) -> bytes:
-    """A varint of the unsigned 64-bit `n` (an int64 as its two's complement)."""
-    n &= _U64
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field (wire type 2): string, bytes, message, packed."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _double(number: int, value: float) -> bytes:
-    return _varint(number << 3 | 1) + struct.pack("<d", value)
-
-
-def _doubles(number: int, values) -> bytes:
-    """A packed repeated double field."""
-    return _field(number, np.asarray(values, dtype="<f8").tobytes())
-
-
-def _event(step: int, summary: Optional[bytes] = None, file_version: Optional[str] = None) -> bytes:
-    """Event { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }"""
-    out = _double(1, time.time()) + _varint(2 << 3 | 0) + _varint(step)
-    if file_version is not None:
-        out += _field(3, file_version.encode("utf-8"))
-    if summary is not None:
-        out += _field(5, summary)
-    return out
-
-
-# A name's bytes that are not UTF-8 come from the reader as lone surrogates
-# (U+DC80..U+DCFF); a protobuf string must be UTF-8, or TensorBoard's parser
-# refuses the whole event. Each becomes U+FFFD in a tag.
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def tag_text(tag: str) -> str:
-    """The tag as the event holds it: `tag` with each lone surrogate as U+FFFD."""
-    return _SURROGATE.sub("\ufffd", tag)
-
-
-def _tag_field(tag: str) -> bytes:
-    return _field(1, tag_text(tag).encode("utf-8"))
-
-
-def _summary(*values: bytes) -> bytes:
-    """Summary { repeated Value value = 1; } of serialized Summary.Value messages."""
-    return b"".join(_field(1, v) for v in values)
-
-
-def _scalar_head(tag: str) -> bytes:
-    """A Summary's value field holding Value { tag; simple_value = 2 }, up to
-    the float's four bytes, which follow it."""
-    tag_field = _tag_field(tag)
-    return _varint(1 << 3 | 2) + _varint(len(tag_field) + 5) + tag_field + b"\x15"
-
-
-def _histogram_value(tag: str, h) -> bytes:
-    """Value { tag; HistogramProto histo = 5 }."""
-    proto = (_double(1, h.min) + _double(2, h.max) + _double(3, h.num) + _double(4, h.sum)
-             + _double(5, h.sum_squares) + _doubles(6, h.bucket_limit) + _doubles(7, h.bucket))
-    return _tag_field(tag) + _field(5, proto)
-
-
-def _text_value(tag: str, text: bytes) -> bytes:
-    """Value { tag; TensorProto tensor = 8 (DT_STRING, no dims, one string_val);
-    SummaryMetadata metadata = 9 (plugin "text") }."""
-    tensor = _varint(1 << 3 | 0) + _varint(7) + _field(2, b"") + _field(8, text)
-    metadata = _field(1, _field(1, b"text"))
-    return _tag_field(tag) + _field(8, tensor) + _field(9, metadata)
-
-
-# -- histograms ------------------------------------------------------------------
-
-
-def _bucket_limits():
-    positive = []
-    v = 1e-12
-    while v < 1e20:
-        positive.append(v)
-        v *= 1.1
-    positive.append(sys.float_info.max)
-    return np.array([-x for x in reversed(positive)] + [0.0] + positive, dtype=np.float64)
-
-
-BUCKET_LIMITS = _bucket_limits()
-"""The fixed bucket limits: the negated positive limits in reverse, 0.0, the
-positive limits (1e-12 times 1.1 repeatedly, in float64, while below 1e20;
-then DBL_MAX)."""
-
-
-class Histogram:
-    """A HistogramProto's fields: min, max, num, sum, sum_squares and the
-    written buckets (bucket_limit, bucket), empty runs collapsed."""
-
-    __slots__ = ("min", "max", "num", "sum", "sum_squares", "bucket_limit", "bucket")
-    min: float
-    max: float
-    num: float
-    sum: float
-    sum_squares: float
-    bucket_limit: List[float]
-    bucket: List[float]
-
-    def __repr__(self):
-        return (f"Histogram(min={self.min!r}, max={self.max!r}, num={self.num!r}, sum={self.sum!r}, "
-                f"sum_squares={self.sum_squares!r}, {len(self.bucket)} buckets)")
-
-
-def element_values(array) -> np.ndarray:
-    """The finite elements of `array` as float64, each as for statistics:
-    complex as its modulus (in double), bool as 0 or 1."""
-    a = np.asarray(array)
-    if a.dtype.kind == "c":
-        v = np.abs(a.astype(np.complex128)).ravel()
-    else:
-        v = a.astype(np.float64).ravel()
-    return v[np.isfinite(v)]
-
-
-# Elements binned at once: memory stays a few MiB whatever the record's
-# size (the recorder bins in blocks too: HistogramAccumulator).
-HISTOGRAM_BLOCK = 1 << 18
-
-
-def histogram(array) -> Optional[Histogram]:
-    """The histogram of `array`'s finite elements, or None if it has none.
-    An element v falls in the first bucket whose limit is greater than v
-    (bisect_right); DBL_MAX itself, above every limit but the last's equal,
-    in the last bucket. Each nonempty bucket is written as (limit, count),
-    each run of empty buckets as (the limit of its last bucket, 0). Binned
-    block by block; sum and sum_squares are added element by element in the
-    elements' order, as the recorder adds them (not NumPy's pairwise sum),
-    so that both give the same bits."""
-    a = np.asarray(array).reshape(-1)
-    limits = BUCKET_LIMITS
-    counts = np.zeros(len(limits), dtype=np.int64)
-    lo, hi, num, total, squares = math.inf, -math.inf, 0, 0.0, 0.0
-    for start in range(0, a.size, HISTOGRAM_BLOCK):
-        v = element_values(a[start:start + HISTOGRAM_BLOCK])
-        if v.size == 0:
-            continue
-        where = np.searchsorted(limits, v, side="right")
-        np.minimum(where, len(limits) - 1, out=where)
-        counts += np.bincount(where, minlength=len(limits))
-        lo, hi, num = min(lo, float(v.min())), max(hi, float(v.max())), num + v.size
-        with np.errstate(over="ignore", invalid="ignore"):  # past DBL_MAX: inf, as in C++
-            total = float(np.cumsum(np.concatenate((np.array([total]), v)))[-1])
-            squares = float(np.cumsum(np.concatenate((np.array([squares]), v * v)))[-1])
-    if num == 0:
-        return None
-    out_limits, out_counts = [], []
-    last = -1  # the last nonempty bucket written
-    for k in np.flatnonzero(counts).tolist():
-        if k > last + 1:
-            out_limits.append(limits[k - 1])
-            out_counts.append(0.0)
-        out_limits.append(limits[k])
-        out_counts.append(float(counts[k]))
-        last = k
-    if last < len(limits) - 1:
-        out_limits.append(limits[-1])
-        out_counts.append(0.0)
-    h = Histogram()
-    h.min, h.max = lo, hi
-    h.num = float(num)
-    h.sum, h.sum_squares = total, squares
-    h.bucket_limit, h.bucket = out_limits, out_counts
-    return h
-
-
-def scalar_value(array) -> Optional[bytes]:
-    """The element of a 0-d `array` as a little-endian float32 (bool: 0 or
-    1), or None for a complex one: its value as for statistics (a double),
-    then rounded to float32, as the recorder does. (An integer beyond 2**53
-    is rounded twice so: 2**62 + 2**38 + 1 gives 2**62, not 2**62 + 2**39.)"""
-    a = np.asarray(array)
-    if a.dtype.kind == "c" or a.size != 1:
-        return None
-    with np.errstate(over="ignore", invalid="ignore"):  # past FLT_MAX: inf, as C++'s cast gives
-        return a.reshape(()).astype(np.float64).astype("<f4").tobytes()
 
 
 # -- dumps -----------------------------------------------------------------------

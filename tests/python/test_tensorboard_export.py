@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tb_check  # noqa: E402
 import tensortap  # noqa: E402
 from tensortap import __main__ as cli  # noqa: E402
-from tensortap import _names, _tensorboard  # noqa: E402
+from tensortap import _names, _tb_events, _tb_values, _tensorboard  # noqa: E402
 
 DBL_MAX = sys.float_info.max
 SIZES = {"scalars": 0, "histograms": 0, "tensors": 0}
@@ -171,20 +171,20 @@ class TempCase(unittest.TestCase):
 
 class EncodingTest(unittest.TestCase):
     def test_crc32c_known_answers(self):
-        self.assertEqual(_tensorboard.crc32c(b"123456789"), 0xE3069283)
-        self.assertEqual(_tensorboard.crc32c(b""), 0)
-        self.assertEqual(_tensorboard.crc32c(bytes(32)), 0x8A9136AA)  # RFC 3720 B.4
-        self.assertEqual(_tensorboard.crc32c(b"\xff" * 32), 0x62A8AB43)
-        self.assertEqual(_tensorboard.crc32c(bytes(range(32))), 0x46DD794E)
+        self.assertEqual(_tb_events.crc32c(b"123456789"), 0xE3069283)
+        self.assertEqual(_tb_events.crc32c(b""), 0)
+        self.assertEqual(_tb_events.crc32c(bytes(32)), 0x8A9136AA)  # RFC 3720 B.4
+        self.assertEqual(_tb_events.crc32c(b"\xff" * 32), 0x62A8AB43)
+        self.assertEqual(_tb_events.crc32c(bytes(range(32))), 0x46DD794E)
         # Masked, against TensorBoard's own implementation.
         _, _, masked = tb_check.tensorboard()
         rng = np.random.default_rng(1)
         for n in (0, 1, 7, 8, 100, 4097):
             data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
-            self.assertEqual(_tensorboard.masked_crc32c(data), masked(data), n)
+            self.assertEqual(_tb_events.masked_crc32c(data), masked(data), n)
 
     def test_bucket_limits_are_the_specs(self):
-        limits = _tensorboard.BUCKET_LIMITS
+        limits = _tb_values.BUCKET_LIMITS
         self.assertEqual(limits.tolist(), tb_check.LIMITS)
         positive = []
         v = 1e-12
@@ -202,19 +202,19 @@ class EncodingTest(unittest.TestCase):
         np.testing.assert_array_equal(limits[:n], -limits[::-1][:n])
 
     def test_histogram_buckets_and_collapsed_runs(self):
-        limits = _tensorboard.BUCKET_LIMITS
+        limits = _tb_values.BUCKET_LIMITS
         zero = int(np.flatnonzero(limits == 0.0)[0])
-        h = _tensorboard.histogram(np.array([0.0, -0.0, 1e-12, 5e-13, np.nan, np.inf]))
+        h = _tb_values.histogram(np.array([0.0, -0.0, 1e-12, 5e-13, np.nan, np.inf]))
         # 0.0 and -0.0 fall in the bucket above the limit 0.0 (bisect_right),
         # as does 5e-13; 1e-12 in the one above it.
         self.assertEqual(h.bucket_limit, [limits[zero], limits[zero + 1], limits[zero + 2], DBL_MAX])
         self.assertEqual(h.bucket, [0.0, 3.0, 1.0, 0.0])
         self.assertEqual((h.min, h.max, h.num, h.sum), (0.0, 1e-12, 4.0, 1.5e-12))
-        h = _tensorboard.histogram(np.array([DBL_MAX, -DBL_MAX]))
+        h = _tb_values.histogram(np.array([DBL_MAX, -DBL_MAX]))
         self.assertEqual(h.bucket_limit, [-DBL_MAX, limits[1], limits[-2], DBL_MAX])
         self.assertEqual(h.bucket, [0.0, 1.0, 0.0, 1.0])
-        self.assertIsNone(_tensorboard.histogram(np.array([np.nan, -np.inf])))
-        self.assertIsNone(_tensorboard.histogram(np.zeros((0, 3))))
+        self.assertIsNone(_tb_values.histogram(np.array([np.nan, -np.inf])))
+        self.assertIsNone(_tb_values.histogram(np.zeros((0, 3))))
 
     def test_histogram_sums_in_the_recorders_order_block_by_block(self):
         # Round 4: NumPy's pairwise sum differed from the recorder's, which
@@ -228,8 +228,8 @@ class EncodingTest(unittest.TestCase):
             squares += float(x) * float(x)
         self.assertNotEqual(sequential, float(np.sum(v[np.isfinite(v)])))
         for block in (3, 1 << 18):
-            with self.subTest(block=block), mock.patch.object(_tensorboard, "HISTOGRAM_BLOCK", block):
-                h = _tensorboard.histogram(v)
+            with self.subTest(block=block), mock.patch.object(_tb_values, "HISTOGRAM_BLOCK", block):
+                h = _tb_values.histogram(v)
                 finite = v[np.isfinite(v)]
                 self.assertEqual((h.sum, h.sum_squares, h.num, h.min, h.max),
                                  (sequential, squares, 999.0, finite.min(), finite.max()))
@@ -237,7 +237,7 @@ class EncodingTest(unittest.TestCase):
         big = np.ones(1 << 24, dtype=np.float32)  # 64 MiB
         import tracemalloc
         tracemalloc.start()
-        h = _tensorboard.histogram(big)
+        h = _tb_values.histogram(big)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         self.assertEqual(h.num, big.size)
