@@ -71,7 +71,7 @@ def index_line(step, kind, name, location):
 
 
 def run_json(path, fmt, records):
-    info = {"format_version": 1, "tensortap_version": "0.1.0", "torch_version": "bench",
+    info = {"format_version": 1, "tensortap_version": "0.2.0", "torch_version": "bench",
             "options": {"dir": path, "format": fmt, "every": 1, "packed": {"segment_bytes": 1 << 30}},
             "rank": 0, "world_size": 1, "start_time": "bench", "dumps": [], "records": records,
             "bytes": records * 4 * int(np.prod(SHAPE)), "dropped": 0, "errors": 0, "closed": True}

@@ -9,9 +9,10 @@ CORE_PACKAGES="cmake g++ make ninja-build ccache libtorch-dev libfmt-dev catch2 
   python3-pandas python3-xarray python3-dask python3-tqdm libprotobuf-dev protobuf-compiler"
 
 # What only the tests need: a real browser that renders `tensortap report`'s
-# page (tests/python/test_analysis.py), and mypy, which checks the reader's
-# annotations (the package ships py.typed).
-TEST_PACKAGES="chromium chromium-driver python3-selenium mypy"
+# page (tests/python/test_analysis.py); mypy, which checks the reader's
+# annotations (the package ships py.typed); python3-venv, for the test that
+# installs the reader into a fresh virtual environment.
+TEST_PACKAGES="chromium chromium-driver python3-selenium mypy python3-venv"
 
 # Debian packages the GPU machine (no network, PyTorch's LibTorch) needs to
 # build tensortap's tests and benchmarks: scripts/fetch_debs.sh downloads

@@ -34,9 +34,9 @@ call that passes it by position still works, with a DeprecationWarning.
 from ._base import KINDS, NUMPY_DTYPES, STATS_FIELDS, RunError, RunWarning  # noqa: F401
 from ._run import Run, open
 from ._diff import diff
+from ._version import __version__  # noqa: F401 - public
 
 __all__ = ["open", "Run", "diff", "KINDS", "STATS_FIELDS", "RunError", "RunWarning"]
-__version__ = "0.1.0"
 
 # The public names say they are tensortap's (in tracebacks, repr, help and
 # pickles), wherever they are defined.
