@@ -1,10 +1,13 @@
 #include <tensortap/watch.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/jit/api/module.h>
 
 #include <tensortap/tap.h>
 
@@ -55,22 +58,51 @@ class ParamWatcher final : public Watcher {
     buffers_.emplace_back(std::move(name), std::move(buffer));
   }
 
-  // Registers the gradient hooks; `self` is this watcher.
+  // Registers the gradient hooks; `self` is this watcher. A parameter that
+  // does not require grad now (a frozen layer) cannot take a hook
+  // (register_hook refuses it): it is hooked at the first step() that finds
+  // it requiring grad (rehook), so a layer unfrozen later is recorded too.
   void hook_all(const std::shared_ptr<ParamWatcher>& self) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      Entry& e = entries_[i];
-      if (!e.param.requires_grad()) continue;
-      e.hook = e.param.register_hook([self, i](const at::Tensor& grad) {
-        if (!self->front().active(Kind::Grad)) return;
-        try {
-          self->accumulate(i, grad);
-        } catch (...) {
-          self->front_->hook_failed(std::current_exception());
-        }
-      });
-      e.hooked = true;
+    self_ = self;
+    hooks_grads_ = true;
+    for (std::size_t i = 0; i < entries_.size(); ++i) hook(i, self);
+  }
+
+  // mu_ is held.
+  void hook(std::size_t i, const std::shared_ptr<ParamWatcher>& self) {
+    Entry& e = entries_[i];
+    if (e.hooked) return;
+    if (!e.param.requires_grad()) {
+      ++unhooked_;
+      return;
     }
+    e.hook = e.param.register_hook([self, i](const at::Tensor& grad) {
+      if (!self->front().active(Kind::Grad)) return;
+      try {
+        self->accumulate(i, grad);
+      } catch (...) {
+        self->front_->hook_failed(std::current_exception());
+      }
+    });
+    e.hooked = true;
+  }
+
+  // At step(): hooks the parameters that have started to require grad.
+  // mu_ is held. Nothing to walk in the common case, no frozen parameter.
+  void rehook() {
+    if (unhooked_ == 0) return;
+    const std::shared_ptr<ParamWatcher> self = self_.lock();
+    if (!self) return;
+    unhooked_ = 0;
+    for (std::size_t i = 0; i < entries_.size(); ++i) hook(i, self);
+  }
+
+  std::pair<std::size_t, std::size_t> watched_among(const std::unordered_set<const void*>& params) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::size_t among = 0;
+    for (const Entry& e : entries_) among += params.count(e.param.unsafeGetTensorImpl());
+    return {among, entries_.size()};
   }
 
   void accumulate(std::size_t i, const at::Tensor& sparse_or_dense) {
@@ -106,8 +138,9 @@ class ParamWatcher final : public Watcher {
 
   void on_step_begin(std::int64_t step) override {
     const bool params = front_->active(Kind::Param), buffers = front_->active(Kind::Buffer);
-    if (!params && !buffers) return;
     std::lock_guard<std::mutex> lock(mu_);
+    if (hooks_grads_) rehook();
+    if (!params && !buffers) return;
     std::exception_ptr first;
     const auto record = [&](Kind kind, const std::string& name, const at::Tensor& t) {
       try {
@@ -153,6 +186,7 @@ class ParamWatcher final : public Watcher {
     // Most steps are not sampled: skip the walk over every parameter.
     if (!any_pending_) return;
     any_pending_ = false;
+    if (!looked_for_gradless_) say_gradless();
     // One parameter that cannot be recorded must not cost the others theirs.
     std::exception_ptr first;
     for (Entry& e : entries_) {
@@ -165,6 +199,34 @@ class ParamWatcher final : public Watcher {
       }
     }
     if (first) std::rethrow_exception(first);
+  }
+
+  // Once, at the first sampled step in which watched parameters got
+  // gradients: those hooked that got none. A parameter whose module member
+  // was reassigned after it was registered (a literal port of Python's
+  // `lm_head.weight = tok.weight`) is such an orphan: registered, hooked,
+  // never used by forward, so never recorded, and nothing said so.
+  void say_gradless() {
+    std::int64_t step = -1;
+    for (const Entry& e : entries_)
+      if (e.pending) step = e.acc_step;
+    // Every gradient of the step was taken by record_grads: look at the next.
+    if (step < 0) return;
+    looked_for_gradless_ = true;
+    std::vector<std::string> none;
+    for (const Entry& e : entries_)
+      if (e.hooked && !e.pending && e.taken_step != step) none.push_back(e.name);
+    if (none.empty()) return;
+    std::string names;
+    for (std::size_t i = 0; i < none.size() && i < 5; ++i) names += (i ? ", '" : "'") + none[i] + "'";
+    if (none.size() > 5) names += " and " + std::to_string(none.size() - 5) + " more";
+    std::fprintf(stderr,
+                 "tensortap: warning: run '%s': %zu watched parameter(s) got no gradient in step %lld while others "
+                 "did: %s. If forward does not use one on purpose, ignore this; if it should, it may be left "
+                 "behind by a member reassigned after registration (`lm_head->weight = tok->weight` keeps the "
+                 "registered tensor, which forward no longer uses: tie with register_parameter(\"weight\", "
+                 "tok->weight) instead)\n",
+                 front_->placement().run_dir.c_str(), none.size(), static_cast<long long>(step), names.c_str());
   }
 
   void detach() noexcept override {
@@ -181,12 +243,21 @@ class ParamWatcher final : public Watcher {
     // parameters; a hook still running sees the index out of range.
     entries_.clear();
     buffers_.clear();
+    unhooked_ = 0;
   }
 
  private:
   std::shared_ptr<FrontEnd> front_;
   const bool per_backward_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
+  // This watcher, for the hooks rehook() registers; set by hook_all().
+  std::weak_ptr<ParamWatcher> self_;
+  // Whether gradients are hooked at all, and how many parameters were left
+  // unhooked because they did not require grad (rehook() walks only then).
+  bool hooks_grads_ = false;
+  std::size_t unhooked_ = 0;
+  // Whether say_gradless() has looked, once per watcher.
+  bool looked_for_gradless_ = false;
   std::vector<Entry> entries_;
   std::vector<std::pair<std::string, at::Tensor>> buffers_;
   bool any_pending_ = false;
@@ -231,26 +302,86 @@ std::string full_name(const std::string& prefix, const std::string& path) {
   return prefix.empty() ? path : prefix + "/" + path;
 }
 
+using Named = std::vector<std::pair<std::string, at::Tensor>>;
+
+// The parameters and buffers of a module tree the recorder selects, by
+// their full names; `each_param` and `each_buffer` call their argument with
+// (path, tensor) for every one the tree has.
+template <class EachParam, class EachBuffer>
+std::pair<Named, Named> selected_tensors(const FrontEnd& front, const std::string& prefix, EachParam&& each_param,
+                                         EachBuffer&& each_buffer) {
+  const KindSet kinds = front.options().kinds();
+  Named params, buffers;
+  const auto take = [&](Named& into) {
+    return [&](const std::string& path, const at::Tensor& t) {
+      std::string name = full_name(prefix, path);
+      if (front.selected(name)) into.emplace_back(std::move(name), t);
+    };
+  };
+  if (kinds.contains(Kind::Grad) || kinds.contains(Kind::Param)) each_param(take(params));
+  if (kinds.contains(Kind::Buffer)) each_buffer(take(buffers));
+  return {std::move(params), std::move(buffers)};
+}
+
+// Claims `params` and `buffers` for the recorder (throws, changing nothing,
+// on a collision) and hooks them: gradients, parameter and buffer records.
+// One tensor under several names (tied weights: an embedding and the output
+// layer sharing a matrix, registered in both): kept once, under its first
+// name; `aliases` gets (first name, the others).
+Named once_each(Named named, std::vector<std::pair<std::string, std::vector<std::string>>>& aliases) {
+  std::unordered_map<const void*, std::size_t> first;
+  Named kept;
+  std::vector<std::vector<std::string>> others;
+  for (auto& [name, t] : named) {
+    const auto [it, fresh] = first.emplace(t.unsafeGetTensorImpl(), kept.size());
+    if (fresh) {
+      kept.emplace_back(std::move(name), std::move(t));
+      others.emplace_back();
+    } else {
+      others[it->second].push_back(std::move(name));
+    }
+  }
+  for (std::size_t i = 0; i < kept.size(); ++i)
+    if (!others[i].empty()) aliases.emplace_back(kept[i].first, std::move(others[i]));
+  return kept;
+}
+
+void watch_tensors(const std::shared_ptr<FrontEnd>& front, Named params, Named buffers,
+                   std::vector<FrontEnd::Claim> more_claims = {}) {
+  // A tied weight was recorded once per name, the same bytes twice, with
+  // nothing saying they were one tensor.
+  std::vector<std::pair<std::string, std::vector<std::string>>> aliases;
+  params = once_each(std::move(params), aliases);
+  buffers = once_each(std::move(buffers), aliases);
+  std::vector<FrontEnd::Claim> claims;
+  for (const auto& [name, t] : params) claims.push_back({t.unsafeGetTensorImpl(), Kind::Grad, name});
+  for (const auto& [name, t] : buffers) claims.push_back({t.unsafeGetTensorImpl(), Kind::Buffer, name});
+  claims.insert(claims.end(), more_claims.begin(), more_claims.end());
+  front->claim(claims);
+  for (const auto& [name, others] : aliases) front->add_aliases(name, others);
+  const KindSet kinds = front->options().kinds();
+  if (!kinds.contains(Kind::Grad) && !kinds.contains(Kind::Param) && !kinds.contains(Kind::Buffer)) return;
+  auto watcher = std::make_shared<ParamWatcher>(front);
+  for (auto& [name, t] : params) watcher->add(std::move(name), std::move(t));
+  for (auto& [name, t] : buffers) watcher->add_buffer(std::move(name), std::move(t));
+  if (kinds.contains(Kind::Grad)) watcher->hook_all(watcher);
+  front->add_watcher(watcher);
+}
+
 void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& front, const std::string& prefix) {
   const KindSet kinds = front->options().kinds();
-  const bool want_params = kinds.contains(Kind::Grad) || kinds.contains(Kind::Param);
-  const bool want_buffers = kinds.contains(Kind::Buffer);
   const bool want_taps = kinds.contains(Kind::Activation) || kinds.contains(Kind::ActivationGrad);
 
   // First find everything, and claim it, so that a watch() that fails
   // (the module is watched already, a name collides) changes nothing.
-  std::vector<std::pair<std::string, at::Tensor>> params;
-  if (want_params)
-    for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-      std::string name = full_name(prefix, item.key());
-      if (front->selected(name)) params.emplace_back(std::move(name), item.value());
-    }
-  std::vector<std::pair<std::string, at::Tensor>> buffers;
-  if (want_buffers)
-    for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-      std::string name = full_name(prefix, item.key());
-      if (front->selected(name)) buffers.emplace_back(std::move(name), item.value());
-    }
+  auto [params, buffers] = selected_tensors(
+      *front, prefix,
+      [&](auto&& f) {
+        for (const auto& item : module.named_parameters(/*recurse=*/true)) f(item.key(), item.value());
+      },
+      [&](auto&& f) {
+        for (const auto& item : module.named_buffers(/*recurse=*/true)) f(item.key(), item.value());
+      });
   struct Point {
     std::shared_ptr<torch::nn::Module> owner;
     TapPoint* point;
@@ -287,19 +418,9 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& front, c
       }
     }
   }
-  std::vector<FrontEnd::Claim> claims;
-  for (const auto& [name, t] : params) claims.push_back({t.unsafeGetTensorImpl(), Kind::Grad, name});
-  for (const auto& [name, t] : buffers) claims.push_back({t.unsafeGetTensorImpl(), Kind::Buffer, name});
-  for (const Point& p : points) claims.push_back({p.point, Kind::Activation, p.name});
-  front->claim(claims);
-
-  if (want_params || want_buffers) {
-    auto watcher = std::make_shared<ParamWatcher>(front);
-    for (auto& [name, t] : params) watcher->add(std::move(name), std::move(t));
-    for (auto& [name, t] : buffers) watcher->add_buffer(std::move(name), std::move(t));
-    if (kinds.contains(Kind::Grad)) watcher->hook_all(watcher);
-    front->add_watcher(watcher);
-  }
+  std::vector<FrontEnd::Claim> tap_claims;
+  for (const Point& p : points) tap_claims.push_back({p.point, Kind::Activation, p.name});
+  watch_tensors(front, std::move(params), std::move(buffers), std::move(tap_claims));
   if (want_taps) {
     auto taps = std::make_shared<TapWatcher>(front->options().capture_ops() && kinds.contains(Kind::Activation));
     for (Point& p : points) taps->add(p.owner, *p.point, std::make_shared<TapBinding>(TapBinding{front, p.name}));
@@ -318,6 +439,28 @@ std::shared_ptr<Recorder> watch(torch::nn::Module& module, Options options) {
 
 void watch(torch::nn::Module& module, Recorder& recorder, const std::string& prefix) {
   detail::attach(module, detail::RecorderAccess::front_end(recorder), prefix);
+}
+
+std::shared_ptr<Recorder> watch(torch::jit::Module& module, Options options) {
+  auto recorder = std::make_shared<Recorder>(std::move(options));
+  watch(module, *recorder, "");
+  return recorder;
+}
+
+void watch(torch::jit::Module& module, Recorder& recorder, const std::string& prefix) {
+  const std::shared_ptr<detail::FrontEnd> front = detail::RecorderAccess::front_end(recorder);
+  // Its parameters and buffers are leaf tensors like an nn::Module's: the
+  // same hooks apply. (A scripted module's submodules take no forward hook
+  // from C++: no tap points.)
+  auto [params, buffers] = detail::selected_tensors(
+      *front, prefix,
+      [&](auto&& f) {
+        for (const auto& item : module.named_parameters(/*recurse=*/true)) f(item.name, item.value);
+      },
+      [&](auto&& f) {
+        for (const auto& item : module.named_buffers(/*recurse=*/true)) f(item.name, item.value);
+      });
+  detail::watch_tensors(front, std::move(params), std::move(buffers));
 }
 
 }  // namespace tensortap

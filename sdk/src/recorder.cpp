@@ -45,7 +45,7 @@ void Recorder::record_grads(const torch::optim::Optimizer& optimizer) {
   std::unordered_set<const void*> params;
   for (const auto& group : optimizer.param_groups())
     for (const at::Tensor& p : group.params()) params.insert(p.unsafeGetTensorImpl());
-  front_->record_grads(params);
+  front_->record_grads(params, &optimizer);
 }
 
 Recorder::Scope Recorder::scope(const std::string& name) {

@@ -1,8 +1,11 @@
 #pragma once
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -75,6 +78,32 @@ inline std::vector<std::string> read_lines(const std::string& path) {
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
+}
+
+inline std::string read_file(const std::string& path);
+
+// What `f` printed on stderr (file descriptor 2), through the file `path`.
+template <typename F>
+std::string stderr_of(const std::string& path, F&& f) {
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  REQUIRE((saved >= 0 && fd >= 0));
+  ::dup2(fd, 2);
+  ::close(fd);
+  const auto restore = [&] {
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+  };
+  try {
+    f();
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+  return read_file(path);
 }
 
 inline std::string read_file(const std::string& path) {

@@ -185,6 +185,56 @@ TEST_CASE("record_grads() needs a step and an open recorder, and skips steps tha
   REQUIRE_THAT(err, Catch::Contains("after close()"));
 }
 
+TEST_CASE("record_grads() of an optimizer that trains nothing watched says so, once", "[hooks][gan]") {
+  // It recorded nothing, silently (an optimizer of a module never watched,
+  // or of a TorchScript module's parameters).
+  TempDir dir;
+  nn::Linear watched(3, 2), other(3, 2);
+  torch::optim::SGD stray(other->parameters(), 0.1), right(watched->parameters(), 0.1);
+  auto rec = tensortap::watch(*watched, Options(dir.path));
+  const std::string err = tt_test::stderr_of(dir / "stderr", [&] {
+    for (std::int64_t s = 0; s < 3; ++s) {
+      rec->step(s);
+      watched->forward(torch::randn({2, 3})).sum().backward();
+      rec->record_grads(stray);
+      rec->record_grads(right);
+    }
+    rec->close();
+  });
+  const std::string said =
+      "record_grads(): none of the optimizer's 2 parameters is one this recorder watches (it watches 2)";
+  CHECK(err.find(said) != std::string::npos);
+  CHECK(err.find("record_grads()") == err.rfind("record_grads()"));  // once, and not for `right`
+  CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"weight\"").size() == 3);
+}
+
+TEST_CASE("a layer frozen at watch() and unfrozen later gets its end-of-step grad records", "[hooks][gan]") {
+  // register_hook refuses a tensor that does not require grad, so a layer
+  // frozen when watch() ran was never hooked: after it was unfrozen (a
+  // fine-tuning schedule), record_grads recorded it and the default grad
+  // record never did. The watched parameters are checked again at step().
+  TempDir dir;
+  torch::manual_seed(5);
+  nn::Sequential net(nn::Linear(3, 3), nn::Linear(3, 2));
+  const torch::Tensor w0 = net->named_parameters()["0.weight"];
+  for (auto& p : net[0]->parameters()) p.requires_grad_(false);
+  auto rec = tensortap::watch(*net, Options(dir.path).kinds({Kind::Grad}));
+  std::vector<torch::Tensor> want;
+  for (std::int64_t s = 0; s < 4; ++s) {
+    if (s == 2)
+      for (auto& p : net[0]->parameters()) p.requires_grad_(true);
+    rec->step(s);
+    net->forward(torch::randn({4, 3})).pow(2).sum().backward();
+    if (s >= 2) want.push_back(w0.grad().clone());
+    for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+  }
+  rec->close();
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"0.weight\"").size() == 2);
+  REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"1.weight\"").size() == 4);
+  CHECK(torch::equal(read_record(dir.path, "grad", "0.weight", 2), want[0]));
+  CHECK(torch::equal(read_record(dir.path, "grad", "0.weight", 3), want[1]));
+}
+
 TEST_CASE("record_grads() before backward() loses nothing: the step's sum is recorded at its end", "[hooks][gan]") {
   TempDir dir;
   torch::manual_seed(3);

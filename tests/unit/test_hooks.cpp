@@ -8,6 +8,7 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
+#include <torch/csrc/jit/api/module.h>
 #include <torch/serialize.h>
 
 #include <tensortap/tensortap.h>
@@ -657,4 +658,96 @@ TEST_CASE("a closed recorder lets go of the model's tap points", "[hooks][multi]
   // The model (and its Tap) lives on; the recorder's state does not.
   REQUIRE(core.expired());
   net->forward(torch::randn({2, 3}));
+}
+
+TEST_CASE("watch() of a TorchScript module records its gradients by name, by default and through record_grads",
+          "[hooks][jit]") {
+  // watch(torch::jit::Module&) did not compile: a user fine-tuning a
+  // scripted model had only capture() by hand, and record_grads(opt)
+  // silently recorded nothing. A module scripted here without Python
+  // (Module::define), with a submodule and a buffer.
+  TempDir dir;
+  torch::manual_seed(7);
+  torch::jit::Module head("Head");
+  head.register_parameter("w", torch::randn({4, 2}, torch::requires_grad()), /*is_buffer=*/false);
+  head.define(R"JIT(
+def forward(self, x):
+    return torch.mm(x, self.w)
+)JIT");
+  torch::jit::Module net("Net");
+  net.register_parameter("w", torch::randn({3, 4}, torch::requires_grad()), /*is_buffer=*/false);
+  net.register_buffer("scale", torch::full({1}, 2.0));
+  net.register_module("head", head);
+  net.define(R"JIT(
+def forward(self, x):
+    return self.head.forward(torch.relu(torch.mm(x, self.w)) * self.scale)
+)JIT");
+  std::vector<torch::Tensor> params;
+  for (const torch::Tensor& p : net.parameters()) params.push_back(p);
+  REQUIRE(params.size() == 2);
+  torch::optim::SGD opt(params, 0.1);
+  auto rec = tensortap::watch(net, Options(dir.path).kinds({Kind::Grad, Kind::Buffer}));
+  std::vector<torch::Tensor> want_w, want_head;
+  for (std::int64_t s = 0; s < 3; ++s) {
+    rec->step(s);
+    opt.zero_grad();
+    net.forward({torch::randn({5, 3})}).toTensor().pow(2).sum().backward();
+    want_w.push_back(net.attr("w").toTensor().grad().clone());
+    want_head.push_back(head.attr("w").toTensor().grad().clone());
+    if (s == 2) rec->record_grads(opt);  // what opt applies: the same here
+    opt.step();
+  }
+  rec->close();
+  REQUIRE(rec->counters().errors == 0);
+  for (std::int64_t s = 0; s < 3; ++s) {
+    INFO("step " << s);
+    CHECK(torch::equal(load(dir.path, "grad", "w", s), want_w[static_cast<std::size_t>(s)]));
+    CHECK(torch::equal(load(dir.path, "grad", "head.w", s), want_head[static_cast<std::size_t>(s)]));
+    CHECK(torch::equal(load(dir.path, "buffer", "scale", s), torch::full({1}, 2.0)));
+  }
+  // A second watch of the same module is refused, as for an nn::Module.
+  tensortap::Recorder other{Options(dir / "other")};
+  tensortap::watch(net, other, "A");
+  CHECK_THAT(tt_test::error_of([&] { tensortap::watch(net, other, "B"); }), Catch::Contains("already watched"));
+}
+
+TEST_CASE("a tensor registered under two names is recorded once, its other names in run.json", "[hooks][tied]") {
+  // Tied weights (an embedding and the output layer sharing a matrix) were
+  // recorded once per name, the same bytes twice, and nothing said so.
+  TempDir dir;
+  auto net = std::make_shared<torch::nn::Module>();
+  auto a = net->register_module("a", std::make_shared<torch::nn::Module>());
+  auto b = net->register_module("b", std::make_shared<torch::nn::Module>());
+  const torch::Tensor shared = a->register_parameter("w", torch::randn({3}));
+  b->register_parameter("w", shared);
+  auto rec = tensortap::watch(*net, Options(dir.path).kinds({Kind::Grad, Kind::Param}));
+  rec->step(0);
+  ((shared * 2).sum() + (shared * 3).sum()).backward();
+  rec->close();
+  CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"a.w\"").size() == 2);  // grad and param
+  CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"b.w\"").empty());
+  CHECK(torch::equal(load(dir.path, "grad", "a.w", 0), torch::full({3}, 5.0)));
+  CHECK_THAT(tt_test::read_file(dir / "run.json"), Catch::Contains("\"aliases\": {\"a.w\": [\"b.w\"]}"));
+}
+
+TEST_CASE("a parameter left behind by a reassigned member is named once, at the first step with gradients",
+          "[hooks][tied]") {
+  // A literal port of Python's `lm_head.weight = tok.weight`: the member
+  // now points at another tensor, the registered one is never used, so it
+  // was hooked and never recorded, without a word.
+  TempDir dir;
+  torch::nn::Sequential net(torch::nn::Linear(3, 3), torch::nn::Linear(3, 2));
+  auto second = net[1]->as<torch::nn::Linear>();
+  second->weight = torch::randn({2, 3}, torch::requires_grad());  // the registered weight is orphaned
+  auto rec = tensortap::watch(*net, Options(dir.path).kinds({Kind::Grad}));
+  const std::string err = tt_test::stderr_of(dir / "stderr", [&] {
+    for (std::int64_t s = 0; s < 3; ++s) {
+      rec->step(s);
+      net->forward(torch::randn({4, 3})).sum().backward();
+    }
+    rec->close();
+  });
+  CHECK_THAT(err, Catch::Contains("1 watched parameter(s) got no gradient in step 0 while others did: '1.weight'"));
+  CHECK(err.find("got no gradient") == err.rfind("got no gradient"));  // once
+  CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"1.weight\"").empty());
 }

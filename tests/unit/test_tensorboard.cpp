@@ -174,33 +174,6 @@ TEST_CASE("Options::tensorboard: one event file of whole events, tagged as Tenso
   CHECK(tt_test::read_file(run + "/run.json").find("\"tensorboard\": {\"histograms_every\": 2}") != std::string::npos);
 }
 
-namespace {
-
-// What `f` printed on stderr (file descriptor 2).
-template <typename F>
-std::string stderr_of(const std::string& path, F&& f) {
-  std::fflush(stderr);
-  const int saved = ::dup(2);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  REQUIRE((saved >= 0 && fd >= 0));
-  ::dup2(fd, 2);
-  ::close(fd);
-  try {
-    f();
-  } catch (...) {
-    std::fflush(stderr);
-    ::dup2(saved, 2);
-    ::close(saved);
-    throw;
-  }
-  std::fflush(stderr);
-  ::dup2(saved, 2);
-  ::close(saved);
-  return tt_test::read_file(path);
-}
-
-}  // namespace
-
 TEST_CASE("a 0-d tensor named like a statistic's tag is said once, naming both", "[tensorboard]") {
   // Round 4: a 0-d tensor named "x/norm" gets the tag of the norm statistic
   // of tensor "x" (the tag scheme is fixed, DESIGN sections 8 and 9), and
@@ -208,7 +181,7 @@ TEST_CASE("a 0-d tensor named like a statistic's tag is said once, naming both",
   tt_test::TempDir tmp;
   for (const bool scalar_first : {false, true}) {
     const std::string run = tmp / (scalar_first ? "scalar_first" : "statistics_first");
-    const std::string err = stderr_of(tmp / "stderr", [&] {
+    const std::string err = tt_test::stderr_of(tmp / "stderr", [&] {
       tensortap::Recorder rec(Options(run).stats_every(1).tensorboard(true));
       for (int64_t s = 0; s < 3; ++s) {
         rec.step(s);

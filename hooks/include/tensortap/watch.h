@@ -8,6 +8,12 @@
 #include <tensortap/options.h>
 #include <tensortap/recorder.h>
 
+// TorchScript's module, declared only: <torch/script.h> is not pulled into
+// every file that includes tensortap.
+namespace torch::jit {
+struct Module;
+}  // namespace torch::jit
+
 namespace tensortap {
 
 /// Creates a recorder for `options` and hooks it into `module`'s tree:
@@ -46,5 +52,24 @@ std::shared_ptr<Recorder> watch(torch::nn::Module& module, Options options);
 /// tensortap::watch(*gen, *rec, "G");
 /// ```
 void watch(torch::nn::Module& module, Recorder& recorder, const std::string& prefix = "");
+
+/// A TorchScript module (`torch::jit::load`, fine-tuned in C++), watched as
+/// far as it can be: the gradients of its parameters (kind `grad`, by its
+/// `named_parameters()` names, `fc.weight`), by default and through
+/// `record_grads`, the parameters and the buffers. Activations are not
+/// hooked: a scripted module takes no forward hook from C++. Capture them
+/// with `Options::capture_ops` (every ATen op's output, named by the op) or
+/// `capture()` of the outputs; README, "TorchScript modules".
+///
+/// Example:
+/// ```
+/// torch::jit::Module model = torch::jit::load("model.pt");
+/// auto rec = tensortap::watch(model, tensortap::Options("runs/ft"));
+/// ```
+std::shared_ptr<Recorder> watch(torch::jit::Module& module, Options options);
+
+/// `watch(module, options)` into an existing recorder, with names prefixed
+/// as for a `torch::nn::Module`.
+void watch(torch::jit::Module& module, Recorder& recorder, const std::string& prefix = "");
 
 }  // namespace tensortap

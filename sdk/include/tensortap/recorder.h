@@ -118,7 +118,14 @@ class Recorder {
   /// end-of-step record is written for it, and later backward passes in
   /// the step are not added. Does nothing on a step that does not sample
   /// gradients. Throws `Error` before the first `step()` and after
-  /// `close()`.
+  /// `close()`. The first call for an optimizer none of whose parameters
+  /// this recorder watches warns on stderr.
+  ///
+  /// Hook order: the default `grad` record is taken by the hook `watch()`
+  /// registers, so a gradient hook of the user's registered before
+  /// `watch()` is included in it and one registered after is not (README,
+  /// "Hook order"); `record_grads` takes what the optimizer applies
+  /// whatever the order.
   ///
   /// Example:
   /// ```

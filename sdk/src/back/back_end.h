@@ -36,6 +36,10 @@ class BackEnd {
   BackEnd(const BackEnd&) = delete;
   BackEnd& operator=(const BackEnd&) = delete;
 
+  /// See RunManifest::add_aliases.
+  void add_aliases(const std::string& name, const std::vector<std::string>& others) {
+    manifest_.add_aliases(name, others);
+  }
   FlightRecorder& flight() { return *flight_; }
   const FlightRecorder& flight() const { return *flight_; }
   /// The copier, or null without CUDA (build or device).

@@ -1,6 +1,7 @@
 #include "sdk/src/front/front_end.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "sdk/src/pipeline/failures.h"
 #include "sdk/src/front/snapshotter.h"
@@ -99,7 +100,7 @@ void FrontEnd::capture(const std::string& name, const at::Tensor& tensor) {
   }
 }
 
-void FrontEnd::record_grads(const std::unordered_set<const void*>& params) {
+void FrontEnd::record_grads(const std::unordered_set<const void*>& params, const void* optimizer) {
   if (inert()) return;
   refuse_on_background_thread("record_grads");
   TENSORTAP_CHECK(!closed(), "record_grads() after close() of run '{}'", placement_.run_dir);
@@ -107,7 +108,28 @@ void FrontEnd::record_grads(const std::unordered_set<const void*>& params) {
   TENSORTAP_CHECK(step >= 0,
                   "record_grads() before the first step(): call Recorder::step(s) at the start of each iteration");
   std::lock_guard<std::mutex> lock(control_mu_);
+  if (grads_checked_.insert(optimizer).second) {
+    // Once per optimizer: one that trains nothing this recorder watches (a
+    // module never watched, a TorchScript module) would record nothing, and
+    // silently.
+    std::size_t among = 0, watched = 0;
+    for (const auto& w : watchers_) {
+      const auto [a, n] = w->watched_among(params);
+      among += a;
+      watched += n;
+    }
+    if (among == 0)
+      std::fprintf(stderr,
+                   "tensortap: warning: run '%s': record_grads(): none of the optimizer's %zu parameters is one this "
+                   "recorder watches (it watches %zu): nothing is recorded for it. watch() the module the optimizer "
+                   "trains, under the same recorder\n",
+                   placement_.run_dir.c_str(), params.size(), watched);
+  }
   for (auto& w : watchers_) w->record_grads(params, step);
+}
+
+void FrontEnd::add_aliases(const std::string& name, const std::vector<std::string>& others) {
+  if (capturing() && !inert()) back_->add_aliases(name, others);
 }
 
 void FrontEnd::hook_failed(std::exception_ptr error) noexcept {

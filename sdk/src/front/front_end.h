@@ -45,6 +45,12 @@ class Watcher {
     (void)params;
     (void)step;
   }
+  /// How many of `params` (TensorImpl addresses) this watcher watches, and
+  /// how many parameters it watches in all.
+  virtual std::pair<std::size_t, std::size_t> watched_among(const std::unordered_set<const void*>& params) const {
+    (void)params;
+    return {0, 0};
+  }
   /// Removes every hook; no hook calls the recorder afterwards.
   virtual void detach() noexcept = 0;
 };
@@ -96,7 +102,12 @@ class FrontEnd {
   void hook_failed(std::exception_ptr error) noexcept;
 
   // The Recorder's methods.
-  void record_grads(const std::unordered_set<const void*>& params);
+  /// `optimizer` identifies the optimizer `params` come from: the first
+  /// call for one that holds no watched parameter says so on stderr.
+  void record_grads(const std::unordered_set<const void*>& params, const void* optimizer);
+  /// One tensor watch() found under several names (tied weights): recorded
+  /// under `name` only, the others listed in run.json's "aliases".
+  void add_aliases(const std::string& name, const std::vector<std::string>& others);
   void push_scope(const std::string& name) {
     if (!inert()) names_.push_scope(name);
   }
@@ -163,6 +174,9 @@ class FrontEnd {
   std::atomic<bool> stopped_{false};
 
   // step(), close() and the watcher list.
+  // Optimizers record_grads() has checked for watched parameters; under
+  // control_mu_.
+  std::unordered_set<const void*> grads_checked_;
   std::mutex control_mu_;
   // Held for the whole of close(), so a second close() returns only once
   // the first has finished, with the same error.

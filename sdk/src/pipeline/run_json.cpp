@@ -119,6 +119,21 @@ std::string run_json(const Options& o, const RunInfo& info) {
     append_dump_json(j, info.dumps[i]);
   }
   j += info.dumps.empty() ? "],\n" : "\n  ],\n";
+  if (!info.aliases.empty()) {
+    // {"tok.weight": ["lm_head.weight"]}: one tensor, recorded once.
+    j += "  \"aliases\": {";
+    for (std::size_t i = 0; i < info.aliases.size(); ++i) {
+      j += i ? ", " : "";
+      append_json_string(j, info.aliases[i].first);
+      j += ": [";
+      for (std::size_t k = 0; k < info.aliases[i].second.size(); ++k) {
+        j += k ? ", " : "";
+        append_json_string(j, info.aliases[i].second[k]);
+      }
+      j += "]";
+    }
+    j += "},\n";
+  }
   if (info.closed) {
     j += fmt::format("  \"end_time\": \"{}\",\n", info.end_time);
     j += fmt::format("  \"records\": {},\n  \"bytes\": {},\n  \"dropped\": {},\n  \"errors\": {},\n",
@@ -198,6 +213,19 @@ Dump RunManifest::last_dump(std::size_t limit) const {
   std::lock_guard<std::mutex> lock(mu_);
   const std::size_t n = std::min(limit, info_.dumps.size());
   return n > 0 ? info_.dumps[n - 1] : Dump{};
+}
+
+void RunManifest::add_aliases(const std::string& name, const std::vector<std::string>& others) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // run.json's rewrite at close has kCloseBytes of room beyond what open
+  // wrote (a full disk rewrites it in place): the list stays well inside.
+  std::size_t bytes = 0;
+  for (const auto& [n, o] : info_.aliases) {
+    bytes += n.size() + 8;
+    for (const std::string& x : o) bytes += x.size() + 4;
+  }
+  if (bytes > kCloseBytes / 2) return;
+  info_.aliases.emplace_back(name, others);
 }
 
 void RunManifest::close(const Counters& counters, const std::string& first_error) {

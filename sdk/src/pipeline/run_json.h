@@ -36,6 +36,9 @@ struct RunInfo {
   std::string first_error;
   /// The flight recorder's dumps and the triggers' marks.
   std::vector<Dump> dumps;
+  /// Tensors watched under several names (tied weights): the name its
+  /// records are written under, and its other names.
+  std::vector<std::pair<std::string, std::vector<std::string>>> aliases;
 };
 
 /// The whole text of run.json for a run with `options` (DESIGN section 3).
@@ -65,6 +68,9 @@ class RunManifest {
   /// the next dump's append writes the lines a failed one left out. From
   /// one thread (the writer thread), before close().
   void add_dump(const Dump& dump);
+  /// One tensor watched under several names: written under `name`, also
+  /// known as `others` (run.json's "aliases", at close).
+  void add_aliases(const std::string& name, const std::vector<std::string>& others);
   /// A copy of the first `limit` dumps (all of them by default).
   std::vector<Dump> dumps(std::size_t limit = std::numeric_limits<std::size_t>::max()) const;
   /// The last of the first `limit` dumps; a default Dump if none.
