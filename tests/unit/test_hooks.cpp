@@ -1,4 +1,5 @@
 #include <cstdlib>
+#include <map>
 #include <new>
 #include <thread>
 
@@ -9,6 +10,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 #include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
 #include <torch/serialize.h>
 
 #include <tensortap/tensortap.h>
@@ -750,4 +752,40 @@ TEST_CASE("a parameter left behind by a reassigned member is named once, at the 
   CHECK_THAT(err, Catch::Contains("1 watched parameter(s) got no gradient in step 0 while others did: '1.weight'"));
   CHECK(err.find("got no gradient") == err.rfind("got no gradient"));  // once
   CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"1.weight\"").empty());
+}
+
+TEST_CASE("watch() of a TorchScript module saved by Python (torch.jit.save) and loaded in C++", "[hooks][jit]") {
+  // tests/python/save_jit_module.py writes it; the ctest jit.saved_by_python
+  // (a tree whose LibTorch has a Python torch of its version) sets
+  // TT_JIT_MODEL. Elsewhere there is no model to load.
+  const char* path = std::getenv("TT_JIT_MODEL");
+  if (path == nullptr) {
+    SUCCEED("TT_JIT_MODEL unset: no module saved by Python to load (ctest jit.saved_by_python sets it)");
+    return;
+  }
+  TempDir dir;
+  torch::jit::Module net = torch::jit::load(path);
+  std::vector<torch::Tensor> params;
+  for (const torch::Tensor& p : net.parameters()) params.push_back(p);
+  REQUIRE(params.size() == 4);
+  torch::optim::SGD opt(params, 0.1);
+  auto rec = tensortap::watch(net, Options(dir.path).kinds({Kind::Grad, Kind::Buffer}));
+  std::map<std::string, std::vector<torch::Tensor>> want;
+  for (std::int64_t s = 0; s < 2; ++s) {
+    rec->step(s);
+    opt.zero_grad();
+    net.forward({torch::randn({5, 3})}).toTensor().pow(2).sum().backward();
+    for (const auto& item : net.named_parameters()) want[item.name].push_back(item.value.grad().clone());
+    rec->record_grads(opt);
+    opt.step();
+  }
+  rec->close();
+  REQUIRE(rec->counters().errors == 0);
+  REQUIRE(want.size() == 4);  // fc.weight, fc.bias, out.weight, out.bias
+  for (const auto& [name, grads] : want)
+    for (std::int64_t s = 0; s < 2; ++s) {
+      INFO(name << " step " << s);
+      CHECK(torch::equal(load(dir.path, "grad", name, s), grads[static_cast<std::size_t>(s)]));
+    }
+  CHECK(torch::equal(load(dir.path, "buffer", "scale", 1), torch::full({1}, 2.0)));
 }
