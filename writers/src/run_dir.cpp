@@ -1,5 +1,7 @@
 #include "writers/src/run_dir.h"
 
+#include <sys/file.h>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -186,6 +188,7 @@ void RunDir::Lock::hold(File file) {
   std::call_once(registered, [] { ::pthread_atfork(nullptr, nullptr, close_locks_in_child); });
   reset();
   file_ = std::move(file);
+  owner_ = ::getpid();
   for (std::atomic<int>& slot : g_lock_slots) {
     int free = 0;
     if (slot.compare_exchange_strong(free, file_.fd() + 1, std::memory_order_relaxed)) break;
@@ -200,6 +203,13 @@ void RunDir::Lock::reset() noexcept {
     int mine = file_.fd() + 1;
     if (slot.compare_exchange_strong(mine, 0, std::memory_order_relaxed)) break;
   }
+  // Unlocked before it closes: the flock belongs to the open file
+  // description, which a fork() child shares until its atfork handler has
+  // closed its copy, and a child not yet scheduled has not. Closing alone
+  // left the directory locked in that window (a new recorder there was
+  // refused, now and then). Only by the process that took it: a child's
+  // unlock would release its parent's lock.
+  if (owner_ == ::getpid()) (void)::flock(file_.fd(), LOCK_UN);
   file_ = File();
 }
 

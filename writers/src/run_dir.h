@@ -1,5 +1,7 @@
 #pragma once
 
+#include <sys/types.h>
+
 // A run directory: the names tensortap writes there, holding it (open and
 // locked) for one recorder, and rewriting its run.json safely.
 
@@ -62,6 +64,8 @@ class RunDir {
 
    private:
     File file_;
+    // The process that took the lock.
+    pid_t owner_ = 0;
   };
 
   Dir dir_;
