@@ -35,28 +35,37 @@ GivenName given(std::string name) {
 
 std::uint64_t next_table_id() { return g_table_ids.fetch_add(1, std::memory_order_relaxed) + 1; }
 
-NameTable::Entry* NameTable::entry(const std::string& name, bool create) {
+NameTable::Entry& NameTable::entry(const std::string& name, const Sampling* admit) {
   LastLookup& last = t_last;
   Entry* previous = last.table == id_ ? static_cast<Entry*>(last.entry) : nullptr;
   if (previous != nullptr && previous->second.next != nullptr &&
       NameHash::equal(previous->second.next->first, name)) {
     last.entry = previous->second.next;
-    return previous->second.next;
+    return *previous->second.next;
   }
-  Entry* e = find(name, create);
-  if (e == nullptr) return nullptr;
-  if (previous != nullptr) previous->second.next = e;
-  last = LastLookup{id_, e};
+  Entry& e = find(name, admit);
+  // Never a guess: it stands for every name left out.
+  if (&e == &left_out_) return e;
+  if (previous != nullptr) previous->second.next = &e;
+  last = LastLookup{id_, &e};
   return e;
 }
 
-NameTable::Entry* NameTable::find(const std::string& name, bool create) {
+NameTable::Entry& NameTable::find(const std::string& name, const Sampling* admit) {
   const std::uint64_t hash = NameHash()(name);
   const std::size_t mask = index_.size() - 1;
   for (std::size_t i = hash & mask;; i = (i + 1) & mask) {
     const Slot& slot = index_[i];
-    if (slot.entry == nullptr) return create ? &add(name, hash) : nullptr;
-    if (slot.hash == hash && NameHash::equal(slot.entry->first, name)) return slot.entry;
+    if (slot.entry == nullptr) {
+      // A new name: with `admit`, interned only if selected, and then known
+      // to be; a name left out costs the table nothing.
+      if (admit == nullptr) return add(name, hash);
+      if (!admit->selected(name)) return left_out_;
+      Entry& e = add(name, hash);
+      e.second.selected = 1;
+      return e;
+    }
+    if (slot.hash == hash && NameHash::equal(slot.entry->first, name)) return *slot.entry;
   }
 }
 
@@ -152,8 +161,8 @@ std::string NameTable::scoped(Kind kind, const std::string& name) const {
 
 GivenName NameTable::repeat(Kind kind, const std::string& name, std::int64_t step) {
   std::lock_guard<SpinLock> lock(mu_);
-  if (t_scopes.empty()) return next_name(*entry(name, true), kind, step);
-  return next_name(*entry(scoped(kind, name), true), kind, step);
+  if (t_scopes.empty()) return next_name(entry(name), kind, step);
+  return next_name(entry(scoped(kind, name)), kind, step);
 }
 
 std::optional<GivenName> NameTable::capture_name(const std::string& name, std::int64_t step, const Sampling& sampling) {
@@ -167,16 +176,11 @@ std::optional<GivenName> NameTable::capture_name(const std::string& name, std::i
   // (Options::exclude, a name made from the step) costs the table nothing,
   // and is matched against the patterns at each capture instead.
   std::lock_guard<SpinLock> lock(mu_);
-  Entry* e = entry(name, false);
-  if (e == nullptr) {
-    if (!sampling.selected(name)) return std::nullopt;
-    e = entry(name, true);
-    e->second.selected = 1;
-  }
-  NameState& state = e->second;
+  auto& e = entry(name, &sampling);
+  NameState& state = e.second;
   if (state.selected < 0) state.selected = sampling.selected(name) ? 1 : 0;
   if (state.selected == 0) return std::nullopt;
-  return next_name(*e, Kind::Tensor, step);
+  return next_name(e, Kind::Tensor, step);
 }
 
 }  // namespace tensortap::detail

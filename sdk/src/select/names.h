@@ -146,10 +146,17 @@ class NameTable {
   // the table's copy of the name. A training loop looks names up in the
   // same order every step, so each thread's lookup first tries the name
   // that followed its previous one last time: one comparison, no hash.
-  // Without `create`, null for a name not in the table.
-  Entry* entry(const std::string& name, bool create);
+  // With `admit`, a name not in the table is added only if `admit` selects
+  // it (`left_out_` otherwise, whose state says "not selected"); without,
+  // always.
+  Entry& entry(const std::string& name, const Sampling* admit = nullptr);
   // entry() by the index: one hash.
-  Entry* find(const std::string& name, bool create);
+  Entry& find(const std::string& name, const Sampling* admit);
+  static Entry left_out_entry() {
+    Entry e{std::string(), NameState{}};
+    e.second.selected = 0;
+    return e;
+  }
   // Adds `name`, of hash `hash`, which the index does not hold.
   Entry& add(const std::string& name, std::uint64_t hash);
   // The repeat name of `entry`'s name in `step`; mu_ is held.
@@ -168,6 +175,9 @@ class NameTable {
     std::uint64_t hash = 0;
     Entry* entry = nullptr;
   };
+  // What a name capture() leaves out finds (see entry()): one entry for
+  // all of them, never in the index, never a lookup's guess.
+  Entry left_out_ = left_out_entry();
   std::deque<Entry> entries_;
   std::vector<Slot> index_ = std::vector<Slot>(64);
   TakenNames taken_[2];
