@@ -2,7 +2,7 @@
 
     python3 -m tensortap inspect RUN_DIR [--check]
     python3 -m tensortap report RUN_DIR [-o report.html] [--steps 0,100,200] [--histograms 6]
-    python3 -m tensortap tensorboard RUN_DIR [--logdir DIR] [--histograms-every 100]
+    python3 -m tensortap tensorboard RUN_DIR [--logdir DIR] [--histograms-every 100] [--stats mean,std,...|all]
     python3 -m tensortap diff RUN_A RUN_B [--rtol R] [--atol A] [--common-only] [--html OUT.html]
 
 The summary lists kinds, names, the steps captured, shapes, dtypes, bytes,
@@ -19,9 +19,12 @@ statistics and the flight recorder's dumps (tensortap/report.py).
 
 tensorboard writes the run as TensorBoard event files, one per rank
 (tensortap/_tensorboard.py, writers/src/tensorboard/EVENTS.md): statistics
-as scalars <kind>/<name>/<stat>, 0-d tensor records (the loss) as
-tensor/<name>, histograms of every record at every --histograms-every'th
-step, the flight recorder's dumps as text. Into the run directory, unless
+as scalars <kind>/<name>/<stat> (--stats, default the run's own
+TensorBoard setting or mean, std, min, max and norm; NaN and Inf counts as
+<kind>/<name>/nonfinite from a tensor's first), 0-d tensor records (the
+loss) as the one scalar tensor/<name>, histograms of the other records at
+every --histograms-every'th step, the flight recorder's dumps as text, and
+a custom scalars layout (the loss, gradient norms, activations' std). Into the run directory, unless
 the recorder wrote events there already; with --logdir DIR, into
 DIR/<the run's folder name>/. Then: tensorboard --logdir DIR.
 
@@ -45,6 +48,7 @@ import sys
 import warnings
 
 from . import Run, RunError, RunWarning
+from ._base import STATS_FIELDS
 from .summary import _safe, check, summarize
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -68,6 +72,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "into the run directory, which is refused where the recorder wrote events already")
     p.add_argument("--histograms-every", type=int, default=100, metavar="N",
                    help="histograms of every record at steps that are multiples of N (default: 100; 0: none)")
+    p.add_argument("--stats", metavar="LIST",
+                   help="the statistics written as scalars, comma-separated among min,max,mean,std,norm,nan,posinf,"
+                   "neginf,zeros,numel, or 'all' (default: the run's own TensorBoardOptions::stats, or "
+                   "mean,std,min,max,norm)")
     p = sub.add_parser("diff", help="compare two runs record by record, A the reference")
     p.add_argument("a", metavar="RUN_A", help="the reference run")
     p.add_argument("b", metavar="RUN_B", help="the run compared with it")
@@ -158,9 +166,18 @@ def _tensorboard(args):
         print(f"tensortap: --histograms-every wants an integer >= 0 (0: no histograms), not {args.histograms_every}",
               file=sys.stderr)
         return 2
+    stats = None
+    if args.stats is not None:
+        stats = list(STATS_FIELDS) if args.stats == "all" else [f for f in args.stats.split(",") if f]
+        bad = [f for f in stats if f not in STATS_FIELDS]
+        if bad:
+            print(f"tensortap: --stats: {bad[0]!r} is not a statistic; the fields are {','.join(STATS_FIELDS)} "
+                  "(or 'all')", file=sys.stderr)
+            return 2
+
     def work():
         with Run(args.run) as run:
-            return export_tensorboard(run, args.logdir, args.histograms_every)
+            return export_tensorboard(run, args.logdir, args.histograms_every, stats)
 
     written = _command("export", work)
     if written is None:

@@ -240,17 +240,22 @@ class Run:
 
         return frames.to_xarray(self, kind, names, lazy)
 
-    def export_tensorboard(self, logdir: Optional[PathLike] = None, histograms_every: int = 100) -> List[str]:
+    def export_tensorboard(self, logdir: Optional[PathLike] = None, histograms_every: int = 100,
+                           stats: Optional[Sequence[str]] = None) -> List[str]:
         """Writes the run as TensorBoard event files, one per rank; returns their
-        paths: statistics as scalars `<kind>/<name>/<stat>`, 0-d tensor records
-        as `tensor/<name>`, histograms `<kind>/<name>` of every record at steps
-        where step % histograms_every == 0 (0: none), dumps as text
-        `tensortap/dumps` (writers/src/tensorboard/EVENTS.md). Into the run
-        directory, refused (RunError) where the recorder wrote events already;
-        or into logdir/<the run's folder name>/ (rank<r>/ per rank)."""
+        paths: statistics as scalars `<kind>/<name>/<stat>` for each of `stats`
+        (None: the run's own TensorBoardOptions::stats, or mean, std, min, max,
+        norm) and `<kind>/<name>/nonfinite` from a tensor's first NaN or Inf
+        (unless a count is named), a 0-d tensor record as the one scalar
+        `tensor/<name>`, histograms `<kind>/<name>` of every other record at
+        steps where step % histograms_every == 0 (0: none), dumps as text
+        `tensortap/dumps`, and a custom scalars layout
+        (writers/src/tensorboard/EVENTS.md). Into the run directory, refused
+        (RunError) where the recorder wrote events already; or into
+        logdir/<the run's folder name>/ (rank<r>/ per rank)."""
         from ._tensorboard import export_tensorboard
 
-        return export_tensorboard(self, logdir, histograms_every)
+        return export_tensorboard(self, logdir, histograms_every, stats)
 
     def close(self) -> None:
         """Closes HDF5 files this run opened."""

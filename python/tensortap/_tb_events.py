@@ -135,3 +135,27 @@ def _text_value(tag: str, text: bytes) -> bytes:
     tensor = _varint(1 << 3 | 0) + _varint(7) + _field(2, b"") + _field(8, text)
     metadata = _field(1, _field(1, b"text"))
     return _tag_field(tag) + _field(8, tensor) + _field(9, metadata)
+
+
+CUSTOM_SCALARS_TAG = "custom_scalars__config__"
+
+
+def _custom_scalars_value(layout) -> bytes:
+    """Value { tag "custom_scalars__config__"; TensorProto tensor = 8 (DT_STRING,
+    no dims, one string_val: the serialized Layout); SummaryMetadata metadata = 9
+    (plugin "custom_scalars") }, the custom scalars plugin's layout.
+    `layout`: [(category title, [(chart title, [tag regex, ...]), ...]), ...];
+    Layout { repeated Category category = 2 }, Category { string title = 1;
+    repeated Chart chart = 2 }, Chart { string title = 1;
+    MultilineChartContent multiline = 2 }, MultilineChartContent { repeated
+    string tag = 1 } (TensorBoard's plugins/custom_scalar/layout.proto)."""
+    categories = b""
+    for title, charts in layout:
+        body = _field(1, title.encode("utf-8"))
+        for chart_title, tags in charts:
+            multiline = b"".join(_field(1, t.encode("utf-8")) for t in tags)
+            body += _field(2, _field(1, chart_title.encode("utf-8")) + _field(2, multiline))
+        categories += _field(2, body)
+    tensor = _varint(1 << 3 | 0) + _varint(7) + _field(2, b"") + _field(8, categories)
+    metadata = _field(1, _field(1, b"custom_scalars"))
+    return _tag_field(CUSTOM_SCALARS_TAG) + _field(8, tensor) + _field(9, metadata)

@@ -16,10 +16,13 @@ the reader, which refuses index paths out of the run.
 
 What it can show is what the run stored: records the recorder only held
 (a flight recorder that never dumped them) or took for statistics alone
-have no bytes in the run, so their `tensor/<name>` scalars and histograms,
-which the recorder's own events have, are not exported. Histograms are
-taken every `histograms_every` steps as given (default 100), whatever the
-run's own TensorBoardOptions said.
+have no bytes in the run, so their histograms, which the recorder's own
+events have, are not exported; a 0-d tensor's `tensor/<name>` comes from
+its statistics row then, as the recorder writes it for a CUDA tensor.
+Histograms are taken every `histograms_every` steps as given (default
+100), whatever the run's own TensorBoardOptions said; the statistics are
+the run's TensorBoardOptions::stats (run.json), or the defaults (mean std
+min max norm, and nonfinite) for a run recorded without TensorBoard.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import re
 import socket
 import stat
 import time
-from typing import TYPE_CHECKING, Dict, List, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -41,13 +44,61 @@ from ._base import STATS_FIELDS, RunError, _is_int, _is_int64, _warn
 from ._base import json_string as _json_string
 from ._files import _open_regular, _rank_dumps
 from ._names import DUMPS, EVENTS_PREFIX, EVENTS_SUFFIX, STATS_TABLE, is_events_file_name
-from ._tb_events import FILE_VERSION, _event, _histogram_value, _scalar_head, _summary, _text_value, frame
+from ._tb_events import (FILE_VERSION, _custom_scalars_value, _event, _histogram_value, _scalar_head, _summary,
+                         _text_value, frame)
 from ._tb_values import histogram, scalar_value
 
 if TYPE_CHECKING:
     from ._run import Run
 
 DUMPS_TAG = "tensortap/dumps"
+# TensorBoardOptions::stats' default (sdk/include/tensortap/options.h).
+DEFAULT_STATS: Tuple[str, ...] = ("mean", "std", "min", "max", "norm")
+_COUNTS = ("nan", "posinf", "neginf")
+
+
+def check_stats(stats) -> Tuple[str, ...]:
+    """`stats` as a tuple of statistics' names (TensorSummary's fields), or
+    ValueError naming the first that is not one."""
+    if isinstance(stats, str):
+        raise ValueError(f"stats wants a list of statistics' names, not the string {stats!r}")
+    out = tuple(stats)
+    for name in out:
+        if name not in STATS_FIELDS:
+            raise ValueError(f"stats: {name!r} is not a statistic; the fields are {', '.join(STATS_FIELDS)}")
+    return out
+
+
+def written_fields(stats) -> Tuple[List[str], bool]:
+    """The statistics' tag suffixes a row writes, in the table's order, and
+    whether the NaN/Inf counts go as one `nonfinite` tag (none of them named)."""
+    chosen = set(stats)
+    return [f for f in STATS_FIELDS if f in chosen], not chosen & set(_COUNTS)
+
+
+def layout(stats) -> list:
+    """The custom scalars layout (EVENTS.md, "The layout"), as _custom_scalars_value
+    takes it: the 0-d tensors first, then the gradients' norms and the
+    activations' std where those are written."""
+    fields, _ = written_fields(stats)
+    suffixes = "|".join(STATS_FIELDS) + "|nonfinite"
+    out = [("tensortap: 0-d tensors (loss, learning rate)", [("tensor/<name>", [f"tensor/(?!.*/(?:{suffixes})$)"])])]
+    if "norm" in fields:
+        out.append(("tensortap: gradient norms", [("grad/<name>/norm", ["grad/.*/norm$"])]))
+    if "std" in fields:
+        out.append(("tensortap: activations' std", [("activation/<name>/std", ["activation/.*/std$"])]))
+    return out
+
+
+def run_stats(info) -> Tuple[str, ...]:
+    """The statistics a rank's recorder wrote to TensorBoard (run.json's
+    options.tensorboard.stats), or DEFAULT_STATS: a run without TensorBoard,
+    or of a tensortap before the setting."""
+    tb = (info.get("options") or {}).get("tensorboard") if isinstance(info, dict) else None
+    stats = tb.get("stats") if isinstance(tb, dict) else None
+    if isinstance(stats, list) and all(isinstance(f, str) and f in STATS_FIELDS for f in stats):
+        return tuple(stats)
+    return DEFAULT_STATS
 
 
 # -- dumps -----------------------------------------------------------------------
@@ -127,19 +178,66 @@ def _key(value) -> str:
 # -- one rank's events -------------------------------------------------------------
 
 
-def _say_tag_collisions(scalars, statistics, where):
+def _say_tag_collisions(scalars, statistics, where, suffixes):
     """Warns once per pair where a 0-d tensor's tag (`tensor/x/norm`) is one a
-    tensor's statistic has (the norm of `x`): the tag scheme is fixed (DESIGN
-    sections 8 and 9), so the two charts mix. As the recorder says it."""
+    tensor's statistic has (the norm of `x`; `suffixes`: the statistics'
+    tags written): the tag scheme is fixed (DESIGN sections 8 and 9), so the
+    two charts mix. As the recorder says it."""
     for name in sorted(scalars):
         base, slash, field = name.rpartition("/")
-        if slash and field in STATS_FIELDS and base in statistics:
+        if slash and field in suffixes and base in statistics:
             _warn(f"{where}: the 0-d tensor {name!r} and the statistics of the tensor {base!r} both write the "
                   f"TensorBoard tag 'tensor/{name}': their charts mix; rename one of them to tell them apart")
 
 
-def _stats_events(run, rank, directory):
-    """(step, 0, row, event) for each row of the rank's statistics table, by step."""
+def scalar_series(run, rank, table, series):
+    """The statistics series of the rank that are 0-d `tensor` records (their
+    one scalar is `tensor/<name>`, not statistics), the names of 0-d `tensor`
+    records the index holds, and the (name, step) of each. A series is 0-d when the index holds a 0-d
+    `tensor` record of its name; when it holds only others, it is not; when
+    it holds none (a statistics-only run), when every row counts one value."""
+    index = run._index
+    sources = {i for i, src in enumerate(index.sources) if src[2] == rank}
+    zero_d: Set[str] = set()
+    other: Set[str] = set()
+    stored: Set[tuple] = set()
+    if sources and len(index):
+        mine = np.isin(index.source, list(sources))
+        for m in set(index.meta[mine].tolist()):
+            kind, name, shape = index.metas[m][0], index.metas[m][1], index.metas[m][3]
+            if kind == "tensor":
+                (other if len(shape) else zero_d).add(name)
+        is_scalar = np.array([m[0] == "tensor" and not len(m[3]) for m in index.metas] + [False])
+        pos = np.flatnonzero(mine & is_scalar[index.meta])
+        stored = set(zip([index.metas[m][1] for m in index.meta[pos].tolist()], index.step[pos].tolist()))
+    not_one = set(table["series"][table["numel"] != 1].tolist()) if len(table) else set()
+    scalars = set()
+    for s, (kind, name) in series.items():
+        if kind == "tensor" and (name in zero_d or (name not in other and s not in not_one)):
+            scalars.add(s)
+    return scalars, zero_d, stored
+
+
+def _row_scalar(row) -> bytes:
+    """A 0-d tensor's value from its statistics row, as a float32: the NaN or
+    the Inf the counts say, else the one finite value (min)."""
+    if row["nan"] > 0:
+        v = float("nan")
+    elif row["posinf"] > 0:
+        v = float("inf")
+    elif row["neginf"] > 0:
+        v = float("-inf")
+    else:
+        v = float(row["min"])
+    with np.errstate(over="ignore", invalid="ignore"):  # past FLT_MAX: inf, as C++'s cast gives
+        return np.float64(v).astype("<f4").tobytes()
+
+
+def _stats_events(run, rank, directory, stats):
+    """(step, 0, row, event) for each row of the rank's statistics table that
+    gives one, by step: the chosen statistics (`stats`) and `nonfinite` from
+    a series' first row with a NaN or an Inf; a 0-d tensor's `tensor/<name>`
+    where no record of its step is stored."""
     if not os.path.exists(os.path.join(directory, STATS_TABLE)):
         return
     try:
@@ -151,17 +249,20 @@ def _stats_events(run, rank, directory):
         return
     if len(table) == 0:
         return
+    fields, nonfinite = written_fields(stats)
+    columns = [STATS_FIELDS.index(f) for f in fields]
     with np.errstate(over="ignore", invalid="ignore"):  # past FLT_MAX: inf, as C++'s cast gives
         values = np.stack([table[f].astype("<f4") for f in STATS_FIELDS], axis=1)
-    index = run._index
-    sources = {i for i, src in enumerate(index.sources) if src[2] == rank}
-    metas = set(index.meta[np.isin(index.source, list(sources))].tolist()) if sources and len(index) else set()
-    _say_tag_collisions({index.metas[m][1] for m in metas if index.metas[m][0] == "tensor" and not index.metas[m][3]},
-                        {name for kind, name in series.values() if kind == "tensor"}, directory)
+        bad = (table["nan"] + table["posinf"] + table["neginf"]).astype("<f4")
+    scalars, zero_d, stored = scalar_series(run, rank, table, series)
+    _say_tag_collisions({series[s][1] for s in scalars} | zero_d,
+                        {name for s, (kind, name) in series.items() if kind == "tensor" and s not in scalars},
+                        directory, fields + (["nonfinite"] if nonfinite else []))
     order = np.argsort(table["step"], kind="stable")
     steps = table["step"].tolist()
     ids = table["series"].tolist()
-    heads = {}  # series -> the ten value heads, or None: not in stats_series.jsonl
+    heads: Dict[int, Optional[list]] = {}  # series -> its value heads, or None: not in stats_series.jsonl
+    gone: Set[int] = set()  # series whose nonfinite count has been nonzero
     for row in order.tolist():
         s = ids[row]
         if s not in heads:
@@ -169,18 +270,32 @@ def _stats_events(run, rank, directory):
             if key is None:
                 _warn(f"{os.path.join(directory, STATS_TABLE)}: rows of series {s}, which stats_series.jsonl does "
                       "not name, are not exported")
-            heads[s] = None if key is None else [_scalar_head(f"{key[0]}/{key[1]}/{f}") for f in STATS_FIELDS]
+                heads[s] = None
+            elif s in scalars:
+                heads[s] = [_scalar_head(f"tensor/{key[1]}")]
+            else:
+                heads[s] = [_scalar_head(f"{key[0]}/{key[1]}/{f}") for f in fields + ["nonfinite"]]
         h = heads[s]
         if h is None:
             continue
+        step = steps[row]
+        if s in scalars:
+            if (series[s][1], step) not in stored:
+                yield step, 0, row, _event(step, h[0] + _row_scalar(table[row]))
+            continue
         floats = values[row].tobytes()
-        summary = b"".join(h[j] + floats[4 * j:4 * j + 4] for j in range(len(STATS_FIELDS)))
-        yield steps[row], 0, row, _event(steps[row], summary)
+        parts = [h[k] + floats[4 * j:4 * j + 4] for k, j in enumerate(columns)]
+        if nonfinite and (bad[row] != 0 or s in gone):
+            gone.add(s)
+            parts.append(h[-1] + bad[row].tobytes())
+        if parts:
+            yield step, 0, row, _event(step, b"".join(parts))
 
 
 def _record_events(run, rank, histograms_every):
     """(step, 1, position, [events]) for the records of the rank that give
-    events (0-d tensor records; every record at a histogram step), by step."""
+    events (a 0-d tensor record's scalar; a histogram of every other record
+    at a histogram step), by step."""
     index = run._index
     sources = [i for i, s in enumerate(index.sources) if s[2] == rank]
     if not sources or len(index) == 0:
@@ -204,10 +319,10 @@ def _record_events(run, rank, histograms_every):
             continue
         events = []
         if scalar_meta[index.meta[i]]:
-            f = scalar_value(a)
+            f = scalar_value(a)  # the one scalar; no histogram of one value
             if f is not None:
                 events.append(_event(step, _scalar_head(f"tensor/{rec['name']}") + f))
-        if histograms_every > 0 and step % histograms_every == 0:
+        elif histograms_every > 0 and step % histograms_every == 0:
             h = histogram(a)
             if h is not None:
                 events.append(_event(step, _summary(_histogram_value(f"{rec['kind']}/{rec['name']}", h))))
@@ -221,13 +336,17 @@ def _dump_events(directory, info):
         yield step, 2, n, _event(step, _summary(_text_value(DUMPS_TAG, line)))
 
 
-def rank_events(run, rank, histograms_every=100):
+def rank_events(run, rank, histograms_every=100, stats: Optional[Sequence[str]] = None):
     """The framed events of one rank of `run` (None: a single-rank run's), by
     step; within a step, statistics, then records (in the index's order),
-    then dumps. The first is the file_version event."""
+    then dumps. The first is the file_version event, the second the custom
+    scalars layout. `stats`: the statistics written (None: the rank's own
+    TensorBoardOptions::stats, run_stats)."""
     directory = run._dirs[rank]
+    stats = run_stats(run.infos[rank]) if stats is None else check_stats(stats)
     yield frame(_event(0, file_version=FILE_VERSION))
-    merged = heapq.merge(_stats_events(run, rank, directory),
+    yield frame(_event(0, _summary(_custom_scalars_value(layout(stats)))))
+    merged = heapq.merge(_stats_events(run, rank, directory, stats),
                          _record_events(run, rank, histograms_every),
                          _dump_events(directory, run.infos[rank]))
     for _, _, _, events in merged:
@@ -405,13 +524,16 @@ def _write_file(dir_fd, name, shown, events):
 
 
 def export_tensorboard(run: Run, logdir: Union[str, "os.PathLike[str]", None] = None,
-                       histograms_every: int = 100) -> List[str]:
+                       histograms_every: int = 100, stats: Optional[Sequence[str]] = None) -> List[str]:
     """Writes the TensorBoard events of `run` (an open Run: `Run.export_tensorboard`
     is the public entry), one file per rank; returns the paths written.
-    Statistics rows as scalars `<kind>/<name>/<stat>`, 0-d tensor records as
-    `tensor/<name>`, histograms `<kind>/<name>` of every record at the steps
-    where step % histograms_every == 0 (0: none), dumps as text
-    `tensortap/dumps`.
+    Statistics rows as scalars `<kind>/<name>/<stat>` for each stat of
+    `stats` (None: the run's own TensorBoardOptions::stats, or mean, std,
+    min, max and norm) and `<kind>/<name>/nonfinite` from a tensor's first
+    NaN or Inf (unless a count is named), a 0-d tensor as the one scalar
+    `tensor/<name>`, histograms `<kind>/<name>` of every other record at the
+    steps where step % histograms_every == 0 (0: none), dumps as text
+    `tensortap/dumps`, and the custom scalars layout.
 
     Without `logdir`, into the run directory (each rank's folder), refused
     with a RunError when one already holds tensortap event files (the
@@ -426,6 +548,8 @@ def export_tensorboard(run: Run, logdir: Union[str, "os.PathLike[str]", None] = 
                         "tensortap.open(path).export_tensorboard(...)")
     if not _is_int(histograms_every) or histograms_every < 0:
         raise ValueError(f"histograms_every must be an integer >= 0 (0: no histograms), not {histograms_every!r}")
+    if stats is not None:
+        stats = check_stats(stats)
     top, targets = _targets(run, logdir)
     _refuse_existing(top, targets, logdir)
     name = events_file_name()
@@ -436,7 +560,7 @@ def export_tensorboard(run: Run, logdir: Union[str, "os.PathLike[str]", None] = 
             fd = _walk(top_fd, names, top, create=True)
             path = os.path.join(shown, name)
             try:
-                _write_file(fd, name, path, rank_events(run, rank, histograms_every))
+                _write_file(fd, name, path, rank_events(run, rank, histograms_every, stats))
             except BaseException:
                 os.close(fd)
                 raise

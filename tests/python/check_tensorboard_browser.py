@@ -18,6 +18,12 @@ at least two points inside a box of nonzero size, and when the pixels
 Chromium painted for that chart include the series' own colour: the chart is
 cut out of a screenshot and its pixels counted in the browser.
 
+With --custom-scalars PNG, it then checks the Custom Scalars tab: the
+layout TensorBoard merged from the runs' (tensortap's: the 0-d tensors
+first), each of --custom-tags among the tags its charts' regular
+expressions match on the server (and no statistic in the 0-d tensors'
+chart), and every chart of the tab drawn; and saves that page.
+
 Exits 0 when all is seen, 1 with what was seen when not, 2 on bad arguments.
 It never waits past its deadline (--timeout, for the whole check), and always
 stops TensorBoard (its whole process group) and the browser.
@@ -124,6 +130,27 @@ for (const card of cards) {
 }
 return seen.size;
 """
+
+
+_CUSTOM = _DEEP + """
+// The custom scalars tab's chart cards: title, box, series paths.
+const out = [];
+for (const card of deep(document, 'tf-custom-scalar-multi-line-chart-card')) {
+  const box = card.getBoundingClientRect();
+  const series = [];
+  for (const chart of deep(card.shadowRoot, 'vz-line-chart2'))
+    for (const path of deep(chart.shadowRoot || chart, 'path.line')) {
+      const r = path.getBoundingClientRect();
+      const style = getComputedStyle(path);
+      series.push({points: ((path.getAttribute('d') || '').match(/[ML]/g) || []).length, w: r.width,
+                   visible: style.display !== 'none' && style.visibility !== 'hidden' && style.stroke !== 'none'});
+    }
+  out.push({title: card.title, w: box.width, h: box.height, series: series});
+}
+return out;
+"""
+
+STAT_SUFFIXES = ("min", "max", "mean", "std", "norm", "nan", "posinf", "neginf", "zeros", "numel", "nonfinite")
 
 
 class Failed(Exception):
@@ -369,6 +396,8 @@ def check(args, workdir, deadline, seen):
             os.makedirs(os.path.dirname(os.path.abspath(args.screenshot)), exist_ok=True)
             if not driver.save_screenshot(args.screenshot):
                 raise Failed(f"could not save the screenshot {args.screenshot}")
+        if args.custom_scalars:
+            seen["custom"] = custom_scalars(tb, driver, args, listed, deadline)
         return listed, verdicts, state["cards"]
     except WebDriverException as e:
         raise Failed(f"the browser failed: {e.msg or e}") from e
@@ -378,6 +407,63 @@ def check(args, workdir, deadline, seen):
             seen.setdefault("state", {}).setdefault("text", visible_text(driver))
             driver.quit()
         tb.stop()
+
+
+def custom_scalars(tb, driver, args, listed, deadline):
+    """The Custom Scalars tab: its layout, what its charts' regular
+    expressions match on the server, its charts drawn; then its screenshot.
+    Returns [(category, chart, [tags matched])]."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    layout = get_json(tb.url + "/data/plugin/custom_scalars/layout", timeout=min(10, deadline.left()))
+    categories = layout.get("category", [])
+    if not categories or not categories[0].get("title", "").startswith("tensortap: 0-d tensors"):
+        raise Failed(f"the custom scalars layout does not put the 0-d tensors first: {layout}")
+    runs = sorted({r for rs in listed.values() for r in rs})
+    matched = []
+    for c in categories:
+        for chart in c.get("chart", []):
+            regex = "|".join(f"({t})" for t in chart.get("multiline", {}).get("tag", []))
+            tags = set()
+            for run in runs:
+                url = (tb.url + "/data/plugin/custom_scalars/scalars?"
+                       + urllib.parse.urlencode({"tag": regex, "run": run}))
+                data = get_json(url, timeout=min(10, deadline.left()))
+                if not data.get("regex_valid"):
+                    raise Failed(f"TensorBoard finds the regular expression {regex!r} invalid")
+                tags |= set(data.get("tag_to_events", {}))
+            matched.append((c["title"], chart.get("title", ""), sorted(tags)))
+    first = matched[0][2]
+    stats_there = [t for t in first if t.rsplit("/", 1)[-1] in STAT_SUFFIXES and t.count("/") > 1]
+    if stats_there:
+        raise Failed(f"the 0-d tensors' chart matches statistics: {stats_there[:5]}")
+    every = {t for _, _, ts in matched for t in ts}
+    missing = [t for t in args.custom_tags or [] if t not in every]
+    if missing:
+        raise Failed(f"no custom scalars chart matches {missing}; the charts match {matched}")
+    driver.get(f"{tb.url}/#custom_scalars")
+    want = sum(len(c.get("chart", [])) for c in categories)
+
+    def drawn_cards(d):
+        cards = d.execute_script(_CUSTOM) or []
+        ok = [c for c in cards if c["w"] > 0 and any(s["visible"] and s["points"] >= 2 and s["w"] > 0
+                                                     for s in c["series"])]
+        return cards if len(ok) >= want else False
+
+    try:
+        cards = WebDriverWait(driver, deadline.left(), poll_frequency=0.25).until(drawn_cards)
+    except TimeoutException:
+        raise Failed(f"the Custom Scalars tab does not draw its {want} charts: "
+                     f"{driver.execute_script(_CUSTOM)}") from None
+    time.sleep(min(1.0, deadline.left()))
+    os.makedirs(os.path.dirname(os.path.abspath(args.custom_scalars)), exist_ok=True)
+    if not driver.save_screenshot(args.custom_scalars):
+        raise Failed(f"could not save the screenshot {args.custom_scalars}")
+    for (category, chart, tags), card in zip(matched, cards):
+        print(f"tensorboard: custom scalars: {category} / {chart}: {len(tags)} tags ({', '.join(tags[:4])}"
+              f"{', ...' if len(tags) > 4 else ''}), drawn")
+    return matched
 
 
 def _title(driver):
@@ -405,6 +491,9 @@ def main(argv=None):
     parser.add_argument("--screenshot", metavar="PNG")
     parser.add_argument("--size", type=size, default=SIZE, metavar="WxH",
                         help=f"of the page and the screenshot (default {SIZE[0]}x{SIZE[1]})")
+    parser.add_argument("--custom-scalars", metavar="PNG", help="check the Custom Scalars tab and save it here")
+    parser.add_argument("--custom-tags", nargs="+", metavar="TAG",
+                        help="tags the custom scalars charts must show (with --custom-scalars)")
     parser.add_argument("--timeout", type=float, default=90, metavar="S",
                         help="for the whole check (default 90)")
     args = parser.parse_args(argv)

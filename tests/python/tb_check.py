@@ -41,7 +41,9 @@ INSTALL_HINT = (
     "/usr/bin/python3 tests/python/test_tensorboard_export.py")
 
 STATS_FIELDS = ("min", "max", "mean", "std", "norm", "nan", "posinf", "neginf", "zeros", "numel")
+DEFAULT_STATS = ("mean", "std", "min", "max", "norm")  # TensorBoardOptions::stats' default
 DUMPS_TAG = "tensortap/dumps"
+LAYOUT_TAG = "custom_scalars__config__"
 DT_STRING = 7
 
 
@@ -117,6 +119,29 @@ def expected_histogram(array):
     return (float(v.min()), float(v.max()), float(v.size), exact_sum(v.tolist()), exact_sum(squares), limits, out)
 
 
+def expected_layout(stats):
+    """The custom scalars layout EVENTS.md gives for the statistics `stats`, as
+    (category title, [(chart title, [tag regex])]) in order."""
+    regex = "tensor/(?!.*/(?:min|max|mean|std|norm|nan|posinf|neginf|zeros|numel|nonfinite)$)"
+    out = [("tensortap: 0-d tensors (loss, learning rate)", [("tensor/<name>", [regex])])]
+    if "norm" in stats:
+        out.append(("tensortap: gradient norms", [("grad/<name>/norm", ["grad/.*/norm$"])]))
+    if "std" in stats:
+        out.append(("tensortap: activations' std", [("activation/<name>/std", ["activation/.*/std$"])]))
+    return out
+
+
+def layout_of(tensor_proto):
+    """A custom scalars config tensor read with TensorBoard's own Layout message."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    assert tensor_proto.dtype == DT_STRING and not tensor_proto.tensor_shape.dim \
+        and len(tensor_proto.string_val) == 1, f"the layout is not one string, no dims: {tensor_proto}"
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(tensor_proto.string_val[0])
+    return [(c.title, [(ch.title, list(ch.multiline.tag)) for ch in c.chart]) for c in layout.category]
+
+
 def f32(value):
     """A value as a scalar event holds it: as a double (the statistics'
     value of an element), then a float32."""
@@ -174,6 +199,7 @@ class Events:
         self.scalars = {}     # tag -> [(step, value)]
         self.histograms = {}  # tag -> [(step, HistogramValue)]
         self.dumps = []       # [(step, bytes)]
+        self.layouts = []     # [(file, step, layout_of)]
         self.events = 0
         for name in self.files:
             path = os.path.join(folder, name)
@@ -202,7 +228,11 @@ class Events:
                 self.scalars.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
             for tag in tags["histograms"]:
                 self.histograms.setdefault(tag, []).extend((e.step, e.histogram_value) for e in acc.Histograms(tag))
-            assert set(tags["tensors"]) <= {DUMPS_TAG}, f"{path}: tensors {tags['tensors']}"
+            assert set(tags["tensors"]) <= {DUMPS_TAG, LAYOUT_TAG}, f"{path}: tensors {tags['tensors']}"
+            if LAYOUT_TAG in tags["tensors"]:
+                meta = acc.SummaryMetadata(LAYOUT_TAG)
+                assert meta.plugin_data.plugin_name == "custom_scalars", f"{path}: the layout's plugin {meta}"
+                self.layouts.extend((name, e.step, layout_of(e.tensor_proto)) for e in acc.Tensors(LAYOUT_TAG))
             if DUMPS_TAG in tags["tensors"]:
                 meta = acc.SummaryMetadata(DUMPS_TAG)
                 assert meta.plugin_data.plugin_name == "text", f"{path}: dumps' plugin {meta.plugin_data}"
@@ -247,25 +277,71 @@ def dump_lines(directory, info):
     return out
 
 
-def expected(run, rank, histograms_every):
+def run_stats(info):
+    """The statistics the rank's recorder wrote (run.json options.tensorboard.stats),
+    or the default for a run recorded without TensorBoard."""
+    tb = (info.get("options") or {}).get("tensorboard")
+    return tuple(tb["stats"]) if isinstance(tb, dict) and "stats" in tb else DEFAULT_STATS
+
+
+def scalar_series(run, rank, table, series):
+    """Series ids of 0-d tensor records (EVENTS.md): a 0-d `tensor` record of the
+    name in the index; none of the name there at all and every row one value."""
+    zero_d, other = set(), set()
+    for rec in run.records:
+        if rec.get("rank") == rank and rec["kind"] == "tensor":
+            (other if rec["shape"] else zero_d).add(rec["name"])
+    out = set()
+    for s, (kind, name) in series.items():
+        if kind != "tensor":
+            continue
+        rows = table[table["series"] == s]
+        if name in zero_d or (name not in other and bool(np.all(rows["numel"] == 1))):
+            out.add(s)
+    return out
+
+
+def expected(run, rank, histograms_every, stats):
     """(stats scalars, tensor scalars, histograms, dumps) of one rank:
     {tag: [(step, float32 value)]}, {tag: [(step, float32)]},
-    {tag: [(step, expected_histogram)]}, [(step, line)]."""
+    {tag: [(step, expected_histogram)]}, [(step, line)]. A statistics row
+    gives the statistics `stats` and, unless a NaN/Inf count is among them,
+    `nonfinite` (their sum) from the series' first row where it is not 0; a
+    0-d tensor's row gives `tensor/<name>` where no record of its step is
+    stored, and its records no histogram."""
     directory = run._dirs[rank]
-    stats, tensors, histograms = {}, {}, {}
+    stats_tags, tensors, histograms = {}, {}, {}
+    fields = [f for f in STATS_FIELDS if f in stats]
+    nonfinite = not {"nan", "posinf", "neginf"} & set(stats)
+    stored = {(rec["name"], rec["step"]) for rec in run.records
+              if rec.get("rank") == rank and rec["kind"] == "tensor" and rec["shape"] == []}
     if os.path.exists(os.path.join(directory, _names.STATS_TABLE)):
         table, series = run.stats_table(rank=rank)
-        for row in table:
-            key = series.get(int(row["series"]))
+        scalars = scalar_series(run, rank, table, series)
+        gone = set()
+        for row in table[np.argsort(table["step"], kind="stable")]:
+            s = int(row["series"])
+            key = series.get(s)
             if key is None:
                 continue
-            for f in STATS_FIELDS:
-                stats.setdefault(tag_text(f"{key[0]}/{key[1]}/{f}"), []).append((int(row["step"]), f32(row[f])))
+            step = int(row["step"])
+            if s in scalars:
+                if (key[1], step) not in stored:
+                    value = (math.nan if row["nan"] else math.inf if row["posinf"] else -math.inf if row["neginf"]
+                             else row["min"])
+                    tensors.setdefault(tag_text(f"tensor/{key[1]}"), []).append((step, f32(value)))
+                continue
+            for f in fields:
+                stats_tags.setdefault(tag_text(f"{key[0]}/{key[1]}/{f}"), []).append((step, f32(row[f])))
+            bad = int(row["nan"]) + int(row["posinf"]) + int(row["neginf"])
+            if nonfinite and (bad or s in gone):
+                gone.add(s)
+                stats_tags.setdefault(tag_text(f"{key[0]}/{key[1]}/nonfinite"), []).append((step, f32(bad)))
     for rec in run.records:
         if rec.get("rank") != rank:
             continue
         scalar = rec["kind"] == "tensor" and rec["shape"] == []
-        histo = histograms_every > 0 and rec["step"] % histograms_every == 0
+        histo = not scalar and histograms_every > 0 and rec["step"] % histograms_every == 0
         if not (scalar or histo):
             continue
         a = run._read(rec, mmap=False)
@@ -275,7 +351,7 @@ def expected(run, rank, histograms_every):
             h = expected_histogram(a)
             if h is not None:
                 histograms.setdefault(tag_text(f"{rec['kind']}/{rec['name']}"), []).append((rec["step"], h))
-    return stats, tensors, histograms, dump_lines(directory, run.infos[rank])
+    return stats_tags, tensors, histograms, dump_lines(directory, run.infos[rank])
 
 
 # -- comparing -----------------------------------------------------------------------------
@@ -325,9 +401,17 @@ def same_histogram(h, want):
             and close(h.sum_squares, squares, biggest * biggest * num))
 
 
-def check_rank(events, run, rank, histograms_every, exact):
+def check_rank(events, run, rank, histograms_every, exact, stats):
     where = events.folder
-    stats, tensors, histograms, dumps = expected(run, rank, histograms_every)
+    if stats is None:
+        stats = run_stats(run.infos[rank])
+    want_layout = expected_layout(stats)
+    for name in events.files:
+        mine = [(step, layout) for file, step, layout in events.layouts if file == name]
+        assert len(mine) == 1, f"{where}/{name}: {len(mine)} custom scalars layouts, not one"
+        assert mine[0][0] == 0, f"{where}/{name}: the layout at step {mine[0][0]}, not 0"
+        assert mine[0][1] == want_layout, f"{where}/{name}: layout\n  have {mine[0][1]}\n  want {want_layout}"
+    stats, tensors, histograms, dumps = expected(run, rank, histograms_every, stats)
     found = {tag: list(v) for tag, v in events.scalars.items()}
     for source in (stats, tensors):
         for tag, want in source.items():
@@ -369,13 +453,15 @@ def check_rank(events, run, rank, histograms_every, exact):
             "files": len(events.files), "events": events.events}
 
 
-def check_events_against_run(events_root, run, histograms_every=100, exact=True):
+def check_events_against_run(events_root, run, histograms_every=100, exact=True, stats=None):
     """Asserts that the tensortap event files under `events_root` show `run`
-    (a path or a tensortap.Run) as EVENTS.md says: every statistics row's ten
-    scalars (float32 of the table's values), every 0-d tensor record's
-    tensor/<name>, a histogram of every record at the steps where step %
-    histograms_every == 0 (and none elsewhere), every dump's line of
-    dumps.jsonl as text. With exact=False (the recorder's own events) the
+    (a path or a tensortap.Run) as EVENTS.md says: every statistics row's
+    scalars of `stats` (None: the run's TensorBoardOptions::stats, or the
+    default five) and nonfinite (float32 of the table's values), every 0-d
+    tensor record's tensor/<name> and none of its statistics, a histogram of
+    every other record at the steps where step % histograms_every == 0 (and
+    none elsewhere), every dump's line of dumps.jsonl as text, and one
+    custom scalars layout a file. With exact=False (the recorder's own events) the
     events may also hold 0-d tensors and histograms of records the index does
     not list (held by the flight recorder, or taken for statistics only), each
     still checked for form. Each rank's folder must hold at least one file.
@@ -389,7 +475,7 @@ def check_events_against_run(events_root, run, histograms_every=100, exact=True)
             folder = events_root if rank is None else os.path.join(events_root, os.path.basename(run._dirs[rank]))
             events = Events(folder)
             assert events.files, f"{folder}: no tensortap event file"
-            for k, v in check_rank(events, run, rank, histograms_every, exact).items():
+            for k, v in check_rank(events, run, rank, histograms_every, exact, stats).items():
                 totals[k] = totals.get(k, 0) + v
         return totals
     finally:

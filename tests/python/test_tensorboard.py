@@ -100,8 +100,10 @@ class RecorderEvents(unittest.TestCase):
             self.assertEqual(len(run.dumps), 1)
             rows = len(run.stats_table()[0])
         self.assertEqual(counts["files"], 1)
-        # Ten scalars a statistics row, plus the loss and the learning rate each step.
-        self.assertEqual(counts["scalars"], 10 * rows + 2 * STEPS)
+        # Five scalars a statistics row of the model's tensors (no NaN: no
+        # nonfinite), and the loss and the learning rate each step, one
+        # scalar each (their rows give no statistics tags).
+        self.assertEqual(counts["scalars"], 5 * (rows - 2 * STEPS) + 2 * STEPS)
         self.assertEqual(counts["tensors"], 2 * STEPS)
         self.assertGreater(counts["histograms"], 0)
         self.assertEqual(counts["dumps"], 1)
@@ -123,12 +125,18 @@ class RecorderEvents(unittest.TestCase):
 
     def test_tensorboards_scalars_page_in_a_browser(self):
         shot = os.path.join(WORK, "tensorboard.png")
+        custom = os.path.join(WORK, "custom_scalars.png")
         out = subprocess.run([sys.executable, os.path.join(HERE, "check_tensorboard_browser.py"), self.run_dir,
                               "--tags", "grad/fc1.weight/norm", "tensor/loss", "--screenshot", shot,
-                              "--timeout", "150"], capture_output=True, text=True, timeout=240)
+                              "--custom-scalars", custom, "--custom-tags", "tensor/loss", "tensor/lr",
+                              "grad/fc1.weight/norm", "activation/hidden1/std", "--timeout", "150"],
+                             capture_output=True, text=True, timeout=240)
         print(out.stdout[-2000:])
         self.assertEqual(out.returncode, 0, out.stdout[-4000:] + out.stderr[-4000:])
         self.assertGreater(os.path.getsize(shot), 10000)
+        self.assertGreater(os.path.getsize(custom), 10000)
+        self.assertIn("custom scalars: tensortap: 0-d tensors (loss, learning rate) / tensor/<name>: 2 tags "
+                      "(tensor/loss, tensor/lr)", out.stdout)
 
 
 class TwoRanks(unittest.TestCase):

@@ -296,15 +296,23 @@ class ExportTest(TempCase):
         acc = accumulator(paths[0])
         run = tensortap.open(self.run_dir)
 
-        # Statistics: every row, each field a float32 of the table's value.
+        # Statistics: every row, each of the five a float32 of the table's
+        # value; the counts are not written, their sum is nonfinite (both
+        # series have an Inf from their first step).
         table, series = run.stats_table()
         for row in table:
             kind, name = series[int(row["series"])]
-            for f in tb_check.STATS_FIELDS:
+            for f in ("mean", "std", "min", "max", "norm"):
                 got = [e.value for e in acc.Scalars(f"{kind}/{name}/{f}") if e.step == row["step"]]
                 want = tb_check.f32(row[f])
                 self.assertEqual(len(got), 1, (kind, name, f, int(row["step"])))
                 self.assertTrue(got[0] == want or (np.isnan(got[0]) and np.isnan(want)), (f, got, want))
+        scalar_tags = acc.Tags()["scalars"]
+        for f in ("nan", "posinf", "neginf", "zeros", "numel"):
+            self.assertFalse([t for t in scalar_tags if t.endswith("/" + f)], f)
+        self.assertEqual([(e.step, e.value) for e in acc.Scalars("grad/w/nonfinite")],
+                         [(0, 1.0), (1, 1.0), (2, 2.0), (3, 1.0), (4, 1.0), (5, 1.0)])
+        self.assertEqual({e.value for e in acc.Scalars("activation/h/nonfinite")}, {3.0})
 
         # 0-d tensors: the element as a float32 (bool 0/1); complex gives none.
         loss = {e.step: e.value for e in acc.Scalars("tensor/loss")}
@@ -331,8 +339,6 @@ class ExportTest(TempCase):
             self.assertEqual(sum(h.bucket), h.num)
             self.assertTrue(set(h.bucket_limit) <= tb_check.LIMIT_SET)
             self.assertIsNone(tb_check.histogram_problem(h))
-        (z,) = acc.Histograms("tensor/z")
-        self.assertEqual((z.histogram_value.num, z.histogram_value.min), (1.0, 5.0))
         (c,) = acc.Histograms("activation/c")
         want = np.abs(run.load("c", 0, kind="activation").astype(np.complex128))
         self.assertEqual((c.histogram_value.min, c.histogram_value.max), (want.min(), want.max()))
@@ -340,9 +346,10 @@ class ExportTest(TempCase):
         self.assertEqual([e.histogram_value.num for e in edges], [16.0, 16.0])
         self.assertEqual(edges[0].histogram_value.max, DBL_MAX)
         tags = acc.Tags()["histograms"]
-        for absent in ("activation/empty", "activation/allnan", "tensor/nanloss"):
+        for absent in ("activation/empty", "activation/allnan"):
             self.assertNotIn(absent, tags)  # no finite elements
-        self.assertEqual([e.step for e in acc.Histograms("tensor/flag")], [0])  # step 1 is not a multiple of 2
+        # A 0-d tensor is its one scalar: no histogram, not even at step 0.
+        self.assertFalse([t for t in tags if t.startswith("tensor/")], tags)
         self.assertEqual([e.step for e in acc.Histograms("param/u8")], [4])
 
         # Dumps: text events, the dumps.jsonl line each.
@@ -353,16 +360,98 @@ class ExportTest(TempCase):
 
         counts = tb_check.check_events_against_run(folder, run, histograms_every=2)
         self.assertEqual(counts["dumps"], 3)
-        self.assertEqual(counts["scalars"], len(table) * 10 + 8 + 8 + 2 + 1 + 1 + 2)
+        # Five a row, nonfinite in each row (12), and the 0-d tensors' 22.
+        self.assertEqual(counts["scalars"], len(table) * 5 + 12 + 8 + 8 + 2 + 1 + 1 + 2)
         self.assertGreater(counts["histograms"], 10)
+        # The layout: the loss first.
+        (layout,) = acc.Tensors("custom_scalars__config__")
+        self.assertEqual(acc.SummaryMetadata("custom_scalars__config__").plugin_data.plugin_name, "custom_scalars")
+        self.assertEqual(tb_check.layout_of(layout.tensor_proto), tb_check.expected_layout(_tensorboard.DEFAULT_STATS))
+        self.assertEqual(tb_check.layout_of(layout.tensor_proto)[0][1][0][0], "tensor/<name>")
+
+    def test_stats_all_ten_and_a_few(self):
+        # Issue 47: TensorBoardOptions().stats({...}) and --stats: all ten
+        # write the counts as they are, not nonfinite.
+        self.make()
+        rc, out, err = main_cli("tensorboard", self.run_dir, "--logdir", self.logdir, "--stats", "all")
+        self.assertEqual(rc, 0, err)
+        acc = accumulator(os.path.join(self.logdir, "exp"))
+        with tensortap.open(self.run_dir) as run:
+            table, series = run.stats_table()
+            for row in table:
+                kind, name = series[int(row["series"])]
+                for f in tb_check.STATS_FIELDS:
+                    got = [e.value for e in acc.Scalars(f"{kind}/{name}/{f}") if e.step == row["step"]]
+                    want = tb_check.f32(row[f])
+                    self.assertEqual(len(got), 1, (kind, name, f, int(row["step"])))
+                    self.assertTrue(got[0] == want or (np.isnan(got[0]) and np.isnan(want)), (f, got, want))
+            self.assertFalse([t for t in acc.Tags()["scalars"] if t.endswith("/nonfinite")])
+            counts = tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), run,
+                                                       stats=tb_check.STATS_FIELDS)
+            self.assertEqual(counts["scalars"], len(table) * 10 + 22)
+        few = os.path.join(self.tmp, "few")
+        rc, out, err = main_cli("tensorboard", self.run_dir, "--logdir", few, "--stats", "norm,zeros")
+        self.assertEqual(rc, 0, err)
+        acc = accumulator(os.path.join(few, "exp"))
+        self.assertEqual({t.rsplit("/", 1)[1] for t in acc.Tags()["scalars"] if not t.startswith("tensor/")},
+                         {"norm", "zeros", "nonfinite"})
+        (layout,) = acc.Tensors("custom_scalars__config__")
+        self.assertEqual([c for c, _ in tb_check.layout_of(layout.tensor_proto)],
+                         ["tensortap: 0-d tensors (loss, learning rate)", "tensortap: gradient norms"])
+        tb_check.check_events_against_run(os.path.join(few, "exp"), self.run_dir, stats=("norm", "zeros"))
+        rc, out, err = main_cli("tensorboard", self.run_dir, "--logdir", os.path.join(self.tmp, "bad"),
+                                "--stats", "mean,median")
+        self.assertEqual(rc, 2)
+        self.assertIn("'median' is not a statistic", err)
+        with self.assertRaisesRegex(ValueError, "'median' is not a statistic"):
+            export(self.run_dir, os.path.join(self.tmp, "bad"), stats=["median"])
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "bad")))
+
+    def test_the_runs_own_setting_is_the_default(self):
+        # A recorder that wrote all ten says so in run.json; its export too.
+        self.make()
+        with open(os.path.join(self.run_dir, "run.json")) as f:
+            info = json.load(f)
+        info["options"]["tensorboard"] = {"histograms_every": 100, "stats": ["std", "nan"]}
+        with open(os.path.join(self.run_dir, "run.json"), "w") as f:
+            json.dump(info, f)
+        export(self.run_dir, self.logdir)
+        acc = accumulator(os.path.join(self.logdir, "exp"))
+        self.assertEqual({t.rsplit("/", 1)[1] for t in acc.Tags()["scalars"] if not t.startswith("tensor/")},
+                         {"std", "nan"})
+        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
+
+    def test_a_0d_tensor_with_only_statistics_rows_is_its_scalar(self):
+        # A statistics-only run (or a held one) has rows and no records: a
+        # series of one value is a 0-d tensor's, written as tensor/<name>
+        # from its row, as the recorder writes a CUDA tensor's.
+        one = lambda v, nan=0, posinf=0, neginf=0: (v, v, v, 0.0, abs(v), nan, posinf, neginf, 0, 1)  # noqa: E731
+        rows = [(0, "tensor", "loss", one(2.5)), (1, "tensor", "loss", one(np.nan, nan=1)),
+                (2, "tensor", "loss", one(np.nan, posinf=1)), (3, "tensor", "loss", one(1.25)),
+                (0, "tensor", "w", one(4.0)), (0, "grad", "g", one(3.0))]
+        # "w" is stored with shape [1]: not 0-d, its statistics as any tensor's.
+        make_run(self.run_dir, records=[("tensor", "w", 0, np.array([4.0], np.float32)),
+                                        ("tensor", "loss", 3, np.float32(1.25))], stats=rows)
+        export(self.run_dir, self.logdir)
+        acc = accumulator(os.path.join(self.logdir, "exp"))
+        loss = [(e.step, e.value) for e in acc.Scalars("tensor/loss")]
+        self.assertEqual([s for s, _ in loss], [0, 1, 2, 3])  # step 3 once: from its record
+        self.assertEqual(loss[0][1], 2.5)
+        self.assertTrue(np.isnan(loss[1][1]))
+        self.assertEqual(loss[2][1], np.inf)
+        tags = acc.Tags()["scalars"]
+        self.assertFalse([t for t in tags if t.startswith("tensor/loss/")], tags)
+        self.assertIn("tensor/w/norm", tags)
+        self.assertIn("grad/g/norm", tags)  # one value, but not a tensor record
+        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
 
     def test_events_come_in_step_order(self):
         self.make()
         (path,) = export(self.run_dir, self.logdir, histograms_every=2)
         _, loader, _ = tb_check.tensorboard()
         steps = [e.step for e in loader.LegacyEventFileLoader(path).Load()]
-        self.assertEqual(steps[0], 0)
-        self.assertEqual(steps[1:], sorted(steps[1:]))
+        self.assertEqual(steps[:2], [0, 0])  # the file version, the layout
+        self.assertEqual(steps[2:], sorted(steps[2:]))
 
     def test_histograms_every(self):
         self.make()
@@ -409,7 +498,7 @@ class ExportTest(TempCase):
         acc = accumulator(os.path.join(self.logdir, "exp"))
         self.assertEqual([e.value for e in acc.Scalars("tensor/loss\ufffd")], [2.0])
         self.assertEqual(len(acc.Histograms("grad/w\ufffd")), 1)
-        self.assertEqual([e.value for e in acc.Scalars("grad/w\ufffd/numel")], [3.0])
+        self.assertEqual([e.value for e in acc.Scalars("grad/w\ufffd/norm")], [float(np.float32(1.7))])
         tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
 
     def test_a_run_without_statistics_or_records(self):
@@ -417,7 +506,8 @@ class ExportTest(TempCase):
         (path,) = export(self.run_dir, self.logdir)
         _, loader, _ = tb_check.tensorboard()
         events = list(loader.LegacyEventFileLoader(path).Load())
-        self.assertEqual([e.file_version for e in events], ["brain.Event:2"])
+        self.assertEqual([e.file_version for e in events], ["brain.Event:2", ""])
+        self.assertEqual(events[1].summary.value[0].tag, "custom_scalars__config__")
         tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
 
     def test_a_record_that_cannot_be_read_is_skipped_with_a_warning(self):
@@ -653,8 +743,8 @@ class WhereTest(TempCase):
         before = listing(self.run_dir)
         real = _tensorboard.rank_events
 
-        def failing(run, rank, every):
-            yield from real(run, rank, every)
+        def failing(run, rank, every, stats):
+            yield from real(run, rank, every, stats)
             if rank == 1:
                 raise OSError(28, "No space left on device")
 

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,102 @@ std::string host() {
   char buf[256] = {};
   ::gethostname(buf, sizeof buf - 1);
   return buf;
+}
+
+// What a test needs of an event, read from its protobuf wire form here
+// (the generated messages cannot be included beside LibTorch, whose wheels
+// ship protobuf headers of another version): the step and each summary
+// value's tag and what it holds.
+struct Value {
+  std::string tag;
+  char what = '?';  // 's' simple_value, 'h' histogram, 't' tensor
+  float simple = 0;
+  std::string plugin;
+};
+struct ParsedEvent {
+  std::int64_t step = 0;
+  std::vector<Value> values;
+};
+
+std::uint64_t varint(const std::string& s, std::size_t& at) {
+  std::uint64_t v = 0;
+  for (int shift = 0;; shift += 7) {
+    REQUIRE(at < s.size());
+    const auto b = static_cast<unsigned char>(s[at++]);
+    v |= static_cast<std::uint64_t>(b & 0x7Fu) << shift;
+    if ((b & 0x80u) == 0) return v;
+  }
+}
+
+// Calls f(field, wire type, payload) for each field of the message `s`
+// (payload: the bytes of a length-delimited or fixed field, the varint's
+// value as text otherwise).
+template <typename F>
+void fields(const std::string& s, F&& f) {
+  std::size_t at = 0;
+  while (at < s.size()) {
+    const std::uint64_t key = varint(s, at);
+    const auto wire = static_cast<int>(key & 7u);
+    const auto field = static_cast<int>(key >> 3);
+    if (wire == 0) {
+      f(field, wire, std::to_string(varint(s, at)));
+    } else {
+      const std::size_t n = wire == 2 ? static_cast<std::size_t>(varint(s, at)) : wire == 1 ? 8 : 4;
+      REQUIRE((wire == 1 || wire == 2 || wire == 5));
+      REQUIRE(at + n <= s.size());
+      f(field, wire, s.substr(at, n));
+      at += n;
+    }
+  }
+}
+
+ParsedEvent parse_event(const std::string& bytes) {
+  ParsedEvent e;
+  fields(bytes, [&](int field, int, const std::string& p) {
+    if (field == 2) e.step = static_cast<std::int64_t>(std::stoull(p));
+    if (field != 5) return;
+    fields(p, [&](int vf, int, const std::string& vp) {
+      if (vf != 1) return;
+      Value v;
+      fields(vp, [&](int f, int, const std::string& q) {
+        if (f == 1) v.tag = q;
+        if (f == 2) {
+          v.what = 's';
+          std::memcpy(&v.simple, q.data(), 4);
+        }
+        if (f == 5) v.what = 'h';
+        if (f == 8) v.what = 't';
+        if (f == 9) fields(q, [&](int, int, const std::string& pd) {
+            fields(pd, [&](int pf, int, const std::string& name) {
+              if (pf == 1) v.plugin = name;
+            });
+          });
+      });
+      e.values.push_back(v);
+    });
+  });
+  return e;
+}
+
+// Every value of the run's one event file, with its event's step.
+std::vector<std::pair<std::int64_t, Value>> values_in(const std::string& run) {
+  const std::vector<std::string> files = event_files(run);
+  REQUIRE(files.size() == 1);
+  std::vector<std::pair<std::int64_t, Value>> out;
+  for (const std::string& bytes : frames(tt_test::read_file(files[0]))) {
+    const ParsedEvent e = parse_event(bytes);
+    for (const Value& v : e.values) out.emplace_back(e.step, v);
+  }
+  return out;
+}
+
+// The steps at which `tag` has a value of `what`, and the values.
+std::vector<std::pair<std::int64_t, float>> series_of(const std::vector<std::pair<std::int64_t, Value>>& values,
+                                                      const std::string& tag, char what = 's') {
+  std::vector<std::pair<std::int64_t, float>> out;
+  for (const auto& [step, v] : values)
+    if (v.tag == tag && v.what == what) out.emplace_back(step, v.simple);
+  return out;
 }
 
 }  // namespace
@@ -167,11 +264,12 @@ TEST_CASE("Options::tensorboard: one event file of whole events, tagged as Tenso
   // histograms at steps 0 and 2.
   REQUIRE(events.size() > 8);
   CHECK(events[0].find("brain.Event:2") != std::string::npos);
-  for (const char* tag : {"grad/fc.weight/norm", "grad/fc.bias/nan", "activation/out/mean", "tensor/loss/max",
-                          "tensor/loss"})
+  for (const char* tag : {"grad/fc.weight/norm", "grad/fc.bias/mean", "activation/out/std", "tensor/loss"})
     CHECK(bytes.find(tag) != std::string::npos);
-  // run.json records the setting.
-  CHECK(tt_test::read_file(run + "/run.json").find("\"tensorboard\": {\"histograms_every\": 2}") != std::string::npos);
+  // run.json records the settings.
+  CHECK(tt_test::read_file(run + "/run.json")
+            .find("\"tensorboard\": {\"histograms_every\": 2, \"stats\": [\"mean\", \"std\", \"min\", \"max\", "
+                  "\"norm\"]}") != std::string::npos);
 }
 
 TEST_CASE("a 0-d tensor named like a statistic's tag is said once, naming both", "[tensorboard]") {
@@ -281,4 +379,136 @@ TEST_CASE("event files: a write that fails is cut back to whole events, and late
   const std::vector<std::string> events = frames(tt_test::read_file(file.path()));
   REQUIRE(events.size() == 2);
   CHECK(events[1].find("after") != std::string::npos);
+}
+
+TEST_CASE("TensorBoard's defaults: five statistics, nonfinite from the first NaN, a 0-d tensor as one scalar",
+          "[tensorboard]") {
+  // Issue 47: ten charts a tensor, half of them flat counts, and ten more
+  // for the loss (the mean of a scalar), before the loss itself.
+  tt_test::TempDir tmp;
+  const std::string run = tmp / "run";
+  {
+    tensortap::Recorder rec(Options(run).stats_every(1).tensorboard(TensorBoardOptions().histograms_every(1)));
+    for (int64_t s = 0; s < 5; ++s) {
+      rec.step(s);
+      torch::Tensor x = torch::ones({4});
+      if (s == 2) x[1] = std::numeric_limits<float>::quiet_NaN();
+      if (s == 3) x[0] = -std::numeric_limits<float>::infinity();
+      rec.capture("x", x);
+      rec.capture("loss", torch::tensor(0.25 * static_cast<double>(s + 1)));
+    }
+    rec.close();
+    REQUIRE(rec.counters().errors == 0);
+  }
+  const auto values = values_in(run);
+  for (const char* stat : {"mean", "std", "min", "max", "norm"})
+    CHECK(series_of(values, std::string("tensor/x/") + stat).size() == 5);
+  for (const char* stat : {"nan", "posinf", "neginf", "zeros", "numel"}) {
+    CHECK(series_of(values, std::string("tensor/x/") + stat).empty());
+    CHECK(series_of(values, std::string("tensor/loss/") + stat).empty());
+  }
+  // nonfinite: absent before step 2, then every step, 0 included.
+  CHECK(series_of(values, "tensor/x/nonfinite") ==
+        std::vector<std::pair<std::int64_t, float>>{{2, 1.0F}, {3, 1.0F}, {4, 0.0F}});
+  CHECK(series_of(values, "tensor/x/mean")[2].second == 1.0F);  // over the finite values
+  // The loss: one scalar a step, no statistics, no histogram; x's histograms.
+  CHECK(series_of(values, "tensor/loss") ==
+        std::vector<std::pair<std::int64_t, float>>{{0, 0.25F}, {1, 0.5F}, {2, 0.75F}, {3, 1.0F}, {4, 1.25F}});
+  for (const char* stat : {"mean", "std", "min", "max", "norm", "nonfinite"})
+    CHECK(series_of(values, std::string("tensor/loss/") + stat).empty());
+  CHECK(series_of(values, "tensor/loss", 'h').empty());
+  CHECK(series_of(values, "tensor/x", 'h').size() == 5);
+  // The custom scalars layout, once, at step 0, by its plugin.
+  std::size_t layouts = 0;
+  for (const auto& [step, v] : values)
+    if (v.tag == "custom_scalars__config__") {
+      ++layouts;
+      CHECK(step == 0);
+      CHECK(v.what == 't');
+      CHECK(v.plugin == "custom_scalars");
+    }
+  CHECK(layouts == 1);
+}
+
+TEST_CASE("TensorBoardOptions::stats: all ten write the counts as they are; a subset; a bad name is refused",
+          "[tensorboard]") {
+  tt_test::TempDir tmp;
+  const std::vector<std::string> all = {"min", "max", "mean", "std", "norm", "nan", "posinf", "neginf", "zeros", "numel"};
+  const auto record = [&](const std::string& run, const TensorBoardOptions& tb) {
+    tensortap::Recorder rec(Options(run).stats_every(1).tensorboard(tb));
+    for (int64_t s = 0; s < 3; ++s) {
+      rec.step(s);
+      torch::Tensor x = torch::zeros({4});
+      if (s == 1) x[1] = std::numeric_limits<float>::quiet_NaN();
+      rec.capture("x", x);
+    }
+    rec.close();
+  };
+  record(tmp / "all", TensorBoardOptions().stats(all));
+  auto values = values_in(tmp / "all");
+  for (const std::string& stat : all) CHECK(series_of(values, "tensor/x/" + stat).size() == 3);
+  CHECK(series_of(values, "tensor/x/nan") == std::vector<std::pair<std::int64_t, float>>{{0, 0.0F}, {1, 1.0F}, {2, 0.0F}});
+  CHECK(series_of(values, "tensor/x/zeros")[0].second == 4.0F);
+  CHECK(series_of(values, "tensor/x/nonfinite").empty());
+  CHECK(tt_test::read_file(tmp / "all/run.json").find("\"stats\": [\"min\", \"max\", \"mean\", \"std\", \"norm\", "
+                                                      "\"nan\", \"posinf\", \"neginf\", \"zeros\", \"numel\"]") !=
+        std::string::npos);
+
+  record(tmp / "two", TensorBoardOptions().stats({"norm", "zeros"}));
+  values = values_in(tmp / "two");
+  std::set<std::string> tags;
+  for (const auto& [step, v] : values)
+    if (v.what == 's') tags.insert(v.tag);
+  CHECK(tags == std::set<std::string>{"tensor/x/norm", "tensor/x/zeros", "tensor/x/nonfinite"});
+
+  const std::string err = tt_test::error_of(
+      [&] { tensortap::Recorder rec(Options(tmp / "bad").tensorboard(TensorBoardOptions().stats({"mean", "median"}))); });
+  CHECK(err.find("TensorBoardOptions::stats: 'median' is not a statistic") != std::string::npos);
+  CHECK_FALSE(fs::exists(tmp / "bad/run.json"));
+}
+
+TEST_CASE("TensorBoard: a 0-d tensor known only by its statistics row is written as tensor/<name> from the row",
+          "[tensorboard]") {
+  // A CUDA 0-d tensor in a statistics-only run reaches the writer thread as
+  // its device's statistics vector, never as bytes.
+  tt_test::TempDir tmp;
+  const tensortap::detail::Dir dir = tensortap::detail::Dir::open(tmp.path, /*create=*/false);
+  {
+    tensortap::detail::TensorBoard tb(dir, TensorBoardOptions());
+    tensortap::detail::RecordDesc desc;
+    desc.kind = tensortap::Kind::Tensor;
+    desc.name = "loss";
+    desc.dtype = *tensortap::detail::dtype_info(c10::ScalarType::Float);
+    desc.nbytes = 4;
+    tensortap::detail::TensorStats row;
+    row.min = row.max = row.mean = row.norm = 0.75;
+    row.numel = 1;
+    tb.statistics(desc, row, /*bytes_seen=*/false);
+    desc.step = 1;
+    row = tensortap::detail::TensorStats{};
+    row.min = row.max = row.mean = row.std = row.norm = std::numeric_limits<double>::quiet_NaN();
+    row.posinf = row.numel = 1;
+    tb.statistics(desc, row, false);
+    desc.step = 2;
+    row.posinf = 0;
+    row.nan = 1;
+    tb.statistics(desc, row, false);
+    // Its bytes seen (values() wrote the scalar): nothing more from the row.
+    desc.step = 3;
+    tb.statistics(desc, row, /*bytes_seen=*/true);
+    // Not 0-d: the statistics.
+    desc.step = 4;
+    desc.shape = {1};
+    tb.statistics(desc, row, false);
+    tb.flush(/*durable=*/false);
+    tb.close();
+  }
+  const auto values = values_in(tmp.path);
+  const auto loss = series_of(values, "tensor/loss");
+  REQUIRE(loss.size() == 3);
+  CHECK(loss[0] == std::pair<std::int64_t, float>{0, 0.75F});
+  CHECK((loss[1].first == 1 && loss[1].second == std::numeric_limits<float>::infinity()));
+  CHECK((loss[2].first == 2 && std::isnan(loss[2].second)));
+  CHECK(series_of(values, "tensor/loss/nonfinite") == std::vector<std::pair<std::int64_t, float>>{{4, 1.0F}});
+  CHECK(series_of(values, "tensor/loss/mean").size() == 1);
 }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -41,6 +42,12 @@ constexpr int kStatsFields = 0 TENSORTAP_STATS_FIELDS(TENSORTAP_ONE_, TENSORTAP_
 constexpr int kStatsRealFields = 0 TENSORTAP_STATS_FIELDS(TENSORTAP_ONE_, TENSORTAP_NONE_);
 #undef TENSORTAP_ONE_
 #undef TENSORTAP_NONE_
+
+/// The fields' names, in the schema's order (stats.npy's column names,
+/// TensorBoard's tag suffixes, TensorBoardOptions::stats' words).
+#define TENSORTAP_NAME_(name) #name,
+constexpr std::array<const char*, kStatsFields> kStatsFieldNames = {TENSORTAP_STATS_FIELDS(TENSORTAP_NAME_, TENSORTAP_NAME_)};
+#undef TENSORTAP_NAME_
 
 /// The run's statistics table: `stats.npy`, a 1-D structured array with one
 /// row per tensor and step (fields step, series, min, max, mean, std, norm,

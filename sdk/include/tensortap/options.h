@@ -94,8 +94,18 @@ struct [[deprecated("use Options::rank(), .world_size() and .ranks()")]] Distrib
 struct TensorBoardOptions {
   /// Histograms of every selected tensor whose data reaches the writer
   /// thread, at the steps that are multiples of this, binned on the writer
-  /// thread; 0 = none.
+  /// thread; 0 = none. A 0-d `tensor` record (a loss) gets none.
   TORCH_ARG(std::int64_t, histograms_every) = 100;
+  /// The statistics written as scalars `<kind>/<name>/<stat>`, by
+  /// `TensorSummary`'s field names (min max mean std norm nan posinf neginf
+  /// zeros numel), in any order. Unless one of the counts nan, posinf and
+  /// neginf is named, their sum is written as `<kind>/<name>/nonfinite`
+  /// from the first step where it is not 0 (a chart appears only once
+  /// something went wrong). All ten: `.stats({"min", "max", "mean", "std",
+  /// "norm", "nan", "posinf", "neginf", "zeros", "numel"})`. `stats.npy`
+  /// holds all ten whatever this says. A 0-d `tensor` record is the one
+  /// scalar `tensor/<name>`, without statistics tags.
+  TORCH_ARG(std::vector<std::string>, stats) = {"mean", "std", "min", "max", "norm"};
 };
 
 /// Settings of a `Recorder`: where it writes, what it captures and when.

@@ -171,17 +171,19 @@ void WriterThread::store(const Slot& slot, const char* data, InFlight* open) noe
 void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
   const Record& record = slot.record;
   const RecordDesc& desc = record.desc;
-  const auto statistics_done = [&](const TensorStats& stats) {
+  // `bytes_seen`: the record's bytes reached this thread (not only its
+  // device's statistics vector), and TensorBoard's part has had them.
+  const auto statistics_done = [&](const TensorStats& stats, bool bytes_seen) {
     if (record.has_row()) {
       stats_.append(desc.kind, desc.name, desc.step, stats);
       stats_rows_.fetch_add(1, std::memory_order_relaxed);
-      if (tensorboard_ != nullptr) to_tensorboard([&] { tensorboard_->statistics(desc, stats); });
+      if (tensorboard_ != nullptr) to_tensorboard([&] { tensorboard_->statistics(desc, stats, bytes_seen); });
     }
     flight_.observe(desc, stats, record.has_row());
   };
   switch (record.op) {
     case Op::Dump: flight_.user_dump(desc.step); return;
-    case Op::StatsVector: statistics_done(stats_from_vector(reinterpret_cast<const double*>(data))); return;
+    case Op::StatsVector: statistics_done(stats_from_vector(reinterpret_cast<const double*>(data)), false); return;
     case Op::Store:
     case Op::Hold:
     case Op::Stats: break;
@@ -230,7 +232,7 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
       });
     }
   }
-  if (stats) statistics_done(*stats);
+  if (stats) statistics_done(*stats, true);
 }
 
 }  // namespace tensortap::detail

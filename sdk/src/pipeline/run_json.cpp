@@ -87,9 +87,14 @@ std::string run_json(const Options& o, const RunInfo& info) {
       ",\n    \"stats_every\": {},\n    \"flight_recorder\": {},\n    \"flight_recorder_bytes\": {},\n    "
       "\"after_dump\": \"{}\"",
       o.stats_every(), o.flight_recorder(), o.flight_recorder_bytes(), after_dump_name(o.after_dump()));
-  if (o.tensorboard())
-    j += fmt::format(",\n    \"tensorboard\": {{\"histograms_every\": {}}}", o.tensorboard()->histograms_every());
-  else
+  if (o.tensorboard()) {
+    j += fmt::format(",\n    \"tensorboard\": {{\"histograms_every\": {}, \"stats\": [", o.tensorboard()->histograms_every());
+    for (std::size_t i = 0; i < o.tensorboard()->stats().size(); ++i) {
+      if (i) j += ", ";
+      append_json_string(j, o.tensorboard()->stats()[i]);
+    }
+    j += "]}";
+  } else
     j += ",\n    \"tensorboard\": null";
   j += ",\n    \"dump_on\": [";
   for (std::size_t i = 0; i < o.dump_on().size(); ++i) {

@@ -177,25 +177,63 @@ void HistogramAccumulator::add(const void* data, std::size_t nbytes) {
   }
 }
 
+namespace {
+
+bool is_scalar(const RecordDesc& desc) { return desc.kind == Kind::Tensor && desc.shape.empty(); }
+
+bool is_complex(Element e) { return e == Element::C64 || e == Element::C128; }
+
+// A statistic's index in the schema (kStatsFields: none).
+std::size_t field_index(const std::string& name) {
+  return static_cast<std::size_t>(std::find(kStatsFieldNames.begin(), kStatsFieldNames.end(), name) -
+                                  kStatsFieldNames.begin());
+}
+
+// What the custom scalars tab shows (EVENTS.md, "The layout"): the 0-d
+// tensors (the loss) first, then the gradients' norms and the activations'
+// std where those statistics are written. A 0-d tensor's tag,
+// `tensor/<name>`, has the form of a tensor's statistic when the name holds
+// a '/' (`tensor/x/norm`): the statistics' suffixes are left out.
+std::vector<tb::LayoutCategory> layout(const std::array<bool, kStatsFields>& written) {
+  std::string suffixes;
+  for (const char* f : kStatsFieldNames) suffixes.append(f).append("|");
+  std::vector<tb::LayoutCategory> out;
+  out.push_back({"tensortap: 0-d tensors (loss, learning rate)",
+                 {{"tensor/<name>", {"tensor/(?!.*/(?:" + suffixes + "nonfinite)$)"}}}});
+  if (written[field_index("norm")])
+    out.push_back({"tensortap: gradient norms", {{"grad/<name>/norm", {"grad/.*/norm$"}}}});
+  if (written[field_index("std")])
+    out.push_back({"tensortap: activations' std", {{"activation/<name>/std", {"activation/.*/std$"}}}});
+  return out;
+}
+
+// The tag suffixes a tensor's statistics may write: the chosen fields, and
+// `nonfinite` (whether it was written yet does not matter: the charts mix
+// from the first NaN on).
+template <typename F>
+void for_each_suffix(const std::array<bool, kStatsFields>& written, bool nonfinite, F&& f) {
+  for (std::size_t i = 0; i < written.size(); ++i)
+    if (written[i]) f(kStatsFieldNames[i]);
+  if (nonfinite) f("nonfinite");
+}
+
+}  // namespace
+
 TensorBoard::TensorBoard(const Dir& dir, const TensorBoardOptions& options)
-    : file_(std::make_unique<EventFile>(dir)), histograms_every_(options.histograms_every()) {}
+    : file_(std::make_unique<EventFile>(dir)), histograms_every_(options.histograms_every()) {
+  for (const std::string& name : options.stats()) {
+    const std::size_t i = field_index(name);
+    if (i < written_.size()) written_[i] = true;  // Settings refused any other name
+  }
+  nonfinite_ = !written_[field_index("nan")] && !written_[field_index("posinf")] && !written_[field_index("neginf")];
+  file_->append(tb::custom_scalars_event(wall_seconds(), layout(written_)));
+}
 
 TensorBoard::~TensorBoard() = default;
 
 bool TensorBoard::histogram_step(std::int64_t step) const {
   return histograms_every_ > 0 && step % histograms_every_ == 0;
 }
-
-namespace {
-
-// The statistics' tag suffixes, TENSORTAP_STATS_FIELDS' names.
-constexpr std::array<const char*, kStatsFields> kFieldNames = {
-#define TENSORTAP_NAME_(name) #name,
-    TENSORTAP_STATS_FIELDS(TENSORTAP_NAME_, TENSORTAP_NAME_)
-#undef TENSORTAP_NAME_
-};
-
-}  // namespace
 
 void TensorBoard::say_tags_collide(const std::string& scalar, const std::string& statistics) const {
   std::fprintf(stderr,
@@ -211,42 +249,77 @@ void TensorBoard::check_tag_of_scalar(const std::string& name) {
   const std::size_t slash = name.rfind('/');
   if (slash == std::string::npos) return;
   const std::string base = name.substr(0, slash);
-  for (const char* field : kFieldNames)
-    if (name.compare(slash + 1, std::string::npos, field) == 0 && statistics_names_.count(base) != 0)
-      say_tags_collide(name, base);
+  if (statistics_names_.count(base) == 0) return;
+  for_each_suffix(written_, nonfinite_, [&](const char* field) {
+    if (name.compare(slash + 1, std::string::npos, field) == 0) say_tags_collide(name, base);
+  });
 }
 
 void TensorBoard::check_tags_of_statistics(const std::string& name) {
   if (statistics_names_.count(name) != 0) return;
   statistics_names_.insert(name);
-  for (const char* field : kFieldNames) {
+  for_each_suffix(written_, nonfinite_, [&](const char* field) {
     const std::string scalar = name + "/" + field;
     if (scalar_names_.count(scalar) != 0) say_tags_collide(scalar, name);
-  }
+  });
 }
 
-void TensorBoard::statistics(const RecordDesc& desc, const TensorStats& stats) {
+void TensorBoard::scalar(const RecordDesc& desc, double value) {
+  check_tag_of_scalar(desc.name);
+  file_->append(
+      tb::scalars_event(wall_seconds(), desc.step, {{utf8_tag("tensor/" + desc.name), static_cast<float>(value)}}));
+}
+
+void TensorBoard::statistics(const RecordDesc& desc, const TensorStats& stats, bool bytes_seen) {
+  if (is_scalar(desc)) {
+    // Its value from the row: the one element is finite (and min is it), or
+    // it is the NaN or the Inf the counts say.
+    if (!bytes_seen && !is_complex(desc.dtype.element))
+      scalar(desc, stats.nan > 0      ? std::numeric_limits<double>::quiet_NaN()
+                   : stats.posinf > 0 ? std::numeric_limits<double>::infinity()
+                   : stats.neginf > 0 ? -std::numeric_limits<double>::infinity()
+                                      : stats.min);
+    return;
+  }
   if (desc.kind == Kind::Tensor) check_tags_of_statistics(desc.name);
-  const std::string prefix = kind_prefix(desc) + "/";
-  // The tags' strings are assigned in place, keeping their memory.
-  scalars_.resize(kStatsFields);
-  std::size_t i = 0;
-#define TENSORTAP_FIELD_(name)                                     \
-  scalars_[i].first.assign(prefix).append(#name);                  \
-  scalars_[i++].second = static_cast<float>(stats.name);
+  std::array<double, kStatsFields> values{};
+  std::size_t k = 0;
+#define TENSORTAP_FIELD_(name) values[k++] = static_cast<double>(stats.name);
   TENSORTAP_STATS_FIELDS(TENSORTAP_FIELD_, TENSORTAP_FIELD_)
 #undef TENSORTAP_FIELD_
-  file_->append(tb::scalars_event(wall_seconds(), desc.step, scalars_));
+  const std::string prefix = kind_prefix(desc) + "/";
+  // The tags' strings are assigned in place, keeping their memory.
+  if (scalars_.size() < kStatsFields + 1) scalars_.resize(kStatsFields + 1);
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (!written_[i]) continue;
+    scalars_[n].first.assign(prefix).append(kStatsFieldNames[i]);
+    scalars_[n++].second = static_cast<float>(values[i]);
+  }
+  if (nonfinite_) {
+    // From the first row with a NaN or an Inf on, 0 too: a chart that
+    // appears only once something went wrong, and shows when it stopped.
+    const std::int64_t bad = stats.nan + stats.posinf + stats.neginf;
+    if (bad != 0) gone_nonfinite_.insert(prefix);
+    if (bad != 0 || (!gone_nonfinite_.empty() && gone_nonfinite_.count(prefix) != 0)) {
+      scalars_[n].first.assign(prefix).append("nonfinite");
+      scalars_[n++].second = static_cast<float>(bad);
+    }
+  }
+  if (n == 0) return;
+  file_->append(tb::scalars_event(wall_seconds(), desc.step, scalars_.data(), n));
 }
 
 void TensorBoard::values(const RecordDesc& desc, const void* data, std::size_t nbytes) {
   const Element e = desc.dtype.element;
-  if (desc.kind == Kind::Tensor && desc.shape.empty() && nbytes == element_size(e) && e != Element::C64 &&
-      e != Element::C128) {
-    check_tag_of_scalar(desc.name);
-    double v = 0;
-    values_of(e, data, nbytes, &v);
-    file_->append(tb::scalars_event(wall_seconds(), desc.step, {{utf8_tag("tensor/" + desc.name), static_cast<float>(v)}}));
+  if (is_scalar(desc)) {
+    // The one scalar `tensor/<name>`; no histogram of one value.
+    if (nbytes == element_size(e) && !is_complex(e)) {
+      double v = 0;
+      values_of(e, data, nbytes, &v);
+      scalar(desc, v);
+    }
+    return;
   }
   if (auto h = histogram_for(desc)) {
     h->add(data, nbytes);
@@ -255,7 +328,7 @@ void TensorBoard::values(const RecordDesc& desc, const void* data, std::size_t n
 }
 
 std::unique_ptr<HistogramAccumulator> TensorBoard::histogram_for(const RecordDesc& desc) const {
-  if (!histogram_step(desc.step)) return nullptr;
+  if (!histogram_step(desc.step) || is_scalar(desc)) return nullptr;
   return std::make_unique<HistogramAccumulator>(desc.dtype.element);
 }
 

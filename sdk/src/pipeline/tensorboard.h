@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -47,7 +48,8 @@ class HistogramAccumulator {
 
 /// The writer thread's TensorBoard output (`Options::tensorboard`): turns
 /// statistics rows, 0-d `tensor` records, histograms and dumps into events
-/// of one `EventFile` in the run directory. Writer thread only.
+/// of one `EventFile` in the run directory, which starts with the custom
+/// scalars layout (EVENTS.md). Writer thread only.
 class TensorBoard {
  public:
   /// Creates the event file. Throws `Error` naming its path.
@@ -56,10 +58,16 @@ class TensorBoard {
   TensorBoard(const TensorBoard&) = delete;
   TensorBoard& operator=(const TensorBoard&) = delete;
 
-  /// A statistics row: one scalar per field, `<kind>/<name>/<stat>`.
-  void statistics(const RecordDesc& desc, const TensorStats& stats);
+  /// A statistics row: a scalar `<kind>/<name>/<stat>` per statistic of
+  /// `TensorBoardOptions::stats`, and `<kind>/<name>/nonfinite` from the
+  /// first row with a NaN or an Inf (unless a count was asked for). A 0-d
+  /// `tensor` record gets none: its one scalar is `tensor/<name>`, which
+  /// `values` wrote from its bytes, or, when its bytes never reach this
+  /// thread (`bytes_seen` false: a CUDA tensor's statistics vector), which
+  /// is written here from the row.
+  void statistics(const RecordDesc& desc, const TensorStats& stats, bool bytes_seen);
   /// A whole record's bytes: its `tensor/<name>` scalar if it is a 0-d
-  /// `tensor` record, its histogram at a histogram step.
+  /// `tensor` record, else its histogram at a histogram step.
   void values(const RecordDesc& desc, const void* data, std::size_t nbytes);
   /// For a record that comes in chunks: a histogram to feed, or null when
   /// its step takes none.
@@ -73,6 +81,7 @@ class TensorBoard {
 
  private:
   bool histogram_step(std::int64_t step) const;
+  void scalar(const RecordDesc& desc, double value);
   // The tag scheme (DESIGN sections 8 and 9) gives a 0-d tensor named
   // "x/norm" the tag of the norm statistic of tensor "x": the two charts
   // mix. The tags stay; each such pair is said once on stderr, naming both.
@@ -81,6 +90,13 @@ class TensorBoard {
   void say_tags_collide(const std::string& scalar, const std::string& statistics) const;
   std::unique_ptr<EventFile> file_;
   const std::int64_t histograms_every_;
+  // The statistics written (TensorBoardOptions::stats), by the schema's
+  // index, and whether their NaN/Inf counts go as one `nonfinite` tag.
+  std::array<bool, kStatsFields> written_{};
+  bool nonfinite_ = false;
+  // Prefixes `<kind>/<name>` whose nonfinite count has been nonzero: their
+  // tag is written from then on, 0 included.
+  std::unordered_set<std::string> gone_nonfinite_;
   std::vector<std::pair<std::string, float>> scalars_;  // reused
   // Names of kind tensor seen as 0-d scalars and with statistics rows.
   std::unordered_set<std::string> scalar_names_, statistics_names_;

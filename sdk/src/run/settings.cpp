@@ -1,5 +1,6 @@
 #include "sdk/src/run/settings.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include "sdk/src/flight/triggers.h"
 #include "sdk/src/pipeline/tensorboard.h"
 #include "writers/src/check.h"
+#include "writers/src/stats_file.h"
 
 namespace tensortap::detail {
 namespace {
@@ -58,6 +60,11 @@ void validate(const Options& o) {
     TENSORTAP_CHECK(o.tensorboard()->histograms_every() >= 0,
                     "TensorBoardOptions::histograms_every({}) must be 0 (none) or more",
                     o.tensorboard()->histograms_every());
+    for (const std::string& name : o.tensorboard()->stats())
+      TENSORTAP_CHECK(std::find(kStatsFieldNames.begin(), kStatsFieldNames.end(), name) != kStatsFieldNames.end(),
+                      "TensorBoardOptions::stats: '{}' is not a statistic; TensorSummary's fields are min, max, mean, "
+                      "std, norm, nan, posinf, neginf, zeros and numel",
+                      name);
   }
   for (Kind k : kAllKinds)
     TENSORTAP_CHECK(o.every(k) >= 0, "Options::every({}) must be 0 (never) or more (kind {})", o.every(k),

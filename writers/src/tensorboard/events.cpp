@@ -30,8 +30,8 @@ std::string file_version_event(double wall_time) {
   return serialized(e);
 }
 
-std::string scalars_event(double wall_time, std::int64_t step,
-                          const std::vector<std::pair<std::string, float>>& values) {
+std::string scalars_event(double wall_time, std::int64_t step, const std::pair<std::string, float>* values,
+                          std::size_t n) {
   // The most frequent event (one per statistics row): one message kept per
   // thread and cleared, which keeps its values' memory for the next.
   thread_local pb::Event e;
@@ -39,7 +39,8 @@ std::string scalars_event(double wall_time, std::int64_t step,
   e.set_wall_time(wall_time);
   e.set_step(step);
   pb::Summary* s = e.mutable_summary();
-  for (const auto& [tag, value] : values) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& [tag, value] = values[i];
     pb::Summary::Value* v = s->add_value();
     v->set_tag(tag);
     v->set_simple_value(value);
@@ -75,6 +76,30 @@ std::string text_event(double wall_time, std::int64_t step, const std::string& t
   t->set_dtype(7);  // DT_STRING
   t->mutable_tensor_shape();
   t->add_string_val(text);
+  return serialized(e);
+}
+
+std::string custom_scalars_event(double wall_time, const std::vector<LayoutCategory>& layout) {
+  pb::Layout l;
+  for (const LayoutCategory& category : layout) {
+    pb::Category* c = l.add_category();
+    c->set_title(category.title);
+    for (const LayoutChart& chart : category.charts) {
+      pb::Chart* ch = c->add_chart();
+      ch->set_title(chart.title);
+      for (const std::string& tag : chart.tags) ch->mutable_multiline()->add_tag(tag);
+    }
+  }
+  pb::Event e;
+  e.set_wall_time(wall_time);
+  e.set_step(0);
+  pb::Summary::Value* v = e.mutable_summary()->add_value();
+  v->set_tag("custom_scalars__config__");
+  v->mutable_metadata()->mutable_plugin_data()->set_plugin_name("custom_scalars");
+  pb::TensorProto* t = v->mutable_tensor();
+  t->set_dtype(7);  // DT_STRING
+  t->mutable_tensor_shape();
+  t->add_string_val(l.SerializeAsString());
   return serialized(e);
 }
 
