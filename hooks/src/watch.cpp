@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -293,6 +294,10 @@ class TapWatcher final : public Watcher {
   bool ops_;
 };
 
+// The name of the watched module's own output when it is a tap point and
+// watch() was given no prefix (tensortap/watch.h).
+constexpr const char* kRootTapName = "root";
+
 std::string child_path(const std::string& parent, std::size_t i) {
   return parent.empty() ? std::to_string(i) : parent + "." + std::to_string(i);
 }
@@ -395,12 +400,33 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& front, c
     for (const auto& item : module.named_modules("", /*include_self=*/false))
       modules.emplace_back(item.key(), item.value());
     const auto add = [&](const std::shared_ptr<torch::nn::Module>& owner, TapPoint& point, const std::string& path) {
-      std::string name = full_name(prefix, path);
+      // The watched module itself (`watch(*tapped_net)`) has no path: its
+      // output is recorded under the prefix, or as "root".
+      std::string name = path.empty() ? (prefix.empty() ? std::string(kRootTapName) : prefix) : full_name(prefix, path);
       if (front->selected(name)) points.push_back({owner, &point, std::move(name)});
     };
     for (const auto& [path, ptr] : modules) {
       torch::nn::Module& m = ptr ? *ptr : module;
-      if (auto* point = dynamic_cast<TapPoint*>(&m); point != nullptr && ptr) add(ptr, *point, path);
+      auto* point = dynamic_cast<TapPoint*>(&m);
+      if (point != nullptr && ptr) add(ptr, *point, path);
+      if (point != nullptr && !ptr) {
+        // The root was silently left unbound (issue 47). Binding keeps a
+        // weak owner so that close() unbinds only a module still alive: a
+        // root that no shared_ptr holds (a TappedImpl on the stack; a
+        // Tapped<M> holder always does) cannot be bound safely, and says so.
+        std::shared_ptr<torch::nn::Module> owner;
+        try {
+          owner = module.shared_from_this();
+        } catch (const std::bad_weak_ptr&) {
+        }
+        if (owner)
+          add(owner, *point, "");
+        else
+          std::fprintf(stderr,
+                       "tensortap: warning: the watched module is a tap point (a Tapped<M>'s module) that no "
+                       "std::shared_ptr holds, so its output is not recorded: watch it through its holder "
+                       "(Tapped<M> m; watch(*m, ...)) or std::make_shared\n");
+      }
       auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m);
       if (seq == nullptr) continue;
       std::size_t i = 0;

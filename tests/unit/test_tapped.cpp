@@ -603,3 +603,39 @@ TEST_CASE("Tapped<M> of a module that cannot be copied wraps it, and records its
   // Like the plain module, it cannot be cloned: LibTorch says so.
   CHECK_THROWS(locked->clone());
 }
+
+TEST_CASE("a Tapped<M> that is the watched module itself is bound: 'root', or the prefix", "[hooks][tapped]") {
+  // Issue 47: watch(*tapped) left the root's tap point silently unbound;
+  // only tap points below it were recorded.
+  TempDir dir;
+  tensortap::Tapped<nn::Linear> root(3, 2);
+  tensortap::Tapped<nn::Linear> other(3, 2);
+  {
+    auto rec = tensortap::watch(*root, Options(dir.path + "/a"));
+    tensortap::watch(*other, *rec, "head");
+    rec->step(0);
+    const torch::Tensor x = torch::ones({4, 3});
+    const torch::Tensor y = root(x);
+    const torch::Tensor z = other(x);
+    (y.sum() + z.sum()).backward();
+    rec->close();
+    const std::string run = dir.path + "/a";
+    CHECK(torch::equal(tensortap::load_npy(tt_test::npy(run, "activation", "root", 0)), y.detach()));
+    CHECK(torch::equal(tensortap::load_npy(tt_test::npy(run, "activation", "head", 0)), z.detach()));
+    CHECK(torch::equal(tensortap::load_npy(tt_test::npy(run, "activation_grad", "root", 0)), torch::ones({4, 2})));
+    CHECK(std::filesystem::exists(tt_test::npy(run, "grad", "weight", 0)));
+    CHECK(tt_test::index_lines_with(run, "\"head/weight\"").size() == 1);
+  }
+  // A root no shared_ptr holds cannot be unbound safely later: said, not bound.
+  {
+    const std::string err = tt_test::stderr_of(dir.path + "/stderr", [&] {
+      tensortap::TapImpl on_stack;
+      auto rec = tensortap::watch(on_stack, Options(dir.path + "/b"));
+      rec->step(0);
+      on_stack.forward(torch::ones({1, 3}));
+      rec->close();
+    });
+    CHECK(tt_test::index_lines_with(dir.path + "/b", "\"activation\"").empty());
+    CHECK(err.find("the watched module is a tap point") != std::string::npos);
+  }
+}

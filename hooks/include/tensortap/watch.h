@@ -23,7 +23,10 @@ namespace tensortap {
 ///   passes, committed when the step ends;
 /// - the parameters themselves at the start of sampled steps (kind `param`,
 ///   off unless `Options::kinds` includes it);
-/// - every `Tap` in the tree, named by its `named_modules()` path.
+/// - every `Tap` in the tree, named by its `named_modules()` path. The
+///   watched module itself, if it is a tap point (`watch(*tapped_net)` of a
+///   `Tapped<Net>`), has no path: its output is named by the prefix of
+///   `watch(module, recorder, prefix)`, or `root`.
 ///
 /// Only names selected by the options are hooked. The hooks are removed
 /// when the recorder closes or is destroyed; the module must outlive that.
