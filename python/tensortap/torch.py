@@ -128,7 +128,9 @@ class Recorder:
                         self._handles.append(p.register_hook(self._grad_hook(name)))
             if "activation" in self._kinds or "activation_grad" in self._kinds:
                 for path in chosen:
-                    self._handles.append(named[path].register_forward_hook(self._forward_hook(self._renamed(path))))
+                    # The model itself ("") has no path: "root", as the C++ side names a watched Tapped<M>.
+                    name = self._renamed(path) or "root"
+                    self._handles.append(named[path].register_forward_hook(self._forward_hook(name)))
         except BaseException:
             self.close()
             raise

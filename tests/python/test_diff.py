@@ -524,6 +524,21 @@ class TwinTest(TempCase):
         # And it compares with itself.
         self.assertEqual(command(run, run)[0], 0)
 
+    def test_the_model_itself_is_root(self):
+        # As the C++ side names a watched Tapped<M>'s own output (issue 47).
+        run = os.path.join(self.tmp, "root")
+        code = ("import sys, torch, tensortap.torch as ttt\n"
+                "m = torch.nn.Sequential(torch.nn.Linear(3, 2))\n"
+                "with ttt.watch(m, sys.argv[1], kinds=('activation',), modules=['', '0']) as rec:\n"
+                "    rec.step(0)\n"
+                "    m(torch.ones(4, 3))\n")
+        out = subprocess.run([TWIN_PYTHON, "-c", code, run], capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep
+                                      + os.environ.get("PYTHONPATH", "")))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        with tensortap.open(run) as r:
+            self.assertEqual(r.names("activation"), ["0", "root"])
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
