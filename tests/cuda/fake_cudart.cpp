@@ -153,20 +153,43 @@ void CUstream_st::loop() {
   }
 }
 
+// Calls into the runtime, per thread, and whether this thread is inside
+// one: a benchmark that counts what a capture costs the host
+// (bench/bench_cuda_host.cpp) counts the calls, and leaves out the
+// allocations and locks of the stand-in itself, which the real runtime
+// does not have (it has its own, which only a GPU measures).
+thread_local unsigned long long t_calls = 0;
+thread_local int t_depth = 0;
+struct Entry {
+  Entry() {
+    ++t_calls;
+    ++t_depth;
+  }
+  ~Entry() { --t_depth; }
+  Entry(const Entry&) = delete;
+  Entry& operator=(const Entry&) = delete;
+};
+
 extern "C" {
 
+unsigned long long tensortap_fake_cudart_calls(void) { return t_calls; }
+int tensortap_fake_cudart_inside(void) { return t_depth; }
+
 cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
+  Entry entry_;
   *count = device_count();
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaGetLastError(void) {
+  Entry entry_;
   const cudaError_t e = t_last_error;
   t_last_error = cudaSuccess;
   return e;
 }
 
 const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
+  Entry entry_;
   switch (error) {
     case cudaSuccess: return "cudaSuccess";
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
@@ -178,6 +201,7 @@ const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
 }
 
 const char* CUDARTAPI cudaGetErrorString(cudaError_t error) {
+  Entry entry_;
   switch (error) {
     case cudaSuccess: return "no error";
     case cudaErrorMemoryAllocation: return "out of memory";
@@ -188,17 +212,20 @@ const char* CUDARTAPI cudaGetErrorString(cudaError_t error) {
 }
 
 cudaError_t CUDARTAPI cudaGetDevice(int* device) {
+  Entry entry_;
   *device = t_device;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaSetDevice(int device) {
+  Entry entry_;
   if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   t_device = device;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaHostAlloc(void** p, size_t size, unsigned int) {
+  Entry entry_;
   *p = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
   if (*p == nullptr) return fail(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(g_mem_mu);
@@ -207,6 +234,7 @@ cudaError_t CUDARTAPI cudaHostAlloc(void** p, size_t size, unsigned int) {
 }
 
 cudaError_t CUDARTAPI cudaFreeHost(void* p) {
+  Entry entry_;
   {
     std::lock_guard<std::mutex> lock(g_mem_mu);
     g_host_blocks.erase(p);
@@ -218,6 +246,7 @@ cudaError_t CUDARTAPI cudaFreeHost(void* p) {
 // Pinned host memory (cudaHostAlloc's) says cudaMemoryTypeHost, device
 // memory cudaMemoryTypeDevice, anything else cudaMemoryTypeUnregistered.
 cudaError_t CUDARTAPI cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const void* ptr) {
+  Entry entry_;
   *attr = cudaPointerAttributes{};
   attr->type = cudaMemoryTypeUnregistered;
   const auto* p = static_cast<const char*>(ptr);
@@ -235,6 +264,7 @@ cudaError_t CUDARTAPI cudaPointerGetAttributes(struct cudaPointerAttributes* att
 }
 
 cudaError_t CUDARTAPI cudaMalloc(void** p, size_t size) {
+  Entry entry_;
   *p = std::aligned_alloc(256, (size + 255) / 256 * 256);
   if (*p == nullptr) return fail(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(g_mem_mu);
@@ -244,6 +274,7 @@ cudaError_t CUDARTAPI cudaMalloc(void** p, size_t size) {
 }
 
 cudaError_t CUDARTAPI cudaFree(void* p) {
+  Entry entry_;
   if (p == nullptr) return cudaSuccess;
   {
     std::lock_guard<std::mutex> lock(g_mem_mu);
@@ -257,6 +288,7 @@ cudaError_t CUDARTAPI cudaFree(void* p) {
 }
 
 cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free, size_t* total) {
+  Entry entry_;
   std::lock_guard<std::mutex> lock(g_mem_mu);
   *total = kTotal;
   *free = kTotal - g_device_used;
@@ -264,32 +296,38 @@ cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free, size_t* total) {
 }
 
 cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  Entry entry_;
   *stream = new CUstream_st;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
+  Entry entry_;
   stream->drain();
   delete stream;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
+  Entry entry_;
   if (stream != nullptr) stream->drain();
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaStreamIsCapturing(cudaStream_t, enum cudaStreamCaptureStatus* status) {
+  Entry entry_;
   *status = cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  Entry entry_;
   *event = new CUevent_st;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
+  Entry entry_;
   // Kept, not freed: a stream may still hold a wait on it, as the real
   // runtime allows. Kept reachable, so LeakSanitizer does not report it.
   static std::mutex mu;
@@ -300,6 +338,7 @@ cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  Entry entry_;
   std::uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(event->mu);
@@ -310,11 +349,13 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
+  Entry entry_;
   std::lock_guard<std::mutex> lock(event->mu);
   return event->completed >= event->recorded ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
+  Entry entry_;
   std::uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(event->mu);
@@ -325,6 +366,7 @@ cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
 }
 
 cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  Entry entry_;
   std::uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(event->mu);
@@ -337,12 +379,14 @@ cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event
 // Like CUDA's, these accept a zero count with null pointers (std::memcpy
 // does not: UBSan reports it).
 cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind) {
+  Entry entry_;
   if (count > 0) std::memcpy(dst, src, count);
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind,
                                       cudaStream_t stream) {
+  Entry entry_;
   run_on(stream, [=] {
     // In pieces, with delays between them: a reader that does not wait for
     // the copy sees it half done.
@@ -356,11 +400,13 @@ cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, 
 }
 
 cudaError_t CUDARTAPI cudaMemset(void* p, int value, size_t count) {
+  Entry entry_;
   if (count > 0) std::memset(p, value, count);
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t stream) {
+  Entry entry_;
   run_on(stream, [=] {
     if (count > 0) std::memset(p, value, count);
   });
@@ -368,6 +414,7 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void* p, int value, size_t count, cudaStre
 }
 
 cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
+  Entry entry_;
   run_on(stream, [=] { fn(data); });
   return cudaSuccess;
 }
@@ -375,18 +422,26 @@ cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, v
 // Graph capture: the fake records nothing into graphs. Only a GPU says
 // whether another thread's calls invalidate a capture.
 cudaError_t CUDARTAPI cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {
+  Entry entry_;
   static thread_local cudaStreamCaptureMode t_mode = cudaStreamCaptureModeGlobal;
   std::swap(*mode, t_mode);
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode) {
+  Entry entry_;
+  return cudaSuccess;
+}
 
 cudaError_t CUDARTAPI cudaStreamEndCapture(cudaStream_t, cudaGraph_t* graph) {
+  Entry entry_;
   *graph = nullptr;
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaGraphDestroy(cudaGraph_t) {
+  Entry entry_;
+  return cudaSuccess;
+}
 
 }  // extern "C"

@@ -18,6 +18,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "sdk/src/cuda/capture_core.h"
 #include "sdk/src/cuda/device.h"
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
@@ -164,11 +165,41 @@ struct Drain {
   ~Drain() { stop(); }
 };
 
-// Pushes the `n` bytes at device address `src` through the engine, the way
-// the LibTorch glue does: reserve, copy on `stream`, submit. No Catch2
-// assertions: tests call it from several threads. Throws on CUDA errors.
+// The `n` bytes at device address `src`, as capture_on_engine takes a
+// tensor: a snapshot larger than the arena from cudaMalloc.
+struct BytesSource {
+  const void* data;
+  std::size_t n;
+  int device;
+  bool byte_copy() const { return true; }
+  const void* bytes() const { return data; }
+  void copy_into(void*, cudaStream_t) { throw std::logic_error("a byte copy"); }
+  void* own_snapshot(std::function<void()>& release) {
+    void* external = nullptr;
+    if (cudaMalloc(&external, n) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+    release = [external, device = device] {
+      cudaSetDevice(device);
+      cudaFree(external);
+    };
+    return external;
+  }
+  std::string describe() const { return "'r' (bytes)"; }
+};
+
+// Pushes the `n` bytes at device address `src` through the engine: through
+// the capture path's own core (sdk/src/cuda/capture_core.h: reserve, copy
+// on `stream`, submit the record's spec into a pooled entry), or, with a
+// `release` to run on the copier thread, by hand through the engine's
+// other submit (a record built beforehand). No Catch2 assertions: tests
+// call it from several threads. Throws on CUDA errors.
 bool push(CudaEngine& engine, std::uint64_t id, const void* src, std::size_t n, cudaStream_t stream,
           bool may_drop = false, int device = 0, std::function<void()> release = {}) {
+  if (!release) {
+    const auto record = meta_for(id, n);
+    BytesSource source{src, n, device};
+    return tensortap::detail::capture_on_engine(engine, tensortap::detail::RecordSpec::of(*record, id), device, stream,
+                                                source, may_drop);
+  }
   auto snap = engine.reserve(device, n, may_drop);
   if (!snap) return false;
   if (snap->external) {

@@ -18,6 +18,7 @@
 
 #include <tensortap/error.h>
 
+#include "sdk/src/cuda/capture_core.h"
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
 #include "sdk/src/pipeline/snapshot.h"
@@ -30,35 +31,6 @@
 
 namespace tensortap::detail {
 namespace {
-
-std::atomic<std::uint64_t> g_captures{0};
-
-std::string describe(const RecordDesc& meta, const at::Tensor& t) {
-  return fmt::format("'{}' (kind {}, step {}, {})", meta.name, kind_name(meta.kind), meta.step, describe_tensor(t));
-}
-
-// Copies `src` into the snapshot at `dst` on the current stream, as C-order
-// bytes of dtype `stored`.
-void snapshot_into(void* dst, const at::Tensor& src, c10::ScalarType stored, std::size_t nbytes, cudaStream_t stream) {
-  if (is_byte_copy(src, stored)) {
-    // Cheaper for the training thread than ATen's dispatch and
-    // TensorIterator, and what most captures (contiguous float32) take.
-    const cudaError_t e = cudaMemcpyAsync(dst, bytes_of(src), nbytes, cudaMemcpyDeviceToDevice, stream);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      fail("cudaMemcpyAsync (device to device, {} bytes) failed: {}", nbytes, cuda_error_string(e));
-    }
-    return;
-  }
-  // Strided views, and bfloat16 widened to float32 (what the writers store),
-  // on the device. The target device is given, so ATen does not look the
-  // pointer up.
-  at::for_blob(dst, src.sizes())
-      .options(at::TensorOptions().dtype(stored).device(src.device()))
-      .target_device(src.device())
-      .make_tensor()
-      .copy_(src);
-}
 
 // The engine's arenas from torch's caching allocator: they count in torch's
 // memory statistics and its memory fraction, come out of what torch has
@@ -137,64 +109,61 @@ at::Tensor fused_device_stats(const at::Tensor& tensor) {
 #endif
 }
 
-bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, const at::Tensor& tensor, bool may_drop,
-                  std::uint64_t record_id) {
+namespace {
+
+// A CUDA tensor as capture_on_engine sees it.
+class TensorSource {
+ public:
+  TensorSource(const RecordSpec& spec, const at::Tensor& tensor) : spec_(spec), tensor_(tensor) {}
+  bool byte_copy() const { return is_byte_copy(tensor_, spec_.dtype.stored); }
+  const void* bytes() const { return bytes_of(tensor_); }
+  // Strided views, and bfloat16 widened to float32 (what the writers
+  // store), on the device. The target device is given, so ATen does not
+  // look the pointer up.
+  void copy_into(void* dst, cudaStream_t) {
+    at::for_blob(dst, tensor_.sizes())
+        .options(at::TensorOptions().dtype(spec_.dtype.stored).device(tensor_.device()))
+        .target_device(tensor_.device())
+        .make_tensor()
+        .copy_(tensor_);
+  }
+  // From LibTorch's caching allocator (no cudaMalloc once warm), on the
+  // current stream.
+  void* own_snapshot(std::function<void()>& release) {
+    at::Tensor own = at::empty(tensor_.sizes(), at::TensorOptions().dtype(spec_.dtype.stored).device(tensor_.device()));
+    void* data = own.data_ptr();
+    release = [own]() mutable { own.reset(); };
+    return data;
+  }
+  std::string describe() const {
+    return fmt::format("'{}' (kind {}, step {}, {})", spec_.name, kind_name(spec_.kind), spec_.step,
+                       describe_tensor(tensor_));
+  }
+
+ private:
+  const RecordSpec& spec_;
+  const at::Tensor& tensor_;
+};
+
+}  // namespace
+
+bool cuda_capture(CudaEngine& engine, const RecordSpec& spec, const at::Tensor& tensor, bool may_drop) {
+  TensorSource source(spec, tensor);
   const c10::Device device = tensor.device();
   if (!device.is_cuda() || !device.has_index())
-    fail("cuda_capture() of {}, which is not on a CUDA device", describe(record->desc, tensor));
-  const c10::ScalarType stored = record->desc.dtype.stored;
-  const auto nbytes = static_cast<std::size_t>(record->desc.nbytes);
+    fail("cuda_capture() of {}, which is not on a CUDA device", source.describe());
   // Autograd runs a CUDA backward on its own thread, with the op's stream
   // current there: the current stream of the tensor's device is the one its
   // producer used, whatever thread this is.
   c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  // Inside CUDA graph capture, the snapshot copy and the event would become
-  // part of the graph instead of running now.
-  cudaStreamCaptureStatus graph = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &graph) != cudaSuccess) cudaGetLastError();
-  if (graph != cudaStreamCaptureStatusNone)
-    fail("cannot capture {} while its stream is being captured into a CUDA graph", describe(record->desc, tensor));
-
-  std::optional<CudaEngine::Snapshot> snap;
-  try {
-    snap = engine.reserve(device.index(), nbytes, may_drop);
-  } catch (const std::exception& e) {
-    fail("cannot capture {}: {}", describe(record->desc, tensor), e.what());
-  }
-  if (!snap) return false;
-
-  // A tensor larger than the engine's arena gets a snapshot of its own from
-  // LibTorch's caching allocator (no cudaMalloc once warm), held until its
-  // copy to the host is done and freed then, on the copier thread.
-  at::Tensor own;
-  std::function<void()> release;
-  try {
-    if (nbytes > 0) {
-      if (snap->external) {
-        own = at::empty(tensor.sizes(), at::TensorOptions().dtype(stored).device(device));
-        release = [own]() mutable { own.reset(); };
-        snapshot_into(own.data_ptr(), tensor, stored, nbytes, stream);
-        snap->data = own.data_ptr();
-      } else {
-        snapshot_into(snap->data, tensor, stored, nbytes, stream);
-      }
-    }
-  } catch (const std::exception& e) {
-    own.reset();
-    engine.cancel(*snap, stream, std::move(release));
-    fail("cannot snapshot {} on its device: {}", describe(record->desc, tensor), e.what());
-  }
-  own.reset();  // `release` holds it now
-  engine.submit(*snap, stream, std::move(record), record_id, c10::elementSize(stored), std::move(release));
-  g_captures.fetch_add(1, std::memory_order_relaxed);
-  return true;
+  return capture_on_engine(engine, spec, device.index(), stream, source, may_drop);
 }
 
 void cuda_flush(CudaEngine& engine) { engine.flush(); }
 
 void cuda_stop(CudaEngine& engine) { engine.stop(); }
 
-std::uint64_t cuda_captures() noexcept { return g_captures.load(std::memory_order_relaxed); }
+std::uint64_t cuda_captures() noexcept { return counted_cuda_captures(); }
 
 }  // namespace tensortap::detail

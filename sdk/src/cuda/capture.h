@@ -30,16 +30,15 @@ class CudaEngine;  // sdk/src/cuda/engine.h
 std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t device_bytes,
                                              std::function<void(const std::string&)> report);
 
-/// Captures CUDA tensor `tensor` as the record `record` describes
-/// (`record->desc.stored`, `record->desc.nbytes` and the rest filled in as for a CPU
-/// tensor): snapshots it on its device, in order on the device's current
-/// stream, and queues the snapshot for the copier. Never synchronizes with
+/// Captures CUDA tensor `tensor` as the record `spec` describes (its
+/// dtype's `stored`, `nbytes` and the rest filled in as for a CPU tensor):
+/// snapshots it on its device, in order on the device's current stream,
+/// and queues the snapshot for the copier (sdk/src/cuda/capture_core.h). Never synchronizes with
 /// the device. Returns true once queued; false when refused: the device
 /// memory budget is full and `may_drop` (Overflow::DropNewest), or the
 /// engine is stopped. With `may_drop` false it waits for room instead.
 /// Throws `Error` naming the record when the snapshot cannot be taken.
-bool cuda_capture(CudaEngine& engine, std::shared_ptr<const Record> record, const at::Tensor& tensor, bool may_drop,
-                  std::uint64_t record_id);
+bool cuda_capture(CudaEngine& engine, const RecordSpec& spec, const at::Tensor& tensor, bool may_drop);
 
 /// Returns when every CUDA capture so far is in host staging (call it
 /// before `Staging::wait_drained()`).

@@ -11,9 +11,8 @@ std::shared_ptr<CudaEngine> make_cuda_engine(Staging&, std::size_t, std::functio
   return nullptr;
 }
 
-bool cuda_capture(CudaEngine&, std::shared_ptr<const Record> record, const at::Tensor& tensor, bool, std::uint64_t) {
-  fail("cannot capture '{}' ({}): tensortap was built without its CUDA engine", record->desc.name,
-       describe_tensor(tensor));
+bool cuda_capture(CudaEngine&, const RecordSpec& spec, const at::Tensor& tensor, bool) {
+  fail("cannot capture '{}' ({}): tensortap was built without its CUDA engine", spec.name, describe_tensor(tensor));
 }
 
 at::Tensor fused_device_stats(const at::Tensor&) { return {}; }

@@ -52,7 +52,9 @@ void CudaEngine::run(int device) noexcept {
           retire(/*block=*/true);
           continue;
         }
+        copier_waiting_ = true;
         work_cv_.wait(lock, [&] { return !queue_.empty() || (stopping_ && outstanding_ == 0); });
+        copier_waiting_ = false;
         if (queue_.empty()) break;
         work_.splice(queue_);
         taken_ = submitted_;
@@ -287,7 +289,14 @@ void CudaEngine::free_items(Items& items) noexcept {
       if (item->snap.ready != nullptr) d.cuda->ready_events.push_back(item->snap.ready);
       --d.in_flight;
       if (!item->skip) ++records;
-      delete item;
+      // Back to the pool: the record's strings keep their memory for the
+      // next; what the caller gave is let go now.
+      item->shared.reset();
+      item->record = nullptr;
+      item->release = nullptr;
+      item->skip = false;
+      item->snap = Snapshot{};
+      pool_.push(item);
     }
   }
   records_.fetch_add(records, std::memory_order_relaxed);

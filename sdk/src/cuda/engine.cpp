@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "sdk/src/cuda/capture_core.h"
 #include "writers/src/check.h"
 #include "writers/src/dtypes.h"
 
@@ -77,7 +78,10 @@ CudaEngine::CudaEngine(Staging& staging, CudaEngineOptions options, Report repor
   for (std::size_t i = 0; i < open_.size(); ++i) open_[i].device = static_cast<int>(i);
 }
 
-CudaEngine::~CudaEngine() { stop(); }
+CudaEngine::~CudaEngine() {
+  stop();
+  while (Item* item = pool_.pop()) delete item;
+}
 
 void CudaEngine::warn(const std::string& what) noexcept {
   try {
@@ -92,10 +96,20 @@ void CudaEngine::warn(const std::string& what) noexcept {
 std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t nbytes, bool may_drop) {
   TENSORTAP_CHECK(device >= 0 && static_cast<std::size_t>(device) < devices_.size(),
                   "no CUDA device cuda:{} (the CUDA runtime sees {} device(s))", device, devices_.size());
-  // The record's queue entry, now: once the room is taken, submit() and
-  // cancel() must be able to queue it without allocating.
-  auto item = std::make_unique<Item>();
   std::unique_lock<std::mutex> lock(mu_);
+  // The record's queue entry, now: once the room is taken, submit() and
+  // cancel() must be able to queue it without allocating. From the pool; a
+  // new one while more records are in flight than ever before.
+  std::unique_ptr<Item> item(pool_.pop());
+  if (!item) item = std::make_unique<Item>();
+  // Back to the pool on every way out that takes no room.
+  struct Keep {
+    Items& pool;
+    std::unique_ptr<Item>& item;
+    ~Keep() {
+      if (item) pool.push(item.release());
+    }
+  } keep{pool_, item};
   Device& d = *devices_[static_cast<std::size_t>(device)];
   for (;;) {
     if (stopping_) return std::nullopt;
@@ -196,13 +210,15 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
 }
 
 void CudaEngine::enqueue(Item* item) noexcept {
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     item->seq = ++submitted_;
     queue_.push(item);
     --outstanding_;
+    wake = copier_waiting_;
   }
-  work_cv_.notify_one();
+  if (wake) work_cv_.notify_one();
 }
 
 void CudaEngine::submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<const Record> record, std::uint64_t id,
@@ -211,7 +227,8 @@ void CudaEngine::submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<cons
   Item* item = snap.item;
   // Nothing before enqueue() may throw: the reservation must reach the
   // copier, which gives the room back, or stop() would wait for it forever.
-  item->record = std::move(record);
+  item->shared = std::move(record);
+  item->record = item->shared.get();
   item->id = id;
   item->snap = snap;
   item->unit = std::max<std::size_t>(unit, 1);
@@ -225,7 +242,7 @@ void CudaEngine::submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<cons
   // A failed record still goes through the copier, which frees its room;
   // the message needs the record after the copier may have freed the item.
   const bool failed = no_memory || recorded != cudaSuccess;
-  std::shared_ptr<const Record> kept = failed ? item->record : nullptr;
+  std::shared_ptr<const Record> kept = failed ? item->shared : nullptr;
   item->skip = failed;
   enqueue(item);
   const RecordDesc* desc = kept ? &kept->desc : nullptr;
@@ -233,6 +250,45 @@ void CudaEngine::submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<cons
   if (failed)
     fail("cannot record a CUDA event after the snapshot of {}: {}", describe(desc, snap.device),
          cuda_error_string(recorded));
+}
+
+void CudaEngine::submit(Snapshot snap, cudaStream_t stream, const RecordSpec& spec, std::size_t unit,
+                        std::function<void()> release) {
+  TENSORTAP_CHECK(snap.item != nullptr, "CudaEngine::submit() of a snapshot that reserve() did not return");
+  Item* item = snap.item;
+  // Nothing before enqueue() may throw (see the other submit). The name is
+  // copied into the entry's, which allocates only when it is longer than
+  // any this entry held before.
+  bool no_record = false;
+  try {
+    item->own.assign(spec);
+    item->record = &item->own;
+  } catch (...) {
+    no_record = true;
+    item->record = nullptr;
+  }
+  item->shared.reset();
+  item->id = spec.id;
+  item->snap = snap;
+  item->unit = std::max<std::size_t>(unit, 1);
+  item->release = std::move(release);
+  const bool no_memory = snap.nbytes > 0 && snap.data == nullptr;
+  cudaError_t recorded = cudaSuccess;
+  if (!no_memory && !no_record && snap.ready != nullptr) {
+    recorded = cudaEventRecord(snap.ready, stream);
+    if (recorded != cudaSuccess) cudaGetLastError();
+  }
+  const bool failed = no_record || no_memory || recorded != cudaSuccess;
+  item->skip = failed;
+  enqueue(item);
+  // The entry may be the copier's again by now: messages from `spec`.
+  if (failed) {
+    const std::string what = fmt::format("'{}' (kind {}, step {}, cuda:{})", spec.name, kind_name(spec.kind),
+                                         spec.step, snap.device);
+    if (no_record) fail("no host memory for the record of {}", what);
+    if (no_memory) fail("no snapshot memory for {}", what);
+    fail("cannot record a CUDA event after the snapshot of {}: {}", what, cuda_error_string(recorded));
+  }
 }
 
 void CudaEngine::cancel(Snapshot snap, cudaStream_t stream, std::function<void()> release) noexcept {
@@ -268,6 +324,13 @@ void CudaEngine::stop() {
   stopped_ = true;
   for (auto& d : devices_) d->cuda.reset();
 }
+
+namespace {
+std::atomic<std::uint64_t> g_captures{0};
+}  // namespace
+
+void count_cuda_capture() noexcept { g_captures.fetch_add(1, std::memory_order_relaxed); }
+std::uint64_t counted_cuda_captures() noexcept { return g_captures.load(std::memory_order_relaxed); }
 
 CudaEngineCounters CudaEngine::counters() const {
   CudaEngineCounters c;

@@ -149,6 +149,12 @@ class CudaEngine {
   /// anything can throw, so `stop()` never waits for it.
   void submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<const Record> record, std::uint64_t id,
               std::size_t unit, std::function<void()> release = {});
+  /// The same, the record as `spec` describes it, copied into the queue
+  /// entry reserve() took from the engine's pool: a capture in steady state
+  /// allocates nothing (the entry's name keeps its memory from record to
+  /// record).
+  void submit(Snapshot snap, cudaStream_t stream, const RecordSpec& spec, std::size_t unit,
+              std::function<void()> release = {});
 
   /// Training thread: gives back a snapshot whose copy failed. The room is
   /// reused only after `stream` has passed this point, in case part of the
@@ -188,15 +194,20 @@ class CudaEngine {
     std::size_t ready_total = 0;
     std::size_t done_total = 0;
   };
-  // A submitted record, as the copier sees it. Allocated by reserve(),
-  // owned by whichever list holds it, deleted once retired.
+  // A submitted record, as the copier sees it. Taken by reserve() from the
+  // pool (allocated when the pool is empty), owned by whichever list holds
+  // it, back in the pool once retired; deleted with the engine.
   struct Item {
-    std::shared_ptr<const Record> record;
+    // The record: `own` (submit with a RecordSpec: assigned in place, no
+    // allocation once its name has room), or a caller's `shared`.
+    Record own;
+    std::shared_ptr<const Record> shared;
+    const Record* record = nullptr;
     std::uint64_t id = 0;
     // Submission order (1, 2, ...): what flush() waits for.
     std::uint64_t seq = 0;
     /// What it is, for messages; null for a cancelled snapshot.
-    const RecordDesc* desc() const { return record ? &record->desc : nullptr; }
+    const RecordDesc* desc() const { return record != nullptr ? &record->desc : nullptr; }
     Snapshot snap;
     std::size_t unit = 0;
     std::function<void()> release;
@@ -308,6 +319,12 @@ class CudaEngine {
   std::condition_variable done_cv_;  // flush() waits for the copier
   std::vector<std::unique_ptr<Device>> devices_;
   Items queue_;
+  // Retired queue entries, for reserve() to take again.
+  Items pool_;
+  // The copier sleeps on work_cv_: only then does a submit wake it (a
+  // notify per record cost the training thread a signal, and a futex call
+  // whenever the copier slept, for each record).
+  bool copier_waiting_ = false;
   // Reservations not yet submitted or cancelled: the copier does not end
   // while one may still arrive.
   std::size_t outstanding_ = 0;

@@ -215,9 +215,7 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
                         name_kept};
 
   if (on_engine) {
-    auto record = std::make_shared<Record>();
-    record->assign(spec);
-    return cuda_capture(*engine_, std::move(record), src, may_drop_, spec.id);
+    return cuda_capture(*engine_, spec, src, may_drop_);
   }
 
   if (host_bytes && nbytes <= put_bytes_) return staging_.put(spec, bytes_of(src), may_drop_);

@@ -1,0 +1,282 @@
+// What one CUDA capture costs the training thread's host side, counted
+// without a GPU (issue 44): heap allocations, mutex acquisitions, condition
+// variable signals, CUDA runtime calls, per steady-state capture, through
+// the capture path's runtime-only core (capture_on_engine,
+// sdk/src/cuda/capture_core.h) and the engine, against the fake CUDA
+// runtime (tests/cuda/fake_cudart.cpp). The runtime's own costs are not
+// counted (the fake's are not the real one's; a GPU run measures those);
+// the LibTorch glue in front of the core (a device guard, the current
+// stream, ATen's copy for strided and bfloat16 tensors) needs CUDA LibTorch
+// and is not counted here either.
+//
+//   bench_cuda_host [--captures N] [--bytes B] [--per-step K]
+//
+// Futex system calls and instructions come from outside the process:
+// bench/cuda_host_counts.sh runs this under strace (the training thread's
+// futex calls between two marker writes) and callgrind (instructions in
+// measured_capture, the measured window's captures only).
+//
+// The counters check themselves before the window: a std::mutex locked, a
+// vector allocated and a runtime call made in front of them must each count
+// one, or the program fails rather than print zeros it did not see.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "sdk/src/cuda/capture_core.h"
+#include "sdk/src/cuda/engine.h"
+#include "sdk/src/cuda/pinned.h"
+#include "sdk/src/pipeline/staging.h"
+
+extern "C" unsigned long long tensortap_fake_cudart_calls(void);
+extern "C" int tensortap_fake_cudart_inside(void);
+
+namespace {
+
+// Counting, on the thread that turned it on, outside the runtime.
+thread_local bool t_counting = false;
+thread_local unsigned long long t_allocations = 0, t_locks = 0, t_signals = 0;
+
+bool counted() { return t_counting && tensortap_fake_cudart_inside() == 0; }
+
+template <class F>
+F next(const char* name) {
+  static_assert(sizeof(F) == sizeof(void*), "a function pointer");
+  void* f = dlsym(RTLD_NEXT, name);
+  if (f == nullptr) {
+    std::fprintf(stderr, "bench_cuda_host: dlsym(%s) failed\n", name);
+    std::abort();
+  }
+  F out;
+  std::memcpy(&out, &f, sizeof out);
+  return out;
+}
+
+}  // namespace
+
+// Every C++ allocation of the process goes through these.
+void* operator new(std::size_t n) {
+  if (counted()) ++t_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  if (counted()) ++t_allocations;
+  return std::malloc(n == 0 ? 1 : n);
+}
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+// std::mutex and std::condition_variable reach these (libstdc++'s gthreads).
+extern "C" int pthread_mutex_lock(pthread_mutex_t* m) {
+  static const auto real = next<int (*)(pthread_mutex_t*)>("pthread_mutex_lock");
+  if (counted()) ++t_locks;
+  return real(m);
+}
+extern "C" int pthread_cond_signal(pthread_cond_t* c) {
+  static const auto real = next<int (*)(pthread_cond_t*)>("pthread_cond_signal");
+  if (counted()) ++t_signals;
+  return real(c);
+}
+extern "C" int pthread_cond_broadcast(pthread_cond_t* c) {
+  static const auto real = next<int (*)(pthread_cond_t*)>("pthread_cond_broadcast");
+  if (counted()) ++t_signals;
+  return real(c);
+}
+
+namespace {
+
+using tensortap::detail::CudaEngine;
+using tensortap::detail::CudaEngineOptions;
+using tensortap::detail::RecordSpec;
+using tensortap::detail::Staging;
+
+// A contiguous float32 tensor's bytes in device memory: what most captures
+// are, and the path that makes no ATen call.
+struct RawSource {
+  const void* data;
+  bool byte_copy() const { return true; }
+  const void* bytes() const { return data; }
+  void copy_into(void*, cudaStream_t) { std::abort(); }
+  void* own_snapshot(std::function<void()>&) {
+    std::fprintf(stderr, "bench_cuda_host: a snapshot larger than the arena\n");
+    std::abort();
+  }
+  std::string describe() const { return "'bench' (float32)"; }
+};
+
+struct Counts {
+  unsigned long long allocations = 0, locks = 0, signals = 0, calls = 0;
+};
+
+Counts now() { return {t_allocations, t_locks, t_signals, tensortap_fake_cudart_calls()}; }
+
+// Where the strace run cuts the window: a write each side of it, to a
+// descriptor it can tell apart.
+void mark(int fd, const char* what) {
+  if (::write(fd, what, std::strlen(what)) < 0) std::perror("bench_cuda_host: marker");
+}
+
+bool capture(CudaEngine& engine, const RecordSpec& spec, cudaStream_t stream, RawSource& source) {
+  return tensortap::detail::capture_on_engine(engine, spec, 0, stream, source, /*may_drop=*/false);
+}
+
+// The measured window's captures, apart from the warm-up's, for callgrind's
+// --toggle-collect.
+__attribute__((noinline)) bool measured_capture(CudaEngine& engine, const RecordSpec& spec, cudaStream_t stream,
+                                                RawSource& source) {
+  return capture(engine, spec, stream, source);
+}
+
+long long arg(int argc, char** argv, const char* name, long long fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
+  return fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const long long captures = arg(argc, argv, "--captures", 20000);
+  const long long bytes = arg(argc, argv, "--bytes", 4096);
+  const long long per_step = arg(argc, argv, "--per-step", 64);
+  if (captures < 1 || bytes < 4 || bytes > (16 << 20) || per_step < 1) {
+    std::fprintf(stderr, "usage: bench_cuda_host [--captures N] [--bytes 4..16M] [--per-step K]\n");
+    return 2;
+  }
+  // Its operations without the fake's random delays, on one device.
+  ::setenv("TENSORTAP_FAKE_CUDA_JITTER", "0", 1);
+  ::setenv("TENSORTAP_FAKE_CUDA_DEVICES", "1", 1);
+
+  // As make_cuda_engine (sdk/src/cuda/capture.cpp) sets it up, but the arena
+  // from cudaMalloc rather than LibTorch's allocator.
+  Staging staging(std::size_t{64} << 20, tensortap::Overflow::Block);
+  CudaEngineOptions options;
+  options.staging_memory = tensortap::detail::pinned_host_memory();
+  CudaEngine engine(staging, options, [](const std::string& what) { std::fprintf(stderr, "%s\n", what.c_str()); });
+  std::atomic<long long> drained{0};
+  std::thread writer([&] {
+    while (Staging::Buffer* b = staging.take()) {
+      for (const auto& slot : b->slots) drained += slot.last ? 1 : 0;
+      staging.release(b);
+    }
+  });
+
+  void* device = nullptr;
+  cudaStream_t stream = nullptr;
+  if (cudaMalloc(&device, static_cast<std::size_t>(bytes)) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    std::fprintf(stderr, "bench_cuda_host: the (fake) CUDA runtime failed\n");
+    return 1;
+  }
+  RawSource source{device};
+  const std::string name = "model.layers.3.mlp.weight";
+  const tensortap::detail::DtypeInfo& f32 = *tensortap::detail::dtype_info(c10::ScalarType::Float);
+  std::vector<std::int64_t> shape{bytes / 4};
+  std::uint64_t id = 0;
+  const auto spec_of = [&](std::int64_t step) {
+    return RecordSpec{tensortap::Kind::Grad, name, step, f32, shape, static_cast<std::uint64_t>(bytes),
+                      tensortap::detail::Op::Store, false, false, ++id, /*name_kept=*/true};
+  };
+
+  // Warm-up: the device's arena, events and staging's pinned memory.
+  for (int i = 0; i < 256; ++i) capture(engine, spec_of(0), stream, source);
+  engine.flush();
+
+  // The counters see what they must, or nothing they print is believed.
+  t_counting = true;
+  const Counts check0 = now();
+  {
+    std::mutex m;
+    std::lock_guard<std::mutex> lock(m);
+    std::vector<int> v(3);
+    int n = 0;
+    cudaGetDeviceCount(&n);
+  }
+  const Counts check1 = now();
+  t_counting = false;
+  if (check1.locks - check0.locks != 1 || check1.allocations - check0.allocations != 1 ||
+      check1.calls - check0.calls != 1) {
+    std::fprintf(stderr,
+                 "bench_cuda_host: the counters do not see a known lock, allocation and runtime call (%llu, %llu, "
+                 "%llu): refusing to print counts\n",
+                 check1.locks - check0.locks, check1.allocations - check0.allocations, check1.calls - check0.calls);
+    return 1;
+  }
+
+  const int marker = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  std::printf("training thread %ld\n", static_cast<long>(::syscall(SYS_gettid)));
+  std::fflush(stdout);
+  mark(marker, "tensortap-bench-begin");
+  t_counting = true;
+  const Counts a = now();
+  long long done = 0;
+  Counts flushing;  // what the flushes between steps did: not the captures'
+  for (std::int64_t step = 1; done < captures; ++step) {
+    for (long long k = 0; k < per_step && done < captures; ++k, ++done)
+      measured_capture(engine, spec_of(step), stream, source);
+    // The copier keeps up with a step, as on a GPU that is not saturated:
+    // without this the fake's copies fall behind and the event pool (1,024)
+    // grows, which is the engine's answer to a backlog, not a capture's
+    // steady cost.
+    const Counts f0 = now();
+    mark(marker, "tensortap-flush-begin");
+    engine.flush();
+    mark(marker, "tensortap-flush-end");
+    const Counts f1 = now();
+    flushing.allocations += f1.allocations - f0.allocations;
+    flushing.locks += f1.locks - f0.locks;
+    flushing.signals += f1.signals - f0.signals;
+    flushing.calls += f1.calls - f0.calls;
+  }
+  Counts b = now();
+  b.allocations -= flushing.allocations;
+  b.locks -= flushing.locks;
+  b.signals -= flushing.signals;
+  b.calls -= flushing.calls;
+  t_counting = false;
+  mark(marker, "tensortap-bench-end");
+  ::close(marker);
+  engine.flush();
+  engine.stop();
+  staging.stop();
+  writer.join();
+  if (drained.load() != captures + 256) {
+    std::fprintf(stderr, "bench_cuda_host: %lld records reached staging, not %lld\n", drained.load(), captures + 256);
+    return 1;
+  }
+  const double n = static_cast<double>(captures);
+  std::printf("%lld captures of %lld bytes (contiguous float32, byte copy), %lld a step (the copier drained between "
+              "steps, not counted), after 256 of warm-up\n",
+              captures, bytes, per_step);
+  std::printf("per capture, training thread, the runtime's own work left out:\n");
+  std::printf("  heap allocations       %.3f\n", static_cast<double>(b.allocations - a.allocations) / n);
+  std::printf("  mutex acquisitions     %.3f\n", static_cast<double>(b.locks - a.locks) / n);
+  std::printf("  condition signals      %.3f\n", static_cast<double>(b.signals - a.signals) / n);
+  std::printf("  CUDA runtime calls     %.3f\n", static_cast<double>(b.calls - a.calls) / n);
+  const tensortap::detail::CudaEngineCounters c = engine.counters();
+  std::printf("copier: %llu records in %llu device-to-host copies\n", static_cast<unsigned long long>(c.records),
+              static_cast<unsigned long long>(c.copies));
+  cudaFree(device);
+  cudaStreamDestroy(stream);
+  return 0;
+}
