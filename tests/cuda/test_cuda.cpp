@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <fstream>
 #include <limits>
@@ -37,6 +38,7 @@
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
 #include "sdk/src/pipeline/stats.h"
+#include "sdk/src/pipeline/tensorboard.h"
 
 namespace {
 
@@ -571,4 +573,40 @@ TEST_CASE("a CUDA build records CPU tensors, with or without a GPU or driver, an
   REQUIRE(waitpid(pid, &status, 0) == pid);
   REQUIRE(WIFEXITED(status));
   REQUIRE(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("a CUDA 0-d tensor known only by its statistics is its one TensorBoard scalar", "[gpu][cuda][torch]") {
+  // Issue 47: in a statistics-only run a CUDA tensor reaches the writer
+  // thread as its device's statistics vector, never as bytes; the loss must
+  // still be `tensor/loss` (written from the row), with no statistics tags.
+  if (!have_cuda()) return;
+  if (!tensortap::detail::tensorboard_built()) {
+    WARN("skipped: built without TensorBoard event files");
+    return;
+  }
+  tt_test::TempDir dir;
+  const std::string run = dir / "run";
+  {
+    tensortap::Recorder rec(tensortap::Options(run).every(0).stats_every(1).tensorboard(true));
+    for (std::int64_t step = 0; step < 3; ++step) {
+      rec.step(step);
+      rec.capture("loss", torch::full({}, 0.5 + static_cast<double>(step), torch::Device(torch::kCUDA, 0)));
+      rec.capture("w", torch::ones({16}, torch::Device(torch::kCUDA, 0)));
+    }
+    rec.close();
+    CHECK(rec.counters().errors == 0);
+  }
+  std::string events;
+  for (const auto& e : std::filesystem::directory_iterator(run))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) events += tt_test::read_file(e.path().string());
+  REQUIRE_FALSE(events.empty());
+  CHECK(events.find("tensor/loss") != std::string::npos);
+  CHECK(events.find("tensor/loss/") == std::string::npos);
+  CHECK(events.find("tensor/w/mean") != std::string::npos);
+  // Three values of the loss: 0.5, 1.5 and 2.5 as float32 right after its tag.
+  for (const float v : {0.5F, 1.5F, 2.5F}) {
+    char want[16] = "tensor/loss\x15";
+    std::memcpy(want + 12, &v, 4);
+    CHECK(events.find(std::string(want, 16)) != std::string::npos);
+  }
 }

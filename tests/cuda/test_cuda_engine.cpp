@@ -392,6 +392,10 @@ TEST_CASE("a snapshot holds the values at capture, whatever the stream does next
   CUDA_OK(cudaMemsetAsync(buf.data, 0, n, stream));  // what zero_grad() does
   gate.open();
   rig.settle();
+  // The memset is the stream's, not the engine's: done before `buf` is
+  // freed (the real cudaFree waits for the device; the fake's does not, and
+  // ThreadSanitizer saw it write freed memory).
+  CUDA_OK(cudaStreamSynchronize(stream));
   CHECK(reports() == 0);
   rig.check_records(expected);
 }
