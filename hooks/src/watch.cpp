@@ -13,6 +13,7 @@
 #include <tensortap/tap.h>
 
 #include "hooks/src/binding.h"
+#include "writers/src/check.h"
 
 namespace tensortap {
 namespace detail {
@@ -409,7 +410,7 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& front, c
       torch::nn::Module& m = ptr ? *ptr : module;
       auto* point = dynamic_cast<TapPoint*>(&m);
       if (point != nullptr && ptr) add(ptr, *point, path);
-      if (point != nullptr && !ptr) {
+      if (point != nullptr && !ptr && front->selected(prefix.empty() ? kRootTapName : prefix)) {
         // The root was silently left unbound (issue 47). Binding keeps a
         // weak owner so that close() unbinds only a module still alive: a
         // root that no shared_ptr holds (a TappedImpl on the stack; a
@@ -443,6 +444,16 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& front, c
           add(wrapper, *dynamic_cast<TapPoint*>(wrapper.get()), path_i);
       }
     }
+  }
+  // Two tap points of one module under one name: the root's "root" (or the
+  // prefix) and a submodule registered so. Each would record over the other.
+  std::unordered_map<std::string, const TapPoint*> named_points;
+  for (const Point& p : points) {
+    const auto [it, fresh] = named_points.emplace(p.name, p.point);
+    TENSORTAP_CHECK(fresh || it->second == p.point,
+                    "watch(): two tap points would both be recorded as '{}' (the watched module's own output is "
+                    "named by watch()'s prefix, or 'root'): give watch() a prefix, or rename the submodule",
+                    p.name);
   }
   std::vector<FrontEnd::Claim> tap_claims;
   for (const Point& p : points) tap_claims.push_back({p.point, Kind::Activation, p.name});

@@ -193,20 +193,24 @@ def _say_tag_collisions(scalars, statistics, where, suffixes):
 def scalar_series(run, rank, table, series):
     """The statistics series of the rank that are 0-d `tensor` records (their
     one scalar is `tensor/<name>`, not statistics), the names of 0-d `tensor`
-    records the index holds, and the (name, step) of each. A series is 0-d when the index holds a 0-d
+    records the index holds, and the (name, step) of each ((name, None) for
+    a name whose 0-d records are complex: its rows give nothing). A series is 0-d when the index holds a 0-d
     `tensor` record of its name; when it holds only others, it is not; when
     it holds none (a statistics-only run), when every row counts one value."""
     index = run._index
     sources = {i for i, src in enumerate(index.sources) if src[2] == rank}
     zero_d: Set[str] = set()
     other: Set[str] = set()
+    complex_names: Set[str] = set()  # 0-d records of a complex dtype: no scalar
     stored: Set[tuple] = set()
     if sources and len(index):
         mine = np.isin(index.source, list(sources))
         for m in set(index.meta[mine].tolist()):
-            kind, name, shape = index.metas[m][0], index.metas[m][1], index.metas[m][3]
+            kind, name, dtype, shape = index.metas[m][:4]
             if kind == "tensor":
                 (other if len(shape) else zero_d).add(name)
+                if not len(shape) and str(dtype).startswith("complex"):
+                    complex_names.add(name)
         is_scalar = np.array([m[0] == "tensor" and not len(m[3]) for m in index.metas] + [False])
         pos = np.flatnonzero(mine & is_scalar[index.meta])
         stored = set(zip([index.metas[m][1] for m in index.meta[pos].tolist()], index.step[pos].tolist()))
@@ -215,6 +219,9 @@ def scalar_series(run, rank, table, series):
     for s, (kind, name) in series.items():
         if kind == "tensor" and (name in zero_d or (name not in other and s not in not_one)):
             scalars.add(s)
+    # Stored records of the name give its scalar; a complex one gives none,
+    # from its records or its rows (as the recorder writes none).
+    stored |= {(name, None) for name in complex_names}
     return scalars, zero_d, stored
 
 
@@ -280,7 +287,7 @@ def _stats_events(run, rank, directory, stats):
             continue
         step = steps[row]
         if s in scalars:
-            if (series[s][1], step) not in stored:
+            if (series[s][1], step) not in stored and (series[s][1], None) not in stored:
                 yield step, 0, row, _event(step, h[0] + _row_scalar(table[row]))
             continue
         floats = values[row].tobytes()

@@ -428,10 +428,13 @@ class ExportTest(TempCase):
         one = lambda v, nan=0, posinf=0, neginf=0: (v, v, v, 0.0, abs(v), nan, posinf, neginf, 0, 1)  # noqa: E731
         rows = [(0, "tensor", "loss", one(2.5)), (1, "tensor", "loss", one(np.nan, nan=1)),
                 (2, "tensor", "loss", one(np.nan, posinf=1)), (3, "tensor", "loss", one(1.25)),
-                (0, "tensor", "w", one(4.0)), (0, "grad", "g", one(3.0))]
+                (0, "tensor", "w", one(4.0)), (0, "grad", "g", one(3.0)),
+                (0, "tensor", "z", one(5.0)), (1, "tensor", "z", one(5.0))]
         # "w" is stored with shape [1]: not 0-d, its statistics as any tensor's.
+        # "z" is a complex 0-d tensor: no scalar at all, as the recorder writes.
         make_run(self.run_dir, records=[("tensor", "w", 0, np.array([4.0], np.float32)),
-                                        ("tensor", "loss", 3, np.float32(1.25))], stats=rows)
+                                        ("tensor", "loss", 3, np.float32(1.25)),
+                                        ("tensor", "z", 0, np.complex64(3 + 4j))], stats=rows)
         export(self.run_dir, self.logdir)
         acc = accumulator(os.path.join(self.logdir, "exp"))
         loss = [(e.step, e.value) for e in acc.Scalars("tensor/loss")]
@@ -443,6 +446,7 @@ class ExportTest(TempCase):
         self.assertFalse([t for t in tags if t.startswith("tensor/loss/")], tags)
         self.assertIn("tensor/w/norm", tags)
         self.assertIn("grad/g/norm", tags)  # one value, but not a tensor record
+        self.assertFalse([t for t in tags if t.startswith("tensor/z")], tags)
         tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
 
     def test_events_come_in_step_order(self):

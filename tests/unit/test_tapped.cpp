@@ -604,6 +604,13 @@ TEST_CASE("Tapped<M> of a module that cannot be copied wraps it, and records its
   CHECK_THROWS(locked->clone());
 }
 
+struct HoldsRootImpl : nn::Module {
+  tensortap::Tapped<nn::Linear> inner{nullptr};
+  HoldsRootImpl() { inner = register_module("root", tensortap::Tapped<nn::Linear>(3, 3)); }
+  torch::Tensor forward(const torch::Tensor& x) { return inner(x); }
+};
+TORCH_MODULE(HoldsRoot);
+
 TEST_CASE("a Tapped<M> that is the watched module itself is bound: 'root', or the prefix", "[hooks][tapped]") {
   // Issue 47: watch(*tapped) left the root's tap point silently unbound;
   // only tap points below it were recorded.
@@ -637,5 +644,19 @@ TEST_CASE("a Tapped<M> that is the watched module itself is bound: 'root', or th
     });
     CHECK(tt_test::index_lines_with(dir.path + "/b", "\"activation\"").empty());
     CHECK(err.find("the watched module is a tap point") != std::string::npos);
+  }
+  // A submodule called "root" would record over the root's own output:
+  // refused, naming it, and with a prefix it goes.
+  {
+    tensortap::Tapped<HoldsRoot> net;
+    const std::string err = tt_test::error_of([&] { tensortap::watch(*net, Options(dir.path + "/c")); });
+    CHECK(err.find("two tap points would both be recorded as 'root'") != std::string::npos);
+    tensortap::Recorder rec(Options(dir.path + "/d"));
+    tensortap::watch(*net, rec, "net");  // "net" and "net/root"
+    rec.step(0);
+    net(torch::ones({2, 3}));
+    rec.close();
+    CHECK(tt_test::index_lines_with(dir.path + "/d", "\"net/root\"").size() == 1);
+    CHECK(tt_test::index_lines_with(dir.path + "/d", "\"net\"").size() == 1);
   }
 }

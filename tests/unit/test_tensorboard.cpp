@@ -467,48 +467,32 @@ TEST_CASE("TensorBoardOptions::stats: all ten write the counts as they are; a su
   CHECK_FALSE(fs::exists(tmp / "bad/run.json"));
 }
 
-TEST_CASE("TensorBoard: a 0-d tensor known only by its statistics row is written as tensor/<name> from the row",
+TEST_CASE("TensorBoard: a 0-d tensor in a statistics-only run is its one scalar, NaN and Inf included",
           "[tensorboard]") {
-  // A CUDA 0-d tensor in a statistics-only run reaches the writer thread as
-  // its device's statistics vector, never as bytes.
+  // No record is stored (every(0)): only the statistics row's work reaches
+  // the writer thread with the bytes, and the loss must still be
+  // tensor/<name>, not five statistics of one value. (A CUDA 0-d tensor is
+  // sent as its element, not its statistics vector: tests/cuda/test_cuda.cpp.)
   tt_test::TempDir tmp;
-  const tensortap::detail::Dir dir = tensortap::detail::Dir::open(tmp.path, /*create=*/false);
+  const std::string run = tmp / "run";
   {
-    tensortap::detail::TensorBoard tb(dir, TensorBoardOptions());
-    tensortap::detail::RecordDesc desc;
-    desc.kind = tensortap::Kind::Tensor;
-    desc.name = "loss";
-    desc.dtype = *tensortap::detail::dtype_info(c10::ScalarType::Float);
-    desc.nbytes = 4;
-    tensortap::detail::TensorStats row;
-    row.min = row.max = row.mean = row.norm = 0.75;
-    row.numel = 1;
-    tb.statistics(desc, row, /*bytes_seen=*/false);
-    desc.step = 1;
-    row = tensortap::detail::TensorStats{};
-    row.min = row.max = row.mean = row.std = row.norm = std::numeric_limits<double>::quiet_NaN();
-    row.posinf = row.numel = 1;
-    tb.statistics(desc, row, false);
-    desc.step = 2;
-    row.posinf = 0;
-    row.nan = 1;
-    tb.statistics(desc, row, false);
-    // Its bytes seen (values() wrote the scalar): nothing more from the row.
-    desc.step = 3;
-    tb.statistics(desc, row, /*bytes_seen=*/true);
-    // Not 0-d: the statistics.
-    desc.step = 4;
-    desc.shape = {1};
-    tb.statistics(desc, row, false);
-    tb.flush(/*durable=*/false);
-    tb.close();
+    tensortap::Recorder rec(Options(run).every(0).stats_every(1).tensorboard(true));
+    const float loss[] = {0.75F, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+    for (int64_t s = 0; s < 3; ++s) {
+      rec.step(s);
+      rec.capture("loss", torch::tensor(loss[s]));
+      rec.capture("one", torch::full({1}, 2.0F));  // not 0-d: its statistics
+    }
+    rec.close();
+    REQUIRE(rec.counters().errors == 0);
   }
-  const auto values = values_in(tmp.path);
+  const auto values = values_in(run);
   const auto loss = series_of(values, "tensor/loss");
   REQUIRE(loss.size() == 3);
   CHECK(loss[0] == std::pair<std::int64_t, float>{0, 0.75F});
   CHECK((loss[1].first == 1 && loss[1].second == std::numeric_limits<float>::infinity()));
   CHECK((loss[2].first == 2 && std::isnan(loss[2].second)));
-  CHECK(series_of(values, "tensor/loss/nonfinite") == std::vector<std::pair<std::int64_t, float>>{{4, 1.0F}});
-  CHECK(series_of(values, "tensor/loss/mean").size() == 1);
+  for (const auto& [step, v] : values) CHECK(v.tag.rfind("tensor/loss/", 0) != 0);
+  CHECK(series_of(values, "tensor/one/mean").size() == 3);
+  CHECK(tt_test::read_lines(run + "/index.jsonl").empty());
 }

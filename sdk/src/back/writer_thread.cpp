@@ -171,19 +171,17 @@ void WriterThread::store(const Slot& slot, const char* data, InFlight* open) noe
 void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
   const Record& record = slot.record;
   const RecordDesc& desc = record.desc;
-  // `bytes_seen`: the record's bytes reached this thread (not only its
-  // device's statistics vector), and TensorBoard's part has had them.
-  const auto statistics_done = [&](const TensorStats& stats, bool bytes_seen) {
+  const auto statistics_done = [&](const TensorStats& stats) {
     if (record.has_row()) {
       stats_.append(desc.kind, desc.name, desc.step, stats);
       stats_rows_.fetch_add(1, std::memory_order_relaxed);
-      if (tensorboard_ != nullptr) to_tensorboard([&] { tensorboard_->statistics(desc, stats, bytes_seen); });
+      if (tensorboard_ != nullptr) to_tensorboard([&] { tensorboard_->statistics(desc, stats); });
     }
     flight_.observe(desc, stats, record.has_row());
   };
   switch (record.op) {
     case Op::Dump: flight_.user_dump(desc.step); return;
-    case Op::StatsVector: statistics_done(stats_from_vector(reinterpret_cast<const double*>(data)), false); return;
+    case Op::StatsVector: statistics_done(stats_from_vector(reinterpret_cast<const double*>(data))); return;
     case Op::Store:
     case Op::Hold:
     case Op::Stats: break;
@@ -232,7 +230,7 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
       });
     }
   }
-  if (stats) statistics_done(*stats, true);
+  if (stats) statistics_done(*stats);
 }
 
 }  // namespace tensortap::detail

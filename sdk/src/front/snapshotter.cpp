@@ -158,8 +158,11 @@ void Snapshotter::record(Kind kind, const std::string& name, const at::Tensor& t
 bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& tensor, const DtypeInfo& tensor_info,
                         std::int64_t step, bool full, bool stats_row, bool name_kept) {
   // Statistics only, of a tensor off the host: reduce it on its own device
-  // and send the ten numbers down the same path as a tensor.
-  const bool stats_vector = !full && !tensor.device().is_cpu();
+  // and send the ten numbers down the same path as a tensor. Not a 0-d
+  // tensor (a loss): its one element is cheaper to send than its ten
+  // statistics (a 4-byte copy against two launches), and the writer thread
+  // needs its value (TensorBoard's `tensor/<name>`) and its dtype.
+  const bool stats_vector = !full && !tensor.device().is_cpu() && tensor.dim() != 0;
   at::Tensor src = tensor;
   if (stats_vector) {
     // The fused kernels where they apply (two launches), ATen's reductions

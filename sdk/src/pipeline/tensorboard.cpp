@@ -270,17 +270,8 @@ void TensorBoard::scalar(const RecordDesc& desc, double value) {
       tb::scalars_event(wall_seconds(), desc.step, {{utf8_tag("tensor/" + desc.name), static_cast<float>(value)}}));
 }
 
-void TensorBoard::statistics(const RecordDesc& desc, const TensorStats& stats, bool bytes_seen) {
-  if (is_scalar(desc)) {
-    // Its value from the row: the one element is finite (and min is it), or
-    // it is the NaN or the Inf the counts say.
-    if (!bytes_seen && !is_complex(desc.dtype.element))
-      scalar(desc, stats.nan > 0      ? std::numeric_limits<double>::quiet_NaN()
-                   : stats.posinf > 0 ? std::numeric_limits<double>::infinity()
-                   : stats.neginf > 0 ? -std::numeric_limits<double>::infinity()
-                                      : stats.min);
-    return;
-  }
+void TensorBoard::statistics(const RecordDesc& desc, const TensorStats& stats) {
+  if (is_scalar(desc)) return;  // its one scalar: values()
   if (desc.kind == Kind::Tensor) check_tags_of_statistics(desc.name);
   std::array<double, kStatsFields> values{};
   std::size_t k = 0;

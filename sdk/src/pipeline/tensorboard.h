@@ -62,10 +62,9 @@ class TensorBoard {
   /// `TensorBoardOptions::stats`, and `<kind>/<name>/nonfinite` from the
   /// first row with a NaN or an Inf (unless a count was asked for). A 0-d
   /// `tensor` record gets none: its one scalar is `tensor/<name>`, which
-  /// `values` wrote from its bytes, or, when its bytes never reach this
-  /// thread (`bytes_seen` false: a CUDA tensor's statistics vector), which
-  /// is written here from the row.
-  void statistics(const RecordDesc& desc, const TensorStats& stats, bool bytes_seen);
+  /// `values` writes from its bytes (they always reach this thread: the
+  /// snapshotter never reduces a 0-d tensor to a statistics vector).
+  void statistics(const RecordDesc& desc, const TensorStats& stats);
   /// A whole record's bytes: its `tensor/<name>` scalar if it is a 0-d
   /// `tensor` record, else its histogram at a histogram step.
   void values(const RecordDesc& desc, const void* data, std::size_t nbytes);

@@ -22,7 +22,7 @@ TensorBoard::TensorBoard(const Dir&, const TensorBoardOptions& options)
 }
 TensorBoard::~TensorBoard() = default;
 bool TensorBoard::histogram_step(std::int64_t) const { return false; }
-void TensorBoard::statistics(const RecordDesc&, const TensorStats&, bool) {}
+void TensorBoard::statistics(const RecordDesc&, const TensorStats&) {}
 void TensorBoard::values(const RecordDesc&, const void*, std::size_t) {}
 std::unique_ptr<HistogramAccumulator> TensorBoard::histogram_for(const RecordDesc&) const { return nullptr; }
 void TensorBoard::histogram_done(const RecordDesc&, const HistogramAccumulator&) {}
