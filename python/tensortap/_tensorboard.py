@@ -193,8 +193,9 @@ def _say_tag_collisions(scalars, statistics, where, suffixes):
 def scalar_series(run, rank, table, series):
     """The statistics series of the rank that are 0-d `tensor` records (their
     one scalar is `tensor/<name>`, not statistics), the names of 0-d `tensor`
-    records the index holds, and the (name, step) of each ((name, None) for
-    a name whose 0-d records are complex: its rows give nothing). A series is 0-d when the index holds a 0-d
+    records the index holds, the (name, step) of each, and the names whose
+    0-d records are complex (their rows give nothing, as the recorder writes
+    nothing of a complex 0-d tensor). A series is 0-d when the index holds a 0-d
     `tensor` record of its name; when it holds only others, it is not; when
     it holds none (a statistics-only run), when every row counts one value."""
     index = run._index
@@ -219,10 +220,7 @@ def scalar_series(run, rank, table, series):
     for s, (kind, name) in series.items():
         if kind == "tensor" and (name in zero_d or (name not in other and s not in not_one)):
             scalars.add(s)
-    # Stored records of the name give its scalar; a complex one gives none,
-    # from its records or its rows (as the recorder writes none).
-    stored |= {(name, None) for name in complex_names}
-    return scalars, zero_d, stored
+    return scalars, zero_d, stored, complex_names
 
 
 def _row_scalar(row) -> bytes:
@@ -261,7 +259,7 @@ def _stats_events(run, rank, directory, stats):
     with np.errstate(over="ignore", invalid="ignore"):  # past FLT_MAX: inf, as C++'s cast gives
         values = np.stack([table[f].astype("<f4") for f in STATS_FIELDS], axis=1)
         bad = (table["nan"] + table["posinf"] + table["neginf"]).astype("<f4")
-    scalars, zero_d, stored = scalar_series(run, rank, table, series)
+    scalars, zero_d, stored, silent = scalar_series(run, rank, table, series)
     _say_tag_collisions({series[s][1] for s in scalars} | zero_d,
                         {name for s, (kind, name) in series.items() if kind == "tensor" and s not in scalars},
                         directory, fields + (["nonfinite"] if nonfinite else []))
@@ -287,7 +285,7 @@ def _stats_events(run, rank, directory, stats):
             continue
         step = steps[row]
         if s in scalars:
-            if (series[s][1], step) not in stored and (series[s][1], None) not in stored:
+            if (series[s][1], step) not in stored and series[s][1] not in silent:
                 yield step, 0, row, _event(step, h[0] + _row_scalar(table[row]))
             continue
         floats = values[row].tobytes()

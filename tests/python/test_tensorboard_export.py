@@ -134,6 +134,14 @@ def export_path(run, *args, **kwargs):
     return _tensorboard.export_tensorboard(run, *args, **kwargs)
 
 
+def export_warned(*args, **kwargs):
+    """export_path's result, and the messages of the RunWarnings it gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = export_path(*args, **kwargs)
+    return result, [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
+
+
 def export(*args, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tensortap.RunWarning)
@@ -517,10 +525,7 @@ class ExportTest(TempCase):
     def test_a_record_that_cannot_be_read_is_skipped_with_a_warning(self):
         self.make()
         os.unlink(os.path.join(self.run_dir, "npy", "grad", "r0", "-0000002.npy"))
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            (path,) = export_path(self.run_dir, self.logdir, histograms_every=2)
-        messages = [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
+        (path,), messages = export_warned(self.run_dir, self.logdir, histograms_every=2)
         self.assertEqual(len(messages), 1, messages)
         self.assertIn("'w' step -2 is not exported", messages[0])
         self.assertEqual(sorted(e.step for e in accumulator(path).Histograms("grad/w")), [0, 2, 4])
@@ -531,10 +536,7 @@ class ExportTest(TempCase):
         self.make()
         table = os.path.join(self.run_dir, "stats.npy")
         os.truncate(table, os.path.getsize(table) - 10)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            (path,) = export_path(self.run_dir, self.logdir, histograms_every=2)
-        messages = [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
+        (path,), messages = export_warned(self.run_dir, self.logdir, histograms_every=2)
         self.assertEqual(len(messages), 1, messages)
         self.assertIn("statistics are not exported", messages[0])
         self.assertIn("stats.npy", messages[0])
@@ -551,10 +553,7 @@ class ExportTest(TempCase):
         make_run(self.run_dir, records=[("tensor", "x/norm", s, np.float32(s)) for s in range(3)]
                  + [("tensor", "y/size", 0, np.float32(1))],
                  stats=[(s, "tensor", "x", ten) for s in range(3)] + [(0, "tensor", "y", ten)])
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            export_path(self.run_dir, self.logdir)
-        messages = [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
+        _, messages = export_warned(self.run_dir, self.logdir)
         self.assertEqual(len(messages), 1, messages)
         self.assertIn("the 0-d tensor 'x/norm' and the statistics of the tensor 'x' both write the TensorBoard tag "
                       "'tensor/x/norm'", messages[0])

@@ -645,6 +645,19 @@ TEST_CASE("a Tapped<M> that is the watched module itself is bound: 'root', or th
     CHECK(tt_test::index_lines_with(dir.path + "/b", "\"activation\"").empty());
     CHECK(err.find("the watched module is a tap point") != std::string::npos);
   }
+  // The root module gone before close(): nothing to unbind, nothing hangs.
+  {
+    std::shared_ptr<tensortap::Recorder> rec;
+    {
+      tensortap::Tapped<nn::Linear> gone(3, 2);
+      rec = tensortap::watch(*gone, Options(dir.path + "/e"));
+      rec->step(0);
+      gone(torch::ones({1, 3}));
+    }
+    rec->close();
+    CHECK(rec->counters().errors == 0);
+    CHECK(tt_test::index_lines_with(dir.path + "/e", "\"root\"").size() == 1);
+  }
   // A submodule called "root" would record over the root's own output:
   // refused, naming it, and with a prefix it goes.
   {

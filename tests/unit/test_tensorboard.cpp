@@ -461,6 +461,16 @@ TEST_CASE("TensorBoardOptions::stats: all ten write the counts as they are; a su
     if (v.what == 's') tags.insert(v.tag);
   CHECK(tags == std::set<std::string>{"tensor/x/norm", "tensor/x/zeros", "tensor/x/nonfinite"});
 
+  // None: only nonfinite, when it comes; twice the same: written once.
+  record(tmp / "none", TensorBoardOptions().stats({}));
+  values = values_in(tmp / "none");
+  tags.clear();
+  for (const auto& [step, v] : values)
+    if (v.what == 's') tags.insert(v.tag);
+  CHECK(tags == std::set<std::string>{"tensor/x/nonfinite"});
+  record(tmp / "twice", TensorBoardOptions().stats({"mean", "mean"}));
+  CHECK(series_of(values_in(tmp / "twice"), "tensor/x/mean").size() == 3);
+
   const std::string err = tt_test::error_of(
       [&] { tensortap::Recorder rec(Options(tmp / "bad").tensorboard(TensorBoardOptions().stats({"mean", "median"}))); });
   CHECK(err.find("TensorBoardOptions::stats: 'median' is not a statistic") != std::string::npos);
