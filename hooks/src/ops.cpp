@@ -51,21 +51,26 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   st.busy = false;
 }
 
-std::mutex g_mu;
+// Leaked, never destroyed: a recorder held in a static lets go of op
+// capture when it closes at exit (issue 57).
+std::mutex& ops_mutex() {
+  static std::mutex* const mu = new std::mutex;
+  return *mu;
+}
 int g_users = 0;
 at::CallbackHandle g_handle = 0;
 
 }  // namespace
 
 void op_capture_acquire() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(ops_mutex());
   if (g_users++ == 0)
     g_handle = at::addGlobalCallback(
         at::RecordFunctionCallback(on_start, on_end).needsOutputs(true).scopes({at::RecordScope::FUNCTION}));
 }
 
 void op_capture_release() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(ops_mutex());
   if (--g_users == 0) at::removeCallback(g_handle);
 }
 

@@ -14,7 +14,16 @@ HDF5_JOURNAL = ".tensors.h5.journal"
 STATS_TABLE = "stats.npy"
 STATS_SERIES = "stats_series.jsonl"
 
-RUN_FILE_NAMES = (RUN_JSON, INDEX, NPY_DIR, PACKED_DIR, HDF5_FILE, HDF5_JOURNAL, STATS_TABLE, STATS_SERIES, DUMPS)
+
+
+def ballast_name(lines_file: str) -> str:
+    """The room a lines file keeps where the file system has no fallocate
+    (LinesFile::ballast_name, writers/src/lines_file.h)."""
+    return "." + lines_file + ".room"
+
+
+RUN_FILE_NAMES = (RUN_JSON, INDEX, NPY_DIR, PACKED_DIR, HDF5_FILE, HDF5_JOURNAL, STATS_TABLE, STATS_SERIES, DUMPS,
+                  ballast_name(INDEX), ballast_name(STATS_SERIES), ballast_name(DUMPS))
 
 # TensorBoard event files (writers/src/tensorboard/EVENTS.md): the
 # recorder's own (Options::tensorboard) and `tensortap tensorboard`'s, named

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, T
 
 import math
 import os
+import stat
 import sys
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 from . import NUMPY_DTYPES, RunError
 from ._base import _safe
 from ._float8 import FORMATS as FORMATS_FLOAT8
-from ._names import STATS_TABLE
+from ._names import DUMPS, INDEX, STATS_SERIES, STATS_TABLE, ballast_name
 from ._optional import progress
 
 if TYPE_CHECKING:
@@ -140,6 +141,38 @@ def dump_digest(dumps: Sequence[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], 
     return list(dumps[:half]) + list(dumps[-half:]), sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
+def kept_room(run: Run) -> List[str]:
+    """The room a recorder keeps for its lines files on a full disk
+    (writers/src/lines_file.h): blocks allocated past a lines file's end, or
+    a ballast file where the file system has no fallocate. close() gives it
+    back; a run killed before close() keeps it (up to 64 KiB a lines file, or
+    one batch's index lines). Not a problem: said, with what it costs."""
+    notes: List[str] = []
+    for d in sorted({os.path.realpath(p) for p in run._dirs.values()}):
+        for name in (INDEX, STATS_SERIES, DUMPS):
+            path = os.path.join(d, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            block = max(st.st_blksize, 512)
+            kept = st.st_blocks * 512 - (st.st_size + block - 1) // block * block
+            if kept >= block:
+                notes.append(f"{_safe(path)}: {kept} bytes allocated past its end (room kept for its lines on a "
+                             "full disk; the recorder did not close)")
+            ballast = os.path.join(d, ballast_name(name))
+            try:
+                bst = os.lstat(ballast)
+            except OSError:
+                continue
+            if stat.S_ISREG(bst.st_mode):
+                notes.append(f"{_safe(ballast)}: {bst.st_size} bytes kept for {name}'s lines on a full disk (a file "
+                             "system without fallocate; the recorder did not close)")
+    return notes
+
+
 def check(run: Run, out: Optional[TextIO] = None, found: Sequence[str] = ()) -> int:
     """Opens every indexed file; returns the number of problems, counting those
     already `found` (damaged lines skipped, statistics that cannot be read)."""
@@ -174,5 +207,7 @@ def check(run: Run, out: Optional[TextIO] = None, found: Sequence[str] = ()) -> 
     leftovers = [os.path.join(d, f) for d, _, fs in os.walk(run.path) for f in fs if f.endswith(".tmp")]
     for f in leftovers:
         print(f"  note: unfinished temporary file {_safe(f)} (a crash mid-write; not indexed)", file=out)
+    for note in kept_room(run):
+        print(f"  note: {note}", file=out)
     print(f"  check: {len(run.records)} records, {problems} problems", file=out)
     return problems

@@ -18,6 +18,13 @@
 //   reliability_proc fill_rules DIR npy|hdf5 STEPS
 //       64 KiB a step and a 0-d "loss", NaN at step STEPS - 10, with
 //       statistics every step and dump_on(non_finite()).after_dump(Throw)
+//   reliability_proc fill_small DIR npy|packed STEPS FILLER [no_fallocate]
+//       50 records of 64 bytes a step, flushed every 20 steps (120 KiB of index
+//       lines a batch, where a full disk lost them all in round 4); at step
+//       STEPS / 2 it deletes the file
+//       FILLER, so the disk frees up and fills a second time. no_fallocate:
+//       the lines files keep their room as on a file system without
+//       fallocate (a ballast file), whatever this one supports
 // Each fill prints one line: "steps <s> stopped <0|1> captured <c> errors <e>
 // stats_rows <r> error <what step() or close() threw>".
 #include <cmath>
@@ -28,6 +35,8 @@
 #include <ATen/ATen.h>
 
 #include <tensortap/tensortap.h>
+
+#include "writers/src/lines_file.h"
 
 using tensortap::Options;
 
@@ -104,6 +113,39 @@ static int fill(const std::string& dir, bool stop, int64_t steps, tensortap::For
   return 0;
 }
 
+static int fill_small(const std::string& dir, tensortap::Format format, int64_t steps, const std::string& filler,
+                      bool no_fallocate) {
+  if (no_fallocate) tensortap::detail::testing::set_fallocate_unsupported(true);
+  tensortap::Recorder rec(Options(dir).format(format));
+  std::string error;
+  for (int64_t s = 0; s < steps; ++s) {
+    rec.step(s);
+    for (int k = 0; k < 50; ++k)
+      // Never 0: a record's stretch whose bytes never came reads as zeros.
+      rec.capture("r" + std::to_string(k), at::full({16}, static_cast<double>(s * 100 + k + 1), at::kFloat));
+    // Twenty steps' records are a batch (about 120 KiB of index lines, more
+    // than the 64 KiB a lines file kept in round 4), as where training
+    // computes between steps; the failure of a flush is close()'s to report.
+    if (s % 20 == 19) {
+      try {
+        rec.flush();
+      } catch (const tensortap::Error&) {
+      }
+    }
+    if (s == steps / 2) std::remove(filler.c_str());
+  }
+  try {
+    rec.close();
+  } catch (const tensortap::Error& e) {
+    error = e.what();
+  }
+  const tensortap::Counters c = rec.counters();
+  std::printf("steps %lld stopped 0 captured %lld errors %lld stats_rows %lld error %s\n", static_cast<long long>(steps),
+              static_cast<long long>(c.captured), static_cast<long long>(c.errors),
+              static_cast<long long>(c.stats_rows), error.c_str());
+  return 0;
+}
+
 // Opens a recorder in DIR and closes it: prints "opened", or the error.
 static int open_only(const std::string& dir) {
   try {
@@ -136,8 +178,12 @@ int main(int argc, char** argv) {
     return fill(argv[2], false, std::atoll(argv[4]),
                 std::string(argv[3]) == "hdf5" ? tensortap::Format::Hdf5 : tensortap::Format::Npy,
                 mode == "fill_large" ? Fill::Large : Fill::Rules);
+  if (mode == "fill_small" && (argc == 6 || (argc == 7 && std::string(argv[6]) == "no_fallocate")))
+    return fill_small(argv[2], std::string(argv[3]) == "packed" ? tensortap::Format::Packed : tensortap::Format::Npy,
+                      std::atoll(argv[4]), argv[5], argc == 7);
   std::fprintf(stderr,
                "usage: reliability_proc crash DIR npy|hdf5|packed [new_names] | fill DIR continue|stop STEPS | "
-               "fill_hdf5 DIR STEPS | fill_packed DIR STEPS | open DIR\n");
+               "fill_hdf5 DIR STEPS | fill_packed DIR STEPS | fill_small DIR npy|packed STEPS FILLER [no_fallocate] | "
+               "open DIR\n");
   return 2;
 }

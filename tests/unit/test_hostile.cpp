@@ -731,19 +731,22 @@ TEST_CASE("a tensor of absurd logical size is refused with its name before anyth
   rec.step(0);
   rec.capture("before", torch::ones({4}));
   // 2^46 elements (256 TiB) of one float: more than any disk this runs on
-  // has. It was a raw c10::Error from the allocator naming no tensor. It is
-  // the caller's error, so it throws (a disk that is only full is counted).
+  // has. It was a raw c10::Error from the allocator naming no tensor. Round
+  // 4 threw it as the caller's error; issue 57 counts it under on_error as
+  // a full disk's, as a Tap's record is (README, "Errors"): no throw into
+  // the loop, and close() rethrows it with the tensor's name.
   const torch::Tensor huge = torch::ones({1}).expand({std::int64_t{1} << 46});
-  CHECK_THAT(error_of([&] { rec.capture("huge", huge); }), Catch::Contains("'huge'") &&
-                                                               Catch::Contains("281474976710656 bytes") &&
-                                                               Catch::Contains("whole file system"));
+  CHECK_NOTHROW(rec.capture("huge", huge));
+  CHECK(rec.counters().errors == 1);
   // 2^62 elements of 16 bytes: more bytes than 64 bits count.
   const torch::Tensor wide =
       torch::ones({1, 1}, torch::kComplexDouble).expand({std::int64_t{1} << 31, std::int64_t{1} << 31});
   CHECK_THAT(error_of([&] { rec.capture("wide", wide); }),
              Catch::Contains("'wide'") && Catch::Contains("64 bits") && Catch::Contains("complex128"));
   rec.capture("after", torch::ones({4}));
-  rec.close();
+  CHECK_THAT(error_of([&] { rec.close(); }), Catch::Contains("'huge'") &&
+                                                 Catch::Contains("281474976710656 bytes") &&
+                                                 Catch::Contains("whole file system"));
   // Nothing already captured is lost, nor anything after.
   CHECK(rec.counters().records == 2);
   CHECK(fs::exists(dir / "npy/tensor/before/00000000.npy"));

@@ -14,6 +14,7 @@
 
 #include "tests/support/helpers.h"
 #include "sdk/src/select/names.h"
+#include "sdk/src/select/sampling.h"
 #include "sdk/src/pipeline/run_json.h"
 #include "sdk/src/run/settings.h"
 
@@ -64,6 +65,11 @@ TEST_CASE("run.json says a run is open until close()", "[sdk]") {
   REQUIRE_THAT(j, Catch::Contains("\"torch_version\": \""));
   REQUIRE_THAT(j, Catch::Contains("\"world_size\": 1"));
   REQUIRE_THAT(j, Catch::Contains("\"start_time\": \"20"));
+  // An unset stop is null, not -1 (issue 57); a set one is its step.
+  REQUIRE_THAT(j, Catch::Contains("\"stop\": null,"));
+  TempDir other;
+  Recorder stopped{Options(other.path).stop(12)};
+  REQUIRE_THAT(tt_test::read_file(other / "run.json"), Catch::Contains("\"stop\": 12,"));
 }
 
 TEST_CASE("every, start and stop choose the sampled steps", "[sdk]") {
@@ -199,6 +205,41 @@ TEST_CASE("the name table finds every name again as it grows, and gives kept nam
   for (const std::string& n : all) CHECK(names.repeat_name(Kind::Tensor, n, 5).rfind(n + "#", 0) == 0);
   for (const std::string& n : all) CHECK(names.repeat_name(Kind::Grad, n, 5) == n);
   for (const auto& [address, n] : first) CHECK(*address == n);
+}
+
+TEST_CASE("capture()'s verdicts on names are cached, bounded, and the same inside a scope", "[sdk]") {
+  // Issue 57: a name the selection leaves out was matched again at every
+  // capture (22 us under a 100-name include). Its verdict is kept now, for
+  // up to VerdictCache::kCapacity names, and never interned.
+  using tensortap::detail::NameTable;
+  using tensortap::detail::Sampling;
+  using tensortap::detail::VerdictCache;
+  const tensortap::Options options = tensortap::Options("unused").include("^keep\\.").exclude("drop");
+  const Sampling sampling(options);
+  NameTable names;
+  CHECK_FALSE(names.capture_name("other.0", 3, sampling));
+  CHECK_FALSE(names.capture_name("keep.drop", 3, sampling));
+  CHECK(names.verdicts() == 2);
+  CHECK(names.size() == 0);  // left out: never interned
+  CHECK_FALSE(names.capture_name("other.0", 3, sampling));  // from the cache: nothing new
+  CHECK(names.verdicts() == 2);
+  CHECK(names.capture_name("keep.a", 3, sampling)->str() == "keep.a");
+  CHECK(names.capture_name("keep.a", 3, sampling)->str() == "keep.a#1");
+  CHECK(names.size() == 1);
+  // Inside a scope the caller's own name is judged (and cached), the
+  // scoped one recorded.
+  names.push_scope("eval");
+  CHECK_FALSE(names.capture_name("other.0", 3, sampling));
+  CHECK(names.capture_name("keep.b", 3, sampling)->str() == "eval/keep.b");
+  CHECK(names.capture_name("keep.b", 3, sampling)->str() == "eval/keep.b#1");
+  names.pop_scope();
+  // Bounded: past the capacity the cache starts again; verdicts stay right.
+  for (std::size_t i = 0; i < VerdictCache::kCapacity + 10; ++i)
+    REQUIRE_FALSE(names.capture_name("other." + std::to_string(i), 4, sampling));
+  CHECK(names.verdicts() <= VerdictCache::kCapacity);
+  CHECK(names.verdicts() > 0);
+  CHECK_FALSE(names.capture_name("keep.drop", 4, sampling));
+  CHECK(names.capture_name("keep.c", 4, sampling)->str() == "keep.c");
 }
 
 TEST_CASE("threads naming the same names in different orders each get a suffix of their own", "[sdk]") {
@@ -782,7 +823,8 @@ TEST_CASE("stop, rank and world size are plain optional settings", "[sdk][option
   REQUIRE_FALSE(fresh.world_size().has_value());
   REQUIRE(fresh.flight_recorder() == 0);
   const tensortap::detail::RunInfo info;
-  REQUIRE_THAT(tensortap::detail::run_json(fresh, info), Catch::Contains("\"stop\": -1,"));
+  // Unset is null in run.json (issue 57; -1 before).
+  REQUIRE_THAT(tensortap::detail::run_json(fresh, info), Catch::Contains("\"stop\": null,"));
   REQUIRE(Options("d").stop(100).stop() == 100);
   REQUIRE(Options("d").rank(0).rank() == 0);
   REQUIRE(Options("d").world_size(2).world_size() == 2);

@@ -5,14 +5,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "sdk/src/pipeline/staging.h"
+#include "tests/support/helpers.h"
 
 namespace {
 
@@ -341,4 +344,41 @@ TEST_CASE("a name kept by reference reaches the writer whole, and a kept slot's 
     staging.release(b);
   }
   staging.stop();
+}
+
+TEST_CASE("a capture that waits for room under Block is timed, and a step that waited long is said once",
+          "[sdk][staging]") {
+  // Issue 57: "the training thread never waits for the disk" was not true
+  // of Overflow::Block while staging was full, and nothing said so.
+  tt_test::TempDir dir;
+  Staging staging(8192, Overflow::Block);
+  const std::string bytes(6000, 'x');
+  Slot s = slot_of(bytes.size(), 1);
+  s.record.desc.step = 7;
+  CHECK(staging.blocked_seconds() == 0.0);
+  const std::string err = tt_test::stderr_of(dir.path + "/stderr", [&] {
+    REQUIRE(staging.put(spec(s), bytes.data(), true));
+    Staging::Buffer* a = staging.take();  // the writer holds one buffer
+    REQUIRE(staging.put(spec(s), bytes.data(), true));  // the other fills
+    std::thread capture([&] { CHECK(staging.put(spec(s), bytes.data(), true)); });  // waits
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    staging.release(a);                   // the writer is done with one buffer
+    Staging::Buffer* b = staging.take();  // and takes the full one
+    capture.join();
+    // A second long wait in the same run is counted, not said again.
+    std::thread again([&] { CHECK(staging.put(spec(s), bytes.data(), true)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    staging.release(b);
+    Staging::Buffer* c = staging.take();
+    again.join();
+    staging.release(c);
+    staging.stop();
+    while (Staging::Buffer* rest = staging.take()) staging.release(rest);
+  });
+  CHECK(staging.blocked_seconds() >= 0.14);
+  CHECK(staging.blocked_seconds() < 10.0);
+  CHECK_THAT(err, Catch::Contains("tensortap: warning: step 7 waited ") &&
+                      Catch::Contains(" s for staging room (Overflow::Block); Format::Packed, Overflow::DropNewest or "
+                                      "a larger buffer_bytes avoid it"));
+  CHECK(err.find("warning") == err.rfind("warning"));  // once
 }

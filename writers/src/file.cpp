@@ -241,6 +241,12 @@ File File::dup() const {
   return File(fd, path_);
 }
 
+Dir Dir::dup() const {
+  Dir d;
+  d.file_ = file_.dup();
+  return d;
+}
+
 bool File::try_lock() {
   while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EINTR) continue;

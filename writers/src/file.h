@@ -107,6 +107,9 @@ class Dir {
   bool unlink(const std::string& rel) const;
   /// Renames `from` to `to`, both in this directory.
   void rename(const std::string& from, const std::string& to) const;
+  /// A second descriptor of the same directory, for an object that must
+  /// reach it after its owner's `Dir` may be gone.
+  Dir dup() const;
   void close() { file_.close(); }
 
  private:

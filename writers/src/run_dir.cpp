@@ -44,9 +44,12 @@ std::string utc_now() {
 }
 
 // The journal is Hdf5Journal::kName, left by an HDF5 writer that was killed.
-const char* const kRunFileNames[9] = {"run.json",   "index.jsonl",         "npy",       "packed",
-                                      "tensors.h5", ".tensors.h5.journal", "stats.npy", "stats_series.jsonl",
-                                      "dumps.jsonl"};
+// The ballasts are the lines files' room where the file system has no
+// fallocate (LinesFile::ballast_name).
+const char* const kRunFileNames[12] = {"run.json",   "index.jsonl",         "npy",       "packed",
+                                       "tensors.h5", ".tensors.h5.journal", "stats.npy", "stats_series.jsonl",
+                                       "dumps.jsonl", ".index.jsonl.room",  ".stats_series.jsonl.room",
+                                       ".dumps.jsonl.room"};
 const char* const kEventsPrefix = "events.out.tfevents.";
 const char* const kEventsSuffix = ".tensortap";
 

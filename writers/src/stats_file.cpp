@@ -27,7 +27,9 @@ static_assert(sizeof(Row) == (2 + kStatsFields) * 8, "a stats row is 8-byte fiel
 constexpr std::size_t kHeaderBytes = 512;
 
 std::string header(std::int64_t rows) {
-  static const std::vector<NpyField> fields = [] {
+  // Leaked, never destroyed: close() of a recorder held in a static runs at
+  // exit, possibly after this table's destructor would have run (issue 57).
+  static const std::vector<NpyField>* const fields = new std::vector<NpyField>([] {
     const std::string i8 = npy_descr(Element::I64), f8 = npy_descr(Element::F64);
     std::vector<NpyField> f{{"step", i8}, {"series", i8}};
 #define TENSORTAP_REAL_(name) f.push_back({#name, f8});
@@ -36,8 +38,8 @@ std::string header(std::int64_t rows) {
 #undef TENSORTAP_REAL_
 #undef TENSORTAP_COUNT_
     return f;
-  }();
-  std::string h = npy_header(fields, {rows}, kHeaderBytes);
+  }());
+  std::string h = npy_header(*fields, {rows}, kHeaderBytes);
   // A longer header would move the rows already written.
   TENSORTAP_CHECK(h.size() == kHeaderBytes, "stats.npy's header takes {} bytes, not {}", h.size(), kHeaderBytes);
   return h;

@@ -49,6 +49,9 @@ struct Counters {
   std::int64_t stats_rows = 0;
   /// Flight-recorder dumps so far (`Options::flight_recorder`).
   std::int64_t dumps = 0;
+  /// Seconds the capturing threads spent waiting for staging room under
+  /// `Overflow::Block` (the disk could not keep up): 0 while it keeps up.
+  double blocked_seconds = 0;
 };
 
 /// The name `Counters` had before 0.2 (it read as "statistics", which are

@@ -269,6 +269,7 @@ Counters FrontEnd::counters() const {
   s.errors = failures_->lost();
   s.stats_rows = back_->stats_rows();
   s.dumps = back_->flight().dumps();
+  s.blocked_seconds = staging_->blocked_seconds();
   return s;
 }
 

@@ -288,15 +288,18 @@ void Snapshotter::check_room(Kind kind, const std::string& name, std::int64_t st
   // descriptor reused for another file, and its record is cut off anyway.
   if (nbytes <= free || closed_.load(std::memory_order_acquire)) return;
   const std::uint64_t total = static_cast<std::uint64_t>(fs.f_blocks) * fs.f_frsize;
-  // More than the whole file system holds is the caller's own error (an
-  // expanded view of 2^40 elements): it throws, as a refused dtype does.
+  // More than the whole file system holds (an expanded view of 2^40
+  // elements) is counted like a full disk, under Options::on_error, as a
+  // Tap's record is: README's "Errors" promises that a capture the disk has
+  // no room for is counted, not thrown (issue 57 reversed round 4's throw).
   if (nbytes > total)
-    fail(
-        "cannot capture '{}' (kind {}, step {}): its {} bytes ({}) are more than the run directory's whole file "
-        "system holds ({} bytes)",
-        name, kind_name(kind), step, nbytes, describe_tensor(src), total);
-  // A disk that is full now is not: the caller counts it under
-  // Options::on_error, as a write that fails.
+    throw NoRoom(fmt::format("cannot capture '{}' (kind {}, step {}): its {} bytes ({}) are more than the run "
+                             "directory's whole file system holds ({} bytes): {} (errno {})",
+                             name, kind_name(kind), step, nbytes, describe_tensor(src), total, std::strerror(ENOSPC),
+                             ENOSPC),
+                 std::make_error_code(std::errc::no_space_on_device));
+  // A disk that is full now is not the caller's error either: the caller
+  // counts it under Options::on_error, as a write that fails.
   throw NoRoom(fmt::format("cannot capture '{}' (kind {}, step {}): its {} bytes ({}) would not fit the {} bytes free "
                            "on the file system of '{}': {} (errno {})",
                            name, kind_name(kind), step, nbytes, describe_tensor(src), free,

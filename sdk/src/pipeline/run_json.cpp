@@ -53,7 +53,9 @@ std::string run_json(const Options& o, const RunInfo& info) {
   append_json_string(j, o.dir());
   // run.json predates std::optional: an unset stop stays -1 for the readers of existing runs.
   j += fmt::format(",\n    \"format\": \"{}\",\n    \"every\": {},\n    \"start\": {},\n    \"stop\": {},\n",
-                   format_name(o.format()), o.every(), o.start(), o.stop().value_or(-1));
+                   format_name(o.format()), o.every(), o.start(),
+                   // Unset is null (issue 57); readers accept the -1 of older runs too.
+                   o.stop() ? std::to_string(*o.stop()) : std::string("null"));
   j += "    \"include\": ";
   append_json_string(j, o.include());
   j += ",\n    \"exclude\": ";

@@ -7,11 +7,13 @@
 #endif
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include <tensortap/error.h>
+#include "sdk/src/pipeline/process.h"
 #include "writers/src/check.h"
 
 namespace tensortap::detail {
@@ -266,9 +268,31 @@ std::optional<Staging::Ticket> Staging::reserve_locked(std::unique_lock<SpinLock
     // The buffer holds data (an empty one has room for any slot), so the
     // writer will take it once the pending copies are committed.
     ++waiting_;
+    const auto since = std::chrono::steady_clock::now();
     space_cv_.wait(lock);
     --waiting_;
+    // The copier's waits are its own; a capturing thread's are training's.
+    if (!on_background_thread()) waited(spec.step, std::chrono::steady_clock::now() - since);
   }
+}
+
+void Staging::waited(std::int64_t step, std::chrono::steady_clock::duration d) {
+  // Under mu_: the wait is over, and this is the slow path.
+  const std::int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  blocked_ns_.fetch_add(ns, std::memory_order_relaxed);
+  if (step != wait_step_) {
+    wait_step_ = step;
+    wait_step_ns_ = 0;
+  }
+  wait_step_ns_ += ns;
+  if (said_slow_step_ || wait_step_ns_ < kSlowStepNs) return;
+  said_slow_step_ = true;
+  // "The training thread never waits for the disk" holds unless staging is
+  // full under Block: say so once, with what avoids it.
+  std::fprintf(stderr,
+               "tensortap: warning: step %lld waited %.3g s for staging room (Overflow::Block); Format::Packed, "
+               "Overflow::DropNewest or a larger buffer_bytes avoid it\n",
+               static_cast<long long>(step), static_cast<double>(wait_step_ns_) * 1e-9);
 }
 
 void Staging::commit(const Ticket& ticket, bool ok) {

@@ -105,6 +105,9 @@ struct HostMemory {
 /// no room, the policy decides: wait for the swap, or drop.
 class Staging {
  public:
+  /// Seconds the capturing threads waited for room (`Overflow::Block`).
+  double blocked_seconds() const { return static_cast<double>(blocked_ns_.load(std::memory_order_relaxed)) * 1e-9; }
+
   struct Buffer {
     char* data = nullptr;
     std::size_t used = 0;
@@ -241,6 +244,10 @@ class Staging {
   std::condition_variable_any writer_cv_;   // the writer waits for data
   std::condition_variable_any space_cv_;    // capturers wait for room
   std::condition_variable_any drained_cv_;  // flush() waits for the writer
+  // A wait for room of `d` by a capture of `step`; mu_ is held.
+  void waited(std::int64_t step, std::chrono::steady_clock::duration d);
+  static constexpr std::int64_t kSlowStepNs = 100'000'000;
+
   Buffer buffers_[2];
   int fill_ = 0;
   bool stopping_ = false;
@@ -249,6 +256,12 @@ class Staging {
   int waiting_ = 0;
   // A commit left the writer asleep: the next kick() wakes it.
   std::atomic<bool> unwoken_{false};
+  // Time capturing threads waited for room (Overflow::Block), in all and in
+  // the step of the latest wait; the first step past kSlowStep is said once.
+  std::atomic<std::int64_t> blocked_ns_{0};
+  std::int64_t wait_step_ = -1;
+  std::int64_t wait_step_ns_ = 0;
+  bool said_slow_step_ = false;
   std::uint64_t released_ = 0;
 };
 

@@ -17,6 +17,34 @@ void Store::prepare(const std::vector<const RecordDesc*>& records) noexcept {
   }
 }
 
+namespace {
+
+// A record's sink, holding the room its index line was promised until the
+// record is written or given up.
+class PromisedSink : public RecordSink {
+ public:
+  PromisedSink(std::unique_ptr<RecordSink> sink, std::uint64_t& promised, std::uint64_t room)
+      : sink_(std::move(sink)), promised_(promised), room_(room) {}
+  ~PromisedSink() override { promised_ -= room_; }
+  void append(const void* data, std::size_t n) override { sink_->append(data, n); }
+  std::string finish() override { return sink_->finish(); }
+
+ private:
+  std::unique_ptr<RecordSink> sink_;
+  std::uint64_t& promised_;
+  const std::uint64_t room_;
+};
+
+}  // namespace
+
+std::unique_ptr<RecordSink> Store::begin(const RecordDesc& record) {
+  const std::uint64_t room = index_line_room(record);
+  index_->keep_room(pending_index_.size() + promised_ + room);
+  auto sink = writer_->begin(record);
+  promised_ += room;
+  return std::make_unique<PromisedSink>(std::move(sink), promised_, room);
+}
+
 void Store::written(const RecordDesc& record, const std::string& location) {
   append_index_line(pending_index_, record, location);
   pending_.push_back(Pending{pending_index_.size(), static_cast<std::int64_t>(record.nbytes)});
@@ -24,7 +52,7 @@ void Store::written(const RecordDesc& record, const std::string& location) {
 
 void Store::write_whole(const RecordDesc& record, const char* data, std::size_t nbytes) noexcept {
   try {
-    auto sink = writer_->begin(record);
+    auto sink = begin(record);
     sink->append(data, nbytes);
     written(record, sink->finish());
   } catch (...) {
@@ -56,21 +84,28 @@ void Store::write_index(std::size_t n) noexcept {
   n = std::min(n, pending_.size());
   if (n == 0) return;
   const std::size_t end = pending_[n - 1].line_end;
+  // The lines go out whole, as many as fit; those that did not stay
+  // pending and are tried again at the next sync (the disk may free up),
+  // and count as failed only if close() cannot write them either.
+  const LinesFile::Appended r = index_->append_some(std::string_view(pending_index_).substr(0, end));
+  std::size_t done = 0;
   std::int64_t bytes = 0;
-  for (std::size_t i = 0; i < n; ++i) bytes += pending_[i].bytes;
-  const auto records = static_cast<std::int64_t>(n);
-  try {
-    index_->append(n == pending_.size() ? pending_index_ : pending_index_.substr(0, end));
-    records_.fetch_add(records, std::memory_order_relaxed);
-    bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  } catch (...) {
-    // The index was cut back to its whole lines: these records are on disk
-    // but no reader can find them. Each counts as failed.
-    failures_.add(nullptr, fmt::format("{} ({} record(s) not indexed)", Failures::current(), records), records);
+  while (done < n && pending_[done].line_end <= r.bytes) bytes += pending_[done++].bytes;
+  records_.fetch_add(static_cast<std::int64_t>(done), std::memory_order_relaxed);
+  bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  if (r.error && !index_failed_) {
+    index_failed_ = true;
+    try {
+      std::rethrow_exception(r.error);
+    } catch (...) {
+      failures_.add(nullptr, fmt::format("{} ({} record(s) not indexed yet)", Failures::current(), n - done), 0);
+    }
   }
-  pending_index_.erase(0, end);
-  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
-  for (Pending& p : pending_) p.line_end -= end;
+  if (!r.error) index_failed_ = false;
+  const std::size_t cut = done == 0 ? 0 : pending_[done - 1].line_end;
+  pending_index_.erase(0, cut);
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
+  for (Pending& p : pending_) p.line_end -= cut;
 }
 
 void Store::close() noexcept {
@@ -83,16 +118,19 @@ void Store::close() noexcept {
   }
   // After close() everything written is durable and may be indexed; if it
   // failed, records not yet indexed may not be readable: they failed.
-  if (closed) {
+  if (closed)
     write_index();
-  } else {
+  else
     index_survivors();
-    if (!pending_.empty()) {
-      const auto lost = static_cast<std::int64_t>(pending_.size());
-      failures_.add(nullptr, fmt::format("{} record(s) not durable when the file failed to close", lost), lost);
-      pending_index_.clear();
-      pending_.clear();
-    }
+  if (!pending_.empty()) {
+    const auto lost = static_cast<std::int64_t>(pending_.size());
+    failures_.add(nullptr,
+                  closed ? fmt::format("{} record(s) written but never indexed: index.jsonl could not take their lines",
+                                       lost)
+                         : fmt::format("{} record(s) not durable when the file failed to close", lost),
+                  lost);
+    pending_index_.clear();
+    pending_.clear();
   }
   // A closed run holds no file: one recorder per epoch must not run the
   // process out of descriptors while the model (and its taps) lives on.

@@ -24,8 +24,10 @@ class Store {
 
   /// See `Writer::prepare`; a failure is reported, not thrown.
   void prepare(const std::vector<const RecordDesc*>& records) noexcept;
-  /// Starts a record (see `Writer::begin`); throws.
-  std::unique_ptr<RecordSink> begin(const RecordDesc& record) { return writer_->begin(record); }
+  /// Starts a record (see `Writer::begin`); throws. The index keeps room
+  /// for the record's line first, so a record whose bytes reach the disk is
+  /// always indexed: on a full disk it is refused before any byte is written.
+  std::unique_ptr<RecordSink> begin(const RecordDesc& record);
   /// A record is complete at `location`: its index line waits for `sync()`.
   void written(const RecordDesc& record, const std::string& location);
   /// Writes a whole record; a failure is the record's, reported.
@@ -57,6 +59,10 @@ class Store {
     std::int64_t bytes;
   };
   std::vector<Pending> pending_;
+  // Room promised to records begun and not yet written (their lines).
+  std::uint64_t promised_ = 0;
+  // An index append failed: said once, then retried at each sync.
+  bool index_failed_ = false;
   std::atomic<std::int64_t> records_{0};
   std::atomic<std::int64_t> bytes_{0};
 };

@@ -25,9 +25,11 @@ double wall_seconds() {
 // The fixed bucket limits (EVENTS.md): 1e-12 times powers of 1.1 below
 // 1e20, then the largest double; the same negated, reversed; 0 between.
 // Fixed, so one pass over the values bins them (a record in chunks too) and
-// every step's histogram of a tensor has the same buckets.
+// every step's histogram of a tensor has the same buckets. Leaked, never
+// destroyed: a recorder held in a static closes at exit, possibly after
+// this table's destructor would have run (issue 57).
 const std::vector<double>& bucket_limits() {
-  static const std::vector<double> limits = [] {
+  static const std::vector<double>* const limits = new std::vector<double>([] {
     std::vector<double> pos;
     for (double v = 1e-12; v < 1e20; v *= 1.1) pos.push_back(v);
     pos.push_back(std::numeric_limits<double>::max());
@@ -37,8 +39,8 @@ const std::vector<double>& bucket_limits() {
     all.push_back(0.0);
     all.insert(all.end(), pos.begin(), pos.end());
     return all;
-  }();
-  return limits;
+  }());
+  return *limits;
 }
 
 // A tag is a protobuf string, which must be UTF-8: TensorBoard's parser

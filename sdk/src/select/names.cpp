@@ -1,5 +1,6 @@
 #include "sdk/src/select/names.h"
 
+#include <algorithm>
 #include <atomic>
 #include <vector>
 
@@ -33,6 +34,33 @@ GivenName given(std::string name) {
 
 }  // namespace
 
+int VerdictCache::find(const std::string& name, std::uint64_t hash) const noexcept {
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = hash & mask;; i = (i + 1) & mask) {
+    const Slot& slot = slots_[i];
+    if (slot.name < 0) return -1;
+    if (slot.hash == hash) {
+      const auto& [known, selected] = names_[static_cast<std::size_t>(slot.name)];
+      if (NameHash::equal(known, name)) return selected ? 1 : 0;
+    }
+  }
+}
+
+void VerdictCache::add(const std::string& name, std::uint64_t hash, bool selected) {
+  if (names_.size() == kCapacity) {
+    // Forgotten at once, not one by one: no list to keep in order, and a
+    // loop over more names than fit pays a match per name per round either
+    // way.
+    names_.clear();
+    std::fill(slots_.begin(), slots_.end(), Slot{});
+  }
+  names_.emplace_back(name, selected);
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = hash & mask;
+  while (slots_[i].name >= 0) i = (i + 1) & mask;
+  slots_[i] = Slot{hash, static_cast<std::int32_t>(names_.size() - 1)};
+}
+
 std::uint64_t next_table_id() { return g_table_ids.fetch_add(1, std::memory_order_relaxed) + 1; }
 
 NameTable::Entry& NameTable::entry(const std::string& name, const Sampling* admit) {
@@ -60,13 +88,27 @@ NameTable::Entry& NameTable::find(const std::string& name, const Sampling* admit
       // A new name: with `admit`, interned only if selected, and then known
       // to be; a name left out costs the table nothing.
       if (admit == nullptr) return add(name, hash);
-      if (!admit->selected(name)) return left_out_;
+      if (!selected(name, hash, *admit)) return left_out_;
       Entry& e = add(name, hash);
       e.second.selected = 1;
       return e;
     }
     if (slot.hash == hash && NameHash::equal(slot.entry->first, name)) return *slot.entry;
   }
+}
+
+bool NameTable::selected(const std::string& name, std::uint64_t hash, const Sampling& sampling) {
+  const int known = verdicts_.find(name, hash);
+  if (known >= 0) return known == 1;
+  // Matched once (the patterns allocate as they search), then known.
+  const bool selected = sampling.selected(name);
+  verdicts_.add(name, hash, selected);
+  return selected;
+}
+
+std::size_t NameTable::verdicts() const {
+  std::lock_guard<SpinLock> lock(mu_);
+  return verdicts_.size();
 }
 
 std::size_t NameTable::size() const {
@@ -167,9 +209,11 @@ GivenName NameTable::repeat(Kind kind, const std::string& name, std::int64_t ste
 
 std::optional<GivenName> NameTable::capture_name(const std::string& name, std::int64_t step, const Sampling& sampling) {
   if (!t_scopes.empty()) {
-    // Inside a scope: selected by the caller's name, named by the scoped one.
-    if (!sampling.selected(name)) return std::nullopt;
-    return repeat(Kind::Tensor, name, step);
+    // Inside a scope: selected by the caller's name (its verdict cached),
+    // named by the scoped one.
+    std::lock_guard<SpinLock> lock(mu_);
+    if (!selected(name, NameHash()(name), sampling)) return std::nullopt;
+    return next_name(entry(scoped(Kind::Tensor, name)), Kind::Tensor, step);
   }
   // Selection and the repeat suffix: one lock, one lookup. A name is
   // interned only once it is known to be selected: a name left out

@@ -79,6 +79,29 @@ struct NameHash {
   }
 };
 
+/// What the patterns said of names, so that a name is matched once, not at
+/// every capture: up to `kCapacity` names, forgotten all at once when a new
+/// one would pass it (a name then pays its match once more). A lookup is one
+/// probe of an open-addressing index, given the name's hash; it allocates
+/// nothing. About 60 bytes a name, plus the name's own bytes past 15.
+class VerdictCache {
+ public:
+  static constexpr std::size_t kCapacity = 4096;
+  /// 1: selected, 0: left out, -1: not known.
+  int find(const std::string& name, std::uint64_t hash) const noexcept;
+  void add(const std::string& name, std::uint64_t hash, bool selected);
+  std::size_t size() const { return names_.size(); }
+
+ private:
+  struct Slot {
+    std::uint64_t hash = 0;
+    std::int32_t name = -1;  // into names_
+  };
+  // Twice the capacity: probes stay short.
+  std::vector<Slot> slots_ = std::vector<Slot>(2 * kCapacity);
+  std::vector<std::pair<std::string, bool>> names_;
+};
+
 /// A number no other NameTable of the process has.
 std::uint64_t next_table_id();
 
@@ -102,8 +125,10 @@ class NameTable {
 
   /// How many names the table holds: each costs about 350 bytes for the
   /// table's life (the recorder's). Names `capture()` leaves out are not
-  /// held.
+  /// held: their verdicts are, in a bounded cache (`VerdictCache`).
   std::size_t size() const;
+  /// How many verdicts the cache holds (at most VerdictCache::kCapacity).
+  std::size_t verdicts() const;
 
   /// Scopes (Recorder::scope) on this thread, innermost last.
   void push_scope(const std::string& name);
@@ -157,6 +182,9 @@ class NameTable {
     e.second.selected = 0;
     return e;
   }
+  // Whether `sampling` selects `name`, from the cache or matched once; mu_
+  // is held.
+  bool selected(const std::string& name, std::uint64_t hash, const Sampling& sampling);
   // Adds `name`, of hash `hash`, which the index does not hold.
   Entry& add(const std::string& name, std::uint64_t hash);
   // The repeat name of `entry`'s name in `step`; mu_ is held.
@@ -178,6 +206,9 @@ class NameTable {
   // What a name capture() leaves out finds (see entry()): one entry for
   // all of them, never in the index, never a lookup's guess.
   Entry left_out_ = left_out_entry();
+  // Verdicts of names not interned: those capture() left out, and every
+  // name a capture() inside a scope was selected by.
+  VerdictCache verdicts_;
   std::deque<Entry> entries_;
   std::vector<Slot> index_ = std::vector<Slot>(64);
   TakenNames taken_[2];

@@ -127,8 +127,9 @@ H5::Group create_group(H5::H5File& file, const std::string& path) {
 }
 
 std::mutex& hdf5_mutex() {
-  static std::mutex mu;
-  return mu;
+  // Leaked: a recorder held in a static closes its HDF5 file at exit.
+  static std::mutex* const mu = new std::mutex;
+  return *mu;
 }
 
 std::vector<hsize_t> data_chunk(const RecordDesc& first, const Hdf5Options& options) {

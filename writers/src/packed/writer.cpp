@@ -133,6 +133,11 @@ void PackedWriter::close_retired() {
 }
 
 std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
+  // After a failed flush (a full disk) the records already gathered go out
+  // first, or this one is refused now: the buffer would otherwise keep
+  // taking records the disk cannot hold, and their index lines would crowd
+  // out the room kept for those that can (issue 57).
+  if (open_ && open_->stalled) open_->flush();
   npy_header_into(header_, meta.dtype.element, meta.shape);
   const std::uint64_t size = header_.size() + meta.nbytes;
   if (!open_) {
@@ -196,10 +201,12 @@ void PackedWriter::Segment::flush() {
   } catch (...) {
     buf.erase(0, written);
     buf_start += written;
+    stalled = true;
     throw;
   }
   buf_start += buf.size();
   buf.clear();
+  stalled = false;
 }
 
 void PackedWriter::Segment::datasync(const Dir& packed) {

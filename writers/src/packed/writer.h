@@ -59,6 +59,9 @@ class PackedWriter final : public Writer {
     bool undurable = false;
     // Whether its directory entry has not been synced yet.
     bool new_entry = true;
+    // A flush failed (a full disk) and the buffer still holds what it could
+    // not write: new records wait until it goes out.
+    bool stalled = false;
 
     /// Writes `n` bytes at `offset`, through the buffer.
     void put(std::uint64_t offset, const char* data, std::size_t n);
