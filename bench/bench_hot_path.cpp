@@ -289,6 +289,46 @@ void BM_CaptureLeftOutThreads(benchmark::State& state) {
 }
 BENCHMARK(BM_CaptureLeftOutThreads)->Arg(0)->Arg(1)->ArgName("exclude")->Threads(1)->Threads(4)->UseRealTime();
 
+// A fine-tune with a frozen backbone (issue 58): 12 frozen Linear(32, 32)
+// layers and a trainable head of 4, batch 8 (small, so that a step is the
+// graph's overhead, not arithmetic), one forward and backward a step, a
+// recorder sampling every 100th step. watch:0, the head alone is watched;
+// watch:1, the whole model: the head's hooks also look for a layer unfrozen
+// since step() (a relaxed load, and a lock once a step); watch:2, the
+// backbone alone, every watched parameter frozen: the first backward node
+// of a step looks, through a RecordFunction callback, which costs every
+// ATen op a check while it is on. The differences are what finding a layer
+// unfrozen during a step costs.
+void BM_FrozenBackboneStep(benchmark::State& state) {
+  const int watch = static_cast<int>(state.range(0));
+  torch::manual_seed(0);
+  torch::nn::Sequential net;
+  for (int i = 0; i < 12; ++i) {
+    net->push_back(torch::nn::Linear(32, 32));
+    net->push_back(torch::nn::ReLU());
+  }
+  for (auto& p : net->parameters()) p.set_requires_grad(false);
+  for (int i = 0; i < 4; ++i) {
+    net->push_back(torch::nn::Linear(32, 32));
+    net->push_back(torch::nn::Tanh());
+  }
+  BenchDir dir;
+  tensortap::Options options(dir.path + "/run");
+  options.format(tensortap::Format::Packed).every(100).kinds({tensortap::Kind::Grad});
+  if (watch == 0) options.exclude("^([0-9]|1[0-9]|2[0-3])\\.");  // the 12 frozen layers: children 0-23
+  if (watch == 2) options.include("^([0-9]|1[0-9]|2[0-3])\\.");
+  auto rec = tensortap::watch(*net, options);
+  const at::Tensor x = at::randn({8, 32});
+  std::int64_t step = 0;
+  for (auto _ : state) {
+    rec->step(step++);
+    net->forward(x).sum().backward();
+    for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
+  }
+  rec->close();
+}
+BENCHMARK(BM_FrozenBackboneStep)->Arg(0)->Arg(1)->Arg(2)->ArgName("watch")->UseRealTime();
+
 // Sizes 1 KiB to 64 MiB; iterations bounded by bytes, because every sampled
 // capture becomes a file in /dev/shm.
 const bool registered = [] {

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,10 +14,13 @@
 
 namespace tensortap::detail {
 
-/// What a bound tap point needs: the recorder's front end and the point's name.
+/// What a bound tap point needs: the recorder's front end and the point's
+/// name. A step scope's (TorchScript) also has `open_step`: its ops are
+/// recorded only while it holds the current step (until backward begins).
 struct TapBinding {
   std::shared_ptr<FrontEnd> front;
   std::string name;
+  const std::atomic<std::int64_t>* open_step = nullptr;
 };
 
 /// The recorders a tap point feeds (see TapPoint::bindings_).
@@ -51,6 +56,12 @@ void op_capture_release();
 /// recorders that captures ops. `bindings` stays alive until the pop.
 void op_scope_push(const TapBindings* bindings);
 void op_scope_pop();
+
+/// The scope of a step on this thread (TorchScript: every top-level op the
+/// thread runs, named `<op>` or `<name>/<op>`), where no tap point's scope
+/// is open; replaces this thread's last, null clears it. Kept by a weak
+/// reference: a scope whose watcher is gone records nothing.
+void op_step_scope(const std::shared_ptr<const TapBindings>& bindings);
 
 /// While alive, ATen ops on this thread are tensortap's own (copies into
 /// staging, the gradient view): op capture ignores them.

@@ -235,6 +235,70 @@ TEST_CASE("a layer frozen at watch() and unfrozen later gets its end-of-step gra
   CHECK(torch::equal(read_record(dir.path, "grad", "0.weight", 3), want[1]));
 }
 
+TEST_CASE("a layer unfrozen during a step is recorded from that step, whatever the order of zero_grad()",
+          "[hooks][gan]") {
+  // Issue 58: set_requires_grad(true) after step(2) and before the forward
+  // and backward: the layer trained in step 2, .grad() held its gradient,
+  // and the hook came only at step(3). The hook now comes as step 2's
+  // backward begins, before the gradient is accumulated, so the record is
+  // the gradient itself, whether the loop zeroes before or after.
+  for (const int order : {0, 1, 2}) {  // zero_grad before backward, after opt.step, none (set to None)
+    CAPTURE(order);
+    TempDir dir;
+    torch::manual_seed(7);
+    nn::Sequential net(nn::Linear(3, 3), nn::Linear(3, 2));
+    const torch::Tensor w0 = net->named_parameters()["0.weight"];
+    for (auto& p : net[0]->parameters()) p.set_requires_grad(false);
+    torch::optim::SGD opt(net->parameters(), 0.1);
+    auto rec = tensortap::watch(*net, Options(dir.path).kinds({Kind::Grad}));
+    std::vector<torch::Tensor> want;
+    for (std::int64_t s = 0; s < 4; ++s) {
+      rec->step(s);
+      if (s == 2)
+        for (auto& p : net[0]->parameters()) p.set_requires_grad(true);  // during the step
+      if (order == 0) opt.zero_grad();
+      const torch::Tensor before = w0.grad().defined() ? w0.grad().clone() : torch::zeros_like(w0);
+      net->forward(torch::randn({4, 3})).pow(2).sum().backward();
+      if (s >= 2) want.push_back(w0.grad() - (order == 0 ? torch::zeros_like(w0) : before));
+      opt.step();
+      if (order == 1) opt.zero_grad();
+      if (order == 2)
+        for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+    }
+    const std::string err = tt_test::stderr_of(dir / "stderr", [&] { rec->close(); });
+    CHECK(err.find("started training") == std::string::npos);
+    REQUIRE(tt_test::index_lines_with(dir.path, "\"name\":\"0.weight\"").size() == 2);
+    CHECK(torch::allclose(read_record(dir.path, "grad", "0.weight", 2), want[0], 0, 0));
+    CHECK(torch::allclose(read_record(dir.path, "grad", "0.weight", 3), want[1], 0, 0));
+  }
+}
+
+TEST_CASE("a layer unfrozen between two backward passes of a step is said to have trained unrecorded",
+          "[hooks][gan]") {
+  // The hook comes as a step's first backward pass begins: a layer
+  // unfrozen after it (between micro-batches) is hooked at the next step(),
+  // which says that its gradient of the step before was not recorded.
+  TempDir dir;
+  torch::manual_seed(7);
+  nn::Sequential net(nn::Linear(3, 3), nn::Linear(3, 2));
+  for (auto& p : net[0]->parameters()) p.set_requires_grad(false);
+  auto rec = tensortap::watch(*net, Options(dir.path).kinds({Kind::Grad}));
+  rec->step(0);
+  net->forward(torch::randn({4, 3})).pow(2).sum().backward();
+  for (auto& p : net[0]->parameters()) p.set_requires_grad(true);
+  net->forward(torch::randn({4, 3})).pow(2).sum().backward();
+  const std::string err = tt_test::stderr_of(dir / "stderr", [&] {
+    rec->step(1);
+    net->forward(torch::randn({4, 3})).pow(2).sum().backward();
+    rec->step(2);
+  });
+  CHECK_THAT(err, Catch::Contains("tensortap: warning: 0.weight started training during step 0; its gradient at "
+                                  "step 0 was not recorded"));
+  CHECK(err.find("started training") == err.rfind("started training"));  // once
+  rec->close();
+  CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"0.weight\"").size() == 1);  // step 1
+}
+
 TEST_CASE("record_grads() before backward() loses nothing: the step's sum is recorded at its end", "[hooks][gan]") {
   TempDir dir;
   torch::manual_seed(3);

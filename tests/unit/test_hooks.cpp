@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <new>
@@ -10,6 +11,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 #include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/serialize.h>
 
@@ -732,6 +734,32 @@ TEST_CASE("a tensor registered under two names is recorded once, its other names
   CHECK_THAT(tt_test::read_file(dir / "run.json"), Catch::Contains("\"aliases\": {\"a.w\": [\"b.w\"]}"));
 }
 
+TEST_CASE("a module registered under two names is bound once, under its first name, the other an alias",
+          "[hooks][tied]") {
+  // Issue 58: one Tapped<Linear> registered as `enc` and `dec` and called
+  // twice a step wrote enc, dec, enc#1 and dec#1; the Python twin (PyTorch's
+  // named_modules keeps the first name) writes enc and enc#1.
+  TempDir dir;
+  auto net = std::make_shared<torch::nn::Module>();
+  tensortap::Tapped<torch::nn::Linear> shared(3, 3);
+  net->register_module("enc", shared);
+  net->register_module("dec", shared);
+  auto rec = tensortap::watch(*net, Options(dir.path).kinds({Kind::Activation, Kind::Grad}));
+  rec->step(0);
+  const torch::Tensor x = torch::randn({2, 3});
+  const torch::Tensor y1 = shared(x);
+  const torch::Tensor y2 = shared(y1);
+  y2.sum().backward();
+  rec->close();
+  CHECK(tt_test::index_lines_with(dir.path, "\"kind\":\"activation\",\"name\":\"enc\"").size() == 1);
+  CHECK(tt_test::index_lines_with(dir.path, "\"kind\":\"activation\",\"name\":\"enc#1\"").size() == 1);
+  CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"dec").empty());
+  CHECK(torch::equal(load(dir.path, "activation", "enc#1", 0), y2));
+  // Its parameters, tied the same way, are enc's.
+  CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"enc.weight\"").size() == 1);
+  CHECK_THAT(tt_test::read_file(dir / "run.json"), Catch::Contains("\"enc\": [\"dec\"]"));
+}
+
 TEST_CASE("a parameter left behind by a reassigned member is named once, at the first step with gradients",
           "[hooks][tied]") {
   // A literal port of Python's `lm_head.weight = tok.weight`: the member
@@ -752,6 +780,69 @@ TEST_CASE("a parameter left behind by a reassigned member is named once, at the 
   CHECK_THAT(err, Catch::Contains("1 watched parameter(s) got no gradient in step 0 while others did: '1.weight'"));
   CHECK(err.find("got no gradient") == err.rfind("got no gradient"));  // once
   CHECK(tt_test::index_lines_with(dir.path, "\"name\":\"1.weight\"").empty());
+}
+
+namespace {
+
+// The activation records of `dir` at `step`, in index order, by name.
+std::vector<std::string> activation_names(const std::string& dir, std::int64_t step) {
+  std::vector<std::string> names;
+  const std::string at = fmt::format("{{\"step\":{},\"kind\":\"activation\",\"name\":\"", step);
+  for (const std::string& line : tt_test::read_lines(dir + "/index.jsonl"))
+    if (line.rfind(at, 0) == 0) names.push_back(line.substr(at.size(), line.find('"', at.size()) - at.size()));
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("capture_ops records a watched TorchScript module's ops, from step() to the step's backward",
+          "[hooks][jit]") {
+  // Issue 58: Options::capture_ops(true) recorded nothing for a watched
+  // torch::jit::Module (op capture ran only inside a tap point's scope,
+  // and a scripted module has none), though README promised its ops.
+  TempDir dir;
+  torch::manual_seed(7);
+  torch::jit::setGraphExecutorOptimize(false);
+  torch::jit::Module net("Net");
+  net.register_parameter("w", torch::randn({3, 4}, torch::requires_grad()), /*is_buffer=*/false);
+  net.register_parameter("v", torch::randn({4, 2}, torch::requires_grad()), /*is_buffer=*/false);
+  net.define(R"JIT(
+def forward(self, x):
+    return torch.mm(torch.relu(torch.mm(x, self.w)), self.v)
+)JIT");
+  std::vector<torch::Tensor> params;
+  for (const torch::Tensor& p : net.parameters()) params.push_back(p);
+  torch::optim::SGD opt(params, 0.1);
+  tensortap::Recorder rec{Options(dir.path).capture_ops(true).kinds({Kind::Activation})};
+  tensortap::watch(net, rec, "ts");
+  std::vector<torch::Tensor> outputs, losses;
+  for (std::int64_t s = 0; s < 2; ++s) {
+    // Before step(): not the step's (zero_grad()'s aten::zero_, the batch's
+    // aten::randn would be, after it).
+    opt.zero_grad();
+    const torch::Tensor x = torch::randn({5, 3});
+    rec.step(s);
+    const torch::Tensor out = net.forward({x}).toTensor();
+    const torch::Tensor loss = out.pow(2).sum();  // the loop's ops: recorded too
+    loss.backward();                              // from its first node on, none
+    opt.step();
+    outputs.push_back(out.detach().clone());
+    losses.push_back(loss.detach().clone());
+  }
+  rec.close();
+  torch::jit::setGraphExecutorOptimize(true);
+  for (std::int64_t s = 0; s < 2; ++s) {
+    INFO("step " << s);
+    std::vector<std::string> got = activation_names(dir.path, s);
+    // backward() makes the seed gradient (ones) itself before autograd's
+    // first node runs: the last op of the span.
+    if (!got.empty() && got.back() == "ts/aten::ones_like") got.pop_back();
+    const std::vector<std::string> want{"ts/aten::mm", "ts/aten::relu", "ts/aten::mm#1", "ts/aten::pow",
+                                        "ts/aten::sum"};
+    CHECK(got == want);
+    CHECK(torch::equal(load(dir.path, "activation", "ts/aten::mm#1", s), outputs[static_cast<std::size_t>(s)]));
+    CHECK(torch::equal(load(dir.path, "activation", "ts/aten::sum", s), losses[static_cast<std::size_t>(s)]));
+  }
 }
 
 TEST_CASE("watch() of a TorchScript module saved by Python (torch.jit.save) and loaded in C++", "[hooks][jit]") {
@@ -788,4 +879,23 @@ TEST_CASE("watch() of a TorchScript module saved by Python (torch.jit.save) and 
       CHECK(torch::equal(load(dir.path, "grad", name, s), grads[static_cast<std::size_t>(s)]));
     }
   CHECK(torch::equal(load(dir.path, "buffer", "scale", 1), torch::full({1}, 2.0)));
+
+  // Its ops, with capture_ops: the model's forward, then the loss.
+  TempDir ops_dir;
+  torch::jit::setGraphExecutorOptimize(false);
+  tensortap::Recorder ops_rec{Options(ops_dir.path).capture_ops(true).kinds({Kind::Activation})};
+  tensortap::watch(net, ops_rec);
+  const torch::Tensor x = torch::randn({5, 3});
+  ops_rec.step(0);
+  const torch::Tensor out = net.forward({x}).toTensor();
+  out.pow(2).sum().backward();
+  ops_rec.close();
+  torch::jit::setGraphExecutorOptimize(true);
+  const std::vector<std::string> got = activation_names(ops_dir.path, 0);
+  CAPTURE(got);
+  REQUIRE(got.size() >= 5);
+  CHECK(got.front() == "aten::linear");
+  CHECK(std::count(got.begin(), got.end(), "aten::linear#1") == 1);
+  CHECK((got.back() == "aten::sum" || (got.back() == "aten::ones_like" && got[got.size() - 2] == "aten::sum")));
+  CHECK(torch::equal(load(ops_dir.path, "activation", "aten::linear#1", 0), out));
 }
