@@ -6,6 +6,7 @@
 
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/serialize/input-archive.h>
 
 #include <tensortap/error.h>
@@ -79,6 +80,19 @@ void read_into(torch::nn::Module& m, torch::serialize::InputArchive& archive, co
   }
 }
 
+// Whether `path` is a zip archive written by Python's torch.save() of a
+// plain object (a state_dict): its data.pkl beside no constants.pkl, where
+// torch::save (a TorchScript archive) writes both. LibTorch calls it
+// "corrupted" (issue 55).
+bool is_python_pickle(const std::string& path) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    return reader.hasRecord("data.pkl") && !reader.hasRecord("constants.pkl");
+  } catch (...) {
+    return false;  // not a zip archive of LibTorch's form: not a pickle of torch.save either
+  }
+}
+
 }  // namespace
 
 void load_checkpoint(torch::nn::Module& module, const std::string& path, const c10::optional<c10::Device>& device) {
@@ -86,6 +100,13 @@ void load_checkpoint(torch::nn::Module& module, const std::string& path, const c
   try {
     archive.load_from(path, device);
   } catch (const c10::Error& e) {
+    if (is_python_pickle(path))
+      detail::fail(
+          "load_checkpoint: '{}' is a Python state_dict (torch.save of a dict), not a checkpoint torch::save "
+          "writes: save it with `torch.save({{k: v for k, v in sd.items()}})` and load it with "
+          "`torch::pickle_load`, or record the Python run with the twin (tensortap.torch, kinds param and "
+          "buffer) and use `tensortap::load_params`",
+          path);
     detail::fail("load_checkpoint: '{}': {}", path, e.what_without_backtrace());
   }
   std::vector<Pending> pending;

@@ -240,12 +240,15 @@ class RunWriter:
             os.close(self._dir)
 
 
-def default_options(every: int, kinds: List[str]) -> Dict[str, Any]:
+def default_options(every: int, kinds: List[str], start: int = 0, stop: Optional[int] = None,
+                    steps: Sequence[int] = (), capture_eval: bool = False) -> Dict[str, Any]:
     """run.json's "options" for a Python run: the C++ recorder's names, with
-    the values the twin has (the rest at the C++ defaults, or off)."""
-    return {"every": every, "start": 0, "stop": -1, "include": "", "exclude": "", "kinds": list(kinds),
-            "every_by_kind": {k: (every if k in kinds else 0) for k in KINDS}, "steps": [], "ranks": [],
-            "capture_eval": False, "grad_per_backward": False, "capture_ops": False, "on_error": "continue",
+    the values the twin has (the rest at the C++ defaults, or off). An unset
+    `stop` is null, as C++ writes its unset std::optional (runs written
+    before said -1; the reader takes both)."""
+    return {"every": every, "start": start, "stop": stop, "include": "", "exclude": "", "kinds": list(kinds),
+            "every_by_kind": {k: (every if k in kinds else 0) for k in KINDS}, "steps": list(steps), "ranks": [],
+            "capture_eval": capture_eval, "grad_per_backward": False, "capture_ops": False, "on_error": "continue",
             "tap_sequential": "", "stats_every": 0, "flight_recorder": 0, "tensorboard": None, "dump_on": []}
 
 

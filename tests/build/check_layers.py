@@ -22,9 +22,10 @@ PUBLIC = {part: {p.relative_to(ROOT / part / "include" / "tensortap").as_posix()
 # What each part may use: its own folder and the parts below it. hooks/
 # uses sdk's interface; of the internals below it, hooks/ may include only
 # the front end (sdk/src/front/front_end.h, which keeps the pipeline's headers to
-# itself) and writers' check.h (how every part throws).
+# itself), writers' check.h (how every part throws) and run_records.h (a
+# run read back: load_params puts a run's records into a module).
 MAY_USE = {"writers": ("writers",), "sdk": ("writers", "sdk"), "hooks": ("sdk", "hooks")}
-HOOKS_MAY_ALSO = {"writers/src/check.h"}
+HOOKS_MAY_ALSO = {"writers/src/check.h", "writers/src/run_records.h"}
 HOOKS_MAY_USE_OF_SDK = {"sdk/src/front/front_end.h"}
 # What sdk/src/front/front_end.h may include of sdk/src: hooks/ sees these
 # through it, so the pipeline (staging, the snapshotter, the writer thread,

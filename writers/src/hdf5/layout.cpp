@@ -26,6 +26,43 @@ constexpr std::size_t kLargeChunk = std::size_t{1} << 20;
 constexpr std::uint64_t kFlushBytes = std::uint64_t{64} << 10;
 constexpr std::int64_t kMaxFlushSteps = 8;
 
+
+void write_string_attr(H5::H5Object& obj, const char* name, const std::string& value) {
+  H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
+  type.setCset(H5T_CSET_UTF8);
+  H5::Attribute a = obj.createAttribute(name, type, H5::DataSpace(H5S_SCALAR));
+  a.write(type, value);
+}
+
+void write_ints_attr(H5::H5Object& obj, const char* name, c10::IntArrayRef v) {
+  const hsize_t n = v.size();
+  H5::DataSpace space = n == 0 ? H5::DataSpace(H5S_NULL) : H5::DataSpace(1, &n);
+  H5::Attribute a = obj.createAttribute(name, H5::PredType::STD_I64LE, space);
+  if (n != 0) a.write(H5::PredType::NATIVE_INT64, v.data());
+}
+
+// Chunk dims for rows of `shape`: about `target` bytes, at most 256 rows,
+// halving the largest axis of a row that alone exceeds the target.
+std::vector<hsize_t> chunk_dims(c10::IntArrayRef shape, std::size_t elem, std::size_t target) {
+  std::vector<hsize_t> inner;
+  for (std::int64_t d : shape) inner.push_back(static_cast<hsize_t>(std::max<std::int64_t>(d, 1)));
+  auto bytes = [&] {
+    hsize_t b = elem;
+    for (hsize_t d : inner) b *= d;
+    return b;
+  };
+  while (bytes() > target) {
+    auto it = std::max_element(inner.begin(), inner.end());
+    if (it == inner.end() || *it == 1) break;
+    *it = (*it + 1) / 2;
+  }
+  std::vector<hsize_t> dims{std::clamp<hsize_t>(target / bytes(), 1, kMaxRowsPerChunk)};
+  dims.insert(dims.end(), inner.begin(), inner.end());
+  return dims;
+}
+
+}  // namespace
+
 // The file type of each stored element, the way h5py writes (and reads) it.
 H5::DataType file_type(Element e) {
   switch (e) {
@@ -74,42 +111,6 @@ H5::DataType file_type(Element e) {
   }
   fail("HDF5 cannot store element type {}", static_cast<int>(e));
 }
-
-void write_string_attr(H5::H5Object& obj, const char* name, const std::string& value) {
-  H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
-  type.setCset(H5T_CSET_UTF8);
-  H5::Attribute a = obj.createAttribute(name, type, H5::DataSpace(H5S_SCALAR));
-  a.write(type, value);
-}
-
-void write_ints_attr(H5::H5Object& obj, const char* name, c10::IntArrayRef v) {
-  const hsize_t n = v.size();
-  H5::DataSpace space = n == 0 ? H5::DataSpace(H5S_NULL) : H5::DataSpace(1, &n);
-  H5::Attribute a = obj.createAttribute(name, H5::PredType::STD_I64LE, space);
-  if (n != 0) a.write(H5::PredType::NATIVE_INT64, v.data());
-}
-
-// Chunk dims for rows of `shape`: about `target` bytes, at most 256 rows,
-// halving the largest axis of a row that alone exceeds the target.
-std::vector<hsize_t> chunk_dims(c10::IntArrayRef shape, std::size_t elem, std::size_t target) {
-  std::vector<hsize_t> inner;
-  for (std::int64_t d : shape) inner.push_back(static_cast<hsize_t>(std::max<std::int64_t>(d, 1)));
-  auto bytes = [&] {
-    hsize_t b = elem;
-    for (hsize_t d : inner) b *= d;
-    return b;
-  };
-  while (bytes() > target) {
-    auto it = std::max_element(inner.begin(), inner.end());
-    if (it == inner.end() || *it == 1) break;
-    *it = (*it + 1) / 2;
-  }
-  std::vector<hsize_t> dims{std::clamp<hsize_t>(target / bytes(), 1, kMaxRowsPerChunk)};
-  dims.insert(dims.end(), inner.begin(), inner.end());
-  return dims;
-}
-
-}  // namespace
 
 void set_dense_links(hid_t plist) {
   if (H5Pset_link_phase_change(plist, 0, 0) < 0)

@@ -95,6 +95,10 @@ std::size_t chunk_cache_bytes(const std::vector<hsize_t>& chunk, Element stored)
 /// for smaller ones.
 std::int64_t auto_flush_steps(std::uint64_t mean_record_bytes);
 
+/// The file type of each stored element, the way h5py writes (and reads)
+/// it; also the memory type a reader asks for, which gives the same bytes.
+H5::DataType file_type(Element e);
+
 /// Writes the file's attributes: the tensortap, torch and format versions.
 void write_file_attributes(H5::H5File& file);
 

@@ -7,9 +7,11 @@
 #include <vector>
 
 #include <c10/core/ScalarType.h>
+#include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
 #include "writers/src/dtypes.h"
+#include "writers/src/file.h"
 
 namespace tensortap::detail {
 
@@ -66,5 +68,9 @@ std::uint64_t npy_header_end(std::string_view first_bytes, std::uint64_t file_si
 /// an unsupported dtype, a negative shape, or a shape whose byte count
 /// overflows or exceeds the file. Never reads past `prefix`.
 NpyHeader parse_npy_header(std::string_view prefix, std::uint64_t file_size, const std::string& what);
+
+/// `load_npy()` of the file `rel` of `dir`, opened through it (no link
+/// followed, never outside it), the image at `offset` (a packed segment's).
+at::Tensor load_npy_at(const Dir& dir, const std::string& rel, std::uint64_t offset);
 
 }  // namespace tensortap::detail

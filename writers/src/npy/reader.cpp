@@ -88,11 +88,19 @@ at::Tensor load_npy(const std::string& path, std::uint64_t offset, const LoadOpt
 
 namespace {
 
+at::Tensor load_from(const detail::File& f, const std::string& path, std::uint64_t offset, const LoadOptions& options,
+                     const std::string& what);
+
 at::Tensor load(const std::string& path, std::uint64_t offset, const LoadOptions& options, const std::string& what) {
   // O_NONBLOCK: opening a FIFO planted at `path` would otherwise wait for a
   // writer forever, before the regular-file check below could refuse it. It
   // changes nothing for a regular file.
   const detail::File f = detail::File::open(path, O_RDONLY | O_NONBLOCK);
+  return load_from(f, path, offset, options, what);
+}
+
+at::Tensor load_from(const detail::File& f, const std::string& path, std::uint64_t offset, const LoadOptions& options,
+                     const std::string& what) {
   const struct stat st = f.status();
   if (!S_ISREG(st.st_mode)) detail::fail("{}: not a regular file", what);
   const auto whole_size = static_cast<std::uint64_t>(st.st_size);
@@ -140,6 +148,20 @@ at::Tensor load(const std::string& path, std::uint64_t offset, const LoadOptions
 }
 
 }  // namespace
+
+namespace detail {
+
+at::Tensor load_npy_at(const Dir& dir, const std::string& rel, std::uint64_t offset) {
+  const std::string what = fmt::format("'{}'{}", dir.path_of(rel), offset ? fmt::format(" at offset {}", offset) : "");
+  const File f = dir.open_file(rel, O_RDONLY | O_NONBLOCK);
+  try {
+    return load_from(f, dir.path_of(rel), offset, LoadOptions(), what);
+  } catch (const c10::Error& e) {
+    fail("{}: {}", what, e.what_without_backtrace());
+  }
+}
+
+}  // namespace detail
 
 void save_npy(const std::string& path, const at::Tensor& tensor) {
   if (!tensor.defined()) detail::fail("save_npy: '{}': the tensor is undefined", path);

@@ -1,0 +1,317 @@
+#include "writers/src/run_records.h"
+
+#include <fcntl.h>
+
+#include <limits>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "writers/src/check.h"
+#include "writers/src/dtypes.h"
+#include "writers/src/npy/format.h"
+
+#ifdef TENSORTAP_HAVE_HDF5
+#include "writers/src/hdf5/read.h"
+#endif
+
+namespace tensortap::detail {
+namespace {
+
+// A strict reader of the one JSON form the index has: an object of
+// strings, integers and arrays of integers (what append_index_line
+// writes, and the Python twin's writer). Anything else is refused.
+class LineParser {
+ public:
+  LineParser(std::string_view s, const std::string& where) : s_(s), where_(where) {}
+
+  [[noreturn]] void bad(const std::string& what) const {
+    fail("{}: {} (at byte {} of the line)", where_, what, i_);
+  }
+  void space() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\r')) ++i_;
+  }
+  bool take(char c) {
+    space();
+    if (i_ < s_.size() && s_[i_] == c) {
+      ++i_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c) {
+    if (!take(c)) bad(fmt::format("expected '{}'", c));
+  }
+  bool at_end() {
+    space();
+    return i_ == s_.size();
+  }
+
+  std::int64_t integer() {
+    space();
+    const std::size_t start = i_;
+    bool negative = false;
+    if (i_ < s_.size() && s_[i_] == '-') {
+      negative = true;
+      ++i_;
+    }
+    if (i_ == s_.size() || s_[i_] < '0' || s_[i_] > '9') bad("expected an integer");
+    std::uint64_t v = 0;
+    while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') {
+      const auto d = static_cast<std::uint64_t>(s_[i_++] - '0');
+      if (v > (static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) - d) / 10)
+        bad(fmt::format("the integer {} does not fit 63 bits", s_.substr(start, i_ - start)));
+      v = v * 10 + d;
+    }
+    if (i_ < s_.size() && (s_[i_] == '.' || s_[i_] == 'e' || s_[i_] == 'E')) bad("expected an integer, not a fraction");
+    return negative ? -static_cast<std::int64_t>(v) : static_cast<std::int64_t>(v);
+  }
+
+  std::string string() {
+    space();
+    if (i_ >= s_.size() || s_[i_] != '"') bad("expected a string");
+    ++i_;
+    std::string out;
+    while (true) {
+      if (i_ >= s_.size()) bad("a string that never ends");
+      const char c = s_[i_++];
+      if (c == '"') return out;
+      if (static_cast<unsigned char>(c) < 0x20) bad("a control character inside a string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (i_ >= s_.size()) bad("a string that never ends");
+      const char e = s_[i_++];
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': unicode(out); break;
+        default: bad(fmt::format("an escape '\\{}' JSON does not have", e));
+      }
+    }
+  }
+
+  std::vector<std::int64_t> integers() {
+    expect('[');
+    std::vector<std::int64_t> out;
+    if (take(']')) return out;
+    do {
+      out.push_back(integer());
+    } while (take(','));
+    expect(']');
+    return out;
+  }
+
+ private:
+  unsigned hex4() {
+    if (i_ + 4 > s_.size()) bad("a \\u escape cut short");
+    unsigned v = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char h = s_[i_++];
+      v <<= 4;
+      if (h >= '0' && h <= '9')
+        v |= static_cast<unsigned>(h - '0');
+      else if (h >= 'a' && h <= 'f')
+        v |= static_cast<unsigned>(h - 'a' + 10);
+      else if (h >= 'A' && h <= 'F')
+        v |= static_cast<unsigned>(h - 'A' + 10);
+      else
+        bad("a \\u escape that is not hexadecimal");
+    }
+    return v;
+  }
+
+  // A name's byte that is not UTF-8 is \udcXX (Python's surrogateescape,
+  // as the writers put it): the byte itself. Any other code point as UTF-8.
+  void unicode(std::string& out) {
+    unsigned cp = hex4();
+    if (cp >= 0xDC80 && cp <= 0xDCFF) {
+      out += static_cast<char>(cp - 0xDC00);
+      return;
+    }
+    if (cp >= 0xD800 && cp <= 0xDBFF) {
+      if (i_ + 2 > s_.size() || s_[i_] != '\\' || s_[i_ + 1] != 'u') bad("a lone high surrogate");
+      i_ += 2;
+      const unsigned lo = hex4();
+      if (lo < 0xDC00 || lo > 0xDFFF) bad("a high surrogate without its low one");
+      cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+    } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+      bad("a lone low surrogate");
+    }
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xE0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+
+  std::string_view s_;
+  const std::string& where_;
+  std::size_t i_ = 0;
+};
+
+Kind kind_named(const std::string& name, const LineParser& p) {
+  for (Kind k : kAllKinds)
+    if (name == kind_name(k)) return k;
+  p.bad(fmt::format("a kind tensortap does not have: '{}'", name));
+}
+
+// A record's file must stay inside the rank's directory: relative, no "..",
+// no empty or "." component. (Dir::open_file refuses links on the way too.)
+void check_inside(const std::string& file, const std::string& where) {
+  if (file.empty() || file.front() == '/') fail("{}: the file '{}' is not a path inside the run", where, file);
+  std::size_t start = 0;
+  while (start <= file.size()) {
+    const std::size_t end = std::min(file.find('/', start), file.size());
+    const std::string_view part(file.data() + start, end - start);
+    if (part.empty() || part == "." || part == "..")
+      fail("{}: the file '{}' is not a path inside the run", where, file);
+    start = end + 1;
+  }
+}
+
+// The dtype the index names (PyTorch's Python name: "float32", "bfloat16").
+std::optional<c10::ScalarType> index_dtype(const std::string& name) {
+  for (int i = 0; i < static_cast<int>(c10::ScalarType::NumOptions); ++i) {
+    const auto t = static_cast<c10::ScalarType>(i);
+    const DtypeInfo* info = dtype_info(t);
+    if (info != nullptr && name == info->name) return t;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+IndexRecord parse_index_line(std::string_view line, const std::string& where) {
+  LineParser p(line, where);
+  IndexRecord r;
+  bool seen[10] = {};
+  static constexpr const char* kMembers[10] = {"step", "kind", "name", "dtype", "shape",
+                                               "file", "offset", "nbytes", "dataset", "row"};
+  p.expect('{');
+  if (!p.take('}')) {
+    do {
+      const std::string key = p.string();
+      p.expect(':');
+      std::size_t k = 0;
+      while (k < 10 && key != kMembers[k]) ++k;
+      if (k == 10) p.bad(fmt::format("a member the index does not have: '{}'", key));
+      if (seen[k]) p.bad(fmt::format("the member '{}' twice", key));
+      seen[k] = true;
+      switch (k) {
+        case 0: r.step = p.integer(); break;
+        case 1: r.kind = kind_named(p.string(), p); break;
+        case 2: r.name = p.string(); break;
+        case 3: r.dtype = p.string(); break;
+        case 4: r.shape = p.integers(); break;
+        case 5: r.file = p.string(); break;
+        case 6: r.offset = static_cast<std::uint64_t>(p.integer()); break;
+        case 7: r.nbytes = static_cast<std::uint64_t>(p.integer()); break;
+        case 8: r.dataset = p.string(); break;
+        case 9: r.row = p.integer(); break;
+      }
+    } while (p.take(','));
+    p.expect('}');
+  }
+  if (!p.at_end()) p.bad("more after the line's object");
+  for (std::size_t k : {0, 1, 2, 3, 4, 5})
+    if (!seen[k]) p.bad(fmt::format("no member '{}'", kMembers[k]));
+  if (r.step < 0) p.bad("a negative step");
+  for (std::int64_t d : r.shape)
+    if (d < 0) p.bad("a negative dimension");
+  return r;
+}
+
+Dir open_rank_dir(const std::string& path, std::int64_t rank) {
+  TENSORTAP_CHECK(rank >= 0, "the rank {} of run '{}' is negative", rank, path);
+  Dir root = Dir::open(path, /*create=*/false);
+  const std::string name = fmt::format("rank{}", rank);
+  if (root.exists(name)) return root.sub(name, /*create=*/false);
+  TENSORTAP_CHECK(root.exists("index.jsonl"), "'{}' holds no run: no index.jsonl and no {}/", path, name);
+  TENSORTAP_CHECK(rank == 0, "run '{}' has one rank, not a rank {}", path, rank);
+  return root;
+}
+
+std::vector<IndexRecord> read_index(const Dir& dir, const std::string& path) {
+  const File f = dir.open_file("index.jsonl", O_RDONLY | O_NONBLOCK);
+  const struct stat st = f.status();
+  TENSORTAP_CHECK(S_ISREG(st.st_mode), "'{}/index.jsonl' is not a regular file", path);
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  text.resize(f.pread_upto(text.data(), text.size(), 0));
+  std::vector<IndexRecord> out;
+  std::size_t start = 0, line = 1;
+  while (start < text.size()) {
+    const std::size_t nl = text.find('\n', start);
+    const std::string_view s(text.data() + start, (nl == std::string::npos ? text.size() : nl) - start);
+    const std::string where = fmt::format("'{}/index.jsonl' line {}", path, line);
+    if (nl == std::string::npos) {
+      // A last line a crash cut short is no record, as for the Python reader.
+      try {
+        out.push_back(parse_index_line(s, where));
+      } catch (const Error&) {
+      }
+      break;
+    }
+    if (!s.empty()) out.push_back(parse_index_line(s, where));
+    start = nl + 1;
+    ++line;
+  }
+  return out;
+}
+
+bool holds_dtype(const IndexRecord& record, c10::ScalarType dtype) {
+  const std::optional<c10::ScalarType> t = index_dtype(record.dtype);
+  return t && *t == dtype;
+}
+
+std::string index_dtype_name(c10::ScalarType dtype) { return dtype_name(dtype); }
+
+at::Tensor read_record(const Dir& dir, const std::string& path, const IndexRecord& r) {
+  const std::string where = fmt::format("run '{}': {} '{}' step {}", path, kind_name(r.kind), r.name, r.step);
+  check_inside(r.file, where);
+  const std::optional<c10::ScalarType> dtype = index_dtype(r.dtype);
+  TENSORTAP_CHECK(dtype.has_value(), "{}: a dtype this LibTorch does not have, or tensortap does not store: '{}'",
+                  where, r.dtype);
+  const DtypeInfo* info = dtype_info(*dtype);
+  TENSORTAP_CHECK(info != nullptr, "{}: a dtype tensortap does not store: '{}'", where, r.dtype);
+  at::Tensor t;
+  if (!r.dataset.empty()) {
+#ifdef TENSORTAP_HAVE_HDF5
+    TENSORTAP_CHECK(r.row.has_value(), "{}: an HDF5 record without a row", where);
+    t = read_hdf5_row(dir, r.file, r.dataset, *r.row, r.shape, *info, where);
+#else
+    fail("{}: this tensortap was built without HDF5 (TENSORTAP_WITH_HDF5), so it cannot read '{}'", where,
+         dir.path_of(r.file));
+#endif
+  } else {
+    t = load_npy_at(dir, r.file, r.offset.value_or(0));
+  }
+  TENSORTAP_CHECK(t.sizes() == c10::IntArrayRef(r.shape), "{}: the file holds shape [{}], the index says [{}]", where,
+                  fmt::join(t.sizes(), ", "), fmt::join(r.shape, ", "));
+  TENSORTAP_CHECK(t.scalar_type() == info->stored, "{}: the file holds {}, not what {} is stored as", where,
+                  dtype_name(t.scalar_type()), r.dtype);
+  // Back to the dtype captured: bfloat16 was widened exactly, a float8 is
+  // its codes.
+  if (info->bits) return t.view(*dtype);
+  return t.scalar_type() == *dtype ? t : t.to(*dtype);
+}
+
+}  // namespace tensortap::detail
