@@ -36,7 +36,7 @@ import re
 import socket
 import stat
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -45,7 +45,7 @@ from ._base import json_string as _json_string
 from ._files import _open_regular, _rank_dumps
 from ._names import DUMPS, EVENTS_PREFIX, EVENTS_SUFFIX, STATS_TABLE, is_events_file_name
 from ._tb_events import (FILE_VERSION, _custom_scalars_value, _event, _histogram_value, _scalar_head, _summary,
-                         _text_value, frame)
+                         _text_value, frame, tag_text)
 from ._tb_values import histogram, scalar_value
 
 if TYPE_CHECKING:
@@ -76,17 +76,82 @@ def written_fields(stats) -> Tuple[List[str], bool]:
     return [f for f in STATS_FIELDS if f in chosen], not chosen & set(_COUNTS)
 
 
-def layout(stats) -> list:
-    """The custom scalars layout (EVENTS.md, "The layout"), as _custom_scalars_value
-    takes it: the 0-d tensors first, then the gradients' norms and the
-    activations' std where those are written."""
-    fields, _ = written_fields(stats)
-    suffixes = "|".join(STATS_FIELDS) + "|nonfinite"
-    out = [("tensortap: 0-d tensors (loss, learning rate)", [("tensor/<name>", [f"tensor/(?!.*/(?:{suffixes})$)"])])]
-    if "norm" in fields:
-        out.append(("tensortap: gradient norms", [("grad/<name>/norm", ["grad/.*/norm$"])]))
-    if "std" in fields:
-        out.append(("tensortap: activations' std", [("activation/<name>/std", ["activation/.*/std$"])]))
+SCALARS_CATEGORY = "tensortap: 0-d tensors (loss, learning rate)"
+NORMS_CATEGORY = "tensortap: gradient norms"
+STDS_CATEGORY = "tensortap: activations' std"
+# A chart of more lines than this is a solid block (issue 58: 36 gradient
+# norms in one colour); past it a module's series go on in further charts.
+SERIES_PER_CHART = 16
+# What Python's re.escape escapes (3.7 on), written out so that the export
+# and the recorder (regex_escape in writers/src/tensorboard/events.cpp)
+# follow EVENTS.md's list, not whatever the running Python's re does.
+_REGEX_SPECIAL = frozenset("()[]{}?*+-|^$\\.&~# \t\n\r\v\f")
+_SEPARATORS = re.compile("[./]")
+
+Layout = List[Tuple[str, List[Tuple[str, List[str]]]]]
+
+
+def regex_escape(text: str) -> str:
+    """`text` with a backslash before each character EVENTS.md lists."""
+    return "".join("\\" + c if c in _REGEX_SPECIAL else c for c in text)
+
+
+def _series_regex(tag: str) -> str:
+    """The one regular expression that matches the tag and nothing else
+    (TensorBoard's route matches from the tag's start, re.match: the `$`
+    keeps `tensor/lr` from matching `tensor/lr2`)."""
+    return "^" + regex_escape(tag) + "$"
+
+
+def _prefix(name: str, components: int) -> str:
+    """`name` up to (not including) its `components`-th '.' or '/'; the whole
+    name when it has fewer."""
+    ends = [m.start() for m in _SEPARATORS.finditer(name)]
+    return name[:ends[components - 1]] if len(ends) >= components else name
+
+
+def module_charts(names: Iterable[str], kind: str, stat: str) -> List[Tuple[str, List[str]]]:
+    """The charts of one category (EVENTS.md, "The layout"): `names` (as in
+    the tags) grouped by top-level module, groups in name order, each group
+    in charts of at most SERIES_PER_CHART series `^<kind>/<name>/<stat>$`."""
+    names = sorted(set(names))
+    # A model whose parameters all sit under one module (`model.`) would be
+    # one group of everything: then the module is one component deeper.
+    firsts = {_prefix(n, 1) for n in names}
+    depth = 2 if len(firsts) == 1 and any(_SEPARATORS.search(n) for n in names) else 1
+    groups: Dict[str, List[str]] = {}
+    for n in names:
+        groups.setdefault(_prefix(n, depth), []).append(n)
+    charts = []
+    for module in sorted(groups):
+        members = groups[module]
+        parts = -(-len(members) // SERIES_PER_CHART)
+        for p in range(parts):
+            title = module if parts == 1 else f"{module} ({p + 1}/{parts})"
+            chunk = members[p * SERIES_PER_CHART:(p + 1) * SERIES_PER_CHART]
+            charts.append((title, [_series_regex(f"{kind}/{n}/{stat}") for n in chunk]))
+    return charts
+
+
+def layout(scalars: Iterable[str] = (), grads: Iterable[str] = (), activations: Iterable[str] = ()) -> Layout:
+    """The custom scalars layout (EVENTS.md, "The layout"), as
+    _custom_scalars_value takes it: a chart per 0-d tensor name of `scalars`
+    (`loss` first), then the gradients' norms of the `grads` names and the
+    activations' std of the `activations` names (empty: no category; pass
+    none where the statistic is not written). Names are taken as the tags
+    hold them (U+FFFD for bytes that are not UTF-8): the same tag is one
+    series, and Python's order of code points is then the UTF-8 bytes' order,
+    the recorder's."""
+    scalars, grads, activations = ({tag_text(n) for n in names} for names in (scalars, grads, activations))
+    out: Layout = []
+    if scalars:
+        # The loss first: the chart a user opens the tab for.
+        order = sorted(scalars, key=lambda n: (n != "loss", n))
+        out.append((SCALARS_CATEGORY, [(n, [_series_regex(f"tensor/{n}")]) for n in order]))
+    if grads:
+        out.append((NORMS_CATEGORY, module_charts(grads, "grad", "norm")))
+    if activations:
+        out.append((STDS_CATEGORY, module_charts(activations, "activation", "std")))
     return out
 
 
@@ -238,28 +303,78 @@ def _row_scalar(row) -> bytes:
         return np.float64(v).astype("<f4").tobytes()
 
 
-def _stats_events(run, rank, directory, stats):
-    """(step, 0, row, event) for each row of the rank's statistics table that
-    gives one, by step: the chosen statistics (`stats`) and `nonfinite` from
-    a series' first row with a NaN or an Inf; a 0-d tensor's `tensor/<name>`
-    where no record of its step is stored."""
+class _Table:
+    """A rank's statistics table as the export uses it: the rows, their
+    series, and which series are 0-d tensors' (scalar_series)."""
+
+    def __init__(self, run: "Run", rank: Optional[int], table: np.ndarray,
+                 series: Dict[int, Tuple[str, str]]) -> None:
+        self.table, self.series = table, series
+        self.scalars, self.zero_d, self.stored, self.silent = scalar_series(run, rank, table, series)
+
+
+def _read_table(run: "Run", rank: Optional[int], directory: str) -> Optional[_Table]:
+    """The rank's statistics table, or None: no table, no rows, or one
+    that cannot be read (said, costing only the statistics)."""
     if not os.path.exists(os.path.join(directory, STATS_TABLE)):
-        return
+        return None
     try:
         table, series = run.stats_table(rank=rank)
     except RunError as e:
         # A table cut short (a crash, a full disk) costs only the statistics:
         # the records and dumps are exported all the same.
         _warn(f"{os.path.join(directory, STATS_TABLE)}: the statistics are not exported: {e}")
-        return
+        return None
     if len(table) == 0:
+        return None
+    return _Table(run, rank, table, series)
+
+
+def chart_names(run: "Run", rank: Optional[int], loaded: Optional[_Table]) -> Tuple[Set[str], Set[str], Set[str]]:
+    """The names the rank's events chart (EVENTS.md, "The layout"), each as
+    the reader names it: the 0-d tensors that give a scalar (a real 0-d
+    `tensor` record in the index, or a 0-d series of the table, not complex,
+    with a row), and the `grad` and `activation` series with rows (their
+    statistics' tags). Whether their statistic is written is the caller's."""
+    scalars: Set[str] = set()
+    index = run._index
+    sources = {i for i, src in enumerate(index.sources) if src[2] == rank}
+    if sources and len(index):
+        for m in set(index.meta[np.isin(index.source, list(sources))].tolist()):
+            kind, name, dtype, shape = index.metas[m][:4]
+            if kind == "tensor" and not len(shape) and not str(dtype).startswith("complex"):
+                scalars.add(name)
+    grads: Set[str] = set()
+    activations: Set[str] = set()
+    if loaded is not None:
+        for s in set(loaded.table["series"].tolist()):
+            key = loaded.series.get(s)
+            if key is None:
+                continue  # not exported (said by _stats_events)
+            if s in loaded.scalars:
+                if key[1] not in loaded.silent:
+                    scalars.add(key[1])
+            elif key[0] == "grad":
+                grads.add(key[1])
+            elif key[0] == "activation":
+                activations.add(key[1])
+    return scalars, grads, activations
+
+
+def _stats_events(directory, stats, loaded: Optional[_Table]):
+    """(step, 0, row, event) for each row of the rank's statistics table that
+    gives one, by step: the chosen statistics (`stats`) and `nonfinite` from
+    a series' first row with a NaN or an Inf; a 0-d tensor's `tensor/<name>`
+    where no record of its step is stored."""
+    if loaded is None:
         return
+    table, series = loaded.table, loaded.series
     fields, nonfinite = written_fields(stats)
     columns = [STATS_FIELDS.index(f) for f in fields]
     with np.errstate(over="ignore", invalid="ignore"):  # past FLT_MAX: inf, as C++'s cast gives
         values = np.stack([table[f].astype("<f4") for f in STATS_FIELDS], axis=1)
         bad = (table["nan"] + table["posinf"] + table["neginf"]).astype("<f4")
-    scalars, zero_d, stored, silent = scalar_series(run, rank, table, series)
+    scalars, zero_d, stored, silent = loaded.scalars, loaded.zero_d, loaded.stored, loaded.silent
     _say_tag_collisions({series[s][1] for s in scalars} | zero_d,
                         {name for s, (kind, name) in series.items() if kind == "tensor" and s not in scalars},
                         directory, fields + (["nonfinite"] if nonfinite else []))
@@ -349,9 +464,15 @@ def rank_events(run, rank, histograms_every=100, stats: Optional[Sequence[str]] 
     TensorBoardOptions::stats, run_stats)."""
     directory = run._dirs[rank]
     stats = run_stats(run.infos[rank]) if stats is None else check_stats(stats)
+    loaded = _read_table(run, rank, directory)
     yield frame(_event(0, file_version=FILE_VERSION))
-    yield frame(_event(0, _summary(_custom_scalars_value(layout(stats)))))
-    merged = heapq.merge(_stats_events(run, rank, directory, stats),
+    # Every name is known before the first value: one layout, at step 0
+    # (the recorder, which learns names as they come, writes it again).
+    fields, _ = written_fields(stats)
+    scalars, grads, activations = chart_names(run, rank, loaded)
+    charts = layout(scalars, grads if "norm" in fields else (), activations if "std" in fields else ())
+    yield frame(_event(0, _summary(_custom_scalars_value(charts))))
+    merged = heapq.merge(_stats_events(directory, stats, loaded),
                          _record_events(run, rank, histograms_every),
                          _dump_events(directory, run.infos[rank]))
     for _, _, _, events in merged:

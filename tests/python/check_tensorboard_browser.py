@@ -18,11 +18,14 @@ at least two points inside a box of nonzero size, and when the pixels
 Chromium painted for that chart include the series' own colour: the chart is
 cut out of a screenshot and its pixels counted in the browser.
 
-With --custom-scalars PNG, it then checks the Custom Scalars tab: the
-layout TensorBoard merged from the runs' (tensortap's: the 0-d tensors
-first), each of --custom-tags among the tags its charts' regular
-expressions match on the server (and no statistic in the 0-d tensors'
-chart), and every chart of the tab drawn; and saves that page.
+With --custom-scalars PNG, it then checks the Custom Scalars tab against
+the layout TensorBoard merged from the runs' (writers/src/tensorboard/EVENTS.md,
+"The layout"): the 0-d tensors first, a chart each (the loss's first);
+every chart of 1 to 16 series, each an expression ^...$ that matches one
+scalar tag of the runs; each chart's expressions through TensorBoard's
+/scalars route as its card asks (joined), matching that many tags; each of
+--custom-tags in some chart; every chart of the tab drawn, in the layout's
+order, with that many series ("Matches (N)"); and saves that page.
 
 Exits 0 when all is seen, 1 with what was seen when not, 2 on bad arguments.
 It never waits past its deadline (--timeout, for the whole check), and always
@@ -33,6 +36,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -145,12 +149,14 @@ for (const card of deep(document, 'tf-custom-scalar-multi-line-chart-card')) {
       series.push({points: ((path.getAttribute('d') || '').match(/[ML]/g) || []).length, w: r.width,
                    visible: style.display !== 'none' && style.visibility !== 'hidden' && style.stroke !== 'none'});
     }
-  out.push({title: card.title, w: box.width, h: box.height, series: series});
+  // The card's series (its "Matches (N)"): one per run and tag its expressions match.
+  out.push({title: card.title, w: box.width, h: box.height, series: series,
+            matches: (card._seriesNames || []).length});
 }
 return out;
 """
 
-STAT_SUFFIXES = ("min", "max", "mean", "std", "norm", "nan", "posinf", "neginf", "zeros", "numel", "nonfinite")
+SERIES_PER_CHART = 16  # EVENTS.md, "The layout"
 
 
 class Failed(Exception):
@@ -410,59 +416,98 @@ def check(args, workdir, deadline, seen):
 
 
 def custom_scalars(tb, driver, args, listed, deadline):
-    """The Custom Scalars tab: its layout, what its charts' regular
-    expressions match on the server, its charts drawn; then its screenshot.
-    Returns [(category, chart, [tags matched])]."""
+    """The Custom Scalars tab: the layout TensorBoard merged from the runs'
+    (EVENTS.md, "The layout"), each chart's expressions through the route
+    its card asks (/scalars, joined as the card joins them), its charts
+    drawn; then its screenshot. Returns [(category, chart, [tags matched])]."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
     layout = get_json(tb.url + "/data/plugin/custom_scalars/layout", timeout=min(10, deadline.left()))
     categories = layout.get("category", [])
-    if not categories or not categories[0].get("title", "").startswith("tensortap: 0-d tensors"):
-        raise Failed(f"the custom scalars layout does not put the 0-d tensors first: {layout}")
+    titles = [c.get("title", "") for c in categories]
+    if not categories:
+        raise Failed(f"TensorBoard has no custom scalars layout: {layout}")
+    scalars = [k for k, t in enumerate(titles) if t.startswith("tensortap: 0-d tensors")]
+    if scalars and scalars != [0]:
+        raise Failed(f"the custom scalars layout does not put the 0-d tensors first: {titles}")
     runs = sorted({r for rs in listed.values() for r in rs})
+    all_tags = sorted(listed)
     matched = []
+    lines = []
     for c in categories:
         for chart in c.get("chart", []):
-            regex = "|".join(f"({t})" for t in chart.get("multiline", {}).get("tag", []))
+            where = f"{c.get('title')} / {chart.get('title')}"
+            regexes = chart.get("multiline", {}).get("tag", [])
+            if not regexes or len(regexes) > SERIES_PER_CHART:
+                raise Failed(f"{where}: {len(regexes)} series, not 1 to {SERIES_PER_CHART}")
+            # One request a run, the expressions joined as the card joins them.
+            joined = regexes[0] if len(regexes) == 1 else "|".join(f"({r})" for r in regexes)
             tags = set()
+            series = 0  # (run, tag) pairs: the card's lines
             for run in runs:
                 url = (tb.url + "/data/plugin/custom_scalars/scalars?"
-                       + urllib.parse.urlencode({"tag": regex, "run": run}))
+                       + urllib.parse.urlencode({"tag": joined, "run": run}))
                 data = get_json(url, timeout=min(10, deadline.left()))
                 if not data.get("regex_valid"):
-                    raise Failed(f"TensorBoard finds the regular expression {regex!r} invalid")
+                    raise Failed(f"{where}: TensorBoard finds the regular expression {joined!r} invalid")
                 tags |= set(data.get("tag_to_events", {}))
+                series += len(data.get("tag_to_events", {}))
+            # Each series one tag: anchored, escaped, matching its tag alone
+            # among every scalar tag of the runs (the route's re.match).
+            for r in regexes:
+                hits = [t for t in all_tags if re.match(r, t)]
+                if not (r.startswith("^") and r.endswith("$")) or len(hits) != 1:
+                    raise Failed(f"{where}: the expression {r!r} matches {hits[:4]}, not one tag")
+            if len(tags) != len(regexes):
+                raise Failed(f"{where}: {len(regexes)} expressions, the route matches {len(tags)} tags "
+                             f"{sorted(tags)[:4]}")
             matched.append((c["title"], chart.get("title", ""), sorted(tags)))
-    first = matched[0][2]
-    stats_there = [t for t in first if t.rsplit("/", 1)[-1] in STAT_SUFFIXES and t.count("/") > 1]
-    if stats_there:
-        raise Failed(f"the 0-d tensors' chart matches statistics: {stats_there[:5]}")
+            lines.append(series)
+    for category, chart, tags in matched:
+        # A 0-d tensor's chart is its one scalar, never a tensor's statistic.
+        if category.startswith("tensortap: 0-d tensors") and tags != [f"tensor/{chart}"]:
+            raise Failed(f"the 0-d tensor chart {chart!r} matches {tags}")
+    if "tensor/loss" in listed and matched[0][1] != "loss":
+        raise Failed(f"the first chart is {matched[0][1]!r}, not the loss's")
     every = {t for _, _, ts in matched for t in ts}
     missing = [t for t in args.custom_tags or [] if t not in every]
     if missing:
         raise Failed(f"no custom scalars chart matches {missing}; the charts match {matched}")
     driver.get(f"{tb.url}/#custom_scalars")
-    want = sum(len(c.get("chart", [])) for c in categories)
+    want = len(matched)
+    state = {}
 
     def drawn_cards(d):
+        # A card is drawn when it has as many visible lines of two points or
+        # more as it has series (the data of each arrives on its own).
         cards = d.execute_script(_CUSTOM) or []
-        ok = [c for c in cards if c["w"] > 0 and any(s["visible"] and s["points"] >= 2 and s["w"] > 0
-                                                     for s in c["series"])]
+        state["cards"] = cards
+        ok = [c for c in cards if c["w"] > 0 and c["matches"] > 0 and c["matches"] <= len(
+            [s for s in c["series"] if s["visible"] and s["points"] >= 2 and s["w"] > 0])]
+        state["drawn"] = len(ok)
         return cards if len(ok) >= want else False
 
     try:
         cards = WebDriverWait(driver, deadline.left(), poll_frequency=0.25).until(drawn_cards)
     except TimeoutException:
-        raise Failed(f"the Custom Scalars tab does not draw its {want} charts: "
-                     f"{driver.execute_script(_CUSTOM)}") from None
+        raise Failed(f"the Custom Scalars tab draws {state.get('drawn')} of its {want} charts: "
+                     f"{[(c['title'], c['matches'], len(c['series'])) for c in state.get('cards', [])]}") from None
+    # The cards in the layout's order, each with the series its expressions
+    # match through the route: one a run and tag.
+    if [c["title"] for c in cards] != [chart for _, chart, _ in matched]:
+        raise Failed(f"the tab's cards {[c['title'] for c in cards]} are not the layout's charts "
+                     f"{[chart for _, chart, _ in matched]}")
+    for (category, chart, tags), n, card in zip(matched, lines, cards):
+        if card["matches"] != n:
+            raise Failed(f"{category} / {chart}: the card has {card['matches']} series, the route gives {n}")
     time.sleep(min(1.0, deadline.left()))
     os.makedirs(os.path.dirname(os.path.abspath(args.custom_scalars)), exist_ok=True)
     if not driver.save_screenshot(args.custom_scalars):
         raise Failed(f"could not save the screenshot {args.custom_scalars}")
     for (category, chart, tags), card in zip(matched, cards):
         print(f"tensorboard: custom scalars: {category} / {chart}: {len(tags)} tags ({', '.join(tags[:4])}"
-              f"{', ...' if len(tags) > 4 else ''}), drawn")
+              f"{', ...' if len(tags) > 4 else ''}), {card['matches']} series drawn")
     return matched
 
 

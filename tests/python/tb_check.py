@@ -4,7 +4,7 @@ writers/src/tensorboard/EVENTS.md, read with TensorBoard's own reader
 (test_tensorboard_export.py) and the recorder's own events alike.
 
     import tb_check
-    tb_check.check_events_against_run(events_root, run_dir, histograms_every=100)
+    tb_check.check_events_against_run(events_root, run_dir, histograms_every=100, exported=False)
 
 `events_root` mirrors the run's layout: the folder of the events of a
 single-rank run (the run directory itself for the recorder's), or the
@@ -13,7 +13,8 @@ naming what differs; returns counts of what it compared.
 
 What is expected is computed here from the run through the reader, not by
 tensortap/_tensorboard.py (only an older run's dumps, which have no line in
-dumps.jsonl, are rendered by its dump_line). Events may come in any order;
+dumps.jsonl, are rendered by its dump_line). Events may come in any order (a
+layout's place is checked: check_layouts);
 histograms are expected only at steps where step % histograms_every == 0.
 TensorBoard is not a dependency of tensortap: its folder comes from
 scripts/common.sh (install_tensorboard, tensorboard_dir) and must be on
@@ -119,16 +120,92 @@ def expected_histogram(array):
     return (float(v.min()), float(v.max()), float(v.size), exact_sum(v.tolist()), exact_sum(squares), limits, out)
 
 
-def expected_layout(stats):
-    """The custom scalars layout EVENTS.md gives for the statistics `stats`, as
-    (category title, [(chart title, [tag regex])]) in order."""
-    regex = "tensor/(?!.*/(?:min|max|mean|std|norm|nan|posinf|neginf|zeros|numel|nonfinite)$)"
-    out = [("tensortap: 0-d tensors (loss, learning rate)", [("tensor/<name>", [regex])])]
-    if "norm" in stats:
-        out.append(("tensortap: gradient norms", [("grad/<name>/norm", ["grad/.*/norm$"])]))
-    if "std" in stats:
-        out.append(("tensortap: activations' std", [("activation/<name>/std", ["activation/.*/std$"])]))
+SCALARS_TITLE = "tensortap: 0-d tensors (loss, learning rate)"
+NORMS_TITLE = "tensortap: gradient norms"
+STDS_TITLE = "tensortap: activations' std"
+PER_CHART = 16
+
+
+def top_module(name, deep):
+    """A name's top-level module: up to its first '.' or '/', or, `deep`,
+    up to its second; the whole name when it has no such separator."""
+    return re.match(r"[^./]*(?:[./][^./]*)?" if deep else r"[^./]*", name).group(0)
+
+
+def module_charts(names, kind, stat):
+    """[(chart title, [regex])] of one category: the names grouped by
+    top-level module (one component deeper when they all share the first
+    and one has more), groups and names in order, 16 series a chart at most,
+    each series `^` + re.escape(tag) + `$`."""
+    names = sorted(set(names))
+    deep = len({top_module(n, False) for n in names}) == 1 and any(re.search("[./]", n) for n in names)
+    groups = {}
+    for n in names:
+        groups.setdefault(top_module(n, deep), []).append(n)
+    out = []
+    for module in sorted(groups):
+        members = groups[module]
+        count = (len(members) + PER_CHART - 1) // PER_CHART
+        for i in range(count):
+            title = module if count == 1 else "%s (%d/%d)" % (module, i + 1, count)
+            out.append((title, ["^" + re.escape(f"{kind}/{n}/{stat}") + "$"
+                                for n in members[i * PER_CHART:(i + 1) * PER_CHART]]))
     return out
+
+
+def expected_layout(scalars=(), grads=(), activations=()):
+    """The custom scalars layout EVENTS.md gives for these names (as in the
+    tags: the 0-d tensors', the gradients whose norm is written, the
+    activations whose std is), as (category title, [(chart title, [tag
+    regex])]) in order."""
+    out = []
+    scalars = sorted(set(scalars))
+    if "loss" in scalars:
+        scalars.remove("loss")
+        scalars.insert(0, "loss")
+    if scalars:
+        out.append((SCALARS_TITLE, [(n, ["^" + re.escape("tensor/" + n) + "$"]) for n in scalars]))
+    if grads:
+        out.append((NORMS_TITLE, module_charts(grads, "grad", "norm")))
+    if activations:
+        out.append((STDS_TITLE, module_charts(activations, "activation", "std")))
+    return out
+
+
+def charted_names(tags, stats, zero_d_tags, statistics_tags):
+    """The names a file's layout charts, from the scalar tags it holds:
+    (0-d tensors, gradients, activations). A `tensor/` tag is a 0-d
+    tensor's when the run says so (`zero_d_tags`) or when it is no
+    statistic of a tensor (`statistics_tags`: a tag may be both, two charts
+    mixing, which the writers warn of); a gradient is charted when its norm
+    is written, an activation when its std is."""
+    def named(prefix, suffix):
+        return {t[len(prefix):len(t) - len(suffix)] for t in tags
+                if t.startswith(prefix) and t.endswith(suffix) and len(t) >= len(prefix) + len(suffix)}
+
+    scalars = {t[len("tensor/"):] for t in tags
+               if t.startswith("tensor/") and (t in zero_d_tags or t not in statistics_tags)}
+    grads = named("grad/", "/norm") if "norm" in stats else set()
+    activations = named("activation/", "/std") if "std" in stats else set()
+    return scalars, grads, activations
+
+
+def layout_problem(layout, tags):
+    """Why a layout is not one TensorBoard can show as EVENTS.md means it,
+    or None: a chart of more than 16 series, or a series whose expression
+    is not ^...$ or matches (as TensorBoard's scalars route: re.match) not
+    exactly one of `tags`, the file's scalar tags."""
+    for category, charts in layout:
+        for title, regexes in charts:
+            if not regexes or len(regexes) > PER_CHART:
+                return f"{category} / {title}: {len(regexes)} series"
+            for r in regexes:
+                if not (r.startswith("^") and r.endswith("$")):
+                    return f"{category} / {title}: {r!r} is not anchored"
+                hits = [t for t in tags if re.match(r, t)]
+                if len(hits) != 1:
+                    return f"{category} / {title}: {r!r} matches {len(hits)} tags {hits[:3]}"
+    return None
 
 
 def layout_of(tensor_proto):
@@ -200,6 +277,8 @@ class Events:
         self.histograms = {}  # tag -> [(step, HistogramValue)]
         self.dumps = []       # [(step, bytes)]
         self.layouts = []     # [(file, step, layout_of)]
+        self.order = {}       # file -> [(step, layout_of or None)] as written
+        self.file_tags = {}   # file -> its scalar tags
         self.events = 0
         for name in self.files:
             path = os.path.join(folder, name)
@@ -213,6 +292,9 @@ class Events:
             assert not any(e.HasField("file_version") for e in parsed[1:]), f"{path}: file_version again"
             for e in parsed[1:]:
                 assert e.HasField("summary") and e.wall_time > 0, f"{path}: an event without summary: {e}"
+            # In the order written: a layout's step against the events before it.
+            self.order[name] = [(e.step, next((layout_of(v.tensor) for v in e.summary.value if v.tag == LAYOUT_TAG),
+                                              None)) for e in parsed]
             with np.errstate(over="ignore"):  # DBL_MAX limits as float32 in TensorBoard's compat layer
                 list(event_file_loader.EventFileLoader(path).Load())
             self.events += len(parsed)
@@ -224,6 +306,7 @@ class Events:
             tags = acc.Tags()
             for kind in ("images", "audio"):
                 assert not tags[kind], f"{path}: {kind} {tags[kind]}"
+            self.file_tags[name] = set(tags["scalars"])
             for tag in tags["scalars"]:
                 self.scalars.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
             for tag in tags["histograms"]:
@@ -404,17 +487,57 @@ def same_histogram(h, want):
             and close(h.sum_squares, squares, biggest * biggest * num))
 
 
-def check_rank(events, run, rank, histograms_every, exact, stats):
+def statistics_tags(run, rank, stats):
+    """Every tag a statistic of a tensor that is not 0-d may write (`tensor/<name>/<stat>`):
+    its records have a shape, or its rows are not a 0-d tensor's."""
+    fields = [f for f in STATS_FIELDS if f in stats] + ["nonfinite"]
+    names = {rec["name"] for rec in run.records if rec.get("rank") == rank and rec["kind"] == "tensor" and rec["shape"]}
+    if os.path.exists(os.path.join(run._dirs[rank], _names.STATS_TABLE)):
+        table, series = run.stats_table(rank=rank)
+        scalars = scalar_series(run, rank, table, series)
+        names |= {name for s, (kind, name) in series.items() if kind == "tensor" and s not in scalars}
+    return {tag_text(f"tensor/{n}/{f}") for n in names for f in fields}
+
+
+def check_layouts(events, name, chosen, zero_d_tags, stats_tags, exported):
+    """The custom scalars layouts of one file (EVENTS.md, "The layout"),
+    against the layout expected of the names its tags show. The export:
+    one, the second event, at step 0. The recorder: written again as names
+    come, each at a step no lower than any event before it (TensorBoard
+    shows the last), the last one the layout of every name in the file
+    (none written: a file without names to chart)."""
+    where = os.path.join(events.folder, name)
+    tags = events.file_tags[name]
+    want = expected_layout(*charted_names(tags, chosen, zero_d_tags, stats_tags))
+    order = events.order[name]
+    mine = [(i, step, layout) for i, (step, layout) in enumerate(order) if layout is not None]
+    for i, step, layout in mine:
+        problem = layout_problem(layout, tags)
+        assert problem is None, f"{where}: the layout at step {step} (event {i}): {problem}"
+    if exported:
+        assert len(mine) == 1, f"{where}: {len(mine)} custom scalars layouts, not one"
+        i, step, layout = mine[0]
+        assert (i, step) == (1, 0), f"{where}: the layout is event {i} at step {step}, not the second at step 0"
+        assert layout == want, f"{where}: layout\n  have {layout}\n  want {want}"
+        return
+    highest = None
+    for k, (step, layout) in enumerate(order):
+        if layout is not None and highest is not None:
+            assert step >= highest, f"{where}: a layout at step {step} (event {k}) after an event at step {highest}"
+        highest = step if highest is None else max(highest, step)
+    last = mine[-1][2] if mine else []
+    assert last == want, f"{where}: the last layout\n  have {last}\n  want {want}"
+
+
+def check_rank(events, run, rank, histograms_every, exact, stats, exported):
     where = events.folder
     if stats is None:
         stats = run_stats(run.infos[rank])
-    want_layout = expected_layout(stats)
-    for name in events.files:
-        mine = [(step, layout) for file, step, layout in events.layouts if file == name]
-        assert len(mine) == 1, f"{where}/{name}: {len(mine)} custom scalars layouts, not one"
-        assert mine[0][0] == 0, f"{where}/{name}: the layout at step {mine[0][0]}, not 0"
-        assert mine[0][1] == want_layout, f"{where}/{name}: layout\n  have {mine[0][1]}\n  want {want_layout}"
+    chosen = stats
     stats, tensors, histograms, dumps = expected(run, rank, histograms_every, stats)
+    stats_tags = statistics_tags(run, rank, chosen)
+    for name in events.files:
+        check_layouts(events, name, chosen, set(tensors), stats_tags, exported)
     found = {tag: list(v) for tag, v in events.scalars.items()}
     for source in (stats, tensors):
         for tag, want in source.items():
@@ -456,15 +579,18 @@ def check_rank(events, run, rank, histograms_every, exact, stats):
             "files": len(events.files), "events": events.events}
 
 
-def check_events_against_run(events_root, run, histograms_every=100, exact=True, stats=None):
+def check_events_against_run(events_root, run, histograms_every=100, exact=True, stats=None, *, exported):
     """Asserts that the tensortap event files under `events_root` show `run`
     (a path or a tensortap.Run) as EVENTS.md says: every statistics row's
     scalars of `stats` (None: the run's TensorBoardOptions::stats, or the
     default five) and nonfinite (float32 of the table's values), every 0-d
     tensor record's tensor/<name> and none of its statistics, a histogram of
     every other record at the steps where step % histograms_every == 0 (and
-    none elsewhere), every dump's line of dumps.jsonl as text, and one
-    custom scalars layout a file. With exact=False (the recorder's own events) the
+    none elsewhere), every dump's line of dumps.jsonl as text, and the
+    custom scalars layout of the names the file holds: `exported` (the
+    export, `tensortap tensorboard`): one, at step 0; else (the recorder's
+    own) the last one, none at a step below an event before it (check_layouts).
+    With exact=False (the recorder's own events) the
     events may also hold 0-d tensors and histograms of records the index does
     not list (held by the flight recorder, or taken for statistics only), each
     still checked for form. Each rank's folder must hold at least one file.
@@ -478,7 +604,7 @@ def check_events_against_run(events_root, run, histograms_every=100, exact=True,
             folder = events_root if rank is None else os.path.join(events_root, os.path.basename(run._dirs[rank]))
             events = Events(folder)
             assert events.files, f"{folder}: no tensortap event file"
-            for k, v in check_rank(events, run, rank, histograms_every, exact, stats).items():
+            for k, v in check_rank(events, run, rank, histograms_every, exact, stats, exported).items():
                 totals[k] = totals.get(k, 0) + v
         return totals
     finally:

@@ -94,7 +94,7 @@ class RecorderEvents(unittest.TestCase):
         assert out.stdout.strip().endswith("errors 0"), out.stdout
 
     def test_after_close_every_event_matches_the_run(self):
-        counts = tb_check.check_events_against_run(self.run_dir, self.run_dir, histograms_every=EVERY)
+        counts = tb_check.check_events_against_run(self.run_dir, self.run_dir, histograms_every=EVERY, exported=False)
         print("after close:", counts)
         with tensortap.open(self.run_dir) as run:
             self.assertEqual(len(run.dumps), 1)
@@ -107,6 +107,18 @@ class RecorderEvents(unittest.TestCase):
         self.assertEqual(counts["tensors"], 2 * STEPS)
         self.assertGreater(counts["histograms"], 0)
         self.assertEqual(counts["dumps"], 1)
+        # The custom scalars layout (issue 58; tb_check compared it with the
+        # names): the last one written charts the loss first, then each
+        # 0-d tensor, and the norms and std by top-level module.
+        events = tb_check.Events(self.run_dir)
+        (name,) = events.files
+        layouts = [(step, layout) for step, layout in events.order[name] if layout is not None]
+        self.assertTrue(layouts)
+        self.assertEqual([(category, [title for title, _ in charts]) for category, charts in layouts[-1][1]],
+                         [(tb_check.SCALARS_TITLE, ["loss", "lr"]), (tb_check.NORMS_TITLE, ["fc1", "fc2", "fc3"]),
+                          (tb_check.STDS_TITLE, ["hidden1", "hidden2"])])
+        self.assertEqual(layouts[-1][1][1][1][0], ("fc1", ["^grad/fc1\\.bias/norm$", "^grad/fc1\\.weight/norm$"]))
+        print("layouts written:", [step for step, _ in layouts])
 
     def test_the_export_of_the_run_writes_the_same_events(self):
         logdir = fresh("export")
@@ -114,8 +126,8 @@ class RecorderEvents(unittest.TestCase):
                               "--histograms-every", str(EVERY)], capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr)
         exported = os.path.join(logdir, os.path.basename(self.run_dir))
-        a = tb_check.check_events_against_run(exported, self.run_dir, histograms_every=EVERY)
-        b = tb_check.check_events_against_run(self.run_dir, self.run_dir, histograms_every=EVERY)
+        a = tb_check.check_events_against_run(exported, self.run_dir, histograms_every=EVERY, exported=True)
+        b = tb_check.check_events_against_run(self.run_dir, self.run_dir, histograms_every=EVERY, exported=False)
         self.assertEqual({k: v for k, v in a.items() if k != "events"}, {k: v for k, v in b.items() if k != "events"})
         # Into the run itself: refused, it has the recorder's events already.
         out = subprocess.run([sys.executable, "-m", "tensortap", "tensorboard", self.run_dir], capture_output=True,
@@ -135,8 +147,13 @@ class RecorderEvents(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stdout[-4000:] + out.stderr[-4000:])
         self.assertGreater(os.path.getsize(shot), 10000)
         self.assertGreater(os.path.getsize(custom), 10000)
-        self.assertIn("custom scalars: tensortap: 0-d tensors (loss, learning rate) / tensor/<name>: 2 tags "
-                      "(tensor/loss, tensor/lr)", out.stdout)
+        # A chart per 0-d tensor, the loss first; a chart per top-level module.
+        self.assertIn("custom scalars: tensortap: 0-d tensors (loss, learning rate) / loss: 1 tags (tensor/loss), "
+                      "1 series drawn", out.stdout)
+        self.assertIn("custom scalars: tensortap: gradient norms / fc1: 2 tags (grad/fc1.bias/norm, "
+                      "grad/fc1.weight/norm), 2 series drawn", out.stdout)
+        self.assertIn("custom scalars: tensortap: activations' std / hidden2: 1 tags (activation/hidden2/std), "
+                      "1 series drawn", out.stdout)
 
 
 class TwoRanks(unittest.TestCase):
@@ -151,7 +168,7 @@ class TwoRanks(unittest.TestCase):
             names = [n for n in os.listdir(os.path.join(run, f"rank{r}")) if n.startswith("events.out.tfevents.")]
             self.assertEqual(len(names), 1, names)
         self.assertFalse([n for n in os.listdir(run) if n.startswith("events.out.tfevents.")])
-        counts = tb_check.check_events_against_run(run, run, histograms_every=EVERY)
+        counts = tb_check.check_events_against_run(run, run, histograms_every=EVERY, exported=False)
         print("two ranks:", counts)
         self.assertEqual(counts["files"], 2)
 
@@ -176,12 +193,12 @@ class LiveEvents(unittest.TestCase):
         p.go_on()
         p.expect("flushed")
         # flush() has returned: everything is readable now, while the run is open.
-        counts = tb_check.check_events_against_run(run, run, histograms_every=EVERY)
+        counts = tb_check.check_events_against_run(run, run, histograms_every=EVERY, exported=False)
         print("open, after flush():", counts)
         p.finish()
         # close() adds the last step's parameter gradients (taken at the
         # step boundary) and their statistics.
-        closed = tb_check.check_events_against_run(run, run, histograms_every=EVERY)
+        closed = tb_check.check_events_against_run(run, run, histograms_every=EVERY, exported=False)
         print("after close:", closed)
         self.assertGreater(closed["scalars"], counts["scalars"])
 
@@ -200,11 +217,12 @@ class LiveEvents(unittest.TestCase):
                 # (it lists only durable ones): events of records it does
                 # not list are checked for form only.
                 exact = moment == "flushed"
-                before = tb_check.check_events_against_run(run, run, histograms_every=EVERY, exact=exact)
+                before = tb_check.check_events_against_run(run, run, histograms_every=EVERY, exact=exact,
+                                                           exported=False)
                 p.p.send_signal(signal.SIGKILL)
                 p.p.wait(timeout=60)
                 p.close()
-                after = tb_check.check_events_against_run(run, run, histograms_every=EVERY, exact=exact)
+                after = tb_check.check_events_against_run(run, run, histograms_every=EVERY, exact=exact, exported=False)
                 print(f"killed at {moment}:", after)
                 self.assertEqual(after, before)
                 self.assertGreaterEqual(after["scalars"], 10 * (STEPS // 2))

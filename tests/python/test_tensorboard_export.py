@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -123,6 +124,16 @@ def rich_stats():
                                          1 if step == 2 else 0, 1, 0, 2, 6)))
         rows.append((step, "activation", "h", (-1e30, 1e30, 1e-40, 2.0 ** 0.5, 3e38 * 10, 0, 0, 3, 0, 2 ** 40 + 1)))
     return rows
+
+
+SCALARS = "tensortap: 0-d tensors (loss, learning rate)"
+NORMS = "tensortap: gradient norms"
+STDS = "tensortap: activations' std"
+
+
+def ten(v):
+    """A statistics row's ten values for a tensor of four elements, all `v`."""
+    return (v, v, v, 0.0, abs(v) * 2, 0, 0, 0, 0, 4)
 
 
 def export_path(run, *args, **kwargs):
@@ -366,16 +377,20 @@ class ExportTest(TempCase):
                          sorted((json.loads(d)["step"], d) for d in DUMP_LINES))
         self.assertEqual(acc.SummaryMetadata("tensortap/dumps").plugin_data.plugin_name, "text")
 
-        counts = tb_check.check_events_against_run(folder, run, histograms_every=2)
+        counts = tb_check.check_events_against_run(folder, run, histograms_every=2, exported=True)
         self.assertEqual(counts["dumps"], 3)
         # Five a row, nonfinite in each row (12), and the 0-d tensors' 22.
         self.assertEqual(counts["scalars"], len(table) * 5 + 12 + 8 + 8 + 2 + 1 + 1 + 2)
         self.assertGreater(counts["histograms"], 10)
-        # The layout: the loss first.
+        # The layout: a chart per 0-d tensor, the loss first (the complex z
+        # has no scalar, no chart); the gradients' norms, the activations' std.
         (layout,) = acc.Tensors("custom_scalars__config__")
+        self.assertEqual(layout.step, 0)
         self.assertEqual(acc.SummaryMetadata("custom_scalars__config__").plugin_data.plugin_name, "custom_scalars")
-        self.assertEqual(tb_check.layout_of(layout.tensor_proto), tb_check.expected_layout(_tensorboard.DEFAULT_STATS))
-        self.assertEqual(tb_check.layout_of(layout.tensor_proto)[0][1][0][0], "tensor/<name>")
+        self.assertEqual(tb_check.layout_of(layout.tensor_proto), [
+            (SCALARS, [(n, [f"^tensor/{n}$"]) for n in ("loss", "big", "count", "flag", "lr", "nanloss")]),
+            (NORMS, [("w", ["^grad/w/norm$"])]),
+            (STDS, [("h", ["^activation/h/std$"])])])
 
     def test_stats_all_ten_and_a_few(self):
         # Issue 47: TensorBoardOptions().stats({...}) and --stats: all ten
@@ -395,7 +410,7 @@ class ExportTest(TempCase):
                     self.assertTrue(got[0] == want or (np.isnan(got[0]) and np.isnan(want)), (f, got, want))
             self.assertFalse([t for t in acc.Tags()["scalars"] if t.endswith("/nonfinite")])
             counts = tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), run,
-                                                       stats=tb_check.STATS_FIELDS)
+                                                       stats=tb_check.STATS_FIELDS, exported=True)
             self.assertEqual(counts["scalars"], len(table) * 10 + 22)
         few = os.path.join(self.tmp, "few")
         rc, out, err = main_cli("tensorboard", self.run_dir, "--logdir", few, "--stats", "norm,zeros")
@@ -406,7 +421,8 @@ class ExportTest(TempCase):
         (layout,) = acc.Tensors("custom_scalars__config__")
         self.assertEqual([c for c, _ in tb_check.layout_of(layout.tensor_proto)],
                          ["tensortap: 0-d tensors (loss, learning rate)", "tensortap: gradient norms"])
-        tb_check.check_events_against_run(os.path.join(few, "exp"), self.run_dir, stats=("norm", "zeros"))
+        tb_check.check_events_against_run(os.path.join(few, "exp"), self.run_dir, stats=("norm", "zeros"),
+                                          exported=True)
         rc, out, err = main_cli("tensorboard", self.run_dir, "--logdir", os.path.join(self.tmp, "bad"),
                                 "--stats", "mean,median")
         self.assertEqual(rc, 2)
@@ -427,7 +443,7 @@ class ExportTest(TempCase):
         acc = accumulator(os.path.join(self.logdir, "exp"))
         self.assertEqual({t.rsplit("/", 1)[1] for t in acc.Tags()["scalars"] if not t.startswith("tensor/")},
                          {"std", "nan"})
-        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
+        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir, exported=True)
 
     def test_a_0d_tensor_with_only_statistics_rows_is_its_scalar(self):
         # A statistics-only run (or a held one) has rows and no records: a
@@ -455,7 +471,7 @@ class ExportTest(TempCase):
         self.assertIn("tensor/w/norm", tags)
         self.assertIn("grad/g/norm", tags)  # one value, but not a tensor record
         self.assertFalse([t for t in tags if t.startswith("tensor/z")], tags)
-        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
+        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir, exported=True)
 
     def test_events_come_in_step_order(self):
         self.make()
@@ -475,7 +491,8 @@ class ExportTest(TempCase):
                 self.assertEqual(acc.Tags()["histograms"], [])
             else:
                 self.assertEqual(sorted(e.step for e in acc.Histograms("grad/w")), steps)
-            tb_check.check_events_against_run(os.path.join(logdir, "exp"), self.run_dir, histograms_every=every)
+            tb_check.check_events_against_run(os.path.join(logdir, "exp"), self.run_dir, histograms_every=every,
+                                              exported=True)
         for bad in (-1, 1.5, "2"):
             with self.assertRaises(ValueError):
                 export(self.run_dir, self.logdir, histograms_every=bad)
@@ -487,7 +504,7 @@ class ExportTest(TempCase):
         acc = accumulator(os.path.join(self.logdir, "exp"))
         self.assertEqual(sorted(e.tensor_proto.string_val[0].decode() for e in acc.Tensors("tensortap/dumps")),
                          sorted(DUMP_LINES))
-        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
+        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir, exported=True)
 
     def test_a_run_cut_short_exports_dumps_jsonl(self):
         self.make(closed=False)
@@ -497,7 +514,7 @@ class ExportTest(TempCase):
         with open(os.path.join(self.run_dir, "run.json"), "w") as f:
             json.dump(info, f)
         export(self.run_dir, self.logdir)
-        counts = tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
+        counts = tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir, exported=True)
         self.assertEqual(counts["dumps"], 3)
 
     def test_a_name_that_is_not_utf8(self):
@@ -511,7 +528,7 @@ class ExportTest(TempCase):
         self.assertEqual([e.value for e in acc.Scalars("tensor/loss\ufffd")], [2.0])
         self.assertEqual(len(acc.Histograms("grad/w\ufffd")), 1)
         self.assertEqual([e.value for e in acc.Scalars("grad/w\ufffd/norm")], [float(np.float32(1.7))])
-        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
+        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir, exported=True)
 
     def test_a_run_without_statistics_or_records(self):
         make_run(self.run_dir)
@@ -520,7 +537,7 @@ class ExportTest(TempCase):
         events = list(loader.LegacyEventFileLoader(path).Load())
         self.assertEqual([e.file_version for e in events], ["brain.Event:2", ""])
         self.assertEqual(events[1].summary.value[0].tag, "custom_scalars__config__")
-        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir)
+        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir, exported=True)
 
     def test_a_record_that_cannot_be_read_is_skipped_with_a_warning(self):
         self.make()
@@ -565,28 +582,195 @@ class ExportTest(TempCase):
         _, _, masked = tb_check.tensorboard()
         events = tb_check.frames(path, masked)
         rng = np.random.default_rng(3)
-        rest = [events[i] for i in rng.permutation(len(events) - 1) + 1]
+        # The layout stays the second event, at step 0, as the export writes it.
+        rest = [events[i] for i in rng.permutation(len(events) - 2) + 2]
         shuffled = os.path.join(self.tmp, "shuffled")
         os.makedirs(shuffled)
         with open(os.path.join(shuffled, os.path.basename(path)), "wb") as f:
-            f.write(b"".join(_tensorboard.frame(e) for e in [events[0]] + rest))
-        tb_check.check_events_against_run(shuffled, self.run_dir, histograms_every=2)
+            f.write(b"".join(_tensorboard.frame(e) for e in events[:2] + rest))
+        tb_check.check_events_against_run(shuffled, self.run_dir, histograms_every=2, exported=True)
         # And it finds what is wrong: a histogram at a step it does not belong to.
         with self.assertRaises(AssertionError):
-            tb_check.check_events_against_run(shuffled, self.run_dir, histograms_every=4)
+            tb_check.check_events_against_run(shuffled, self.run_dir, histograms_every=4, exported=True)
         # A torn or damaged record.
         with open(os.path.join(shuffled, os.path.basename(path)), "r+b") as f:
             f.seek(-3, os.SEEK_END)
             f.write(b"\0\0\0")
         with self.assertRaisesRegex(AssertionError, "CRC"):
-            tb_check.check_events_against_run(shuffled, self.run_dir, histograms_every=2)
+            tb_check.check_events_against_run(shuffled, self.run_dir, histograms_every=2, exported=True)
 
     def test_the_run_method(self):
         self.make()
         with tensortap.open(self.run_dir) as run:
             paths = run.export_tensorboard(self.logdir, histograms_every=5)
         self.assertEqual(len(paths), 1)
-        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir, histograms_every=5)
+        tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir, histograms_every=5,
+                                          exported=True)
+
+
+class LayoutTest(TempCase):
+    """The custom scalars layout at a real model's size (issue 58, EVENTS.md
+    "The layout"). Each failed on the old export, which wrote three fixed
+    regular expressions: one chart of every 0-d tensor, one of every
+    gradient's norm, one of every activation's std."""
+
+    def layout(self, records=(), stats=(), **kwargs):
+        """The one layout the export of such a run writes, as (category,
+        [(chart, [regex])]), once tb_check has checked the whole export."""
+        make_run(self.run_dir, records=records, stats=stats)
+        (path,) = export(self.run_dir, self.logdir, **kwargs)
+        tb_check.check_events_against_run(os.path.dirname(path), self.run_dir, exported=True, **kwargs)
+        (event,) = accumulator(path).Tensors("custom_scalars__config__")
+        self.assertEqual(event.step, 0)
+        return tb_check.layout_of(event.tensor_proto)
+
+    def charts(self, layout, category):
+        (charts,) = [c for t, c in layout if t == category]
+        return charts
+
+    def test_a_chart_per_0d_tensor_the_loss_first(self):
+        records = [("tensor", n, s, np.float32(s + k)) for s in range(3)
+                   for k, n in enumerate(("lr", "acc", "loss", "alpha"))]
+        records += [("tensor", "z", 0, np.complex64(1j)), ("tensor", "w", 0, np.ones(4, np.float32))]
+        # "beta": statistics rows alone (one value each); "w": a tensor's
+        # statistics (tensor/w/norm...), not a 0-d tensor; "z": complex, no scalar.
+        stats = [(s, "tensor", "beta", (1.0, 1.0, 1.0, 0.0, 1.0, 0, 0, 0, 0, 1)) for s in range(2)]
+        stats += [(0, "tensor", "w", ten(1.0))]
+        layout = self.layout(records, stats)
+        self.assertEqual(layout, [(SCALARS, [(n, [f"^tensor/{n}$"]) for n in ("loss", "acc", "alpha", "beta", "lr")])])
+
+    def test_36_gradients_in_charts_of_16_by_module(self):
+        # A model of 36 gradients: enc 20 (two charts), dec 10, head 4, and
+        # "late.bias", first seen at step 5 (the export knows every name: its
+        # one layout, at step 0, charts it).
+        grads = ([f"enc.layers.{i}.weight" for i in range(20)] + [f"dec.{i}.weight" for i in range(10)]
+                 + [f"head.{i}" for i in range(5)] + ["late.bias"])
+        acts = ["enc.0", "enc.1", "dec", "head.out"]
+        stats = [(s, "grad", g, ten(s + 0.5)) for s in range(2) for g in grads[:-1]]
+        stats += [(5, "grad", "late.bias", ten(1))]
+        stats += [(s, "activation", a, ten(s)) for s in range(2) for a in acts]
+        layout = self.layout(stats=stats)
+        self.assertEqual([t for t, _ in layout], [NORMS, STDS])
+        norms = self.charts(layout, NORMS)
+        self.assertEqual(len(grads), 36)
+        self.assertEqual([(t, len(r)) for t, r in norms],
+                         [("dec", 10), ("enc (1/2)", 16), ("enc (2/2)", 4), ("head", 5), ("late", 1)])
+        enc = sorted(g for g in grads if g.startswith("enc."))
+        self.assertEqual(norms[1][1] + norms[2][1], ["^grad/" + g.replace(".", "\\.") + "/norm$" for g in enc])
+        self.assertEqual(self.charts(layout, STDS), [("dec", ["^activation/dec/std$"]),
+                                                     ("enc", ["^activation/enc\\.0/std$", "^activation/enc\\.1/std$"]),
+                                                     ("head", ["^activation/head\\.out/std$"])])
+        # Without norm among the statistics written: no gradients' charts.
+        (path,) = export(self.run_dir, os.path.join(self.tmp, "std"), stats=("std", "max"))
+        (event,) = accumulator(path).Tensors("custom_scalars__config__")
+        self.assertEqual([t for t, _ in tb_check.layout_of(event.tensor_proto)], [STDS])
+
+    def test_a_model_under_one_top_level_module_splits_at_its_second(self):
+        cases = [
+            # Every parameter under model.: grouped by model.<child>; a name
+            # without a second separator is its own group.
+            (("model.enc.0.weight", "model.enc.0.bias", "model.dec.weight", "model.bias"),
+             [("model.bias", 1), ("model.dec", 1), ("model.enc", 2)]),
+            # A watch prefix is the first component: G and D apart...
+            (("G/0.weight", "G/1.weight", "D/0.weight"), [("D", 1), ("G", 2)]),
+            # ...and, alone, split at the next '.' or '/'.
+            (("G/0.weight", "G/0.bias", "G/1/w", "G"), [("G", 1), ("G/0", 2), ("G/1", 1)]),
+            # Nothing deeper: one group.
+            (("fc",), [("fc", 1)]),
+            # A group is all of its module's names, though "enc-dec.w" sorts
+            # between them ('-' before '.'), and groups go by the module's name.
+            (("enc.w", "enc-dec.w", "enc"), [("enc", 2), ("enc-dec", 1)]),
+        ]
+        for k, (names, want) in enumerate(cases):
+            with self.subTest(names=names):
+                self.logdir = os.path.join(self.tmp, f"logs{k}")
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+                layout = self.layout(stats=[(0, "grad", n, ten(1.0)) for n in names])
+                self.assertEqual([(t, len(r)) for t, r in self.charts(layout, NORMS)], want)
+
+    def test_names_with_regex_specials_and_slashes_are_escaped(self):
+        # Each expression matches its own tag and no other: unescaped, "w.1"
+        # would match "wx1" too, "a+" "aa", "(x)" "x".
+        names = ["w.1", "wx1", "a+", "aa", "(x)", "x", "blk[0]/w|b", "s$t^", "q?*{2}", "sp ace\tand-dash~#&",
+                 "back\\slash"]
+        layout = self.layout(records=[("tensor", n, 0, np.float32(1)) for n in names],
+                             stats=[(0, "grad", "enc/" + n, ten(1.0)) for n in names])
+        scalars = self.charts(layout, SCALARS)
+        self.assertEqual([t for t, _ in scalars], sorted(names))
+        for title, regexes in scalars:
+            self.assertEqual(regexes, ["^" + re.escape("tensor/" + title) + "$"])
+        self.assertIn(("w.1", ["^tensor/w\\.1$"]), scalars)
+        self.assertIn(("blk[0]/w|b", ["^tensor/blk\\[0\\]/w\\|b$"]), scalars)
+        tags = ["tensor/" + n for n in names] + [f"grad/enc/{n}/norm" for n in names]
+        for _, charts in layout:
+            for _, regexes in charts:
+                for r in regexes:
+                    self.assertEqual(len([t for t in tags if re.match(r, t)]), 1, r)
+        # All under enc/: split at the second component, at a '/' or a '.'.
+        self.assertEqual([t for t, _ in self.charts(layout, NORMS)],
+                         sorted({"enc/" + re.split("[./]", n)[0] for n in names}))
+
+    def test_names_not_utf8_are_charted_as_their_tags_in_the_tags_order(self):
+        # A byte that is not UTF-8 is U+FFFD in the tag, and the charts follow
+        # the tags' order: "a\udcff" (a\ufffd) after "a\ue000", though its
+        # surrogate sorts before. Two names that give one tag are one series.
+        names = ["a\udcff.w", "a\ue000.w", "a\u00e9.w", "b\udcfe", "b\udcff"]
+        layout = self.layout(records=[("tensor", "loss\udcff", 0, np.float32(1)), ("tensor", "loss", 0, np.float32(2))],
+                             stats=[(0, "grad", n, ten(1.0)) for n in names])
+        self.assertEqual(layout, [
+            (SCALARS, [("loss", ["^tensor/loss$"]), ("loss\ufffd", ["^tensor/loss\ufffd$"])]),
+            (NORMS, [("a\u00e9", ["^grad/a\u00e9\\.w/norm$"]), ("a\ue000", ["^grad/a\ue000\\.w/norm$"]),
+                     ("a\ufffd", ["^grad/a\ufffd\\.w/norm$"]), ("b\ufffd", ["^grad/b\ufffd/norm$"])])])
+
+    def test_the_checker_holds_the_recorder_to_its_rules(self):
+        # The recorder writes the layout again as names come, at the highest
+        # step written so far; the checker (tb_check, exported=False) takes
+        # that, and finds a layout written at a lower step, a last layout
+        # that lacks a name, a chart of 17 series, an expression not anchored.
+        make_run(self.run_dir, records=[("tensor", "loss", s, np.float32(s)) for s in range(4)],
+                 stats=[(s, "grad", "a.w", ten(s)) for s in range(4)] + [(s, "grad", "b.w", ten(s)) for s in (2, 3)])
+        (path,) = export(self.run_dir, self.logdir)
+        from tensorboard.compat.proto import event_pb2
+
+        _, _, masked = tb_check.tensorboard()
+        frames = tb_check.frames(path, masked)
+        first, rest = frames[0], frames[2:]
+        steps = [event_pb2.Event.FromString(f).step for f in rest]
+        rest = [f for _, f in sorted(zip(steps, rest), key=lambda p: p[0])]
+        steps.sort()
+
+        def layout_event(step, names):
+            charts = tb_check.expected_layout(["loss"], names)
+            return _tb_events._event(step, _tb_events._summary(_tb_events._custom_scalars_value(charts)))
+
+        def check(*layouts, exported=False):
+            """The events with layouts[i] = (step, names) after the events of steps <= i's position."""
+            out = [first]
+            for k, (f, step) in enumerate(zip(rest, steps)):
+                out.append(f)
+                out += [layout_event(s, names) for after, s, names in layouts if after == k]
+            folder = os.path.join(self.tmp, "recorder")
+            shutil.rmtree(folder, ignore_errors=True)
+            os.makedirs(folder)
+            with open(os.path.join(folder, os.path.basename(path)), "wb") as f:
+                f.write(b"".join(_tensorboard.frame(e) for e in out))
+            return tb_check.check_events_against_run(folder, self.run_dir, exported=exported)
+
+        at_2 = steps.index(2)  # after the first event of step 2 (b.w's first row comes at it or later)
+        last = len(rest) - 1
+        good = [(0, 0, ["a.w"]), (last, steps[-1], ["a.w", "b.w"])]
+        check(*good)
+        with self.assertRaisesRegex(AssertionError, "2 custom scalars layouts, not one"):
+            check(*good, exported=True)
+        with self.assertRaisesRegex(AssertionError, "a layout at step 1 .* after an event at step 3"):
+            check(good[0], (last, 1, ["a.w", "b.w"]))
+        with self.assertRaisesRegex(AssertionError, "the last layout"):
+            check(good[0], (at_2, 2, ["a.w"]))
+        self.assertIsNone(tb_check.layout_problem([("c", [("t", ["^x$"] * 1)])], ["x"]))
+        self.assertRegex(tb_check.layout_problem([("c", [("t", [f"^x{i}$" for i in range(17)])])],
+                                                 [f"x{i}" for i in range(17)]), "17 series")
+        self.assertRegex(tb_check.layout_problem([("c", [("t", ["x"])])], ["x"]), "not anchored")
+        self.assertRegex(tb_check.layout_problem([("c", [("t", ["^x.*$"])])], ["x", "xy"]), "matches 2 tags")
 
 
 class WhereTest(TempCase):
@@ -596,7 +780,7 @@ class WhereTest(TempCase):
         self.assertEqual(rc, 0, err)
         (name,) = [n for n in os.listdir(self.run_dir) if n.startswith("events.")]
         self.assertEqual(out, f"tensortap: wrote {os.path.join(self.run_dir, name)}\n")
-        tb_check.check_events_against_run(self.run_dir, self.run_dir, histograms_every=2)
+        tb_check.check_events_against_run(self.run_dir, self.run_dir, histograms_every=2, exported=True)
         # Every name the run holds is one tensortap writes.
         self.assertTrue(all(_names.is_run_file_name(n) for n in os.listdir(self.run_dir)))
         # Again: refused, naming the file; nothing more written.
@@ -704,7 +888,8 @@ class WhereTest(TempCase):
         self.assertEqual([os.path.relpath(os.path.dirname(p), self.logdir) for p in paths],
                          [os.path.join("exp", "rank0"), os.path.join("exp", "rank1")])
         self.assertEqual(sorted(os.listdir(os.path.join(self.logdir, "exp"))), ["rank0", "rank1"])
-        counts = tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir, histograms_every=2)
+        counts = tb_check.check_events_against_run(os.path.join(self.logdir, "exp"), self.run_dir, histograms_every=2,
+                                                   exported=True)
         self.assertEqual(counts["files"], 2)
         self.assertEqual(counts["dumps"], 3 + 2)
         # Each rank's own values.
@@ -717,7 +902,7 @@ class WhereTest(TempCase):
         paths = export(self.run_dir, histograms_every=2)
         self.assertEqual([os.path.dirname(p) for p in paths],
                          [os.path.join(self.run_dir, "rank0"), os.path.join(self.run_dir, "rank1")])
-        tb_check.check_events_against_run(self.run_dir, self.run_dir, histograms_every=2)
+        tb_check.check_events_against_run(self.run_dir, self.run_dir, histograms_every=2, exported=True)
         # One rank of it.
         with tensortap.open(self.run_dir, rank=1) as run:
             (path,) = export(run, os.path.join(self.tmp, "one"))
@@ -769,7 +954,7 @@ class E2ETest(TempCase):
             with self.subTest(run=d):
                 export(os.path.join(top, d), self.logdir, histograms_every=2)
                 counts = tb_check.check_events_against_run(os.path.join(self.logdir, d), os.path.join(top, d),
-                                                           histograms_every=2)
+                                                           histograms_every=2, exported=True)
                 self.assertGreater(counts["events"], 1)
 
 

@@ -191,24 +191,6 @@ std::size_t field_index(const std::string& name) {
                                   kStatsFieldNames.begin());
 }
 
-// What the custom scalars tab shows (EVENTS.md, "The layout"): the 0-d
-// tensors (the loss) first, then the gradients' norms and the activations'
-// std where those statistics are written. A 0-d tensor's tag,
-// `tensor/<name>`, has the form of a tensor's statistic when the name holds
-// a '/' (`tensor/x/norm`): the statistics' suffixes are left out.
-std::vector<tb::LayoutCategory> layout(const std::array<bool, kStatsFields>& written) {
-  std::string suffixes;
-  for (const char* f : kStatsFieldNames) suffixes.append(f).append("|");
-  std::vector<tb::LayoutCategory> out;
-  out.push_back({"tensortap: 0-d tensors (loss, learning rate)",
-                 {{"tensor/<name>", {"tensor/(?!.*/(?:" + suffixes + "nonfinite)$)"}}}});
-  if (written[field_index("norm")])
-    out.push_back({"tensortap: gradient norms", {{"grad/<name>/norm", {"grad/.*/norm$"}}}});
-  if (written[field_index("std")])
-    out.push_back({"tensortap: activations' std", {{"activation/<name>/std", {"activation/.*/std$"}}}});
-  return out;
-}
-
 // The tag suffixes a tensor's statistics may write: the chosen fields, and
 // `nonfinite` (whether it was written yet does not matter: the charts mix
 // from the first NaN on).
@@ -228,7 +210,34 @@ TensorBoard::TensorBoard(const Dir& dir, const TensorBoardOptions& options)
     if (i < written_.size()) written_[i] = true;  // Settings refused any other name
   }
   nonfinite_ = !written_[field_index("nan")] && !written_[field_index("posinf")] && !written_[field_index("neginf")];
-  file_->append(tb::custom_scalars_event(wall_seconds(), layout(written_)));
+  charts_norm_ = written_[field_index("norm")];
+  charts_std_ = written_[field_index("std")];
+}
+
+void TensorBoard::chart(std::size_t category, const std::string& name) {
+  // A name first seen: the layout is written again at the batch's end.
+  if (charted_[category].insert(name).second) layout_due_ = true;
+}
+
+void TensorBoard::append(std::int64_t step, const std::string& event) {
+  file_->append(event);
+  last_step_ = std::max(last_step_, step);
+}
+
+void TensorBoard::write_layout() {
+  if (!layout_due_) return;
+  // The names: kept as "<kind>/<name>/" for grad and activation (chart()).
+  const auto names = [&](std::size_t c, std::size_t kind_chars) {
+    std::vector<std::string> out;
+    for (const std::string& n : charted_[c]) out.push_back(kind_chars == 0 ? n : n.substr(kind_chars, n.size() - kind_chars - 1));
+    return out;
+  };
+  // At the highest step the file holds: TensorBoard purges a tag's later
+  // events when one comes at an earlier step, and shows the latest layout.
+  file_->append(tb::custom_scalars_event(wall_seconds(), last_step_,
+                                         tb::custom_layout(names(kScalars, 0), names(kNorms, std::strlen("grad/")),
+                                                           names(kStds, std::strlen("activation/")))));
+  layout_due_ = false;
 }
 
 TensorBoard::~TensorBoard() = default;
@@ -268,8 +277,9 @@ void TensorBoard::check_tags_of_statistics(const std::string& name) {
 
 void TensorBoard::scalar(const RecordDesc& desc, double value) {
   check_tag_of_scalar(desc.name);
-  file_->append(
-      tb::scalars_event(wall_seconds(), desc.step, {{utf8_tag("tensor/" + desc.name), static_cast<float>(value)}}));
+  chart(kScalars, utf8_tag(desc.name));
+  append(desc.step,
+         tb::scalars_event(wall_seconds(), desc.step, {{utf8_tag("tensor/" + desc.name), static_cast<float>(value)}}));
 }
 
 void TensorBoard::statistics(const RecordDesc& desc, const TensorStats& stats) {
@@ -281,6 +291,9 @@ void TensorBoard::statistics(const RecordDesc& desc, const TensorStats& stats) {
   TENSORTAP_STATS_FIELDS(TENSORTAP_FIELD_, TENSORTAP_FIELD_)
 #undef TENSORTAP_FIELD_
   const std::string prefix = kind_prefix(desc) + "/";
+  // By the prefix itself: a name seen before costs a lookup, no string.
+  if (desc.kind == Kind::Grad && charts_norm_) chart(kNorms, prefix);
+  if (desc.kind == Kind::Activation && charts_std_) chart(kStds, prefix);
   // The tags' strings are assigned in place, keeping their memory.
   if (scalars_.size() < kStatsFields + 1) scalars_.resize(kStatsFields + 1);
   std::size_t n = 0;
@@ -300,7 +313,7 @@ void TensorBoard::statistics(const RecordDesc& desc, const TensorStats& stats) {
     }
   }
   if (n == 0) return;
-  file_->append(tb::scalars_event(wall_seconds(), desc.step, scalars_.data(), n));
+  append(desc.step, tb::scalars_event(wall_seconds(), desc.step, scalars_.data(), n));
 }
 
 void TensorBoard::values(const RecordDesc& desc, const void* data, std::size_t nbytes) {
@@ -344,15 +357,21 @@ void TensorBoard::histogram_done(const RecordDesc& desc, const HistogramAccumula
     h.limits.push_back(limit);
     h.counts.push_back(count);
   }
-  file_->append(tb::histogram_event(wall_seconds(), desc.step, kind_prefix(desc), h));
+  append(desc.step, tb::histogram_event(wall_seconds(), desc.step, kind_prefix(desc), h));
 }
 
 void TensorBoard::text(std::int64_t step, const std::string& tag, const std::string& text) {
-  file_->append(tb::text_event(wall_seconds(), step, tag, text));
+  append(step, tb::text_event(wall_seconds(), step, tag, text));
 }
 
-void TensorBoard::flush(bool durable) { file_->flush(durable); }
+void TensorBoard::flush(bool durable) {
+  write_layout();
+  file_->flush(durable);
+}
 
-void TensorBoard::close() { file_->close(); }
+void TensorBoard::close() {
+  write_layout();
+  file_->close();
+}
 
 }  // namespace tensortap::detail

@@ -48,8 +48,9 @@ class HistogramAccumulator {
 
 /// The writer thread's TensorBoard output (`Options::tensorboard`): turns
 /// statistics rows, 0-d `tensor` records, histograms and dumps into events
-/// of one `EventFile` in the run directory, which starts with the custom
-/// scalars layout (EVENTS.md). Writer thread only.
+/// of one `EventFile` in the run directory, and writes the custom scalars
+/// layout again whenever a name needs a chart (EVENTS.md). Writer thread
+/// only.
 class TensorBoard {
  public:
   /// Creates the event file. Throws `Error` naming its path.
@@ -87,6 +88,13 @@ class TensorBoard {
   void check_tag_of_scalar(const std::string& name);
   void check_tags_of_statistics(const std::string& name);
   void say_tags_collide(const std::string& scalar, const std::string& statistics) const;
+  // The custom scalars layout (EVENTS.md): the names each category charts,
+  // as in the tags; a name first seen makes it due, written by flush().
+  enum Category : std::size_t { kScalars, kNorms, kStds };
+  void chart(std::size_t category, const std::string& name);
+  void write_layout();
+  // Appends an event at `step`, keeping the highest step written.
+  void append(std::int64_t step, const std::string& event);
   std::unique_ptr<EventFile> file_;
   const std::int64_t histograms_every_;
   // The statistics written (TensorBoardOptions::stats), by the schema's
@@ -99,6 +107,9 @@ class TensorBoard {
   std::vector<std::pair<std::string, float>> scalars_;  // reused
   // Names of kind tensor seen as 0-d scalars and with statistics rows.
   std::unordered_set<std::string> scalar_names_, statistics_names_;
+  std::unordered_set<std::string> charted_[3];
+  bool charts_norm_ = false, charts_std_ = false, layout_due_ = false;
+  std::int64_t last_step_ = 0;
 };
 
 }  // namespace tensortap::detail

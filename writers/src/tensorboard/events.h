@@ -44,8 +44,18 @@ struct LayoutCategory {
   std::vector<LayoutChart> charts;
 };
 /// The custom scalars plugin's layout, in the tensor its plugin reads
-/// (EVENTS.md): tag "custom_scalars__config__", step 0.
-std::string custom_scalars_event(double wall_time, const std::vector<LayoutCategory>& layout);
+/// (EVENTS.md): tag "custom_scalars__config__". TensorBoard shows a run's
+/// latest: the highest step.
+std::string custom_scalars_event(double wall_time, std::int64_t step, const std::vector<LayoutCategory>& layout);
+
+/// The layout of EVENTS.md, "The layout": a chart per 0-d tensor name in
+/// `scalars` (the loss's first), and charts of at most 16 series per
+/// top-level module for the `grad` names in `norms` and the `activation`
+/// names in `stds` (empty: no such category). Names as in the tags (UTF-8).
+std::vector<LayoutCategory> custom_layout(std::vector<std::string> scalars, std::vector<std::string> norms,
+                                          std::vector<std::string> stds);
+/// `s` with a backslash before each character Python's `re.escape` escapes.
+std::string regex_escape(const std::string& s);
 
 /// Appends `event` to `out` in TFRecord framing: length, its masked CRC-32C,
 /// the bytes, their masked CRC-32C.
