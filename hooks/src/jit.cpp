@@ -78,6 +78,7 @@ std::shared_ptr<Recorder> watch(torch::jit::Module& module, Options options) {
 
 void watch(torch::jit::Module& module, Recorder& recorder, const std::string& prefix) {
   const std::shared_ptr<detail::FrontEnd> front = detail::RecorderAccess::front_end(recorder);
+  if (front->off()) return;  // TENSORTAP=off: no hook
   // Its parameters and buffers are leaf tensors like an nn::Module's: the
   // same hooks apply.
   auto [params, buffers] = detail::selected_tensors(

@@ -58,6 +58,8 @@ std::string child_path(const std::string& parent, std::size_t i) {
 }
 
 void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& front, const std::string& prefix) {
+  // TENSORTAP=off: no hook.
+  if (front->off()) return;
   const KindSet kinds = front->options().kinds();
   const bool want_taps = kinds.contains(Kind::Activation) || kinds.contains(Kind::ActivationGrad);
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -34,6 +35,19 @@ enum class OnError {
   /// Also stop capturing, and make the next `step()` throw it: training
   /// stops at an iteration boundary, not inside backward.
   Stop,
+};
+
+/// What a disk budget (`Options::max_bytes`) does when full-tensor records
+/// would pass it. Named after the setting it answers (`on_budget`), as
+/// `OnError` answers `on_error`; `Overflow` is named after the condition
+/// (staging overflowing) because there the condition is the whole story.
+enum class Budget {
+  /// Full-tensor records stop; statistics, TensorBoard, the rules and the
+  /// lines files go on within a reserve of 5% of the budget, then stop too.
+  StopCapture,
+  /// The oldest whole steps are given up (their files deleted, after
+  /// run.json says so) to make room for the newest; dumped steps stay.
+  KeepLatest,
 };
 
 /// What the flight recorder does once it has dumped (`Options::after_dump`).
@@ -211,6 +225,21 @@ struct Options {
   /// `#1`...); the ops those ops call are not. For when nothing finer was marked; it costs a callback on
   /// every ATen op in the process while a recorder with it is open.
   TORCH_ARG(bool, capture_ops) = false;
+  /// A disk budget: the most bytes this rank's run directory may hold, every
+  /// file tensortap writes there counted (its apparent size, `du -sb`); 0
+  /// (the default): no budget. What happens when full-tensor records would
+  /// pass it: `on_budget`.
+  TORCH_ARG(std::size_t, max_bytes) = 0;
+  /// The policy of `max_bytes` (see `Budget`). `Format::Hdf5` refuses
+  /// `Budget::KeepLatest`: a record's rows cannot be given up in place.
+  TORCH_ARG(Budget, on_budget) = Budget::StopCapture;
+  /// A stall watchdog: when no `step()` comes for this long while the
+  /// recorder is open (counted from the first `step()`), the writer thread
+  /// dumps the flight recorder (or marks the run) with reason "stall",
+  /// once per stall; 0 (the default): off. Set it above the longest phase
+  /// without `step()` (an evaluation, a checkpoint): those count too.
+  /// `std::chrono::seconds(600)` converts.
+  TORCH_ARG(std::chrono::milliseconds, stall_after) = std::chrono::milliseconds(0);
   /// Take statistics (min, max, mean, std, L2 norm, counts of NaN, +Inf,
   /// -Inf and zeros, element count) of every selected tensor every this many
   /// steps, counted from `start`, whatever `every()` says about full

@@ -10,6 +10,7 @@ RunInfo run_info(const Placement& p) {
   info.run_dir = p.run_dir;
   info.rank = p.rank;
   info.world_size = p.world_size;
+  info.options_from_env = p.options_from_env;
   return info;
 }
 

@@ -8,6 +8,7 @@
 #include "sdk/src/pipeline/staging.h"
 #include "sdk/src/back/back_end.h"
 #include "sdk/src/flight/triggers.h"
+#include "sdk/src/run/environment.h"
 #include "writers/src/check.h"
 
 namespace tensortap::detail {
@@ -17,11 +18,38 @@ namespace {
 // Inf (the non_finite trigger).
 bool scans_non_finite(const Options& o) { return o.flight_recorder() > 0 && Triggers(o).checks_non_finite(); }
 
+// TENSORTAP=off, said once a process.
+bool off_said() {
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true))
+    std::fprintf(stderr,
+                 "tensortap: TENSORTAP=off: the recorders of this process record nothing (no directory, file, hook "
+                 "or thread)\n");
+  return true;
+}
+
+// The options as the code set them, overridden key by key by
+// TENSORTAP_OPTIONS (kept in `text`), then settled.
+Options from_environment(Options o, bool off, std::optional<std::string>& text) {
+  if (off) return o;
+  text = apply_environment(o);
+  return settle(std::move(o));
+}
+
+// Where an inert recorder (TENSORTAP=off) says it writes: nowhere, and the
+// options' directory.
+Placement off_placement(const Options& o) {
+  Placement p;
+  p.run_dir = o.dir();
+  return p;
+}
+
 }  // namespace
 
 FrontEnd::FrontEnd(Options options)
-    : options_(settle(std::move(options))),
-      placement_(place(options_)),
+    : off_(tensortap_off() && off_said()),
+      options_(from_environment(std::move(options), off_, options_from_env_)),
+      placement_(off_ ? off_placement(options_) : place(options_, options_from_env_)),
       sampling_(options_),
       failures_(std::make_unique<Failures>()),
       // Heap memory: the CUDA engine moves it to pinned memory once, from
@@ -31,8 +59,9 @@ FrontEnd::FrontEnd(Options options)
                                                  scans_non_finite(options_))) {
   const auto& only = options_.ranks();
   // A rank left out captures nothing and creates nothing: no directory, no
-  // thread, no memory. Its hooks see no sampled step.
-  if (!only.empty() && std::find(only.begin(), only.end(), placement_.rank) == only.end()) return;
+  // thread, no memory. Its hooks see no sampled step. TENSORTAP=off: the same
+  // on every rank, and watch() hooks nothing.
+  if (off_ || (!only.empty() && std::find(only.begin(), only.end(), placement_.rank) == only.end())) return;
   back_ = std::make_unique<BackEnd>(options_, placement_, *staging_, *failures_);
   snapshotter_->open(back_->engine(), &back_->flight(), back_->space_fd(), placement_.run_dir);
 }

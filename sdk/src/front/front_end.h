@@ -78,6 +78,8 @@ class FrontEnd {
   /// True in a fork() child of the process that made this front end: every
   /// call returns at once there, and it is never destroyed (process.h).
   bool inert() const noexcept { return forked_since(fork_generation_); }
+  /// Whether TENSORTAP=off made this recorder inert: watch() hooks nothing.
+  bool off() const noexcept { return off_; }
   bool selected(const std::string& name) const { return sampling_.selected(name); }
   bool taps_sequential_child(const std::string& path) const { return sampling_.taps_sequential_child(path); }
   std::int64_t current_step() const noexcept { return sampling_.current_step(); }
@@ -163,6 +165,10 @@ class FrontEnd {
 
   // The fork generation this front end belongs to (process.h).
   const std::uint64_t fork_generation_ = fork_generation();
+  // TENSORTAP=off: inert from the start (environment.h); what
+  // TENSORTAP_OPTIONS said, applied to options_.
+  const bool off_;
+  std::optional<std::string> options_from_env_;
   const Options options_;
   const Placement placement_;
   Sampling sampling_;

@@ -51,7 +51,6 @@ std::string run_json(const Options& o, const RunInfo& info) {
   j += fmt::format("  \"torch_version\": \"{}\",\n", kTorchVersion);
   j += "  \"options\": {\n    \"dir\": ";
   append_json_string(j, o.dir());
-  // run.json predates std::optional: an unset stop stays -1 for the readers of existing runs.
   j += fmt::format(",\n    \"format\": \"{}\",\n    \"every\": {},\n    \"start\": {},\n    \"stop\": {},\n",
                    format_name(o.format()), o.every(), o.start(),
                    // Unset is null (issue 57); readers accept the -1 of older runs too.
@@ -117,7 +116,14 @@ std::string run_json(const Options& o, const RunInfo& info) {
   }
   if (o.format() == Format::Packed)
     j += fmt::format(",\n    \"packed\": {{\"segment_bytes\": {}}}", o.packed().segment_bytes());
-  j += "\n  },\n";
+  j += fmt::format(",\n    \"max_bytes\": {},\n    \"on_budget\": \"{}\",\n    \"stall_after_ms\": {}", o.max_bytes(),
+                   o.on_budget() == Budget::KeepLatest ? "keep_latest" : "stop_capture", o.stall_after().count());
+  j += "\n  },\n  \"options_from_env\": ";
+  if (info.options_from_env)
+    append_json_string(j, *info.options_from_env);
+  else
+    j += "null";
+  j += ",\n";
   j += fmt::format("  \"rank\": {},\n  \"world_size\": {},\n", info.rank, info.world_size);
   j += fmt::format("  \"start_time\": \"{}\",\n", info.start_time);
   j += "  \"dumps\": [";

@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,8 @@ struct RunInfo {
   std::string first_error;
   /// The flight recorder's dumps and the triggers' marks.
   std::vector<Dump> dumps;
+  /// TENSORTAP_OPTIONS as given, if set ("options_from_env").
+  std::optional<std::string> options_from_env;
   /// Tensors watched under several names (tied weights): the name its
   /// records are written under, and its other names.
   std::vector<std::pair<std::string, std::vector<std::string>>> aliases;

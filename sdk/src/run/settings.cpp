@@ -85,14 +85,20 @@ void validate(const Options& o) {
                   h.chunk_bytes(), kMaxChunkBytes);
   TENSORTAP_CHECK(h.flush_every() >= 0, "Hdf5Options::flush_every({}) must be 0 (sized from the records) or more",
                   h.flush_every());
+  TENSORTAP_CHECK(!(o.max_bytes() > 0 && o.on_budget() == Budget::KeepLatest && o.format() == Format::Hdf5),
+                  "Options::on_budget(Budget::KeepLatest) with Format::Hdf5: a record's rows in tensors.h5 cannot be "
+                  "given up in place; use Budget::StopCapture, or Format::Npy or Format::Packed");
+  TENSORTAP_CHECK(o.stall_after().count() >= 0, "Options::stall_after({} ms) must be 0 (off) or more",
+                  o.stall_after().count());
   const PackedOptions& pk = o.packed();
   // Below 4 KiB a segment holds hardly a record: a file per record, as Npy.
   TENSORTAP_CHECK(pk.segment_bytes() >= 4096, "PackedOptions::segment_bytes({}) must be at least 4096",
                   pk.segment_bytes());
 }
 
-Placement place(const Options& o) {
+Placement place(const Options& o, const std::optional<std::string>& options_from_env) {
   Placement p;
+  p.options_from_env = options_from_env;
   p.world_size = o.world_size() ? *o.world_size() : env_int("WORLD_SIZE", 1);
   // LOCAL_RANK only stands in for an unset RANK: read, and checked, only
   // then (round 4: LOCAL_RANK=zz refused a recorder whose RANK was valid).

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include <tensortap/options.h>
 
@@ -37,11 +39,13 @@ struct Placement {
   std::string run_dir;
   /// "rank<r>" with several ranks, "" otherwise.
   std::string sub_dir;
+  /// TENSORTAP_OPTIONS as given (run.json's "options_from_env"), if set.
+  std::optional<std::string> options_from_env;
 };
 
 /// Resolves the rank and the world size from `options`, or from the
 /// RANK, LOCAL_RANK and WORLD_SIZE environment variables. Throws `Error`
 /// when they are malformed or contradict each other.
-Placement place(const Options& options);
+Placement place(const Options& options, const std::optional<std::string>& options_from_env = std::nullopt);
 
 }  // namespace tensortap::detail

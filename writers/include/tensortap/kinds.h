@@ -69,6 +69,13 @@ class KindSet {
   }
   /// Whether `k` is in the set.
   bool contains(Kind k) const { return (bits_ & bit(k)) != 0; }
+  /// The set with `k` too: for sets made at run time (TENSORTAP_OPTIONS'
+  /// `kinds=grad+activation`).
+  KindSet with(Kind k) const {
+    KindSet s = *this;
+    s.bits_ |= bit(k);
+    return s;
+  }
 
  private:
   // The bit layout is the sampling plan's (sdk/src/select/sampling.h), not a

@@ -1,0 +1,33 @@
+#pragma once
+
+// Settings from the environment (DESIGN section 10), read when a recorder is
+// made: `TENSORTAP=off` makes it inert, `TENSORTAP_OPTIONS` overrides the
+// options the code set, key by key. Both are parsed strictly: a value or a
+// key they do not understand is refused by name, never ignored.
+
+#include <optional>
+#include <string>
+
+#include <tensortap/options.h>
+
+namespace tensortap::detail {
+
+/// Whether `TENSORTAP` turns tensortap off: "off", "0" or "false" (any
+/// case); unset, empty or "on": no. Throws `Error` naming any other value.
+bool tensortap_off();
+
+/// Applies `text` (TENSORTAP_OPTIONS' grammar) to `options`: `key=value`
+/// pairs separated by `,` (`\,` a comma inside a value), lists joined by
+/// `+`, booleans 1/0/true/false/on/off, enumerations as run.json spells
+/// them, sizes with K/M/G/T (powers of 1024, optional `iB`), durations with
+/// ms/s/m/h (bare: seconds), `stop=none`, `every.<kind>=n`, nested
+/// `hdf5.*`, `packed.*`, `tensorboard.*`. The last of a key given twice
+/// wins. Throws `Error` naming the key and its value for an unknown key, a
+/// value that does not parse, or `dump_on` (set in code).
+void apply_options_text(Options& options, const std::string& text);
+
+/// `TENSORTAP_OPTIONS` applied to `options`; returns the string as given,
+/// or nullopt when the variable is unset.
+std::optional<std::string> apply_environment(Options& options);
+
+}  // namespace tensortap::detail
