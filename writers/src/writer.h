@@ -76,6 +76,12 @@ class Writer {
   /// the failure, so that their index lines may still be written. Called
   /// once per failure; 0 (the default) leaves them all unindexed.
   virtual std::size_t durable_after_failure() noexcept { return 0; }
+  /// The bytes the format keeps below the run directory's top (npy/,
+  /// packed/: the files' apparent sizes, and the subdirectories' as they
+  /// were made), for a disk budget that must not walk them; 0 for a format
+  /// whose files sit at the top (HDF5's tensors.h5), which the budget
+  /// measures itself.
+  virtual std::uint64_t disk_bytes() const { return 0; }
 };
 
 /// The writer of `format` (with `hdf5`'s settings for `Format::Hdf5`,

@@ -49,6 +49,9 @@ struct Counters {
   std::int64_t stats_rows = 0;
   /// Flight-recorder dumps so far (`Options::flight_recorder`).
   std::int64_t dumps = 0;
+  /// Full-tensor records a disk budget refused (`Options::max_bytes`,
+  /// `Budget::StopCapture`): not errors; from then on full capture stops.
+  std::int64_t budget_refused = 0;
   /// Seconds the capturing threads spent waiting for staging room under
   /// `Overflow::Block` (the disk could not keep up): 0 while it keeps up.
   double blocked_seconds = 0;

@@ -25,11 +25,14 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
   auto writer = make_writer(options.format(), options.hdf5(), options.packed(), dir);
   manifest_.open(dir);
   store_ = std::make_unique<Store>(std::move(writer), std::make_unique<LinesFile>(dir, "index.jsonl"), failures);
+  budget_ = std::make_unique<DiskBudget>(options, placement.run_dir, dir, store_->writer());
+  if (budget_->on()) store_->set_budget(budget_.get());
   stats_ = std::make_unique<StatsFile>(dir);
   if (options.tensorboard()) tensorboard_ = std::make_unique<TensorBoard>(dir, *options.tensorboard());
   flight_ = std::make_unique<FlightRecorder>(options, *store_, manifest_, failures);
   flight_->set_tensorboard(tensorboard_.get());
-  thread_ = std::make_unique<WriterThread>(staging, *store_, *stats_, *flight_, failures, tensorboard_.get());
+  thread_ = std::make_unique<WriterThread>(staging, *store_, *stats_, *flight_, failures, tensorboard_.get(),
+                                           budget_->on() ? budget_.get() : nullptr);
   // Device memory that snapshots may hold, per GPU: as much as host staging.
   cuda_ = make_cuda_engine(staging, 2 * options.buffer_bytes(),
                            [&failures](const std::string& what) { failures.add(nullptr, what, 1); });
@@ -50,6 +53,7 @@ void BackEnd::stop() {
 
 void BackEnd::close(const Counters& counters, const std::string& first_error) {
   flight_->on_close();
+  if (budget_->on()) manifest_.set_budget(budget_->state());
   try {
     manifest_.close(counters, first_error);
   } catch (...) {

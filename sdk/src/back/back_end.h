@@ -61,12 +61,15 @@ class BackEnd {
   std::int64_t records() const { return store_->records(); }
   std::int64_t bytes() const { return store_->bytes(); }
   std::int64_t stats_rows() const { return thread_->stats_rows(); }
+  /// Full-tensor records a disk budget refused.
+  std::int64_t budget_refused() const { return budget_->refused(); }
 
  private:
   Staging& staging_;
   std::unique_ptr<RunDir> run_dir_;
   RunManifest manifest_;
   std::unique_ptr<Store> store_;
+  std::unique_ptr<DiskBudget> budget_;
   std::unique_ptr<StatsFile> stats_;
   std::unique_ptr<TensorBoard> tensorboard_;  // null unless Options::tensorboard
   std::unique_ptr<FlightRecorder> flight_;

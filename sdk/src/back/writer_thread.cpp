@@ -16,8 +16,14 @@ namespace tensortap::detail {
 constexpr std::chrono::milliseconds kIdlePublish{500};
 
 WriterThread::WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight, Failures& failures,
-                           TensorBoard* tensorboard)
-    : staging_(staging), store_(store), stats_(stats), flight_(flight), failures_(failures), tensorboard_(tensorboard) {
+                           TensorBoard* tensorboard, DiskBudget* budget)
+    : staging_(staging),
+      store_(store),
+      stats_(stats),
+      flight_(flight),
+      budget_(budget),
+      failures_(failures),
+      tensorboard_(tensorboard) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -98,6 +104,7 @@ void WriterThread::publish_idle() noexcept {
 
 void WriterThread::write_batch(const Staging::Buffer& buffer) {
   std::lock_guard<std::mutex> lock(batch_mu_);
+  if (budget_ != nullptr) budget_->measure();
   starting_.clear();
   // Only what is stored now: held records are prepared when dumped.
   for (const Slot& slot : buffer.slots)
@@ -159,6 +166,11 @@ void WriterThread::store(const Slot& slot, const char* data, InFlight* open) noe
       open->sink.reset();
       store_.written(desc, location);
     }
+  } catch (const BudgetRefused&) {
+    // Counted by the budget, not a failure; full capture stops (the
+    // training thread's next captures take statistics at most).
+    flight_.halt_full_capture();
+    if (open != nullptr) open->lost = true;
   } catch (...) {
     failures_.add(desc, Failures::current());
     if (open != nullptr) {
@@ -172,7 +184,9 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
   const Record& record = slot.record;
   const RecordDesc& desc = record.desc;
   const auto statistics_done = [&](const TensorStats& stats) {
-    if (record.has_row()) {
+    // Past a disk budget and its reserve, statistics and TensorBoard stop
+    // too; the rules still see every record.
+    if (record.has_row() && (budget_ == nullptr || budget_->side_files_allowed())) {
       stats_.append(desc.kind, desc.name, desc.step, stats);
       stats_rows_.fetch_add(1, std::memory_order_relaxed);
       if (tensorboard_ != nullptr) to_tensorboard([&] { tensorboard_->statistics(desc, stats); });
@@ -218,7 +232,7 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
   // full disk must not silence a rule (a NaN loss that stops training under
   // AfterDump::Throw), nor empty the statistics table and the charts, which
   // are often all that still fits.
-  if (tensorboard_ != nullptr) {
+  if (tensorboard_ != nullptr && (budget_ == nullptr || budget_->side_files_allowed())) {
     if (open == nullptr) {
       to_tensorboard([&] { tensorboard_->values(desc, data, slot.nbytes); });
     } else {

@@ -28,7 +28,7 @@ class WriterThread {
   /// Starts the thread. Every reference must outlive it; `tensorboard` (null:
   /// off) too.
   WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight, Failures& failures,
-               TensorBoard* tensorboard = nullptr);
+               TensorBoard* tensorboard = nullptr, DiskBudget* budget = nullptr);
   ~WriterThread();
   WriterThread(const WriterThread&) = delete;
   WriterThread& operator=(const WriterThread&) = delete;
@@ -78,6 +78,8 @@ class WriterThread {
   Store& store_;
   StatsFile& stats_;
   FlightRecorder& flight_;
+  // A disk budget (Options::max_bytes), or null.
+  DiskBudget* budget_ = nullptr;
   Failures& failures_;
   TensorBoard* const tensorboard_;
   // Records whose chunks are still arriving, by id.

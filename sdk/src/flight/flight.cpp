@@ -106,6 +106,7 @@ void FlightRecorder::on_step() {
   const std::int64_t dumps = this->dumps();
   if (dumps == seen_.load(std::memory_order_relaxed)) return;
   seen_.store(dumps, std::memory_order_relaxed);
+  if (halts_ && dumps > 0) full_halted_.store(true, std::memory_order_relaxed);
   visible_.store(static_cast<std::size_t>(dumps), std::memory_order_relaxed);
   if (options_.after_dump() != AfterDump::Throw) return;
   // Without a flight recorder a trigger only marks the run: only Throw acts.

@@ -56,9 +56,12 @@ class FlightRecorder {
   std::int64_t dumps() const { return dumps_.load(std::memory_order_acquire); }
   /// Records the ring could not hold within its byte budget.
   std::int64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
-  /// Whether full capture has ended after a dump (AfterDump::StopCapture or
-  /// Throw), from the step after the one that saw it; statistics go on.
-  bool capture_halted() const { return halts_ && seen_.load(std::memory_order_relaxed) > 0; }
+  /// Whether full capture has ended: after a dump (AfterDump::StopCapture
+  /// or Throw), from the step after the one that saw it, or at a disk budget
+  /// (Budget::StopCapture); statistics go on. One load: the sampled path asks.
+  bool capture_halted() const { return full_halted_.load(std::memory_order_relaxed); }
+  /// A disk budget was reached: full capture ends (writer thread).
+  void halt_full_capture() { full_halted_.store(true, std::memory_order_relaxed); }
 
   // Training thread, in step() (serialized by the caller).
   /// Acts on dumps since the last call: with AfterDump::Throw, throws
@@ -94,6 +97,9 @@ class FlightRecorder {
   std::atomic<std::int64_t> dropped_{0};
   // Dumps that on_step() has acted on.
   std::atomic<std::int64_t> seen_{0};
+  // capture_halted(): set by on_step() once a dump it saw halts capture, or
+  // by a disk budget.
+  std::atomic<bool> full_halted_{false};
   // How many of the manifest's dumps seen() shows: seen_, or all of them
   // after on_close(). A count, not a copy: a step copies no dump.
   std::atomic<std::size_t> visible_{0};

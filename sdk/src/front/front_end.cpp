@@ -299,6 +299,7 @@ Counters FrontEnd::counters() const {
   s.stats_rows = back_->stats_rows();
   s.dumps = back_->flight().dumps();
   s.blocked_seconds = staging_->blocked_seconds();
+  s.budget_refused = back_->budget_refused();
   return s;
 }
 

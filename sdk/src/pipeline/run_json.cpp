@@ -147,6 +147,15 @@ std::string run_json(const Options& o, const RunInfo& info) {
     }
     j += "},\n";
   }
+  if (info.budget) {
+    const BudgetState& b = *info.budget;
+    const auto step_or_null = [](std::int64_t s) { return s < 0 ? std::string("null") : std::to_string(s); };
+    j += fmt::format(
+        "  \"budget\": {{\"max_bytes\": {}, \"policy\": \"{}\", \"reached_at_step\": {}, \"refused_records\": {}, "
+        "\"refused_bytes\": {}, \"given_up_below\": {}}},\n",
+        b.max_bytes, b.policy == Budget::KeepLatest ? "keep_latest" : "stop_capture", step_or_null(b.reached_at_step),
+        b.refused_records, b.refused_bytes, step_or_null(b.given_up_below));
+  }
   if (info.closed) {
     j += fmt::format("  \"end_time\": \"{}\",\n", info.end_time);
     j += fmt::format("  \"records\": {},\n  \"bytes\": {},\n  \"dropped\": {},\n  \"errors\": {},\n",

@@ -18,6 +18,7 @@
 #include <tensortap/options.h>
 #include <tensortap/recorder.h>
 
+#include "sdk/src/pipeline/budget.h"
 #include "writers/src/file.h"
 #include "writers/src/lines_file.h"
 #include "writers/src/run_dir.h"
@@ -37,6 +38,8 @@ struct RunInfo {
   std::string first_error;
   /// The flight recorder's dumps and the triggers' marks.
   std::vector<Dump> dumps;
+  /// A disk budget's state, at close ("budget"; unset: no budget).
+  std::optional<BudgetState> budget;
   /// TENSORTAP_OPTIONS as given, if set ("options_from_env").
   std::optional<std::string> options_from_env;
   /// Tensors watched under several names (tied weights): the name its
@@ -74,6 +77,8 @@ class RunManifest {
   /// One tensor watched under several names: written under `name`, also
   /// known as `others` (run.json's "aliases", at close).
   void add_aliases(const std::string& name, const std::vector<std::string>& others);
+  /// The disk budget's state, for run.json's "budget" at close.
+  void set_budget(const BudgetState& state) { info_.budget = state; }
   /// A copy of the first `limit` dumps (all of them by default).
   std::vector<Dump> dumps(std::size_t limit = std::numeric_limits<std::size_t>::max()) const;
   /// The last of the first `limit` dumps; a default Dump if none.

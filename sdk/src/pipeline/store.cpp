@@ -38,6 +38,8 @@ class PromisedSink : public RecordSink {
 }  // namespace
 
 std::unique_ptr<RecordSink> Store::begin(const RecordDesc& record) {
+  // A disk budget comes first: a record it refuses costs no file.
+  if (budget_ != nullptr && !budget_->admit(record.nbytes, record.step)) throw BudgetRefused{};
   const std::uint64_t room = index_line_room(record);
   index_->keep_room(pending_index_.size() + promised_ + room);
   auto sink = writer_->begin(record);
@@ -55,6 +57,8 @@ void Store::write_whole(const RecordDesc& record, const char* data, std::size_t 
     auto sink = begin(record);
     sink->append(data, nbytes);
     written(record, sink->finish());
+  } catch (const BudgetRefused&) {
+    // Counted by the budget; not a failure.
   } catch (...) {
     failures_.add(record, Failures::current());
   }

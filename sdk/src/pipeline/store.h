@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "sdk/src/pipeline/budget.h"
 #include "sdk/src/pipeline/failures.h"
 #include "writers/src/lines_file.h"
 #include "writers/src/writer.h"
@@ -40,6 +41,10 @@ class Store {
   void close() noexcept;
 
   std::int64_t records() const { return records_.load(std::memory_order_relaxed); }
+  /// The format's writer (a disk budget measures what it holds).
+  const Writer& writer() const { return *writer_; }
+  /// Full-tensor records pass `budget` first (null: none); must outlive it.
+  void set_budget(DiskBudget* budget) { budget_ = budget; }
   std::int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
 
  private:
@@ -49,6 +54,7 @@ class Store {
   void index_survivors() noexcept;
 
   std::unique_ptr<Writer> writer_;
+  DiskBudget* budget_ = nullptr;
   std::unique_ptr<LinesFile> index_;
   Failures& failures_;
   // Index lines of records not yet durable, oldest first, and where each

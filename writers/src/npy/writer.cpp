@@ -1,5 +1,7 @@
 #include "writers/src/npy/writer.h"
 
+#include <sys/stat.h>
+
 #include <fmt/format.h>
 
 #include <tensortap/error.h>
@@ -15,12 +17,15 @@ namespace {
 
 class NpySink final : public RecordSink {
  public:
-  NpySink(Dir dir, std::string file, std::string rel_path, std::string header, std::uint64_t nbytes)
+  NpySink(Dir dir, std::string file, std::string rel_path, std::string header, std::uint64_t nbytes,
+          std::uint64_t& written)
       : dir_(std::move(dir)),
         file_(dir_, std::move(file)),
         rel_(std::move(rel_path)),
         header_(std::move(header)),
-        left_(nbytes) {}
+        size_(header_.size() + nbytes),
+        left_(nbytes),
+        written_(written) {}
 
   void append(const void* data, std::size_t n) override {
     if (n > left_) fail("record '{}' got more bytes than its shape holds", file_.path());
@@ -34,6 +39,7 @@ class NpySink final : public RecordSink {
     if (!header_.empty()) file_.write(header_.data(), header_.size());
     if (left_ != 0) fail("record '{}' is {} bytes short", file_.path(), left_);
     file_.commit();
+    written_ += size_;
     std::string loc = "\"file\":";
     append_json_string(loc, rel_);
     return loc;
@@ -46,8 +52,16 @@ class NpySink final : public RecordSink {
   AtomicFile file_;
   std::string rel_;
   std::string header_;
+  const std::uint64_t size_;  // of the whole file
   std::uint64_t left_;
+  std::uint64_t& written_;    // the writer's count, which outlives the sink
 };
+
+// A directory's own apparent size (du counts it).
+std::uint64_t own_size(const Dir& d) {
+  struct stat st {};
+  return ::fstat(d.fd(), &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : 0;
+}
 
 }  // namespace
 
@@ -55,11 +69,17 @@ std::unique_ptr<RecordSink> NpyWriter::begin(const RecordDesc& meta) {
   const std::string rel_dir = fmt::format("npy/{}/{}", kind_name(meta.kind), encode_name(meta.name));
   const bool create = made_.count(rel_dir) == 0;
   Dir dir = dir_.sub(rel_dir, create);
-  if (create) made_.insert(rel_dir);
+  if (create) {
+    made_.insert(rel_dir);
+    bytes_ += own_size(dir);
+    // Its kind's directory, the first time (npy/ itself sits at the top).
+    const std::string kind_dir = fmt::format("npy/{}", kind_name(meta.kind));
+    if (made_.insert(kind_dir).second) bytes_ += own_size(dir_.sub(kind_dir, false));
+  }
   std::string file = step_stem(meta.step) + ".npy";
   std::string rel = rel_dir + "/" + file;
   return std::make_unique<NpySink>(std::move(dir), std::move(file), std::move(rel),
-                                   npy_header(npy_descr(meta.dtype.element), meta.shape), meta.nbytes);
+                                   npy_header(npy_descr(meta.dtype.element), meta.shape), meta.nbytes, bytes_);
 }
 
 }  // namespace tensortap::detail

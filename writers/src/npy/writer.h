@@ -15,11 +15,14 @@ class NpyWriter final : public Writer {
   explicit NpyWriter(const Dir& dir) : dir_(dir) {}
   std::unique_ptr<RecordSink> begin(const RecordDesc& meta) override;
   void close() override {}
+  std::uint64_t disk_bytes() const override { return bytes_; }
 
  private:
   const Dir& dir_;
   // Directories already made, so mkdir runs once per (kind, name).
   std::unordered_set<std::string> made_;
+  // The records' files (header and data) and the directories made, in bytes.
+  std::uint64_t bytes_ = 0;
 };
 
 }  // namespace tensortap::detail

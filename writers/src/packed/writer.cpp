@@ -153,6 +153,7 @@ std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
     std::unique_ptr<Segment> next = open_segment();
     retiring_.push_back(std::move(open_));
     open_ = std::move(next);
+    rolled_bytes_ += end_;
     end_ = 0;
     close_retired();
   }

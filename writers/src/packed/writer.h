@@ -35,6 +35,8 @@ class PackedWriter final : public Writer {
   bool sync(bool force) override;
   void close() override;
   std::size_t durable_after_failure() noexcept override;
+  /// Every segment's reserved bytes (what its file grows to).
+  std::uint64_t disk_bytes() const override { return rolled_bytes_ + end_; }
 
   /// A record finished since the last sync that made all durable: the
   /// segment it is in, by number, and where its bytes end.
@@ -94,6 +96,8 @@ class PackedWriter final : public Writer {
   std::unique_ptr<Segment> open_;
   // Where the next record may begin in open_ (before alignment): past every byte reserved.
   std::uint64_t end_ = 0;
+  // The bytes of the segments rolled past (each's end when it was).
+  std::uint64_t rolled_bytes_ = 0;
   // Segments rolled past with records still arriving in chunks.
   std::vector<std::unique_ptr<Segment>> retiring_;
   // Records finished and not yet known durable, oldest first: after a
