@@ -3,7 +3,8 @@
     python3 -m tensortap inspect RUN_DIR [--check]
     python3 -m tensortap report RUN_DIR [-o report.html] [--steps 0,100,200] [--histograms 6]
     python3 -m tensortap tensorboard RUN_DIR [--logdir DIR] [--histograms-every 100] [--stats mean,std,...|all]
-    python3 -m tensortap diff RUN_A RUN_B [--rtol R] [--atol A] [--common-only] [--html OUT.html]
+    python3 -m tensortap diff RUN_A RUN_B [--rtol R] [--atol A] [--floor A2 [--factor F] [--ulps U]]
+                              [--steps A..B] [--kinds a,b] [--exclude REGEX] [--common-only] [--html OUT.html]
 
 The summary lists kinds, names, the steps captured, shapes, dtypes, bytes,
 dropped records and whether the run was closed cleanly. --check also opens
@@ -30,11 +31,17 @@ DIR/<the run's folder name>/. Then: tensorboard --logdir DIR.
 
 diff compares two runs record by record (tensortap/_diff.py has the rules),
 A the reference: it prints the first divergence (the earliest step with a
-record beyond tolerance, the first such record in A's order) with the
-record that agreed before it and the next that differ, the records on one
-side only, and last "compared N, differ D, only in A X, only in B Y". Exit
-status 0: every record is on both sides and agrees within tolerance
-(default: exactly); 1: some differ, or are on one side only (unless
+record beyond tolerance, the first such record in A's order) and where it
+arises (in the initial state, the forward, the loss, the backward, the
+update, a buffer), with the record that agreed before it and the next that
+differ, the records on one side only, and last "compared N, differ D, only
+in A X, only in B Y". --floor A2 (A's program with its initial weights
+perturbed by tensortap.torch.perturb) makes a record that differs from A no
+more than --factor times A2 does "noise", an agreement (", noise K" in the
+last line). --steps, --kinds and --exclude choose the records compared. It
+streams: a few bytes per record beyond the runs' indexes. Exit status 0:
+every record is on both sides and agrees within tolerance (default:
+exactly); 1: some differ, are unreadable, or are on one side only (unless
 --common-only); 2: bad input.
 """
 
@@ -81,10 +88,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("b", metavar="RUN_B", help="the run compared with it")
     p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance: |a-b| <= atol + rtol*|a| (default 0)")
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
+    p.add_argument("--floor", metavar="A2", help="A's program again, its initial parameters moved by "
+                   "tensortap.torch.perturb: a record of B that differs from A no more than --factor times A2 "
+                   "does is noise, an agreement")
+    p.add_argument("--factor", type=float, help="the floor's factor (default 10)")
+    p.add_argument("--ulps", type=int, help="A2's step-0 params must be within this many ulps of A's (default 1)")
+    p.add_argument("--steps", metavar="A..B", help="compare the steps A to B only (A.., ..B, or one step N)")
+    p.add_argument("--kinds", metavar="LIST", help="compare these kinds only, comma-separated (activation, "
+                   "activation_grad, param, buffer, grad, tensor)")
+    p.add_argument("--exclude", metavar="REGEX", help="leave out the names this regular expression finds "
+                   "(Python's re.search)")
     p.add_argument("--common-only", action="store_true",
                    help="compare the records both runs hold; those on one side only do not fail")
-    p.add_argument("--html", metavar="OUT", help="also write a self-contained page: the first divergence and a "
-                   "heatmap of the error, name against step")
+    p.add_argument("--html", metavar="OUT", help="also write a self-contained page: the summary, the error by "
+                   "name and step for every kind, and a view of the records that differ most")
     args = parser.parse_args(argv)
     if args.command == "diff":
         return _diff(args)
@@ -188,38 +205,59 @@ def _tensorboard(args):
 
 
 def _diff(args):
-    from ._diff import _check_tolerance, iter_pairs, summary_lines
+    import contextlib
+    import re
+
+    from ._diff import Options, esc, run_command
+    from ._diff_align import Selection, parse_kinds, parse_steps
 
     try:
-        _check_tolerance(args.rtol, args.atol)
+        steps = parse_steps(args.steps) if args.steps is not None else (None, None)
+        kinds = parse_kinds(args.kinds) if args.kinds is not None else None
+        if args.exclude is not None:
+            try:
+                re.compile(args.exclude)
+            except re.error as e:
+                raise ValueError(f"--exclude {args.exclude!r} is not a regular expression: {e}") from None
+        if args.floor is None and (args.factor is not None or args.ulps is not None):
+            raise ValueError("--factor and --ulps go with --floor A2")
+        opts = Options(args.rtol, args.atol, 10.0 if args.factor is None else args.factor,
+                       1 if args.ulps is None else args.ulps, Selection(steps, kinds, args.exclude))
     except ValueError as e:
-        print(f"tensortap: {_safe(e)}", file=sys.stderr)
+        print(f"tensortap: {esc(e)}", file=sys.stderr)
         return 2
-    rows, details = [], {}
 
     def work():
-        with Run(args.a) as run_a, Run(args.b) as run_b:
-            for i, (row, detail) in enumerate(iter_pairs(run_a, run_b, args.rtol, args.atol)):
-                rows.append(row)
-                if detail:
-                    details[i] = detail
-        return rows
-
-    if _command("comparison", work) is None:
-        return 2
-    lines, status = summary_lines(rows, details, common_only=args.common_only)
-    if args.html:
-        from .report import write_diff_page
-
         try:
-            write_diff_page(rows, details, args.html, args.a, args.b, args.rtol, args.atol, lines)
-        except (OSError, ValueError, ImportError) as e:
-            print(f"tensortap: {_safe(e)}", file=sys.stderr)
-            return 2
+            return compare()
+        except (RunError, OSError, ValueError) as e:
+            # Names and paths come from outside: bidi controls escaped too.
+            raise RunError(esc(e)) from None
+
+    def compare():
+        with contextlib.ExitStack() as stack:
+            runs = [stack.enter_context(Run(path)) if path is not None else None
+                    for path in (args.a, args.b, args.floor)]
+            rows = None
+            if args.html:
+                from .diff_page import Collector
+
+                rows = Collector(floor=args.floor is not None)
+            lines, status, tally = run_command(runs, opts, args.common_only, on_row=rows)
+            if rows is not None:
+                from .diff_page import write_diff_page
+
+                write_diff_page(args.html, tally, rows, lines, (args.a, args.b, args.floor), opts)
+        return lines, status
+
+    result = _command("comparison", work)
+    if result is None:
+        return 2
+    lines, status = result
     for line in lines:
         print(line)
     if args.html:
-        print(f"tensortap: wrote {_safe(args.html)}")
+        print(f"tensortap: wrote {esc(args.html)}")
     return status
 
 

@@ -72,7 +72,12 @@ def _reason(e):
 # sequence would drive the terminal. A name's bytes that are not UTF-8 come
 # as lone surrogates U+DC80..U+DCFF (tensortap writes them so); they are
 # shown as the byte they stand for.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# Control characters, lone surrogates (a name's bytes that are not UTF-8),
+# and the format characters that reorder or hide text on a terminal (bidi
+# overrides and isolates such as U+202E, zero-width characters, line and
+# paragraph separators, the BOM): a name must not make a line lie.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u061c\u200b-\u200f\u202a-\u202e\u2028\u2029"
+                      "\u2060-\u2069\ufeff]")
 
 
 def _escape(ch):

@@ -1,6 +1,7 @@
-"""Two runs side by side (DESIGN.md section 9): `tensortap.diff(a, b)` and
-`tensortap diff A B`. A port check: does the C++ model compute what the
-Python one did, and if not, where does it first differ?
+"""Two runs side by side (DESIGN.md sections 9 and 10): `tensortap.diff(a, b)`
+and `tensortap diff A B`. A port check: does the C++ model compute what the
+Python one did, and if not, where does it first differ, and is the
+difference more than rounding?
 
 Records align by (rank, kind, name, step); a repeat (`name#1`) is a name of
 its own, as on disk. A single-rank run is rank 0. A is the reference.
@@ -10,409 +11,793 @@ The rules, element by element (a "bad" element is one beyond tolerance):
   at the same place, whatever its payload or sign; an infinity equals only
   the infinity of the same sign; a NaN or an infinity against anything else
   is bad. Finite values are within tolerance when
-  |a - b| <= atol + rtol * |a| (defaults 0: exact).
-- Integers and bool compare exactly, whatever the tolerance.
+  |a - b| <= atol + rtol * |a| (defaults 0: exact), evaluated in float64.
+- Integers and bool compare exactly, whatever the tolerance, and are
+  differenced as integers (exact above 2^53).
 - A complex value compares as its real and imaginary parts, each by the
   float rules; it is bad when either part is.
 - A shape or dtype (the index's, the tensor's own) that differs is a
   "mismatch": no value is compared, and it counts as a difference.
+- A record that cannot be read (a missing or damaged file, one that holds
+  another shape or dtype than its index line says) is "unreadable": it
+  counts as a difference, and the comparison goes on.
 
 Per pair: max_abs = max |a - b| and max_rel = max |a - b| / |a| over the
 finite elements (a 0 in A against a non-zero in B: max_rel inf); a NaN or
 infinity that disagrees makes both inf. max_ulp is the largest distance in
 units in the last place of the record's own dtype (bfloat16's and float8's,
 although the files hold them as float32 and bytes: the count of
-representable values between the two, -0 and +0 one value), over the finite
-elements, inf where a non-finite value disagrees; NaN for integers and bool.
-n_bad counts the bad elements. cosine is the cosine similarity of the two
-as vectors of float64 (complex: of their parts), over the elements finite
-in both; two zero vectors have cosine 1, a zero vector against another 0.
+representable values between the two, -0 and +0 one value) over the
+elements beyond tolerance (every differing element when exact), 0 when none
+is, inf where a non-finite value disagrees; NaN for integers and bool.
+n_bad counts the bad elements. Over the elements finite in both, as scaled
+sums (no overflow at 1e200, no underflow at 1e-200): cosine, the cosine
+similarity of the two as vectors (complex: of their parts; two zero vectors
+1, a zero vector against another 0); rel_norm = ||a - b|| / ||a|| (0 when
+both are 0).
 
-Status: "equal" (no bad element), "differ", "mismatch", "only_a", "only_b".
+The noise floor (`floor=A2`, `--floor A2`): A2 is A's program run again with
+its initial parameters moved by `tensortap.torch.perturb(model, ulps, seed)`,
+so that it differs from A by rounding alone. A record of A, B and A2 that is
+not equal is "noise" (an agreement) when
+||a - b|| <= factor * max(||a - a2||, 4 * u * ||a||), u the unit roundoff of
+its dtype, and no NaN or infinity of A and B disagrees; an integer or bool
+record when at most factor times as many elements differ as A2 has
+differing. floor_rel_norm = ||a - a2|| / ||a|| (NaN without a floor). A
+record A2 lacks is judged by the tolerance ("without floor"). A2 is refused
+(ValueError, exit 2) unless every record of A2 is one of A's with its shape
+and dtype, and A's step-0 `param` records, which A must have, are A2's within
+`ulps` ulps.
+
+Status: "equal" (no bad element), "noise", "differ", "mismatch",
+"unreadable", "only_a", "only_b".
 
 The first divergence is the earliest step holding a "differ" or "mismatch",
 and within it the first such record in A's index order (ARCHITECTURE.md,
 "Order": within a thread, records are in the order of their captures; the
 Python twin writes in the order of its hooks, which is the same for the same
-model: a step's parameters, its activations and the loss in forward order,
-activation gradients in backward order, then its parameter gradients).
+model: a step's parameters and buffers, its activations and the loss in
+forward order, activation gradients in backward order, then its parameter
+gradients). Where it arises is read from what agrees around it (_arises).
 
-Memory stays bounded: one pair of records at a time, memory-mapped where
-the format allows, compared in blocks of a few million elements. A pair
-whose bytes are identical is equal without more work.
+Memory stays bounded: the runs' records are aligned on the reader's index
+columns (tensortap/_diff_align.py), pairs are read one at a time,
+memory-mapped where the format allows, and compared in blocks
+(tensortap/_diff_values.py). The command keeps a byte per record (two with
+a floor, and a float32) beyond the alignment's arrays; `tensortap.diff()`
+builds a DataFrame, a row per record.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
+import unicodedata
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._base import RunError
-from ._float8 import FORMATS as FLOAT8, table as float8_table
+from . import _float8
+from ._base import NUMPY_DTYPES, RunError, _safe
+from ._diff_align import Alignment, Selection
+from ._diff_values import UNIT_ROUNDOFF, PairStats, compare_quietly, is_float, ulps_within
+from ._npy import _cached_header, _read_npy
+from ._files import _open_regular
+from ._packed import _packed_layout
+from ._paths import _resolve
 
 if TYPE_CHECKING:
     import pandas
 
-COLUMNS = ("rank", "kind", "name", "step", "status", "max_abs", "max_rel", "max_ulp", "n_bad", "cosine")
-_BLOCK = 1 << 22  # elements compared at once
+COLUMNS = ("rank", "kind", "name", "step", "status", "max_abs", "max_rel", "max_ulp", "n_bad", "cosine",
+           "rel_norm", "floor_rel_norm")
 
-Key = Tuple[int, str, str, int]
+# A status per record of A, one byte: what the summary reads back at the end.
+_CODE = {"equal": 1, "noise": 2, "differ": 3, "mismatch": 4, "unreadable": 5, "only_a": 6}
+_AGREE = (1, 2)
+_DIVERGE = (3, 4)          # where the first divergence may be
+_DIFFERENCES = ("differ", "mismatch", "unreadable")
 
+# The floor's findings (DESIGN.md section 10).
+SATURATED = 1e-3      # the median floor_rel_norm of a step past which differences are not resolved
+UNINFORMATIVE = 0.1   # a series whose floor_rel_norm is this at its first step is rounding noise itself
 
-def _open(run):
-    from ._run import Run
-
-    if isinstance(run, Run):
-        return run, False
-    if not isinstance(run, (str, os.PathLike)):
-        raise TypeError(f"tensortap.diff: a run is a path or a tensortap.Run, not {type(run).__name__}")
-    return Run(run), True
-
-
-def _records(run) -> Dict[Key, Dict[str, Any]]:
-    """{(rank, kind, name, step): record}, in the run's index order (the last
-    line of a record indexed twice, as the reader does)."""
-    out: Dict[Key, Dict[str, Any]] = {}
-    for rec in run.records:
-        rank = rec.get("rank")
-        out[(0 if rank is None else int(rank), rec["kind"], rec["name"], int(rec["step"]))] = rec
-    return out
+PathOrRun = Union[str, "os.PathLike[str]", Any]
 
 
-# -- units in the last place ----------------------------------------------
+# -- text -------------------------------------------------------------------
 
 
-def _ordered(bits: np.ndarray, sign_mask: int) -> np.ndarray:
-    """Sign-and-magnitude float bits as integers in the floats' order, -0
-    and +0 both 0 (int64)."""
-    b = bits.astype(np.int64) if bits.dtype.itemsize < 8 else bits.view(np.int64)
-    if bits.dtype.itemsize < 8:
-        neg = (b & sign_mask) != 0
-        mag = b & (sign_mask - 1)
-    else:
-        neg = b < 0
-        mag = b & np.int64(0x7FFFFFFFFFFFFFFF)
-    return np.where(neg, -mag, mag)
+@functools.lru_cache(maxsize=4096)
+def esc(value: Any) -> str:
+    """`value` as text safe for a terminal or a page: control characters as
+    _safe shows them, and format characters too (bidi overrides such as
+    U+202E, which would reorder the rest of a line, zero-width ones, line
+    and paragraph separators) as \\uXXXX."""
+    text = _safe(value)
+    if text.isascii():
+        return text
+    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cf", "Zl", "Zp") else c for c in text)
 
 
-def _ulp_keys(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Integer keys whose differences count representable values of `dtype`."""
-    if dtype == "float64":
-        return _ordered(np.ascontiguousarray(x, dtype=np.float64).view(np.int64), 0)
-    if dtype == "float32":
-        return _ordered(np.ascontiguousarray(x, dtype=np.float32).view(np.uint32), 1 << 31)
-    if dtype == "float16":
-        return _ordered(np.ascontiguousarray(x, dtype=np.float16).view(np.uint16), 1 << 15)
-    if dtype == "bfloat16":  # float32 in the file, exactly a bfloat16: its top 16 bits
-        return _ordered(np.ascontiguousarray(x, dtype=np.float32).view(np.uint32) >> 16, 1 << 15)
-    if dtype in FLOAT8:
-        values = float8_table(dtype).astype(np.float64)
-        finite = np.unique(values[np.isfinite(values)])  # -0 and +0 one value
-        return np.searchsorted(finite, x.astype(np.float64)).astype(np.int64)
-    raise ValueError(dtype)
-
-
-def _ulp_distance(ka: np.ndarray, kb: np.ndarray) -> np.ndarray:
-    # Exact in uint64: the true distance is below 2**64 even where a
-    # difference of int64s would overflow.
-    ua, ub = ka.astype(np.uint64), kb.astype(np.uint64)
-    return np.where(ka >= kb, ua - ub, ub - ua)
-
-
-# -- one pair ---------------------------------------------------------------
-
-
-class _Acc:
-    """The statistics of one pair, gathered block by block."""
-
-    def __init__(self) -> None:
-        self.max_abs = 0.0
-        self.max_rel = 0.0
-        self.max_ulp = 0.0
-        self.n_bad = 0
-        self.dot = 0.0
-        self.na = 0.0
-        self.nb = 0.0
-
-    def cosine(self) -> float:
-        if self.na == 0.0 and self.nb == 0.0:
-            return 1.0
-        if self.na == 0.0 or self.nb == 0.0:
-            return 0.0
-        return float(max(-1.0, min(1.0, self.dot / (math.sqrt(self.na) * math.sqrt(self.nb)))))
-
-
-def _raw(x: np.ndarray) -> np.ndarray:
-    """The elements' bits, one unsigned integer per element (a complex's
-    parts: two)."""
-    if x.dtype.kind == "c":
-        x = x.view(x.real.dtype)
-    return x.view(f"u{x.dtype.itemsize}") if x.dtype.itemsize in (1, 2, 4, 8) else x.view(np.uint8)
-
-
-def _dots(a: np.ndarray, b: np.ndarray, acc: _Acc) -> None:
-    # Over the elements finite in both, in float64.
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    both = np.isfinite(a64) & np.isfinite(b64)
-    if not both.all():
-        a64, b64 = a64[both], b64[both]
-    acc.dot += float(np.dot(a64, b64))
-    acc.na += float(np.dot(a64, a64))
-    acc.nb += float(np.dot(b64, b64))
-
-
-def _float_rules(a: np.ndarray, b: np.ndarray, dtype: str, rtol: float, atol: float, acc: _Acc) -> np.ndarray:
-    """The float rules on elements whose bits differ; returns their bad mask.
-    Elements with the same bits are equal, at distance 0."""
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    fa, fb = np.isfinite(a64), np.isfinite(b64)
-    both = fa & fb
-    same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))  # -0 and +0, infinities of one sign, NaN with NaN
-    diff = np.abs(a64 - b64, where=both, out=np.zeros_like(a64))
-    absa = np.abs(a64)
-    bad = ~same & (~both | (diff > atol + rtol * absa))
-    if both.any():
-        acc.max_abs = max(acc.max_abs, float(diff.max()))
-        rel = np.divide(diff, absa, where=both & (absa > 0), out=np.zeros_like(a64))
-        acc.max_rel = max(acc.max_rel, float(rel.max()))
-        if bool((both & (absa == 0) & (diff > 0)).any()):
-            acc.max_rel = math.inf
-        d = _ulp_distance(_ulp_keys(a[both], dtype), _ulp_keys(b[both], dtype))
-        if d.size:
-            acc.max_ulp = max(acc.max_ulp, float(d.max()))
-    if bool((bad & ~both).any()):
-        acc.max_abs = acc.max_rel = acc.max_ulp = math.inf
-    return bad
-
-
-def _compare_block(a: np.ndarray, b: np.ndarray, dtype: str, rtol: float, atol: float, acc: _Acc) -> None:
-    _dots(a.view(a.real.dtype) if a.dtype.kind == "c" else a, b.view(b.real.dtype) if b.dtype.kind == "c" else b,
-          acc)
-    changed = np.flatnonzero(_raw(a) != _raw(b))
-    if changed.size == 0:
-        return
-    if a.dtype.kind == "c":
-        pa, pb = a.view(a.real.dtype)[changed], b.view(b.real.dtype)[changed]
-        bad = _float_rules(pa, pb, a.real.dtype.name, rtol, atol, acc)
-        # An element is bad when either of its parts is.
-        acc.n_bad += int(np.unique(changed[bad] // 2).size)
-    elif a.dtype.kind == "f":
-        acc.n_bad += int(np.count_nonzero(_float_rules(a[changed], b[changed], dtype, rtol, atol, acc)))
-    else:
-        # Integers and bool: exactly; a changed bit is a changed value.
-        acc.n_bad += int(changed.size)
-        a64, b64 = a[changed].astype(np.float64), b[changed].astype(np.float64)
-        d = np.abs(a64 - b64)
-        absa = np.abs(a64)
-        acc.max_abs = max(acc.max_abs, float(d.max()))
-        rel = np.divide(d, absa, where=absa > 0, out=np.full_like(d, math.inf))
-        acc.max_rel = max(acc.max_rel, float(rel.max()))
-
-
-def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    va, vb = a.view(np.uint8), b.view(np.uint8)
-    if va.size % 8 == 0:
-        va, vb = va.view(np.uint64), vb.view(np.uint64)
-    for i in range(0, va.size, _BLOCK):
-        if not np.array_equal(va[i:i + _BLOCK], vb[i:i + _BLOCK]):
-            return False
-    return True
-
-
-def _flat(x: np.ndarray) -> np.ndarray:
-    return x.reshape(-1) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(-1)
-
-
-def compare_arrays(a: np.ndarray, b: np.ndarray, dtype: str, rtol: float = 0.0, atol: float = 0.0) -> Dict[str, Any]:
-    """The statistics of one aligned pair of equal shape and dtype (`dtype`:
-    the index's, the tensor's own): max_abs, max_rel, max_ulp, n_bad, cosine."""
-    fa, fb = _flat(a), _flat(b)
-    if fb.dtype != fa.dtype:  # the same dtype stored another way (byte order)
-        fb = fb.astype(fa.dtype)
-    ulps = fa.dtype.kind in "fc"
-    if _same_bytes(fa, fb):
-        # Bit for bit: equal, and no statistic needs the values.
-        return {"max_abs": 0.0, "max_rel": 0.0, "max_ulp": 0.0 if ulps else math.nan, "n_bad": 0, "cosine": 1.0}
-    acc = _Acc()
-    for i in range(0, fa.size, _BLOCK):
-        _compare_block(np.asarray(fa[i:i + _BLOCK]), np.asarray(fb[i:i + _BLOCK]), dtype, rtol, atol, acc)
-    return {"max_abs": acc.max_abs, "max_rel": acc.max_rel, "max_ulp": acc.max_ulp if ulps else math.nan,
-            "n_bad": acc.n_bad, "cosine": acc.cosine()}
-
-
-# -- two runs ---------------------------------------------------------------
-
-
-def _check_tolerance(rtol, atol):
-    for n, v in (("rtol", rtol), ("atol", atol)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"tensortap.diff: {n} must be a finite number >= 0, not {v!r}")
-
-
-def _nan_row(key: Key, status: str) -> Dict[str, Any]:
-    rank, kind, name, step = key
-    return {"rank": rank, "kind": kind, "name": name, "step": step, "status": status, "max_abs": math.nan,
-            "max_rel": math.nan, "max_ulp": math.nan, "n_bad": None, "cosine": math.nan}
-
-
-def iter_pairs(run_a: Any, run_b: Any, rtol: float = 0.0, atol: float = 0.0) -> Iterator[Tuple[Dict[str, Any], str]]:
-    """(row, detail) for every record of A in index order, then every record
-    only B has; `detail` says what a mismatch is ("" otherwise)."""
-    rec_a, rec_b = _records(run_a), _records(run_b)
-    for key, ra in rec_a.items():
-        rb = rec_b.get(key)
-        if rb is None:
-            yield _nan_row(key, "only_a"), ""
-            continue
-        sa, sb = tuple(ra["shape"]), tuple(rb["shape"])
-        if ra["dtype"] != rb["dtype"] or sa != sb:
-            yield _nan_row(key, "mismatch"), f"A {ra['dtype']} {list(sa)}, B {rb['dtype']} {list(sb)}"
-            continue
-        a = _read(run_a, ra, key)
-        b = _read(run_b, rb, key)
-        stats = compare_arrays(a, b, ra["dtype"], rtol, atol)
-        del a, b
-        rank, kind, name, step = key
-        row = {"rank": rank, "kind": kind, "name": name, "step": step,
-               "status": "equal" if stats["n_bad"] == 0 else "differ", **stats}
-        yield row, ""
-    for key in rec_b:
-        if key not in rec_a:
-            yield _nan_row(key, "only_b"), ""
-
-
-def _read(run, rec, key):
-    try:
-        return run._read(rec, True)
-    except (ValueError, OSError) as e:  # a RunError is a ValueError
-        where = rec.get("file", "?") + (f" {rec['dataset']}" if "dataset" in rec else "")
-        raise RunError(f"{run.path}: {key[1]} {key[2]!r} step {key[3]} cannot be read from {where}: {e}") from None
-
-
-def first_divergence(rows: List[Dict[str, Any]]) -> Optional[int]:
-    """The position in `rows` of the first divergence: the earliest step
-    holding a "differ" or "mismatch", the first such row in A's order."""
-    best = None
-    for i, r in enumerate(rows):
-        if r["status"] in ("differ", "mismatch") and (best is None or r["step"] < rows[best]["step"]):
-            best = i
-    return best
-
-
-def diff(a: Union[str, os.PathLike, Any], b: Union[str, os.PathLike, Any], rtol: float = 0.0,
-         atol: float = 0.0) -> "pandas.DataFrame":
-    """Compares run `a` (the reference) with run `b`: a pandas DataFrame, one
-    row per aligned record (columns: rank, kind, name, step, status, max_abs,
-    max_rel, max_ulp, n_bad, cosine), in A's index order, then the records
-    only B has. `.attrs["first_divergence"]` is {"rank", "kind", "name",
-    "step"} of the first differing record, or None; `.attrs["details"]`
-    says, by row, what a mismatch is. The rules are tensortap._diff's."""
-    import pandas as pd
-
-    _check_tolerance(rtol, atol)
-    run_a, close_a = _open(a)
-    try:
-        run_b, close_b = _open(b)
-        try:
-            rows, details = [], {}
-            for i, (row, detail) in enumerate(iter_pairs(run_a, run_b, rtol, atol)):
-                rows.append(row)
-                if detail:
-                    details[i] = detail
-        finally:
-            if close_b:
-                run_b.close()
-    finally:
-        if close_a:
-            run_a.close()
-    df = pd.DataFrame(rows, columns=list(COLUMNS))
-    # Not compared (mismatch, one side only): <NA>, not a count.
-    df["n_bad"] = df["n_bad"].astype("Int64")
-    first = first_divergence(rows)
-    df.attrs["first_divergence"] = (None if first is None else
-                                    {k: rows[first][k] for k in ("rank", "kind", "name", "step")})
-    df.attrs["details"] = details
-    df.attrs["rtol"], df.attrs["atol"] = rtol, atol
-    return df
-
-
-def _describe(row: Dict[str, Any], detail: str = "", ranks: bool = False) -> str:
-    """One record's comparison in words, for the command and the page;
-    `ranks`: the runs have several (the rank is named)."""
-    from .summary import _safe
-
-    where = f"{row['kind']} {_safe(row['name'])} step {row['step']}"
-    if ranks:
-        where += f" rank {row['rank']}"
-    status = row["status"]
-    if status == "mismatch":
-        return f"{where}: shape or dtype differs ({detail})"
-    if status == "only_a":
-        return f"{where}: only in A"
-    if status == "only_b":
-        return f"{where}: only in B"
-    text = (f"{where}: {row['n_bad']} element(s) beyond tolerance, max |a-b| {_num(row['max_abs'])}, "
-            f"max rel {_num(row['max_rel'])}")
-    if not math.isnan(row["max_ulp"]):
-        text += f", max ulp {_num(row['max_ulp'])}"
-    return text + f", cosine {_num(row['cosine'], 9)}"
-
-
-describe = _describe
-
-
-def _num(v, digits=4) -> str:
+def _num(v: Any, digits: int = 4) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if isinstance(v, float) and math.isinf(v):
-        return "inf"
+        return "inf" if v > 0 else "-inf"
     if isinstance(v, float) and v == int(v) and abs(v) < 1e15:
         return str(int(v))
     return f"{v:.{digits}g}"
 
 
-def summary_lines(rows: List[Dict[str, Any]], details: Dict[int, str], common_only: bool = False,
-                  listed: int = 10) -> Tuple[List[str], int]:
-    """What `tensortap diff` prints, and its exit status (0 agree, 1 differ)."""
-    lines: List[str] = []
-    first = first_divergence(rows)
-    differing = [i for i, r in enumerate(rows) if r["status"] in ("differ", "mismatch")]
-    only_a = [i for i, r in enumerate(rows) if r["status"] == "only_a"]
-    only_b = [i for i, r in enumerate(rows) if r["status"] == "only_b"]
-    compared = len(rows) - len(only_a) - len(only_b)
-    ranks = any(r["rank"] != 0 for r in rows)
-
-    def describe(row, detail=""):  # noqa: F811 - the runs' ranks, once
-        return _describe(row, detail, ranks)
-    if first is not None:
-        lines.append("first divergence: " + describe(rows[first], details.get(first, "")))
-        # Where a user starts looking: what still agreed just before it in
-        # A's order, and what differs next.
-        before = [i for i in range(first) if rows[i]["status"] == "equal"]
-        if before:
-            lines.append("  last agreeing before it: " + describe(rows[before[-1]]).split(":")[0])
-        after = [i for i in differing if i > first][:3]
-        for i in after:
-            lines.append("  then: " + describe(rows[i], details.get(i, "")))
-    if len(differing) > 1 or (differing and first is None):
-        lines.append(f"differing records ({len(differing)}, in A's order):")
-        for i in differing[:listed]:
-            lines.append("  " + describe(rows[i], details.get(i, "")))
-        if len(differing) > listed:
-            lines.append(f"  ... and {len(differing) - listed} more")
-    for label, which in (("only in A", only_a), ("only in B", only_b)):
-        if which:
-            lines.append(f"{label} ({len(which)}):")
-            for i in which[:listed]:
-                lines.append("  " + describe(rows[i]).split(":")[0])
-            if len(which) > listed:
-                lines.append(f"  ... and {len(which) - listed} more")
-    lines.append(f"compared {compared}, differ {len(differing)}, only in A {len(only_a)}, only in B {len(only_b)}")
-    failed = bool(differing) or (not common_only and bool(only_a or only_b))
-    return lines, 1 if failed else 0
+# -- options ----------------------------------------------------------------
 
 
-__all__ = ["diff", "describe", "summary_lines", "compare_arrays", "iter_pairs", "first_divergence", "COLUMNS", "RunError"]
+class Options:
+    """What a diff compares and how (checked once)."""
+
+    def __init__(self, rtol: float = 0.0, atol: float = 0.0, factor: float = 10.0, ulps: int = 1,
+                 select: Optional[Selection] = None) -> None:
+        for n, v in (("rtol", rtol), ("atol", atol), ("factor", factor)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"tensortap.diff: {n} must be a finite number >= 0, not {v!r}")
+        if isinstance(ulps, bool) or not isinstance(ulps, int) or ulps < 0:
+            raise ValueError(f"tensortap.diff: ulps must be an integer >= 0, not {ulps!r}")
+        self.rtol, self.atol, self.factor, self.ulps = float(rtol), float(atol), float(factor), ulps
+        self.select = select or Selection()
+
+
+def _check_tolerance(rtol: Any, atol: Any) -> None:
+    Options(rtol, atol)
+
+
+# -- the runs ---------------------------------------------------------------
+
+
+def _open(run: PathOrRun, what: str) -> Tuple[Any, bool]:
+    from ._run import Run
+
+    if isinstance(run, Run):
+        return run, False
+    if not isinstance(run, (str, os.PathLike)):
+        raise TypeError(f"tensortap.diff: {what} is a path or a tensortap.Run, not {type(run).__name__}")
+    return Run(run), True
+
+
+# Records up to this many bytes are read whole, with what the reader shares
+# across records kept (a directory's real path, a header parsed once, a
+# packed segment opened once): a record of a few bytes costs microseconds,
+# not the tens an np.load takes. Larger ones are memory-mapped. A packed
+# record is read (pread), not mapped: a mapped segment's pages would stay in
+# the process's memory, as much as the whole run by the end.
+SMALL_RECORD = 1 << 20
+# Packed segments kept open (the last ones used: a run's records come in
+# order of its segments).
+_SEGMENTS = 4
+
+
+class _Side:
+    """One run as the diff reads it: its index's columns and records."""
+
+    def __init__(self, run: Any, label: str) -> None:
+        self.run = run
+        self.index = run._index
+        self.label = label
+        self._dirs: Dict[Any, str] = {}
+        self._headers: Dict[bytes, Any] = {}
+        self._segments: Dict[Tuple[str, str], Tuple[Any, int]] = {}
+
+    def meta(self, i: int) -> Tuple[str, str, str, Tuple[int, ...], str]:
+        return self.index.metas[self.index.meta[i]]
+
+    def rank(self, i: int) -> int:
+        r = self.index.sources[self.index.source[i]][2]
+        return 0 if r is None else int(r)
+
+    def step(self, i: int) -> int:
+        return int(self.index.step[i])
+
+    def read(self, i: int) -> np.ndarray:
+        """Record i's array, checked against its index line; RunError, naming
+        what and why, if it cannot be read."""
+        rec = self.index.record(i)
+        where = rec.get("file", "?") + (f" {rec['dataset']}" if "dataset" in rec else "")
+        try:
+            a = self._array(rec)
+        except (ValueError, OSError, KeyError, TypeError, EOFError) as e:  # a RunError is a ValueError
+            raise RunError(f"{self.label}: cannot be read from {where}: {e}") from None
+        if list(a.shape) != list(rec["shape"]):
+            raise RunError(f"{self.label}: {where} holds shape {list(a.shape)}, the index says {list(rec['shape'])}")
+        want = NUMPY_DTYPES.get(rec["dtype"])
+        if want is not None and a.dtype.newbyteorder("=") != np.dtype(want):
+            raise RunError(f"{self.label}: {where} holds {a.dtype}, the index says {rec['dtype']}")
+        return a
+
+    def close(self) -> None:
+        for f, _ in self._segments.values():
+            f.close()
+        self._segments.clear()
+
+    def _array(self, rec: Any) -> np.ndarray:  # a _Record: a dict with the index line's place
+        stored = NUMPY_DTYPES.get(rec["dtype"])
+        count = 1
+        for n in rec["shape"]:
+            count *= n
+        if "dataset" in rec or stored is None or count * np.dtype(stored).itemsize > SMALL_RECORD:
+            return self.run._read(rec, True)
+        if "offset" in rec:
+            # A segment holds many records: resolved, checked and opened once.
+            key = (rec.root, rec["file"])
+            seg = self._segments.get(key)
+            if seg is None:
+                if len(self._segments) >= _SEGMENTS:
+                    self._segments.pop(next(iter(self._segments)))[0].close()
+                f = _open_regular(_resolve(rec, self._dirs))
+                seg = self._segments[key] = (f, os.fstat(f.fileno()).st_size)
+            f, size = seg
+            start = rec["offset"]
+            buf = np.frombuffer(os.pread(f.fileno(), min(rec["nbytes"], max(0, size - start)), start), np.uint8)
+            shape, order, dtype, at, n = _packed_layout(
+                rec, size, lambda offset: _cached_header(buf, offset - start, self._headers))
+            a = buf[at - start:at - start + n * dtype.itemsize].view(dtype).reshape(shape, order=order)
+        else:
+            a = _read_npy(_resolve(rec, self._dirs), self._headers)
+        if rec["dtype"] in _float8.FORMATS:
+            a = _float8.widen(a, rec["dtype"], f"{rec.index}:{rec.lineno}")
+        return a
+
+
+# -- one pair ---------------------------------------------------------------
+
+
+def _empty_row(rank: int, kind: str, name: str, step: int, status: str) -> Dict[str, Any]:
+    return {"rank": rank, "kind": kind, "name": name, "step": step, "status": status, "max_abs": math.nan,
+            "max_rel": math.nan, "max_ulp": math.nan, "n_bad": None, "cosine": math.nan, "rel_norm": math.nan,
+            "floor_rel_norm": math.nan, "_a": -1, "_b": -1, "_detail": "", "_floor": False, "_u": math.nan,
+            "_a_zero": False}
+
+
+class _Comparer:
+    """Reads and compares the aligned pairs of two runs (and A2)."""
+
+    def __init__(self, a: _Side, b: _Side, a2: Optional[_Side], opts: Options, full: bool) -> None:
+        self.a, self.b, self.a2 = a, b, a2
+        self.opts = opts
+        self.full = full
+        self.align = Alignment(a.index, b.index, None if a2 is None else a2.index, opts.select)
+
+    def rows(self) -> Iterator[Dict[str, Any]]:
+        """A row per record of A in A's index order, then one per record only
+        B has, in B's."""
+        for pa in self.align.a_positions():
+            yield self.pair(pa)
+        for pb in self.align.b_only_positions():
+            kind, name, _, _, _ = self.b.meta(pb)
+            row = _empty_row(self.b.rank(pb), kind, name, self.b.step(pb), "only_b")
+            row["_b"] = pb
+            yield row
+
+    def pair(self, pa: int, full: Optional[bool] = None) -> Dict[str, Any]:
+        """The row of A's record `pa` (full: every statistic, whatever
+        self.full says)."""
+        full = self.full if full is None else full
+        kind, name, dtype, shape, _ = self.a.meta(pa)
+        pb = int(self.align.match_b[pa])
+        row = _empty_row(self.a.rank(pa), kind, name, self.a.step(pa), "only_a" if pb < 0 else "equal")
+        row["_a"], row["_b"] = pa, pb
+        if pb < 0:
+            return row
+        _, _, dtype_b, shape_b, _ = self.b.meta(pb)
+        if dtype_b != dtype or shape_b != shape:
+            row["status"] = "mismatch"
+            row["_detail"] = f"A {esc(dtype)} {list(shape)}, B {esc(dtype_b)} {list(shape_b)}"
+            return row
+        try:
+            x = self.a.read(pa)
+            y = self.b.read(pb)
+        except RunError as e:
+            row["status"] = "unreadable"
+            row["_detail"] = esc(e)
+            return row
+        if x.dtype.kind != y.dtype.kind or x.dtype.itemsize != y.dtype.itemsize:
+            row["status"] = "unreadable"
+            row["_detail"] = f"A holds {x.dtype}, B holds {y.dtype} for the index's {esc(dtype)}"
+            return row
+        x2 = None
+        if self.a2 is not None and self.align.match_a2 is not None and self.align.match_a2[pa] >= 0:
+            try:
+                x2 = self.a2.read(int(self.align.match_a2[pa]))
+            except RunError as e:
+                row["_detail"] = f"no floor: {esc(e)}"
+            if x2 is not None and (x2.dtype.kind != x.dtype.kind or x2.dtype.itemsize != x.dtype.itemsize):
+                row["_detail"] = f"no floor: A2 holds {x2.dtype}"
+                x2 = None
+        ulp_dtype = dtype if is_float(dtype) or x.dtype.kind not in "fc" else x.dtype.name
+        opts = self.opts
+        st = compare_quietly(x, y, ulp_dtype, opts.rtol, opts.atol, x2, full=full)
+        if not full and st.n_bad:
+            # Not equal: what its description prints, every statistic.
+            st = compare_quietly(x, y, ulp_dtype, opts.rtol, opts.atol, x2, full=True)
+        del x, y
+        self._fill(row, st, x2 is not None, ulp_dtype)
+        return row
+
+    def _fill(self, row: Dict[str, Any], st: PairStats, floor: bool, dtype: str) -> None:
+        floating = is_float(dtype)
+        row["n_bad"] = st.n_bad
+        row["_floor"] = floor
+        row["_u"] = UNIT_ROUNDOFF.get(dtype, math.nan) if floating else math.nan
+        if st.full:
+            row["max_abs"], row["max_rel"] = st.max_abs, st.max_rel
+            row["max_ulp"] = st.max_ulp if floating else math.nan
+            row["cosine"], row["rel_norm"] = st.cosine(), st.rel_norm()
+        if floor:
+            row["floor_rel_norm"] = st.floor_rel_norm()
+            row["_a_zero"] = st.aa.value == 0.0
+        if st.n_bad == 0:
+            row["status"] = "equal"
+        elif floor and st.noise(self.opts.factor, UNIT_ROUNDOFF.get(dtype) if floating else None):
+            row["status"] = "noise"
+        else:
+            row["status"] = "differ"
+
+
+# -- A2, checked before it is used --------------------------------------------
+
+
+def _check_floor(cmp: _Comparer) -> Optional[str]:
+    """Refuses (ValueError) an A2 that is not A's program perturbed by at
+    most `ulps`; returns a note when A2's parameters are A's bit for bit."""
+    a, a2, align = cmp.a, cmp.a2, cmp.align
+    assert a2 is not None and align.match_a2 is not None
+    if align.a2_outside is not None:
+        i = align.a2_outside
+        kind, name, _, _, _ = a2.meta(i)
+        raise ValueError(f"--floor: A2 is not A perturbed: its {_where(kind, name, a2.step(i), a2.rank(i))} "
+                         "is not in A (A2 must record what A records)")
+    # Shapes and dtypes of every pair, compared through codes of the metas.
+    sig: Dict[Tuple[str, Tuple[int, ...]], int] = {}
+    sig_a = np.array([sig.setdefault((m[2], m[3]), len(sig)) for m in a.index.metas] or [0], dtype=np.int64)
+    sig_2 = np.array([sig.setdefault((m[2], m[3]), len(sig)) for m in a2.index.metas] or [0], dtype=np.int64)
+    has = np.flatnonzero(align.match_a2 >= 0)
+    if has.size:
+        differs = sig_a[a.index.meta[has]] != sig_2[a2.index.meta[align.match_a2[has]]]
+        if differs.any():
+            i = int(has[np.flatnonzero(differs)[0]])
+            j = int(align.match_a2[i])
+            kind, name, dtype, shape, _ = a.meta(i)
+            _, _, dtype2, shape2, _ = a2.meta(j)
+            raise ValueError(f"--floor: A2 is not A perturbed: {_where(kind, name, a.step(i), a.rank(i))} is "
+                             f"{esc(dtype)} {list(shape)} in A, {esc(dtype2)} {list(shape2)} in A2")
+    # A's initial parameters, A2's within `ulps` of them.
+    params = [i for i, m in enumerate(a.index.metas) if m[0] == "param"]
+    at0 = np.flatnonzero(np.isin(a.index.meta, params) & (a.index.step == 0)) if params else np.zeros(0, np.int64)
+    at0 = at0[align_last(align, at0)]
+    if at0.size == 0:
+        raise ValueError("--floor: A has no param records at step 0, which the floor needs to prove that A2 is A "
+                         "perturbed: record kind param (C++: Options::kinds; Python: "
+                         "tensortap.torch.watch(kinds=...))")
+    identical = True
+    for i in at0.tolist():
+        kind, name, dtype, _, _ = a.meta(i)
+        where = _where(kind, name, 0, a.rank(i))
+        j = int(align.match_a2[i])
+        if j < 0:
+            raise ValueError(f"--floor: A2 has no {where}: it must record A's initial parameters")
+        try:
+            x, x2 = a.read(i), a2.read(j)
+        except RunError as e:
+            raise ValueError(f"--floor: {where}: {esc(e)}") from None
+        ulp_dtype = dtype if is_float(dtype) or x.dtype.kind not in "fc" else x.dtype.name
+        ok, why = ulps_within(x, x2, ulp_dtype, cmp.opts.ulps)
+        if not ok:
+            raise ValueError(f"--floor: A2 is not A perturbed by at most {cmp.opts.ulps} ulp(s): {where}: "
+                             f"{esc(why)} (tensortap.torch.perturb(model, ulps, seed) before the first step; "
+                             "--ulps to allow more)")
+        if identical:
+            identical = bool(np.array_equal(np.asarray(x).view(np.uint8), np.asarray(x2).view(np.uint8)))
+    if identical:
+        return ("floor: A2's step-0 parameters are A's bit for bit (not perturbed?): the floor is the rounding "
+                "allowance alone")
+    return None
+
+
+def align_last(align: Alignment, positions: np.ndarray) -> np.ndarray:
+    """Which of `positions` (of A) are their key's last record (a record
+    indexed twice counts as its last line)."""
+    if positions.size == 0:
+        return np.zeros(0, dtype=bool)
+    return align.keep_all[positions]
+
+
+def _where(kind: str, name: str, step: int, rank: int, ranks: bool = True) -> str:
+    return f"{kind} {esc(name)} step {step}" + (f" rank {rank}" if ranks and rank else "")
+
+
+# -- the summary ------------------------------------------------------------
+
+
+class Tally:
+    """What the command prints, gathered as the rows stream by: a byte per
+    record of A (its status), a float32 with a floor (its floor_rel_norm),
+    the counts, and the first few rows of each list."""
+
+    def __init__(self, cmp: _Comparer, listed: int = 10) -> None:
+        self.cmp = cmp
+        n = len(cmp.a.index)
+        self.status = np.zeros(n, dtype=np.uint8)
+        self.floor = cmp.a2 is not None
+        self.frn = np.full(n, np.nan, dtype=np.float32) if self.floor else None
+        self.listed = listed
+        self.counts = {s: 0 for s in ("equal", "noise", "differ", "mismatch", "unreadable", "only_a", "only_b")}
+        self.first: Optional[Dict[str, Any]] = None
+        self.differing: List[Dict[str, Any]] = []
+        self.only: Dict[str, List[Dict[str, Any]]] = {"only_a": [], "only_b": []}
+        self.only_kinds: Dict[str, Dict[str, int]] = {"only_a": {}, "only_b": {}}
+        self.without_floor: List[Dict[str, Any]] = []
+        self.n_without_floor = 0
+        self.ranks = bool(cmp.a.run.ranks) or bool(cmp.b.run.ranks)
+        self.note: Optional[str] = None
+
+    def add(self, row: Dict[str, Any]) -> None:
+        status = row["status"]
+        self.counts[status] += 1
+        pa = row["_a"]
+        if status == "only_b":
+            self._only(row, status)
+            return
+        self.status[pa] = _CODE[status]
+        if status == "only_a":
+            self._only(row, status)
+            return
+        if self.frn is not None and row["_floor"] and not row["_a_zero"]:
+            # A record that is 0 in A (a bias initialised to zero) has a
+            # floor_rel_norm of inf or 0, a ratio to nothing: it is left out
+            # of the step's median and of the uninformative records.
+            self.frn[pa] = row["floor_rel_norm"]
+        if self.floor and not row["_floor"] and status not in ("mismatch", "unreadable"):
+            self.n_without_floor += 1
+            if len(self.without_floor) < self.listed:
+                self.without_floor.append(row)
+        if status in _DIFFERENCES:
+            if len(self.differing) < self.listed:
+                self.differing.append(row)
+            if status != "unreadable" and (self.first is None or row["step"] < self.first["step"]):
+                self.first = row
+
+    def _only(self, row: Dict[str, Any], status: str) -> None:
+        if len(self.only[status]) < self.listed:
+            self.only[status].append(row)
+        kinds = self.only_kinds[status]
+        kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1
+
+    @property
+    def differ(self) -> int:
+        return sum(self.counts[s] for s in _DIFFERENCES)
+
+    @property
+    def compared(self) -> int:
+        return sum(v for k, v in self.counts.items() if k not in ("only_a", "only_b"))
+
+    def failed(self, common_only: bool) -> bool:
+        return self.differ > 0 or (not common_only and (self.counts["only_a"] + self.counts["only_b"]) > 0)
+
+    def describe(self, row: Dict[str, Any]) -> str:
+        return describe(row, row.get("_detail", ""), self.ranks)
+
+    def where(self, row: Dict[str, Any]) -> str:
+        return _where(row["kind"], row["name"], row["step"], row["rank"], self.ranks)
+
+    def name_of(self, pa: int) -> str:
+        kind, name, _, _, _ = self.cmp.a.meta(pa)
+        return _where(kind, name, self.cmp.a.step(pa), self.cmp.a.rank(pa), self.ranks)
+
+    # -- the first divergence ----------------------------------------------
+
+    def first_divergence(self) -> Optional[Dict[str, Any]]:
+        """{"rank", "kind", "name", "step", "arises"} of the first divergence, or None."""
+        if self.first is None:
+            return None
+        r = self.first
+        return {"rank": r["rank"], "kind": r["kind"], "name": r["name"], "step": r["step"],
+                "arises": self.arises(r["_a"])}
+
+    def arises(self, pa: int) -> str:
+        """Where the first divergence (A's record `pa`) arises, read from the
+        statuses of the records of its rank around it (DESIGN.md section 10)."""
+        a = self.cmp.a
+        index = a.index
+        kinds = np.array([m[0] for m in index.metas] or ["tensor"])
+        kind, name, _, shape, _ = a.meta(pa)
+        step = a.step(pa)
+        on_rank = index.source == index.source[pa]
+        steps = index.step[on_rank]
+        first_step = int(steps.min()) if steps.size else step
+        earlier = steps[steps < step]
+        prev = int(earlier.max()) if earlier.size else None
+        here = np.flatnonzero(on_rank & (index.step == step))
+        here_kind = kinds[index.meta[here]]
+        here_status = self.status[here]
+        diverging = np.isin(here_status, _DIVERGE)
+
+        def label(i: int) -> str:
+            k, n, _, _, _ = a.meta(i)
+            return f"{k} {esc(n)}"
+
+        def between(phase: str) -> str:
+            before = here[(here < pa) & np.isin(here_status, _AGREE)]
+            if before.size:
+                return f"in the {phase} between {label(int(before[-1]))} and {kind} {esc(name)}"
+            return f"in the {phase} before {kind} {esc(name)}"
+
+        if kind in ("param", "buffer") and step == first_step:
+            return "in the initial state"
+        if prev is not None:
+            if kind == "buffer":
+                return f"in a buffer: {esc(name)} between steps {prev} and {step}"
+            if kind == "param" or bool((diverging & (here_kind == "param")).any()):
+                return f"in the update between steps {prev} and {step}"
+            if not ((here_kind == "param") & (here_status > 0)).any():
+                return (f"between steps {prev} and {step} (record kind param to tell the update from the "
+                        "forward)")
+        activations_differ = bool((diverging & (here_kind == "activation")).any())
+        if kind == "activation":
+            return between("forward")
+        if kind == "tensor":
+            ahead = here[here < pa]
+            ahead_kind = kinds[index.meta[ahead]]
+            lossy = len(shape) == 0 and not activations_differ \
+                and not np.isin(ahead_kind, ("activation_grad", "grad")).any() \
+                and (bool((ahead_kind == "activation").any()) or "loss" in name.lower())
+            return "in the loss" if lossy else f"in a captured tensor {esc(name)}"
+        if kind in ("activation_grad", "grad"):
+            if activations_differ:
+                later = here[diverging & (here_kind == "activation")]
+                return f"in the forward (activation {esc(a.meta(int(later[0]))[1])} differs, recorded after it)"
+            return between("backward")
+        # A param or buffer at the first step is handled above; what is left
+        # is a param or buffer with no earlier step on a rank that has one.
+        return "in the initial state"
+
+    # -- the floor's findings ---------------------------------------------------
+
+    def saturated_step(self) -> Optional[int]:
+        """The first step whose median floor_rel_norm passes SATURATED, or None."""
+        if self.frn is None:
+            return None
+        has = np.flatnonzero(~np.isnan(self.frn))
+        if has.size == 0:
+            return None
+        steps = self.cmp.a.index.step[has]
+        values = self.frn[has].astype(np.float64)
+        order = np.lexsort((values, steps))
+        steps, values = steps[order], values[order]
+        starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+        ends = np.r_[starts[1:], len(steps)]
+        lo, hi = (starts + ends - 1) // 2, (starts + ends) // 2
+        with np.errstate(invalid="ignore"):
+            medians = (values[lo] + values[hi]) / 2  # inf + inf is inf; never inf - inf
+        past = np.flatnonzero(medians > SATURATED)
+        return int(steps[starts[past[0]]]) if past.size else None
+
+    def uninformative(self) -> List[Dict[str, Any]]:
+        """The series (rank, kind, name) whose floor_rel_norm is at least
+        UNINFORMATIVE at their first step with a floor, in A's order."""
+        if self.frn is None:
+            return []
+        index = self.cmp.a.index
+        has = np.flatnonzero(~np.isnan(self.frn))
+        if has.size == 0:
+            return []
+        group = index.meta_key[index.meta[has]].astype(np.int64) * (len(index.sources) + 1) + index.source[has]
+        order = np.lexsort((has, index.step[has], group))
+        firsts = has[order][np.r_[True, group[order][1:] != group[order][:-1]]]
+        firsts = np.sort(firsts[self.frn[firsts] >= UNINFORMATIVE])
+        out = []
+        for i in firsts.tolist():
+            kind, name, _, _, _ = self.cmp.a.meta(i)
+            out.append({"rank": self.cmp.a.rank(i), "kind": kind, "name": name, "step": self.cmp.a.step(i)})
+        return out
+
+    # -- the lines --------------------------------------------------------------
+
+    def lines(self, common_only: bool = False) -> List[str]:
+        lines: List[str] = []
+        first = self.first
+        if first is not None:
+            arises = self.arises(first["_a"])
+            where = _where(first["kind"], first["name"], first["step"], first["rank"], self.ranks)
+            lines.append(f"first divergence: {where}: arises {arises}; {_what(first, first['_detail'])}")
+            pa = first["_a"]
+            agreeing = np.flatnonzero(np.isin(self.status[:pa], _AGREE))
+            if agreeing.size:
+                lines.append("  last agreeing before it: " + self.name_of(int(agreeing[-1])))
+            codes = [_CODE[s] for s in _DIFFERENCES]
+            after = pa + 1 + np.flatnonzero(np.isin(self.status[pa + 1:], codes))[:3]
+            for i in after.tolist():
+                lines.append("  then: " + self.describe(self.cmp.pair(i, full=True)))
+        differ = self.differ
+        if differ > 1 or (differ and first is None):
+            lines.append(f"differing records ({differ}, in A's order):")
+            lines.extend("  " + self.describe(r) for r in self.differing)
+            if differ > len(self.differing):
+                lines.append(f"  ... and {differ - len(self.differing)} more")
+        if self.floor:
+            if self.note:
+                lines.append(self.note)
+            if self.n_without_floor:
+                lines.append(f"without floor ({self.n_without_floor}: not in A2, judged by --rtol/--atol):")
+                lines.extend("  " + self.where(r) for r in self.without_floor)
+                if self.n_without_floor > len(self.without_floor):
+                    lines.append(f"  ... and {self.n_without_floor - len(self.without_floor)} more")
+            k = self.saturated_step()
+            if k is not None:
+                lines.append(f"floor saturated from step {k}: the median floor_rel_norm passes {SATURATED:g}; "
+                             "differences after it are no longer resolved")
+            useless = self.uninformative()
+            if useless:
+                e = useless[0]
+                lines.append(f"uninformative (rounding noise in A itself): {len(useless)} records, "
+                             f"e.g. {e['kind']} {esc(e['name'])}")
+        side_runs = {"only_a": ("A", "B", self.cmp.b), "only_b": ("B", "A", self.cmp.a)}
+        for status, (mine, other, other_side) in side_runs.items():
+            rows = self.only[status]
+            total = self.counts[status]
+            if not total:
+                continue
+            lines.append(f"only in {mine} ({total}):")
+            lines.extend("  " + self.where(r) for r in rows)
+            if total > len(rows):
+                lines.append(f"  ... and {total - len(rows)} more")
+            # A kind the other run does not record at all: say how to record it.
+            present = {k for k, _ in other_side.index.keys}
+            for kind, n in self.only_kinds[status].items():
+                if kind not in present:
+                    lines.append(f"only in {mine}: {n} {kind} record{'s' if n != 1 else ''} (record kind {kind} "
+                                 f"in {other}: Options::kinds, or tensortap.torch.watch(kinds=...))")
+        noise = f", noise {self.counts['noise']}" if self.floor else ""
+        lines.append(f"compared {self.compared}, differ {differ}{noise}, only in A {self.counts['only_a']}, "
+                     f"only in B {self.counts['only_b']}")
+        return lines
+
+
+def describe(row: Dict[str, Any], detail: str = "", ranks: bool = False) -> str:
+    """One record's comparison in words, for the command and the page;
+    `ranks`: the runs have several (the rank is named)."""
+    return _where(row["kind"], row["name"], row["step"], row["rank"], ranks) + ": " + _what(row, detail)
+
+
+def _what(row: Dict[str, Any], detail: str) -> str:
+    status = row["status"]
+    if status == "mismatch":
+        return f"shape or dtype differs ({detail})"
+    if status == "unreadable":
+        return f"unreadable: {detail}"
+    if status == "only_a":
+        return "only in A"
+    if status == "only_b":
+        return "only in B"
+    text = (f"{row['n_bad']} element(s) beyond tolerance, max |a-b| {_num(row['max_abs'])}, "
+            f"max rel {_num(row['max_rel'])}")
+    if not math.isnan(row["max_ulp"]):
+        text += f", max ulp {_num(row['max_ulp'])}"
+    text += f", cosine {_num(row['cosine'], 9)}, rel_norm {_num(row['rel_norm'])}"
+    if not math.isnan(row.get("floor_rel_norm", math.nan)):
+        text += f", floor_rel_norm {_num(row['floor_rel_norm'])}"
+    if status == "noise":
+        text += " (noise)"
+    return text
+
+
+# -- entry points -------------------------------------------------------------
+
+
+class _Session:
+    """Runs opened (and closed) for one diff."""
+
+    def __init__(self, a: PathOrRun, b: PathOrRun, floor: Optional[PathOrRun]) -> None:
+        self.opened: List[Any] = []
+        self.runs: List[Any] = []
+        for what, run in (("a", a), ("b", b), ("floor", floor)):
+            if run is None:
+                self.runs.append(None)
+                continue
+            r, mine = _open(run, what)
+            if mine:
+                self.opened.append(r)
+            self.runs.append(r)
+
+    def __enter__(self) -> "_Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for r in self.opened:
+            r.close()
+
+
+def _comparer(runs: Sequence[Any], opts: Options, full: bool) -> Tuple[_Comparer, Optional[str]]:
+    a = _Side(runs[0], "A")
+    b = _Side(runs[1], "B")
+    a2 = None if runs[2] is None else _Side(runs[2], "A2")
+    cmp = _Comparer(a, b, a2, opts, full)
+    note = _check_floor(cmp) if a2 is not None else None
+    return cmp, note
+
+
+def run_command(runs: Sequence[Any], opts: Options, common_only: bool = False,
+                on_row: Optional[Callable[[Dict[str, Any]], None]] = None) -> Tuple[List[str], int, Tally]:
+    """What `tensortap diff` prints and its exit status (0 agree, 1 differ),
+    streaming: each pair is compared, tallied and dropped (`on_row`, the
+    page's, sees each row first). `runs`: A, B and A2 (or None), open."""
+    cmp, note = _comparer(runs, opts, full=on_row is not None)
+    tally = Tally(cmp)
+    tally.note = note
+    # NaN and infinity are handled by the rules, never warned about; set
+    # once here rather than per pair.
+    try:
+        with np.errstate(all="ignore"):
+            for row in cmp.rows():
+                if on_row is not None:
+                    on_row(row)
+                tally.add(row)
+            lines = tally.lines(common_only)
+    finally:
+        for side in (cmp.a, cmp.b, cmp.a2):
+            if side is not None:
+                side.close()
+    return lines, 1 if tally.failed(common_only) else 0, tally
+
+
+def diff(a: PathOrRun, b: PathOrRun, rtol: float = 0.0, atol: float = 0.0, *, floor: Optional[PathOrRun] = None,
+         factor: float = 10.0, ulps: int = 1, steps: Tuple[Optional[int], Optional[int]] = (None, None),
+         kinds: Optional[Sequence[str]] = None, exclude: Optional[str] = None) -> "pandas.DataFrame":
+    """Compares run `a` (the reference) with run `b`: a pandas DataFrame, one
+    row per aligned record (columns: rank, kind, name, step, status, max_abs,
+    max_rel, max_ulp, n_bad, cosine, rel_norm, floor_rel_norm), in A's index
+    order, then the records only B has.
+
+    floor: A2, A's program run with its initial parameters perturbed
+    (tensortap.torch.perturb): a record that differs from A no more than
+    `factor` times A2 does is "noise"; A2's step-0 params must be within
+    `ulps` of A's (ValueError otherwise). steps (lo, hi), kinds and exclude
+    (a regular expression searched in names) choose the records compared.
+
+    attrs: "first_divergence" ({"rank", "kind", "name", "step", "arises"} of
+    the first differing record, or None), "details" (by row: what a mismatch
+    or an unreadable record is), "rtol", "atol"; with a floor also "factor",
+    "ulps", "floor_saturated_step" (or None), "uninformative" (a list of
+    {"rank", "kind", "name", "step"}) and "without_floor" (a count). The rules
+    are tensortap._diff's."""
+    import pandas as pd
+
+    opts = Options(rtol, atol, factor, ulps, Selection(steps, kinds, exclude))
+    columns: Dict[str, List[Any]] = {c: [] for c in COLUMNS}
+    details: Dict[int, str] = {}
+
+    def keep(row: Dict[str, Any]) -> None:
+        if row["_detail"]:
+            details[len(columns["rank"])] = row["_detail"]
+        for c in COLUMNS:
+            columns[c].append(row[c])
+
+    with _Session(a, b, floor) as session:
+        _, _, tally = run_command(session.runs, opts, on_row=keep)
+        first = tally.first_divergence()
+        saturated = tally.saturated_step()
+        useless = tally.uninformative()
+    df = pd.DataFrame(columns, columns=list(COLUMNS))
+    # Not compared (mismatch, unreadable, one side only): <NA>, not a count.
+    df["n_bad"] = df["n_bad"].astype("Int64")
+    df.attrs["first_divergence"] = first
+    df.attrs["details"] = details
+    df.attrs["rtol"], df.attrs["atol"] = opts.rtol, opts.atol
+    if floor is not None:
+        df.attrs["factor"], df.attrs["ulps"] = opts.factor, opts.ulps
+        df.attrs["floor_saturated_step"] = saturated
+        df.attrs["uninformative"] = useless
+        df.attrs["without_floor"] = tally.n_without_floor
+    return df
+
+
+__all__ = ["diff", "describe", "run_command", "Options", "Tally", "COLUMNS", "RunError", "esc"]

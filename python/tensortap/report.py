@@ -1,5 +1,6 @@
-"""`tensortap report RUN`: one self-contained HTML page about a run; and
-`tensortap diff A B --html OUT`'s page about two (write_diff_page).
+"""`tensortap report RUN`: one self-contained HTML page about a run
+(`tensortap diff A B --html OUT`'s page about two is diff_page.py, which
+shares this page's frame).
 
 Every figure is a PNG inside the page (data: URLs) and the data behind the
 tables is in it as JSON: the file opens from disk, with no network. Sections:
@@ -99,113 +100,6 @@ def _write_page(content, out_path):
         os.unlink(tmp)
         raise
     return out_path
-
-
-# The diff page's heatmap: at most this many names (the most differing
-# first, then A's order) and steps (evenly taken) are drawn.
-DIFF_HEATMAP_NAMES = 60
-DIFF_HEATMAP_STEPS = 200
-
-
-def write_diff_page(rows: Any, details: Any, out_path: Union[str, "os.PathLike[str]"], a: str, b: str, rtol: float,
-                    atol: float, lines: Sequence[str]) -> str:
-    """The page of `tensortap diff --html`: what the command printed (the
-    first divergence first), a heatmap of each record's error (log10 of the
-    largest relative difference; equal records blank, mismatched and
-    one-sided ones marked), name against step, and the differing records."""
-    from ._diff import describe
-
-    page = _Page(f"tensortap diff: {_safe(a)} against {_safe(b)}")
-    tol = "exact" if rtol == 0 and atol == 0 else f"rtol {rtol:g}, atol {atol:g}"
-    page.section("Summary", f"<p>A (the reference): <code>{html.escape(_safe(a))}</code><br>"
-                 f"B: <code>{html.escape(_safe(b))}</code><br>tolerance: {tol}</p>"
-                 f"<pre>{html.escape(chr(10).join(lines))}</pre>")
-    try:
-        page.section("Error by name and step", _diff_heatmap(page, rows))
-    except ImportError:
-        raise
-    except Exception as e:  # noqa: BLE001 - reported in the page
-        page.section("Error by name and step",
-                     f"<p>This section could not be drawn: {html.escape(_safe(f'{type(e).__name__}: {e}'))}</p>")
-    differing = [(i, r) for i, r in enumerate(rows) if r["status"] != "equal"]
-    if differing:
-        cells = "".join(f"<tr><td>{html.escape(r['status'])}</td><td>{html.escape(describe(r, details.get(i, '')))}"
-                        "</td></tr>" for i, r in differing[:500])
-        more = f"<p>... and {len(differing) - 500} more.</p>" if len(differing) > 500 else ""
-        page.section("Records that differ or are on one side only",
-                     f"<table><tr><th>status</th><th>record</th></tr>{cells}</table>{more}")
-    page.data = _jsonable({"a": a, "b": b, "rtol": rtol, "atol": atol,
-                           "rows": [{k: r[k] for k in ("rank", "kind", "name", "step", "status")}
-                                    for _, r in differing[:500]]})
-    return _write_page(page.render(), out_path)
-
-
-def _diff_heatmap(page, rows):
-    plt = _pyplot()
-    from matplotlib.colors import ListedColormap
-
-    if not rows:
-        return "<p>Neither run holds a record.</p>"
-    keys, steps, worst = {}, set(), {}
-    for r in rows:
-        key = (r["rank"], r["kind"], r["name"])
-        keys.setdefault(key, len(keys))
-        steps.add(r["step"])
-        bad = r["status"] != "equal"
-        worst[key] = max(worst.get(key, 0), (2 if r["status"] in ("mismatch", "only_a", "only_b") else 1) if bad else 0)
-    ordered = sorted(keys, key=lambda k: (-worst[k], keys[k]))[:DIFF_HEATMAP_NAMES]
-    ordered.sort(key=lambda k: keys[k])  # A's order among those drawn
-    steps = sorted(steps)
-    if len(steps) > DIFF_HEATMAP_STEPS:
-        steps = [steps[int(i * (len(steps) - 1) / (DIFF_HEATMAP_STEPS - 1))] for i in range(DIFF_HEATMAP_STEPS)]
-    row_of = {k: i for i, k in enumerate(ordered)}
-    col_of = {s: j for j, s in enumerate(steps)}
-    err = np.full((len(ordered), len(steps)), np.nan)
-    marks = np.zeros(err.shape, dtype=bool)
-    for r in rows:
-        i, j = row_of.get((r["rank"], r["kind"], r["name"])), col_of.get(r["step"])
-        if i is None or j is None:
-            continue
-        if r["status"] == "differ":
-            rel = r["max_rel"]
-            err[i, j] = 1.0 if not math.isfinite(rel) else math.log10(max(rel, 1e-18))
-        elif r["status"] != "equal":
-            marks[i, j] = True
-    ranks = len({k[0] for k in ordered}) > 1
-    labels = [_text(f"{k[1]} {k[2]}" + (f" (rank {k[0]})" if ranks else "")) for k in ordered]
-    fig, ax = plt.subplots(figsize=(_width(1), max(2.5, 0.28 * len(ordered) + 1.2)))
-    cmap = plt.get_cmap("magma_r").copy()
-    cmap.set_bad("white")
-    shown = np.ma.masked_invalid(err)
-    im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap=cmap, vmin=-16, vmax=1)
-    if marks.any():
-        ax.imshow(np.ma.masked_where(~marks, marks.astype(float)), aspect="auto", interpolation="nearest",
-                  cmap=ListedColormap(["#2b8cbe"]), vmin=0, vmax=1)
-    from ._diff import first_divergence
-
-    first = first_divergence(rows)
-    if first is not None:  # where to start looking, outlined
-        r = rows[first]
-        i, j = row_of.get((r["rank"], r["kind"], r["name"])), col_of.get(r["step"])
-        if i is not None and j is not None:
-            from matplotlib.patches import Rectangle
-
-            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#e41a1c", linewidth=2.5))
-    ax.set_yticks(range(len(labels)))
-    ax.set_yticklabels(labels, fontsize=7)
-    ticks = list(range(0, len(steps), max(1, len(steps) // 12)))
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([str(steps[t]) for t in ticks], fontsize=7)
-    ax.set_xlabel("step")
-    fig.colorbar(im, ax=ax, label="log10 max relative difference (blank: equal)")
-    html_img = page.figure(fig, "error heatmap, name against step")
-    plt.close(fig)
-    note = ("<p>Each cell is one record: blank where A and B agree within tolerance, colored by log10 of the "
-            "largest relative difference where they differ, blue where the shape or dtype differs or one side "
-            "lacks it; the first divergence is outlined in red.")
-    if len(keys) > len(ordered):
-        note += f" {len(ordered)} of {len(keys)} names are drawn, those that differ first."
-    return note + "</p>" + html_img
 
 
 def _umask():

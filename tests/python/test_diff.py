@@ -1,5 +1,7 @@
 """`tensortap diff` and `tensortap.diff` (issue 45), and the Python twin's
-run layout (tensortap.torch, tensortap/_writer.py).
+run layout (tensortap.torch, tensortap/_writer.py). The diff at its edges and
+its page: test_diff_edges.py; the noise floor and where a difference arises:
+test_diff_floor.py (both need no build).
 
     TT_ANALYSIS_DIR=build/tests/analysis TT_ANALYSIS_PROC=build/tests/analysis_runs \
     TT_E2E_DIR=build/tests/e2e [TT_TWIN_PYTHON=a-python-with-torch] \
@@ -147,11 +149,15 @@ class ProgramRunsTest(TempCase):
         row = bad.iloc[0]
         self.assertEqual((row["kind"], row["name"], row["step"]), ("activation", "hidden", 9))
         self.assertEqual((row["n_bad"], row["max_ulp"]), (1, 1.0))
-        self.assertEqual(df.attrs["first_divergence"], {"rank": 0, "kind": "activation", "name": "hidden", "step": 9})
+        first = dict(df.attrs["first_divergence"])
+        self.assertTrue(first.pop("arises").startswith("in the forward between "), first)
+        self.assertEqual(first, {"rank": 0, "kind": "activation", "name": "hidden", "step": 9})
         rc, out, _ = command(self.npy, b)
         self.assertEqual(rc, 1)
         lines = out.splitlines()
-        self.assertTrue(lines[0].startswith("first divergence: activation hidden step 9: 1 element(s) beyond"), out)
+        self.assertTrue(lines[0].startswith("first divergence: activation hidden step 9: arises in the forward "
+                                            "between "), out)
+        self.assertIn("; 1 element(s) beyond tolerance", lines[0])
         self.assertIn("max ulp 1", lines[0])
         self.assertIn("last agreeing before it: ", lines[1])
         self.assertEqual(lines[-1], f"compared {len(df)}, differ 1, only in A 0, only in B 0")
@@ -296,12 +302,12 @@ class ValueRulesTest(TempCase):
         self.assertAlmostEqual(self.pair(np.array([1.0, 1.0]), np.array([-1.0, -1.0]), "float64").cosine, -1.0)
 
     def test_large_records_compare_block_by_block(self):
-        from tensortap import _diff
+        from tensortap import _diff_values
 
         a = np.arange(3_000_000, dtype=np.float32)
         b = a.copy()
         b[-1] += 1
-        with mock.patch.object(_diff, "_BLOCK", 1 << 20):
+        with mock.patch.object(_diff_values, "BLOCK", 1 << 20):
             row = self.pair(a, b, "float32")
         self.assertEqual((row.status, row.n_bad, row.max_abs), ("differ", 1, 1.0))
 
@@ -313,9 +319,13 @@ class ValueRulesTest(TempCase):
                                                                                        "float64")])
         df = tensortap.diff(a, tensortap.open(b))
         self.assertEqual(list(df.columns), ["rank", "kind", "name", "step", "status", "max_abs", "max_rel",
-                                            "max_ulp", "n_bad", "cosine"])
+                                            "max_ulp", "n_bad", "cosine", "rel_norm", "floor_rel_norm"])
         self.assertEqual(list(df.status), ["equal", "equal", "differ", "equal", "only_a", "only_b"])
-        self.assertEqual(df.attrs["first_divergence"], {"rank": 0, "kind": "tensor", "name": "x", "step": 2})
+        self.assertEqual(df.attrs["first_divergence"], {"rank": 0, "kind": "tensor", "name": "x", "step": 2,
+                                                        "arises": "between steps 1 and 2 (record kind param to "
+                                                                  "tell the update from the forward)"})
+        self.assertEqual(df.rel_norm.iloc[2], 1.0)  # ||a - b|| / ||a||: b is 0
+        self.assertTrue(df.floor_rel_norm.isna().all())
         with self.assertRaises(ValueError):
             tensortap.diff(a, b, rtol=-1)
 
@@ -332,14 +342,17 @@ class BadInputTest(TempCase):
         self.assertEqual(command(a, a, "--rtol", "nan")[0], 2)
 
     def test_a_truncated_npy(self):
-        a = write_run(os.path.join(self.tmp, "a"), [("tensor", "x", 0, np.arange(100, dtype=np.float32), "float32")])
+        # Unreadable, a difference, named with its file; the diff goes on (issue 56).
+        a = write_run(os.path.join(self.tmp, "a"), [("tensor", "x", 0, np.arange(100, dtype=np.float32), "float32"),
+                                                    ("tensor", "y", 0, np.arange(3, dtype=np.float32), "float32")])
         b = self.copy(a, "b")
         path = os.path.join(b, "npy", "tensor", "x", "00000000.npy")
         with open(path, "r+b") as f:
             f.truncate(200)
         rc, out, err = command(a, b)
-        self.assertEqual(rc, 2, out + err)
-        self.assertIn("00000000.npy", err)
+        self.assertEqual(rc, 1, out + err)
+        self.assertIn("tensor x step 0: unreadable: B: cannot be read from npy/tensor/x/00000000.npy", out)
+        self.assertEqual(out.splitlines()[-1], "compared 2, differ 1, only in A 0, only in B 0")
 
 
 class PageTest(TempCase):

@@ -324,6 +324,29 @@ class IndexLineTest(TempCase):
         self.assertEqual(run.kinds(), ["param", "buffer", "grad"])
         np.testing.assert_array_equal(run.load("bn.running_mean", 0, kind="buffer"), value(0))
 
+    def test_inspect_says_what_a_disk_budget_did(self):
+        # Issue 59: run.json's "budget" (Options::max_bytes) in inspect.
+        make_run(self.run_dir, [line(record(0))])
+        with open(os.path.join(self.run_dir, "run.json")) as f:
+            info = json.load(f)
+        info["budget"] = {"max_bytes": 2 << 20, "policy": "stop_capture", "reached_at_step": 13,
+                          "refused_records": 10, "refused_bytes": 216364, "given_up_below": None}
+        with open(os.path.join(self.run_dir, "run.json"), "w") as f:
+            json.dump(info, f)
+        rc, out, err = inspect(self.run_dir)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("disk budget 2.0 MiB (stop_capture): reached at step 13, 10 full records refused (211.3 KiB)", out)
+
+    def test_bidi_and_zero_width_characters_in_names_are_escaped(self):
+        # A name holding U+202E (right-to-left override) reordered the rest
+        # of its line on a terminal; zero-width ones hid text (issue 56).
+        evil = "fc1\u202eexe.gpj\u200b\u2066"
+        make_run(self.run_dir, [line(record(0, name=evil))])
+        rc, out, err = inspect(self.run_dir, "--check")
+        self.assertEqual(rc, 0, out)
+        self.assertFalse(any(c in out + err for c in "\u202e\u200b\u2066"), repr(out))
+        self.assertIn("fc1\\u202eexe.gpj\\u200b\\u2066", out)
+
     def test_inspect_check_counts_skipped_lines(self):
         make_run(self.run_dir, [line(record(0)), b"{\"step\":1,\"ki\n", b"[1]\n", line(record(2))])
         rc, out, err = inspect(self.run_dir, "--check")

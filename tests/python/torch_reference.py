@@ -113,7 +113,7 @@ def check(work, run_dir, refs=None, rtol=0.0, atol=0.0):
     worst = df.loc[df.max_rel.idxmax()]
     print(f"torch_reference: {len(df)} records of {run_dir} equal {reference}'s {how} "
           f"(largest relative difference {worst.max_rel:.3g}: {worst.kind} {worst['name']} step {worst.step}; "
-          f"largest in ULPs {df.max_ulp.max():g})")
+          f"largest normwise error ||a - b|| / ||a|| {df.rel_norm.max():.3g})")
 
 
 if __name__ == "__main__":
