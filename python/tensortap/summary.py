@@ -36,6 +36,19 @@ def _nbytes(shape, dtype):
     return math.prod(shape) * itemsize
 
 
+def _budget_line(b: Dict[str, Any]) -> str:
+    """run.json's "budget" (Options::max_bytes, DESIGN section 10) in words."""
+    line = f"disk budget {_human(b.get('max_bytes', 0))} ({_safe(b.get('policy', '?'))})"
+    if b.get("reached_at_step") is None:
+        return line + ": not reached"
+    line += f": reached at step {_safe(b['reached_at_step'])}"
+    if b.get("refused_records"):
+        line += f", {_safe(b['refused_records'])} full records refused ({_human(b.get('refused_bytes', 0))})"
+    if b.get("given_up_below") is not None:
+        line += f", steps below {_safe(b['given_up_below'])} given up"
+    return line
+
+
 def summarize(run: Run, out: Optional[TextIO] = None) -> List[str]:
     """Prints the summary; returns the problems it met (statistics that cannot be read)."""
     out = out if out is not None else sys.stdout
@@ -56,6 +69,9 @@ def summarize(run: Run, out: Optional[TextIO] = None) -> List[str]:
                   f"{_safe(i.get('dropped', 0))} dropped, {_safe(i.get('errors', 0))} errors", file=out)
         else:
             print(f"  {where}NOT closed (crashed, killed, or still running)", file=out)
+        budget = i.get("budget")
+        if isinstance(budget, dict):
+            print(f"  {where}{_budget_line(budget)}", file=out)
     rows = []
     index = run._index
     # From the index's columns, grouped by name in one sort: no record

@@ -78,6 +78,21 @@ TEST_CASE("a disk budget under StopCapture holds the run directory's size, in ev
   }
 }
 
+TEST_CASE("Budget::KeepLatest is refused by name until it is built; HDF5 would refuse it anyway", "[sdk][budget]") {
+  TempDir dir;
+  CHECK_THAT(tt_test::error_of([&] {
+               tensortap::Recorder r{Options(dir.path).max_bytes(1 << 20).on_budget(tensortap::Budget::KeepLatest)};
+             }),
+             Catch::Contains("Options::on_budget(Budget::KeepLatest)"));
+  CHECK_THAT(tt_test::error_of([&] {
+               tensortap::Recorder r{Options(dir.path)
+                                         .format(tensortap::Format::Hdf5)
+                                         .max_bytes(1 << 20)
+                                         .on_budget(tensortap::Budget::KeepLatest)};
+             }),
+             Catch::Contains("with Format::Hdf5"));
+}
+
 TEST_CASE("no budget: max_bytes 0 changes nothing, and run.json has no budget", "[sdk][budget]") {
   TempDir dir;
   tensortap::Recorder rec{Options(dir.path)};
