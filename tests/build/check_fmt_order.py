@@ -54,6 +54,9 @@ def main():
         # protobuf code of TensorBoard's events compiles without LibTorch
         # (and its generated header exists only once built).
         commands = [c for c in json.load(f) if poison in c["command"]]
+    # A unit generated at build time (the docs' snippets) does not exist yet;
+    # it includes public headers only, which the tests' own units include too.
+    commands = [c for c in commands if not c["file"].startswith(build + os.sep) or os.path.exists(c["file"])]
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda c: headers_of(c, shim=True), commands))

@@ -880,14 +880,17 @@ TEST_CASE("watch() of a TorchScript module saved by Python (torch.jit.save) and 
     }
   CHECK(torch::equal(load(dir.path, "buffer", "scale", 1), torch::full({1}, 2.0)));
 
-  // Its ops, with capture_ops: the model's forward, then the loss.
+  // Its ops, with capture_ops: the model's forward, then the loss. Loaded
+  // again: setGraphExecutorOptimize(false) must come before a module's
+  // first forward (the docs say so), or its optimized plan stays.
   TempDir ops_dir;
   torch::jit::setGraphExecutorOptimize(false);
+  torch::jit::Module fresh = torch::jit::load(path);
   tensortap::Recorder ops_rec{Options(ops_dir.path).capture_ops(true).kinds({Kind::Activation})};
-  tensortap::watch(net, ops_rec);
+  tensortap::watch(fresh, ops_rec);
   const torch::Tensor x = torch::randn({5, 3});
   ops_rec.step(0);
-  const torch::Tensor out = net.forward({x}).toTensor();
+  const torch::Tensor out = fresh.forward({x}).toTensor();
   out.pow(2).sum().backward();
   ops_rec.close();
   torch::jit::setGraphExecutorOptimize(true);
