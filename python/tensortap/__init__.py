@@ -14,6 +14,7 @@
     run.series("hidden", kind="activation", lazy=True)  # a dask array, read when computed (python3-dask)
     run.to_xarray("grad", lazy=True)              # an xarray Dataset (python3-xarray)
     tensortap.diff("runs/cpp", "runs/py")         # two runs record by record (pandas DataFrame)
+    tensortap.doctor("runs/exp1")                 # what is wrong with the run: the health rules (DataFrame)
 
 tensortap.torch records a PyTorch (Python) loop into the same layout (the
 Python twin), for comparisons with a C++ port.
@@ -34,12 +35,13 @@ call that passes it by position still works, with a DeprecationWarning.
 from ._base import KINDS, NUMPY_DTYPES, STATS_FIELDS, RunError, RunWarning  # noqa: F401
 from ._run import Run, open
 from ._diff import diff
+from ._doctor import doctor
 from ._version import __version__  # noqa: F401 - public
 
-__all__ = ["open", "Run", "diff", "KINDS", "STATS_FIELDS", "RunError", "RunWarning"]
+__all__ = ["open", "Run", "diff", "doctor", "KINDS", "STATS_FIELDS", "RunError", "RunWarning"]
 
 # The public names say they are tensortap's (in tracebacks, repr, help and
 # pickles), wherever they are defined.
-for _public in (open, Run, diff, RunError, RunWarning):
+for _public in (open, Run, diff, doctor, RunError, RunWarning):
     _public.__module__ = __name__
 del _public

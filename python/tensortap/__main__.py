@@ -5,6 +5,7 @@
     python3 -m tensortap tensorboard RUN_DIR [--logdir DIR] [--histograms-every 100] [--stats mean,std,...|all]
     python3 -m tensortap diff RUN_A RUN_B [--rtol R] [--atol A] [--floor A2 [--factor F] [--ulps U]]
                               [--steps A..B] [--kinds a,b] [--exclude REGEX] [--common-only] [--html OUT.html]
+    python3 -m tensortap doctor RUN_DIR [--rules a,b] [--set RULE.PARAM=VALUE ...] [--json]
 
 The summary lists kinds, names, the steps captured, shapes, dtypes, bytes,
 dropped records and whether the run was closed cleanly. --check also opens
@@ -43,6 +44,14 @@ streams: a few bytes per record beyond the runs' indexes. Exit status 0:
 every record is on both sides and agrees within tolerance (default:
 exactly); 1: some differ, are unreadable, or are on one side only (unless
 --common-only); 2: bad input.
+
+doctor evaluates the training health rules (smdebug's built-in rules:
+vanishing_gradient, exploding_tensor, dead_relu, ...; tensortap/_doctor.py
+defines each) over a run's statistics, or over statistics computed from its
+full records where it has none: one line per finding, "<rule>: <kind> <name>
+steps <first>..<last>: <message>", a line per rule it could not evaluate,
+and "N findings". Exit status 0: no finding; 1: findings; 2: bad input, or
+no rule could be evaluated.
 """
 
 from __future__ import annotations
@@ -102,7 +111,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="compare the records both runs hold; those on one side only do not fail")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained page: the summary, the error by "
                    "name and step for every kind, and a view of the records that differ most")
+    p = sub.add_parser("doctor", help="name what is wrong with a training run (health rules)")
+    p.add_argument("run", help="the run directory")
+    p.add_argument("--rules", metavar="LIST", help="evaluate these rules only, comma-separated (default: all)")
+    p.add_argument("--set", action="append", default=[], metavar="RULE.PARAM=VALUE",
+                   help="a rule's parameter, e.g. dead_relu.threshold=0.9 (repeatable; docs/health.md lists them)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line: the findings, then the rules "
+                   "not evaluated")
     args = parser.parse_args(argv)
+    if args.command == "doctor":
+        return _doctor(args)
     if args.command == "diff":
         return _diff(args)
     if args.command == "report":
@@ -259,6 +277,31 @@ def _diff(args):
     if args.html:
         print(f"tensortap: wrote {esc(args.html)}")
     return status
+
+
+def _doctor(args):
+    from ._doctor import Settings, run_command
+
+    try:
+        # Bad rules and parameters first: exit 2 before any reading.
+        Settings(args.rules.split(",") if args.rules is not None else None, _doctor_sets(args.set))
+    except ValueError as e:
+        print(f"tensortap: {_safe(e)}", file=sys.stderr)
+        return 2
+    result = _command("doctor", lambda: run_command(args.run, args.rules, args.set, args.json,
+                                                    lambda note: print(f"tensortap: {note}", file=sys.stderr)))
+    if result is None:
+        return 2
+    lines, status = result
+    for line in lines:
+        print(line)
+    return status
+
+
+def _doctor_sets(items):
+    from ._doctor import parse_sets
+
+    return parse_sets(items)
 
 
 if __name__ == "__main__":
