@@ -108,7 +108,8 @@ void BM_EngineD2H(benchmark::State& state) {
       auto snap = engine.reserve(0, size, /*may_drop=*/false);
       if (snap->external) snap->data = spare;
       cudaMemcpyAsync(snap->data, static_cast<char*>(src) + off, size, cudaMemcpyDeviceToDevice, stream);
-      engine.submit(*snap, stream, meta, id++, 4);
+      engine.submit(*snap, stream, tensortap::detail::RecordSpec::of(*meta, id), 4);
+      ++id;
     }
     engine.flush();
   };

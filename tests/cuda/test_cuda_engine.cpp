@@ -32,6 +32,7 @@ using tensortap::detail::CudaEngine;
 using tensortap::detail::CudaEngineOptions;
 using tensortap::detail::Record;
 using tensortap::detail::RecordDesc;
+using tensortap::detail::RecordSpec;
 using tensortap::detail::Staging;
 
 #define CUDA_OK(call) REQUIRE((call) == cudaSuccess)
@@ -214,7 +215,7 @@ bool push(CudaEngine& engine, std::uint64_t id, const void* src, std::size_t n, 
   }
   if (n > 0 && cudaMemcpyAsync(snap->data, src, n, cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
     throw std::runtime_error("cudaMemcpyAsync failed");
-  engine.submit(*snap, stream, meta_for(id, n), id, 1, std::move(release));
+  engine.submit(*snap, stream, RecordSpec::of(*meta_for(id, n), id), 1, std::move(release));
   return true;
 }
 
@@ -753,11 +754,12 @@ TEST_CASE("submit() and cancel() give the room back even with no memory left, an
   // The legacy default stream: the calls below queue no work that the fake
   // runtime would allocate for.
   CUDA_OK(cudaMemcpyAsync(kept->data, src.data, n, cudaMemcpyDeviceToDevice, nullptr));
-  auto record = meta_for(0, n);
+  const auto record = meta_for(0, n);
+  const RecordSpec spec = RecordSpec::of(*record, 0);
   bool threw = false;
   tt_test::fail_allocations(1000);
   try {
-    rig.engine.submit(*kept, nullptr, std::move(record), 0, 1);
+    rig.engine.submit(*kept, nullptr, spec, 1);
     rig.engine.cancel(*cancelled, nullptr);
   } catch (...) {
     threw = true;
@@ -1025,7 +1027,7 @@ TEST_CASE("the arena comes from the memory the engine is given, and goes back to
     REQUIRE(snap);
     CHECK_FALSE(snap->external);  // in the arena
     CUDA_OK(cudaMemcpyAsync(snap->data, src.data, n, cudaMemcpyDeviceToDevice, stream));
-    rig.engine.submit(*snap, stream, meta_for(i, n), i, 1);
+    rig.engine.submit(*snap, stream, RecordSpec::of(*meta_for(i, n), i), 1);
   }
   rig.engine.flush();
   CHECK(g_arena_allocs == 1);

@@ -10,7 +10,9 @@
 
 #include <tensortap/tensortap.h>
 
+#include "tests/support/extreme_stats.h"
 #include "tests/support/helpers.h"
+#include "sdk/src/cuda/stats_kernel.h"
 #include "sdk/src/flight/ring.h"
 #include "sdk/src/pipeline/stats.h"
 
@@ -314,6 +316,70 @@ TEST_CASE("statistics of finite values near DBL_MAX and of subnormal ones are fi
   CHECK(mixed.result().norm == Approx(1e300));
   CHECK(mixed.result().mean == Approx(0.25e300));
   CHECK(mixed.result().std == Approx(std::sqrt(3.0) / 4 * 1e300));
+}
+
+namespace {
+
+// The fused kernels' reduction (stats_kernel.cu) run on the host with their
+// own arithmetic (stats_partial.h): the same blocks, each thread's values in
+// the same order, the same merge trees.
+TensorStats fused_on_host(const std::vector<double>& values) {
+  namespace fused = tensortap::detail::fused;
+  const auto n = static_cast<std::int64_t>(values.size());
+  const int blocks = tensortap::detail::stats_partials(n);
+  const auto tree = [](std::vector<fused::Partial>& shared) {
+    for (int s = fused::kThreads / 2; s > 0; s >>= 1)
+      for (int t = 0; t < s; ++t) fused::merge(shared[t], shared[t + s]);
+    return shared[0];
+  };
+  std::vector<fused::Partial> partials(blocks), shared(fused::kThreads);
+  const std::int64_t stride = std::int64_t{blocks} * fused::kThreads;
+  for (int b = 0; b < blocks; ++b) {
+    for (int t = 0; t < fused::kThreads; ++t) {
+      shared[t] = fused::empty_partial();
+      for (std::int64_t i = std::int64_t{b} * fused::kThreads + t; i < n; i += stride)
+        fused::add(shared[t], values[static_cast<std::size_t>(i)]);
+    }
+    partials[b] = tree(shared);
+  }
+  for (int t = 0; t < fused::kThreads; ++t) {
+    shared[t] = fused::empty_partial();
+    for (int i = t; i < blocks; i += fused::kThreads) fused::merge(shared[t], partials[i]);
+  }
+  std::vector<double> out(tensortap::detail::kStatsFields);
+  fused::finish(tree(shared), n, out.data());
+  return tensortap::detail::stats_from_vector(out.data());
+}
+
+}  // namespace
+
+TEST_CASE("every statistics path agrees with the host scan on extreme inputs (the statistics contract)",
+          "[sdk][stats]") {
+  // The host scan whole and in chunks (Chan's merge across chunk
+  // exponents), ATen's reductions (device_stats on the CPU: the path of CUDA
+  // tensors without the fused kernels), and the fused kernels' arithmetic.
+  // Their device run is tests/cuda/test_cuda.cpp's, on a GPU.
+  for (const tt_test::ExtremeCase& c : tt_test::extreme_cases()) {
+    INFO(c.label);
+    const TensorStats want = tt_test::host_stats(c.values);
+    {
+      INFO("the host scan in chunks of 1,000");
+      StatsAccumulator acc(Element::F64);
+      for (std::size_t i = 0; i < c.values.size(); i += 1000)
+        acc.add(c.values.data() + i, std::min<std::size_t>(1000, c.values.size() - i) * sizeof(double));
+      tt_test::require_agree(acc.result(), want);
+    }
+    {
+      INFO("ATen's reductions");
+      const at::Tensor t = at::tensor(c.values, at::kDouble);
+      tt_test::require_agree(
+          tensortap::detail::stats_from_vector(tensortap::detail::device_stats(t).data_ptr<double>()), want);
+    }
+    {
+      INFO("the fused kernels' arithmetic");
+      tt_test::require_agree(fused_on_host(c.values), want);
+    }
+  }
 }
 
 TEST_CASE("stats_every writes one row per tensor and step, independent of every()", "[sdk][stats]") {

@@ -9,18 +9,11 @@
 #include <tensortap/kinds.h>
 
 #include "writers/src/file.h"
+#include "writers/src/stats_fields.h"
 
 namespace tensortap::detail {
 
 class LinesFile;
-
-/// The statistics schema, in its one order: stats.npy's columns after step
-/// and series, the device statistics vector (sdk/src/pipeline/stats.h), and the
-/// members of TensorStats and of the public TensorSummary. `REAL(name)` for
-/// the float64 fields, `COUNT(name)` for the int64 counts. Python's
-/// STATS_FIELDS reads the same names from the file's header.
-#define TENSORTAP_STATS_FIELDS(REAL, COUNT) \
-  REAL(min) REAL(max) REAL(mean) REAL(std) REAL(norm) COUNT(nan) COUNT(posinf) COUNT(neginf) COUNT(zeros) COUNT(numel)
 
 /// The statistics of one tensor. min, max, mean, std (population, as
 /// NumPy's default) and norm (L2) are over its finite values: one NaN does
@@ -33,15 +26,6 @@ struct TensorStats {
 #undef TENSORTAP_REAL_
 #undef TENSORTAP_COUNT_
 };
-
-/// How many fields the schema has, and how many of them are float64 (they
-/// come first).
-#define TENSORTAP_ONE_(name) +1
-constexpr int kStatsFields = 0 TENSORTAP_STATS_FIELDS(TENSORTAP_ONE_, TENSORTAP_ONE_);
-#define TENSORTAP_NONE_(name)
-constexpr int kStatsRealFields = 0 TENSORTAP_STATS_FIELDS(TENSORTAP_ONE_, TENSORTAP_NONE_);
-#undef TENSORTAP_ONE_
-#undef TENSORTAP_NONE_
 
 /// The fields' names, in the schema's order (stats.npy's column names,
 /// TensorBoard's tag suffixes, TensorBoardOptions::stats' words).

@@ -291,7 +291,6 @@ void CudaEngine::free_items(Items& items) noexcept {
       if (!item->skip) ++records;
       // Back to the pool: the record's strings keep their memory for the
       // next; what the caller gave is let go now.
-      item->shared.reset();
       item->record = nullptr;
       item->release = nullptr;
       item->skip = false;

@@ -113,83 +113,14 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
   Device& d = *devices_[static_cast<std::size_t>(device)];
   for (;;) {
     if (stopping_) return std::nullopt;
-    if (d.cuda == nullptr) {
-      if (!d.error.empty()) fail("{}", d.error);
-      // The events the device usually needs, now: a pool of record events,
-      // one completion event per batch in flight.
-      const std::size_t arena = options_.device_bytes / kAlign * kAlign;
-      try {
-        d.cuda = std::make_unique<DeviceResources>(device, arena, options_.arena_memory, options_.max_records,
-                                                   kMaxInflight + 1, events_created_);
-      } catch (const std::exception& e) {
-        // Kept without fail()'s prefix, which fail() adds again below.
-        d.error = e.what();
-        const std::string prefix = "tensortap: ";
-        if (d.error.compare(0, prefix.size(), prefix) == 0) d.error.erase(0, prefix.size());
-        throw;
-      }
-      // Once per device, never retried: a failed allocation from torch's
-      // allocator frees its whole cache first, which on every capture
-      // would cost the training more than the snapshots do.
-      if (d.cuda->arena == nullptr && arena > 0)
-        warn(fmt::format(
-            "tensortap: warning: cannot allocate {} bytes on cuda:{} for tensor snapshots ({}); its snapshots are "
-            "allocated one by one instead",
-            arena, device, d.cuda->arena_error));
-      d.ring = RingAllocator(d.cuda->arena != nullptr ? arena : 0);
-      d.ready_total = d.cuda->ready_events.size();
-      d.done_total = d.cuda->done_events.size();
-    }
+    if (d.cuda == nullptr) open_device(d, device);
     if (!thread_.joinable()) thread_ = std::thread([this, device] { run(device); });
-
     Snapshot snap;
     snap.device = device;
     snap.nbytes = nbytes;
     std::optional<RingAllocator::Region> region;
-    // The arena bounds what snapshots hold; the number of records in flight
-    // is not bounded: a step with more captures than the event pool holds
-    // creates events rather than waiting for copies (issue 17).
-    bool room = true;
-    if (room && nbytes > 0) {
-      if (align_up(nbytes, kAlign) > d.ring.capacity()) {
-        // The caller allocates it, within the byte budget: several fit when
-        // they are small enough, and a step's second large tensor does not
-        // wait for the first one's copy. One over the budget alone still
-        // goes, by itself.
-        snap.external = true;
-        room = d.large_held == 0 || d.large_held + nbytes <= options_.large_bytes;
-      } else {
-        region = d.ring.allocate(align_up(nbytes, kAlign));
-        room = region.has_value();
-      }
-    }
-    if (room) {
-      if (nbytes > 0) {
-        // Pooled: max_records of them come with the arena; when more
-        // records are in flight, new ones join the pool once they retire.
-        std::vector<cudaEvent_t>& pool = d.cuda->ready_events;
-        if (!pool.empty()) {
-          snap.ready = pool.back();
-          pool.pop_back();
-        } else {
-          // Room in the pool first: the copier gives the event back there
-          // and must not fail to.
-          cudaError_t e = cudaErrorMemoryAllocation;
-          try {
-            make_room(pool, d.ready_total + 1);
-            DeviceGuard guard(device);
-            e = cudaEventCreateWithFlags(&snap.ready, cudaEventDisableTiming);
-            if (e != cudaSuccess) cudaGetLastError();
-          } catch (...) {
-          }
-          if (e != cudaSuccess) {
-            if (region) d.ring.free(region->id);
-            fail("cannot create a CUDA event on cuda:{}: {}", device, cuda_error_string(e));
-          }
-          ++d.ready_total;
-          events_created_.fetch_add(1, std::memory_order_relaxed);
-        }
-      }
+    if (place(d, snap, region)) {
+      take_event(d, snap, region);
       if (snap.external) {
         d.large_held += nbytes;
       } else if (region) {
@@ -209,6 +140,79 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
   }
 }
 
+void CudaEngine::open_device(Device& d, int device) {
+  if (!d.error.empty()) fail("{}", d.error);
+  // The events the device usually needs, now: a pool of record events,
+  // one completion event per batch in flight.
+  const std::size_t arena = options_.device_bytes / kAlign * kAlign;
+  try {
+    d.cuda = std::make_unique<DeviceResources>(device, arena, options_.arena_memory, options_.max_records,
+                                               kMaxInflight + 1, events_created_);
+  } catch (const std::exception& e) {
+    // Kept without fail()'s prefix, which fail() adds again below.
+    d.error = e.what();
+    const std::string prefix = "tensortap: ";
+    if (d.error.compare(0, prefix.size(), prefix) == 0) d.error.erase(0, prefix.size());
+    throw;
+  }
+  // Once per device, never retried: a failed allocation from torch's
+  // allocator frees its whole cache first, which on every capture
+  // would cost the training more than the snapshots do.
+  if (d.cuda->arena == nullptr && arena > 0)
+    warn(fmt::format(
+        "tensortap: warning: cannot allocate {} bytes on cuda:{} for tensor snapshots ({}); its snapshots are "
+        "allocated one by one instead",
+        arena, device, d.cuda->arena_error));
+  d.ring = RingAllocator(d.cuda->arena != nullptr ? arena : 0);
+  d.ready_total = d.cuda->ready_events.size();
+  d.done_total = d.cuda->done_events.size();
+}
+
+bool CudaEngine::place(Device& d, Snapshot& snap, std::optional<RingAllocator::Region>& region) {
+  // The arena bounds what snapshots hold; the number of records in flight
+  // is not bounded: a step with more captures than the event pool holds
+  // creates events rather than waiting for copies (issue 17).
+  if (snap.nbytes == 0) return true;
+  if (align_up(snap.nbytes, kAlign) > d.ring.capacity()) {
+    // The caller allocates it, within the byte budget: several fit when
+    // they are small enough, and a step's second large tensor does not
+    // wait for the first one's copy. One over the budget alone still
+    // goes, by itself.
+    snap.external = true;
+    return d.large_held == 0 || d.large_held + snap.nbytes <= options_.large_bytes;
+  }
+  region = d.ring.allocate(align_up(snap.nbytes, kAlign));
+  return region.has_value();
+}
+
+void CudaEngine::take_event(Device& d, Snapshot& snap, const std::optional<RingAllocator::Region>& region) {
+  if (snap.nbytes == 0) return;
+  // Pooled: max_records of them come with the arena; when more records are
+  // in flight, new ones join the pool once they retire.
+  std::vector<cudaEvent_t>& pool = d.cuda->ready_events;
+  if (!pool.empty()) {
+    snap.ready = pool.back();
+    pool.pop_back();
+    return;
+  }
+  // Room in the pool first: the copier gives the event back there and
+  // must not fail to.
+  cudaError_t e = cudaErrorMemoryAllocation;
+  try {
+    make_room(pool, d.ready_total + 1);
+    DeviceGuard guard(snap.device);
+    e = cudaEventCreateWithFlags(&snap.ready, cudaEventDisableTiming);
+    if (e != cudaSuccess) cudaGetLastError();
+  } catch (...) {
+  }
+  if (e != cudaSuccess) {
+    if (region) d.ring.free(region->id);
+    fail("cannot create a CUDA event on cuda:{}: {}", snap.device, cuda_error_string(e));
+  }
+  ++d.ready_total;
+  events_created_.fetch_add(1, std::memory_order_relaxed);
+}
+
 void CudaEngine::enqueue(Item* item) noexcept {
   bool wake = false;
   {
@@ -221,44 +225,14 @@ void CudaEngine::enqueue(Item* item) noexcept {
   if (wake) work_cv_.notify_one();
 }
 
-void CudaEngine::submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<const Record> record, std::uint64_t id,
-                        std::size_t unit, std::function<void()> release) {
-  TENSORTAP_CHECK(snap.item != nullptr, "CudaEngine::submit() of a snapshot that reserve() did not return");
-  Item* item = snap.item;
-  // Nothing before enqueue() may throw: the reservation must reach the
-  // copier, which gives the room back, or stop() would wait for it forever.
-  item->shared = std::move(record);
-  item->record = item->shared.get();
-  item->id = id;
-  item->snap = snap;
-  item->unit = std::max<std::size_t>(unit, 1);
-  item->release = std::move(release);
-  const bool no_memory = snap.nbytes > 0 && snap.data == nullptr;
-  cudaError_t recorded = cudaSuccess;
-  if (!no_memory && snap.ready != nullptr) {
-    recorded = cudaEventRecord(snap.ready, stream);
-    if (recorded != cudaSuccess) cudaGetLastError();
-  }
-  // A failed record still goes through the copier, which frees its room;
-  // the message needs the record after the copier may have freed the item.
-  const bool failed = no_memory || recorded != cudaSuccess;
-  std::shared_ptr<const Record> kept = failed ? item->shared : nullptr;
-  item->skip = failed;
-  enqueue(item);
-  const RecordDesc* desc = kept ? &kept->desc : nullptr;
-  if (no_memory) fail("no snapshot memory for {}", describe(desc, snap.device));
-  if (failed)
-    fail("cannot record a CUDA event after the snapshot of {}: {}", describe(desc, snap.device),
-         cuda_error_string(recorded));
-}
-
 void CudaEngine::submit(Snapshot snap, cudaStream_t stream, const RecordSpec& spec, std::size_t unit,
                         std::function<void()> release) {
   TENSORTAP_CHECK(snap.item != nullptr, "CudaEngine::submit() of a snapshot that reserve() did not return");
   Item* item = snap.item;
-  // Nothing before enqueue() may throw (see the other submit). The name is
-  // copied into the entry's, which allocates only when it is longer than
-  // any this entry held before.
+  // Nothing before enqueue() may throw: the reservation must reach the
+  // copier, which gives the room back, or stop() would wait for it forever.
+  // The name is copied into the entry's, which allocates only when it is
+  // longer than any this entry held before.
   bool no_record = false;
   try {
     item->own.assign(spec);
@@ -267,7 +241,6 @@ void CudaEngine::submit(Snapshot snap, cudaStream_t stream, const RecordSpec& sp
     no_record = true;
     item->record = nullptr;
   }
-  item->shared.reset();
   item->id = spec.id;
   item->snap = snap;
   item->unit = std::max<std::size_t>(unit, 1);

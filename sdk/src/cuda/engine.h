@@ -141,18 +141,15 @@ class CudaEngine {
 
   /// Training thread, once the copy into `snap.data` is enqueued on
   /// `stream` (a stream of `snap.device`): records the snapshot's event on
-  /// `stream` and queues the record. `unit` is the element size: a record
-  /// larger than a staging buffer is split on element boundaries. `release`
-  /// runs on the copier thread when the copy from `snap.data` has completed
-  /// (for an external snapshot: frees it). Throws `Error` when the event
-  /// cannot be recorded; the snapshot is queued (and given back) before
-  /// anything can throw, so `stop()` never waits for it.
-  void submit(Snapshot snap, cudaStream_t stream, std::shared_ptr<const Record> record, std::uint64_t id,
-              std::size_t unit, std::function<void()> release = {});
-  /// The same, the record as `spec` describes it, copied into the queue
+  /// `stream` and queues the record `spec` describes, copied into the queue
   /// entry reserve() took from the engine's pool: a capture in steady state
   /// allocates nothing (the entry's name keeps its memory from record to
-  /// record).
+  /// record). `unit` is the element size: a record larger than a staging
+  /// buffer is split on element boundaries. `release` runs on the copier
+  /// thread when the copy from `snap.data` has completed (for an external
+  /// snapshot: frees it). Throws `Error` when the record or the event
+  /// cannot be made; the snapshot is queued (and given back) before anything
+  /// can throw, so `stop()` never waits for it.
   void submit(Snapshot snap, cudaStream_t stream, const RecordSpec& spec, std::size_t unit,
               std::function<void()> release = {});
 
@@ -198,10 +195,9 @@ class CudaEngine {
   // pool (allocated when the pool is empty), owned by whichever list holds
   // it, back in the pool once retired; deleted with the engine.
   struct Item {
-    // The record: `own` (submit with a RecordSpec: assigned in place, no
-    // allocation once its name has room), or a caller's `shared`.
+    // The record, assigned in place by submit(): no allocation once its
+    // name has room.
     Record own;
-    std::shared_ptr<const Record> shared;
     const Record* record = nullptr;
     std::uint64_t id = 0;
     // Submission order (1, 2, ...): what flush() waits for.
@@ -274,7 +270,13 @@ class CudaEngine {
   // float32 [128, 784], cuda:0)".
   static std::string describe(const RecordDesc* desc, int device);
 
-  // Training threads (engine.cpp).
+  // Training threads (engine.cpp), reserve()'s jobs, with mu_ held: the
+  // device's arena, events and the copier thread at its first snapshot;
+  // room for `snap.nbytes` (the arena's region, or the budget of snapshots
+  // larger than it), false when there is none now; the snapshot's event.
+  void open_device(Device& d, int device);
+  bool place(Device& d, Snapshot& snap, std::optional<RingAllocator::Region>& region);
+  void take_event(Device& d, Snapshot& snap, const std::optional<RingAllocator::Region>& region);
   void enqueue(Item* item) noexcept;
   void warn(const std::string& what) noexcept;
 

@@ -10,18 +10,24 @@
 
 #include <cstdint>
 
+#include "sdk/src/cuda/stats_partial.h"
+
 namespace tensortap::detail {
 
 /// The element types the fused kernels read; other types take ATen's path.
 enum class StatsElement : int { Float32, Float64, Float16, BFloat16 };
 
-/// float64 values of scratch a partial result takes (see stats_kernel.cu).
-constexpr int kStatsPartialDoubles = 8;
+/// float64 values of scratch a partial result takes (fused::Partial).
+constexpr int kStatsPartialDoubles = static_cast<int>(sizeof(fused::Partial) / sizeof(double));
 
 /// How many partial results (blocks) `launch_fused_stats` uses for `n`
 /// values: its scratch holds `stats_partials(n) * kStatsPartialDoubles`
 /// float64 values.
-int stats_partials(std::int64_t n);
+inline int stats_partials(std::int64_t n) {
+  const std::int64_t per_block = fused::kThreads * fused::kPerThread;
+  const std::int64_t blocks = (n + per_block - 1) / per_block;
+  return static_cast<int>(blocks < 1 ? 1 : blocks > fused::kMaxPartials ? fused::kMaxPartials : blocks);
+}
 
 /// What `launch_fused_stats` returns when an error of the caller's own work
 /// was pending (cudaPeekAtLastError): it launched nothing and left it there.

@@ -36,11 +36,6 @@ double value_of(std::complex<double> v) {
   return std::abs(v);
 }
 
-// Values whose squares neither overflow nor vanish, even summed over 2^60
-// elements: a chunk whose largest magnitude lies outside is summed again
-// scaled (scan_scaled).
-constexpr double kSafeHigh = 0x1p450, kSafeLow = 0x1p-450;
-
 // scan()'s sums for a chunk of extreme magnitudes (round 4: five finite
 // float64 values of 1e300 gave std NaN and norm inf, five of 1e-310 norm 0):
 // every value scaled by 2^-e, e the exponent of the largest, so the sums
@@ -101,7 +96,9 @@ StatsAccumulator::Part scan(const T* p, std::size_t n, Value value) {
   r.min = lo;
   r.max = hi;
   const double largest = std::max(std::fabs(lo), std::fabs(hi));
-  if (largest > kSafeHigh || (largest < kSafeLow && largest > 0)) {
+  // A chunk whose largest magnitude lies outside the safe range is summed
+  // again, scaled.
+  if (largest > kStatsSafeHigh || (largest < kStatsSafeLow && largest > 0)) {
     scan_scaled(p, n, value, largest, r);
     return r;
   }
@@ -205,18 +202,19 @@ void StatsAccumulator::add(const void* data, std::size_t nbytes) {
 
 TensorStats StatsAccumulator::result() const {
   const Part& t = total_;
-  TensorStats s;
   const bool any = t.finite > 0;
-  s.min = any ? t.min : kNaN;
-  s.max = any ? t.max : kNaN;
-  s.mean = any ? t.mean : kNaN;
-  s.std = any ? std::ldexp(std::sqrt(t.m2 / static_cast<double>(t.finite)), t.exp) : kNaN;
-  s.norm = any ? std::ldexp(std::sqrt(t.sumsq), t.exp) : kNaN;
-  s.nan = t.nan;
-  s.posinf = t.posinf;
-  s.neginf = t.neginf;
-  s.zeros = t.zeros;
-  s.numel = t.numel;
+  const double v_min = any ? t.min : kNaN;
+  const double v_max = any ? t.max : kNaN;
+  const double v_mean = any ? t.mean : kNaN;
+  const double v_std = any ? std::ldexp(std::sqrt(t.m2 / static_cast<double>(t.finite)), t.exp) : kNaN;
+  const double v_norm = any ? std::ldexp(std::sqrt(t.sumsq), t.exp) : kNaN;
+  const std::int64_t v_nan = t.nan, v_posinf = t.posinf, v_neginf = t.neginf, v_zeros = t.zeros, v_numel = t.numel;
+  // Through the schema's list (stats_fields.h): a field this path does not
+  // compute does not compile.
+  TensorStats s;
+#define TENSORTAP_FIELD_(name) s.name = v_##name;
+  TENSORTAP_STATS_FIELDS(TENSORTAP_FIELD_, TENSORTAP_FIELD_)
+#undef TENSORTAP_FIELD_
   return s;
 }
 
@@ -231,7 +229,8 @@ namespace {
 using ScaleUp = std::array<at::Tensor, 2>;
 
 // Scales `xd` (float64, every value finite, ours to overwrite) in place by
-// a power of two when its largest magnitude is beyond 2^+-450, where squares
+// a power of two when its largest magnitude is beyond kStatsSafeHigh or
+// kStatsSafeLow (stats_fields.h), where squares
 // overflow or vanish (five 1e300: norm inf, std NaN; five 1e-310: norm 0),
 // as the host scan does. Without a host sync: the exponent is a tensor, and
 // a tensor within range is multiplied by 1, which changes no bit. Two
@@ -240,7 +239,7 @@ ScaleUp scale_down(at::Tensor& xd) {
   const auto minmax = at::aminmax(xd);
   const at::Tensor amax = at::maximum(std::get<0>(minmax).abs(), std::get<1>(minmax).abs());
   const at::Tensor zero = at::zeros({}, xd.options());
-  const at::Tensor out_of_range = (amax > 0x1p450) | ((amax > 0) & (amax < 0x1p-450));
+  const at::Tensor out_of_range = (amax > kStatsSafeHigh) | ((amax > 0) & (amax < kStatsSafeLow));
   const at::Tensor e = at::where(out_of_range, at::floor(at::log2(amax)), zero);
   const at::Tensor half = at::floor(e / 2);
   xd.mul_(at::exp2(-half)).mul_(at::exp2(half - e));
