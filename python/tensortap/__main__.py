@@ -63,9 +63,9 @@ import signal
 import sys
 import warnings
 
-from . import Run, RunError, RunWarning
-from ._base import STATS_FIELDS
-from .summary import _safe, check, summarize
+from ._base import STATS_FIELDS, RunError, RunWarning, _safe
+from ._run import Run
+from .summary import check, summarize
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     # `tensortap inspect RUN | head` ends quietly, like any other command.

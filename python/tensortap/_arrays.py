@@ -1,6 +1,8 @@
 """The arrays of index records, in any format: one record (Run.load), or
 many at once with the work they share done once (Run.series)."""
 
+from typing import Dict, Tuple
+
 import numpy as np
 
 from . import _float8
@@ -52,10 +54,11 @@ def _read_many(recs, h5_files, h5_lock):
     needs alone. A segment is opened and mapped once for all its records, a
     header parsed once per distinct header (a name's are all alike), a
     directory resolved once for all its files."""
-    segments = {}  # real path -> (size, its bytes: a uint8 array over a map)
-    headers = {}   # header bytes -> (shape, fortran_order, dtype, header bytes)
-    dirs = {}      # (rank directory, directory in the index) -> real directory
-    files = {}     # (rank directory, file in the index) -> real path, for segments
+    segments: Dict[str, Tuple[int, np.ndarray]] = {}  # real path -> (size, its bytes: a uint8 array over a map)
+    # header text -> (shape, fortran_order, dtype, its length)
+    headers: Dict[bytes, Tuple[Tuple[int, ...], bool, np.dtype, int]] = {}
+    dirs: Dict[Tuple[str, str], str] = {}   # (rank directory, directory in the index) -> real directory
+    files: Dict[Tuple[str, str], str] = {}  # (rank directory, file in the index) -> real path, for segments
     out = []
     for rec in recs:
         if "dataset" in rec:

@@ -22,6 +22,7 @@ import stat
 import time
 import warnings
 import weakref
+from typing import List
 
 from ._names import HDF5_JOURNAL, LOCK
 
@@ -71,7 +72,7 @@ def open_h5(path, run_error, run_warning):
                 # writers' HDF5 may hold a lock on the file as well.
                 if "already open for write" not in str(e) and "unable to lock file" not in str(e):
                     raise run_error(f"{path}: HDF5 cannot open it: {e}") from None
-                refused = e
+                refused = str(e)
         if not alive:
             break
         if time.monotonic() > deadline:
@@ -106,7 +107,8 @@ def dataset(f, name, path, run_error):
     if name in checked:
         return f[name]
     parts = [p for p in name.split("/") if p]
-    node, walked, hops = f, [], 0
+    node, hops = f, 0
+    walked: List[str] = []
     while parts:
         part = parts.pop(0)
         link = node.get(part, getlink=True)

@@ -19,6 +19,7 @@ _record_problem, with the same warnings as ever.
 import json
 import os
 import re
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -55,6 +56,9 @@ _MEMBERS = frozenset(("step", "kind", "name", "dtype", "shape", "file", "offset"
 # -1 in the rows of records without them.
 _OPTIONAL = ("offset", "nbytes", "dataset", "row")
 
+# (kind, name, dtype, shape, the file's directory): what a name's records share.
+Meta = Tuple[str, str, str, Tuple[int, ...], str]
+
 
 class Index:
     """The records of the index files of a run (one per rank), in file order.
@@ -64,7 +68,18 @@ class Index:
     where no record has them. Tables: sources (index path, real rank
     directory, rank), metas, bases, datasets, keys ((kind, name))."""
 
-    def __init__(self, capacity, sources):
+    # The columns, set by finish().
+    step: np.ndarray
+    meta: np.ndarray
+    base: np.ndarray
+    line: np.ndarray
+    source: np.ndarray
+    offset: Optional[np.ndarray]
+    nbytes: Optional[np.ndarray]
+    dataset: Optional[np.ndarray]
+    row: Optional[np.ndarray]
+
+    def __init__(self, capacity: int, sources: List[Tuple[str, str, Optional[int]]]) -> None:
         self.n = 0
         self.capacity = capacity
         # Sized once, from above, and cut to size at the end: built by
@@ -72,16 +87,19 @@ class Index:
         # holes in the heap, and kept twice their size.
         # A line number is below the files' bytes, capacity * _SHORTEST_RECORD.
         line_type = np.int32 if capacity * _SHORTEST_RECORD < (1 << 31) else np.int64
-        self.cols = {"step": np.empty(capacity, np.int64), "meta": np.empty(capacity, np.int32),
-                     "base": np.empty(capacity, np.int32), "line": np.empty(capacity, line_type),
-                     "source": np.empty(capacity, np.min_scalar_type(max(1, len(sources))))}
+        self.cols: Dict[str, np.ndarray] = {
+            "step": np.empty(capacity, np.int64), "meta": np.empty(capacity, np.int32),
+            "base": np.empty(capacity, np.int32), "line": np.empty(capacity, line_type),
+            "source": np.empty(capacity, np.min_scalar_type(max(1, len(sources))))}
         self.types = {"offset": np.int64, "nbytes": np.int64, "dataset": np.int32, "row": np.int64}
         self.sources = sources  # (index path, real rank directory, rank)
-        self.metas = []         # (kind, name, dtype, shape tuple, file directory)
-        self.bases = []         # a file's last component
-        self.datasets = []      # HDF5 dataset paths
-        self.extra = {}         # position -> _Record, for lines with members of their own
-        self._meta_code, self._base_code, self._dataset_code = {}, {}, {}
+        self.metas: List[Meta] = []
+        self.bases: List[str] = []      # a file's last component
+        self.datasets: List[str] = []   # HDF5 dataset paths
+        self.extra: Dict[int, _Record] = {}  # position -> its record, for lines with members of their own
+        self._meta_code: Dict[Meta, int] = {}
+        self._base_code: Dict[str, int] = {}
+        self._dataset_code: Dict[str, int] = {}
 
     # -- reading ------------------------------------------------------------
 
@@ -172,7 +190,7 @@ class Index:
         """Lines read one by one with json.loads and _record_problem: a
         RunWarning for each bad one but a torn last line (a crash tears it)."""
         path, root, rank = self.sources[source]
-        cols = {k: [] for k in ("step", "meta", "base", "line") + _OPTIONAL}
+        cols: Dict[str, List[int]] = {k: [] for k in ("step", "meta", "base", "line") + _OPTIONAL}
         for i, raw in enumerate(lines):
             if not raw.strip():
                 continue
@@ -258,7 +276,7 @@ class Index:
                 column.resize(self.n, refcheck=False)
             setattr(self, k, column)
         del self.cols
-        self._meta_code = self._base_code = self._dataset_code = None  # only needed while reading
+        del self._meta_code, self._base_code, self._dataset_code  # only needed while reading
         # A meta can be unused: decoded for a block that was then read line by
         # line, where its lines turned out damaged. Dropped, so that every
         # name and kind listed has records.
@@ -266,7 +284,9 @@ class Index:
         if not used.all():
             self.meta[:] = (np.cumsum(used) - 1)[self.meta]
             self.metas = [m for m, u in zip(self.metas, used.tolist()) if u]
-        self.keys, self._key_code, self._key_metas = [], {}, []
+        self.keys: List[Tuple[str, str]] = []
+        self._key_code: Dict[Tuple[str, str], int] = {}
+        self._key_metas: List[List[int]] = []  # per key code, its metas
         self.meta_key = np.empty(len(self.metas), dtype=np.int32)
         for m, meta in enumerate(self.metas):
             code = self._key_code.get(meta[:2])
@@ -291,10 +311,12 @@ class Index:
         kind, name, dtype, shape, directory = self.metas[self.meta[i]]
         rec = self._record_type(step=int(self.step[i]), kind=kind, name=name, dtype=dtype, shape=list(shape),
                       file=directory + self.bases[self.base[i]])
-        if self.offset is not None and self.offset[i] >= 0:
-            rec["offset"], rec["nbytes"] = int(self.offset[i]), int(self.nbytes[i])
-        if self.dataset is not None and self.dataset[i] >= 0:
-            rec["dataset"], rec["row"] = self.datasets[self.dataset[i]], int(self.row[i])
+        # Each pair of columns comes together (_record_problem requires both).
+        offset, nbytes, dataset, row = self.offset, self.nbytes, self.dataset, self.row
+        if offset is not None and nbytes is not None and offset[i] >= 0:
+            rec["offset"], rec["nbytes"] = int(offset[i]), int(nbytes[i])
+        if dataset is not None and row is not None and dataset[i] >= 0:
+            rec["dataset"], rec["row"] = self.datasets[dataset[i]], int(row[i])
         path, root, rank = self.sources[self.source[i]]
         if rank is not None:
             rec["rank"] = rank

@@ -80,6 +80,9 @@ class _Record(dict):
     so that a refusal can name it, and the rank directory its file must lie in."""
 
     __slots__ = ("index", "lineno", "root")
+    index: str   # the index file's path
+    lineno: int  # the line's number in it
+    root: str    # the real path of the rank directory its file must lie in
 
 
 class _Records(Sequence):

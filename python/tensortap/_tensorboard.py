@@ -10,9 +10,10 @@ Where they go: into the run directory (each rank's folder), unless the
 recorder already wrote its events there (a second copy would show every
 point twice); or, with `logdir`, into logdir/<the run's folder name>/, with
 rank<r>/ per rank as the run has them. A file is created exclusively and
-never through a symbolic link (nor a folder it goes into, below `logdir`);
-an export that fails removes the files it made. The records come through
-the reader, which refuses index paths out of the run.
+never through a symbolic link (nor a folder it goes into, below `logdir`:
+_safe_write.py, shared with the Python twin's writer); an export that
+fails removes the files it made. The records come through the reader,
+which refuses index paths out of the run.
 
 What it can show is what the run stored: records the recorder only held
 (a flight recorder that never dumped them) or took for statistics alone
@@ -34,7 +35,6 @@ import json
 import os
 import re
 import socket
-import stat
 import time
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
@@ -44,6 +44,7 @@ from ._base import STATS_FIELDS, RunError, _is_int, _is_int64, _warn
 from ._base import json_string as _json_string
 from ._files import _open_regular, _rank_dumps
 from ._names import DUMPS, EVENTS_PREFIX, EVENTS_SUFFIX, STATS_TABLE, is_events_file_name
+from ._safe_write import new_file, open_folders, open_top
 from ._tb_events import (FILE_VERSION, _custom_scalars_value, _event, _histogram_value, _scalar_head, _summary,
                          _text_value, frame, tag_text)
 from ._tb_values import histogram, scalar_value
@@ -494,58 +495,6 @@ def events_file_name(seconds=None, host=None, pid=None) -> str:
     return f"{EVENTS_PREFIX}{seconds:010d}.{host}.{os.getpid() if pid is None else pid}{EVENTS_SUFFIX}"
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-
-
-def _open_dir(parent_fd, name, shown, create):
-    """A descriptor of the folder `name` in `parent_fd`, never through a
-    symbolic link; made first if `create`; None if it is not there (and not
-    `create`). `shown`: its path, for errors."""
-    if create:
-        try:
-            os.mkdir(name, 0o777, dir_fd=parent_fd)
-        except FileExistsError:
-            pass
-        except OSError as e:
-            raise OSError(e.errno, f"cannot make the folder: {e.strerror}", shown) from None
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    except FileNotFoundError:
-        if not create:
-            return None
-        raise OSError(errno.ENOENT, "removed while the events were being written", shown) from None
-    except OSError as e:
-        try:
-            mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
-        except OSError:
-            mode = 0
-        if stat.S_ISLNK(mode):
-            raise RunError(f"{shown}: a symbolic link; tensortap writes no event file through one") from None
-        if e.errno == errno.ENOTDIR or (mode and not stat.S_ISDIR(mode)):
-            raise RunError(f"{shown}: not a folder") from None
-        raise OSError(e.errno, e.strerror, shown) from None
-
-
-def _open_top(path, create):
-    """A descriptor of `path`, the user's own folder (a link there is theirs
-    to make); None if it is not there (and not `create`)."""
-    if create:
-        try:
-            os.makedirs(path, exist_ok=True)
-        except OSError as e:
-            raise OSError(e.errno, f"cannot make the folder: {e.strerror}", path) from None
-    try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        if not create:
-            return None
-        raise OSError(errno.ENOENT, "removed while the events were being written", path) from None
-    except NotADirectoryError:
-        raise RunError(f"{path}: not a folder") from None
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, path) from None
-
-
 def _targets(run, logdir):
     """[(rank, [folder names below the top], shown path)] and the top folder:
     the run directory, or logdir with the run's folder name below it."""
@@ -566,34 +515,15 @@ def _targets(run, logdir):
     return top, out
 
 
-def _walk(top_fd, names, shown_top, create):
-    """The descriptor of top/names..., each below the top never through a link."""
-    fd = os.dup(top_fd)
-    shown = shown_top
-    try:
-        for name in names:
-            shown = os.path.join(shown, name)
-            sub = _open_dir(fd, name, shown, create)
-            os.close(fd)
-            fd = sub
-            if fd is None:
-                return None
-        return fd
-    except BaseException:
-        if fd is not None:
-            os.close(fd)
-        raise
-
-
 def _refuse_existing(top, targets, logdir):
     """RunError if a target folder already holds tensortap event files; also
     refuses a link at any folder below the top before anything is made."""
-    top_fd = _open_top(top, create=False)
+    top_fd = open_top(top, create=False)
     if top_fd is None:
         return
     try:
         for _, names, shown in targets:
-            fd = _walk(top_fd, names, top, create=False)
+            fd = open_folders(top_fd, names, top, create=False)
             if fd is None:
                 continue
             try:
@@ -614,39 +544,16 @@ def _refuse_existing(top, targets, logdir):
 
 
 def _write_file(dir_fd, name, shown, events):
-    """Writes `events` (framed) to the new file `name` in `dir_fd`, created
-    exclusively and not through a link, then syncs it; on failure the file
+    """Writes `events` (framed) to the new file `name` in `dir_fd` (created
+    exclusively, never through a link), then syncs it; on failure the file
     is removed. Errors name `shown`."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(name, flags, 0o666, dir_fd=dir_fd)
-    except FileExistsError:
-        raise RunError(f"{shown}: already there; not overwritten") from None
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, shown) from None
-    try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
-            # Errors reading the run come as they are; writing's name the file.
-            for event in events:
-                try:
-                    f.write(event)
-                except OSError as x:
-                    raise OSError(x.errno, x.strerror, shown) from None
+    with new_file(dir_fd, name, shown, sync=True, buffering=1 << 20) as f:
+        # Errors reading the run come as they are; writing's name the file.
+        for event in events:
             try:
-                f.flush()
-                os.fsync(f.fileno())
+                f.write(event)
             except OSError as x:
                 raise OSError(x.errno, x.strerror, shown) from None
-        try:
-            os.fsync(dir_fd)  # its name too
-        except OSError:
-            pass  # a folder some file systems cannot sync: the file is
-    except BaseException:
-        try:
-            os.unlink(name, dir_fd=dir_fd)
-        except OSError:
-            pass
-        raise
 
 
 def export_tensorboard(run: Run, logdir: Union[str, "os.PathLike[str]", None] = None,
@@ -680,10 +587,12 @@ def export_tensorboard(run: Run, logdir: Union[str, "os.PathLike[str]", None] = 
     _refuse_existing(top, targets, logdir)
     name = events_file_name()
     written = []  # (dir fd, shown path): removed again if a later rank fails
-    top_fd = _open_top(top, create=logdir is not None)
+    top_fd = open_top(top, create=logdir is not None)
+    if top_fd is None:  # the run directory, removed since the run was opened
+        raise OSError(errno.ENOENT, "removed while the events were being written", top)
     try:
         for rank, names, shown in targets:
-            fd = _walk(top_fd, names, top, create=True)
+            fd = open_folders(top_fd, names, top, create=True)
             path = os.path.join(shown, name)
             try:
                 _write_file(fd, name, path, rank_events(run, rank, histograms_every, stats))

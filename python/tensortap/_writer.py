@@ -13,8 +13,9 @@ the tensor's dtype), run.json's keys, and the lock (`.tensortap.lock`,
 flock). A file is written under `.<name>.tmp` and renamed, so no final name
 ever holds a short file, and its index line is appended only after. As the
 C++ writers, it never reads or writes outside the run: the directory is
-opened once, and every folder below it component by component without
-following a link.
+opened once, and every folder and file below it is made one name at a time
+without following a link (_safe_write.py, shared with the TensorBoard
+export).
 
 What it does not do: fsync. A process that dies loses nothing it indexed;
 a machine that crashes may lose the last records' data.
@@ -36,6 +37,8 @@ import numpy as np
 from ._base import KINDS, RunError
 from ._base import json_string as _json_string
 from ._names import INDEX, LOCK, NPY_DIR, RUN_FILE_NAMES, RUN_JSON, is_run_file_name
+from ._safe_write import Refused, create_new, open_folders, open_top, replace_file
+from ._version import __version__
 
 FORMAT_VERSION = 1
 
@@ -103,19 +106,16 @@ class RunWriter:
 
     def __init__(self, path: str, options: Dict[str, Any], overwrite: bool = False,
                  torch_version: str = "?", rank: Optional[int] = None, world_size: Optional[int] = None):
-        from . import __version__
-
         if not isinstance(path, (str, os.PathLike)) or str(path) == "":
             raise RunError(f"the run directory must be a non-empty path, not {path!r}")
         if rank is None or world_size is None:
             rank, world_size = rank_and_world()
         self.root = os.fspath(path)
         self.path = self.root if world_size == 1 else os.path.join(self.root, f"rank{rank}")
-        os.makedirs(self.path, exist_ok=True)
         # Opened once, as the C++ writers do: every file is made through this
-        # descriptor, component by component, never through a link planted
-        # in the run (_folder), whatever chdir() or a rename does meanwhile.
-        self._dir = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # descriptor, one name at a time, never through a link planted in
+        # the run (_folder), whatever chdir() or a rename does meanwhile.
+        self._dir = open_top(self.path, create=True)
         try:
             self._lock = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666, dir_fd=self._dir)
         except BaseException:
@@ -136,8 +136,7 @@ class RunWriter:
                 "writer": "python", "options": dict(options, dir=self.root, format="npy", overwrite=overwrite),
                 "rank": rank, "world_size": world_size, "start_time": _utc_now(), "dumps": []}
             self._write_run_json(closed=False)
-            fd = os.open(INDEX, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o666, dir_fd=self._dir)
+            fd = create_new(self._dir, INDEX, os.path.join(self.path, INDEX), append=True)
             self._index = os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape")
         except BaseException:
             os.close(self._lock)
@@ -160,42 +159,13 @@ class RunWriter:
                 os.unlink(name, dir_fd=self._dir)
 
     def _folder(self, parts: Sequence[str]) -> int:
-        """The run's folder `parts` (made where missing), opened one component
-        at a time without following a link: a link planted there is refused
-        with a RunError, never written through. The caller closes it."""
-        fd = os.dup(self._dir)
+        """The run's folder `parts` (made where missing), opened one name at
+        a time without following a link: a link or a file planted there is
+        refused with a RunError, never written through. The caller closes it."""
         try:
-            for i, part in enumerate(parts):
-                try:
-                    os.mkdir(part, 0o777, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                try:
-                    inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                except OSError as e:
-                    where = os.path.join(self.path, *parts[:i + 1])
-                    raise RunError(f"{where} is not a folder of the run (a link or file planted there?): "
-                                   f"{e.strerror}") from None
-                os.close(fd)
-                fd = inner
-            return fd
-        except BaseException:
-            os.close(fd)
-            raise
-
-    def _replace(self, folder: int, name: str, write) -> None:
-        """Writes `name` in `folder` under `.name.tmp` (made exclusively, a
-        stale one removed, never followed), then renames it into place (a
-        link planted at `name` is replaced, not followed)."""
-        tmp = "." + name + ".tmp"
-        try:
-            os.unlink(tmp, dir_fd=folder)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=folder)
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+            return open_folders(self._dir, parts, self.path, create=True)
+        except Refused as e:
+            raise RunError(f"{e.path} is not a folder of the run: {e.reason}") from None
 
     def _write_run_json(self, closed: bool) -> None:
         info = dict(self._info)
@@ -203,7 +173,7 @@ class RunWriter:
             info.update(end_time=_utc_now(), records=self.records, bytes=self.bytes, dropped=0, errors=0)
         info["closed"] = closed
         text = (json.dumps(info, indent=2) + "\n").encode("utf-8")
-        self._replace(self._dir, RUN_JSON, lambda f: f.write(text))
+        replace_file(self._dir, RUN_JSON, os.path.join(self.path, RUN_JSON), lambda f: f.write(text))
 
     def write(self, kind: str, name: str, step: int, array: np.ndarray, dtype: str) -> None:
         """Writes one record: `array` as stored (a bfloat16 tensor as
@@ -220,7 +190,8 @@ class RunWriter:
             array = array.astype(array.dtype.newbyteorder("<"))
         folder = self._folder(parts)
         try:
-            self._replace(folder, stem, lambda f: np.lib.format.write_array(f, array, allow_pickle=False))
+            replace_file(folder, stem, os.path.join(self.path, *parts, stem),
+                         lambda f: np.lib.format.write_array(f, array, allow_pickle=False))
         finally:
             os.close(folder)
         self._index.write(index_line(step, kind, name, dtype, array.shape, "/".join(parts + (stem,))))

@@ -1,6 +1,7 @@
 """`tensortap diff A B --html OUT`: one self-contained page about two runs
-(figures as PNG data: URLs, data as JSON, no network), built from the
-command's rows (every statistic of every record).
+(figures as PNG data: URLs, data as JSON, no network; the frame
+`tensortap report`'s page shares, _page.py), built from the command's rows
+(every statistic of every record).
 
 - The summary: what the command printed, wrapped to the page's width.
 - The error by name and step, a heatmap per kind, so that every kind has
@@ -31,7 +32,7 @@ import numpy as np
 
 from ._base import KINDS
 from ._diff import Options, Tally, _num, _what, _where, esc
-from .report import _bins, _jsonable, _Page, _pyplot, _text, _write_page
+from ._page import _bins, _jsonable, _Page, _pyplot, _text, _write_page
 
 ROWS = 60          # rows of a kind's heatmap; more names are grouped
 COLUMNS = 200      # steps of a heatmap; more are binned

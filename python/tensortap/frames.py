@@ -9,13 +9,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Union
 
 import math
+import os
 import threading
 
 import numpy as np
 
 from . import _float8
+from ._arrays import _read_record
+from ._base import KINDS, NUMPY_DTYPES, STATS_FIELDS, RunError, _is_int64
 from ._names import STATS_TABLE
 from ._optional import need
+from ._records import _Record
 
 if TYPE_CHECKING:
     import pandas
@@ -30,8 +34,6 @@ _H5_LOCK = threading.Lock()
 
 
 def _rank_of(run, rec):
-    from ._base import _is_int64
-
     # A single-rank run's records carry no rank: its run.json says which.
     if "rank" in rec:
         return rec["rank"]
@@ -40,8 +42,6 @@ def _rank_of(run, rec):
 
 
 def _itemsize(dtype):
-    from . import NUMPY_DTYPES
-
     # The bytes as captured: a bfloat16 is two, even though NumPy gets float32
     # (and the .npy file holds four); a float8 is one (and so is its file's).
     if dtype == "bfloat16":
@@ -58,8 +58,6 @@ def index_frame(run: Run) -> pandas.DataFrame:
     """One row per record: step, kind, name, dtype, shape, bytes (as captured:
     two a bfloat16 element), rank, and where the record lives: file, and for
     HDF5 dataset and row, for Format::Packed offset and nbytes."""
-    from . import KINDS
-
     pd = need("pandas", "python3-pandas", "Run.index_frame()")
     index = run._index
     # Built from the index's columns and tables: per record, integer codes
@@ -120,8 +118,6 @@ def stats_frame(run: Run) -> pandas.DataFrame:
     categorical. Rows whose series has no name (a damaged stats_series.jsonl
     line, already warned about) are left out, as are ranks without statistics.
     One kind and one rank of it pivot to a column per name."""
-    from . import KINDS, STATS_FIELDS, RunError
-
     pd = need("pandas", "python3-pandas", "Run.stats_frame()")
     parts = []
     ranks: List[Optional[int]] = list(run.ranks) if run.ranks else [None]
@@ -159,8 +155,6 @@ def stats_frame(run: Run) -> pandas.DataFrame:
 
 
 def _has_stats(run, rank):
-    import os
-
     return os.path.exists(os.path.join(run._dirs[rank], STATS_TABLE))
 
 
@@ -170,8 +164,6 @@ def _steps_and_records(run, name, kind, rank):
 
 
 def _check_one_shape(recs, name, kind):
-    from . import RunError
-
     shapes = sorted({tuple(rec["shape"]) for rec in recs})
     if len(shapes) > 1:
         raise RunError(f"{name!r} ({kind}) changes shape between steps: {shapes}; use load() per step")
@@ -180,8 +172,6 @@ def _check_one_shape(recs, name, kind):
 
 def _numpy_dtype(recs):
     """The dtype np.stack gives the eager series: every record's, promoted."""
-    from . import NUMPY_DTYPES
-
     if not recs:
         return np.dtype("float64")
     return np.result_type(*{np.dtype(NUMPY_DTYPES.get(r["dtype"], r["dtype"])) for r in recs})
@@ -194,9 +184,6 @@ class _Block:
         self.dtype = dtype
 
     def __call__(self, rec):
-        from . import RunError
-        from ._arrays import _read_record
-
         a = np.asarray(_read_record(rec, True, _H5_FILES, _H5_LOCK))
         # The array was declared with the index's shape: a file that holds
         # another (a damaged or hand-edited index) would make dask compute an
@@ -230,8 +217,6 @@ def _lazy_stack(run, recs, name, kind):
 def _call_with_record(block, fields):
     """Rebuilds the index record a task carries (a plain dict when shipped to
     another process) and reads it."""
-    from ._records import _Record
-
     fields = dict(fields)
     rec = _Record({k: v for k, v in fields.items() if not k.startswith("_")})
     rec.root, rec.index, rec.lineno = fields["_root"], fields["_index"], fields["_lineno"]
@@ -239,8 +224,6 @@ def _call_with_record(block, fields):
 
 
 def _same_over_ranks(run, name, kind, per_rank):
-    from . import RunError
-
     if any(steps != per_rank[0][0] for steps, _ in per_rank):
         raise RunError(f"{name!r} ({kind}) was captured at different steps on different ranks; pass rank=")
     shapes = sorted({tuple(r["shape"]) for _, recs in per_rank for r in recs})
@@ -266,8 +249,6 @@ def to_xarray(run: Run, kind: str, names: Union[str, Iterable[str], None] = None
     coordinate (steps a name was not captured at are NaN), with a leading
     `rank` dimension on a multi-rank run (ranks without the name are NaN);
     dask-backed if lazy. A tensor's own axes are named "<name>/dim<i>"."""
-    from . import KINDS, RunError
-
     xr = need("xarray", "python3-xarray", "Run.to_xarray()")
     pd = need("pandas", "python3-pandas", "Run.to_xarray()")
     if kind not in KINDS:
@@ -318,8 +299,6 @@ def to_xarray(run: Run, kind: str, names: Union[str, Iterable[str], None] = None
 def _shape_of(run, name, kind):
     shapes = sorted({tuple(r["shape"]) for rs in run._lookup(name, kind).values() for r in rs})
     if len(shapes) > 1:
-        from . import RunError
-
         raise RunError(f"{name!r} ({kind}) changes shape between steps or ranks: {shapes}; "
                        "leave it out with names=, or use load() per step")
     return shapes[0]

@@ -1,6 +1,7 @@
 """`tensortap report RUN`: one self-contained HTML page about a run
-(`tensortap diff A B --html OUT`'s page about two is diff_page.py, which
-shares this page's frame).
+(`tensortap diff A B --html OUT`'s page about two is diff_page.py; the
+frame both share, _page.py; this page's flight recorder section,
+_report_dumps.py).
 
 Every figure is a PNG inside the page (data: URLs) and the data behind the
 tables is in it as JSON: the file opens from disk, with no network. Sections:
@@ -19,20 +20,20 @@ otherwise computed from the records.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
-import base64
 import html
 import io
-import json
 import math
 import os
-import tempfile
 
 import numpy as np
 
-from ._optional import need, progress
-from .summary import _safe, dump_digest, summarize
+from ._base import RunError, _safe
+from ._optional import progress
+from ._page import _bins, _jsonable, _legend_outside, _Page, _pyplot, _span, _text, _write_page
+from ._report_dumps import _dumps
+from .summary import summarize
 
 if TYPE_CHECKING:
     from ._run import Run
@@ -43,8 +44,6 @@ LABELED_LINES = 8
 HEATMAP_LABELS = 40
 # Ranks drawn side by side; a larger run shows the first ones and says so.
 MAX_RANK_PANELS = 8
-# Names longer than this are cut in figures (the tables keep them whole).
-FIGURE_NAME_CHARS = 60
 # Scalar series charted (sorted by name); a run with more says so.
 MAX_SCALAR_CHARTS = 30
 # Charts per row in the scalars' grid.
@@ -85,58 +84,10 @@ def write_report(run: Run, out_path: Union[str, "os.PathLike[str]"], steps: Opti
     return _write_page(page.render(), out_path)
 
 
-def _write_page(content, out_path):
-    # Written whole or not at all: a failed report leaves no empty page behind.
-    directory = os.path.dirname(os.path.abspath(out_path))
-    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=directory)
-    try:
-        # mkstemp makes it 0600; a page is made to be shared, as any file
-        # written with open() would be: 0666 less the umask.
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(content)
-        os.replace(tmp, out_path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return out_path
-
-
-def _umask():
-    """The process's umask, read without changing it (os.umask can only set
-    it, which another thread would see for a moment)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _jsonable(value):
-    """`value` with names made printable and non-finite numbers as null, so
-    that the page's JSON is strict JSON."""
-    if isinstance(value, dict):
-        return {_safe(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, str):
-        return _safe(value)
-    return value
-
-
 # -- data ----------------------------------------------------------------
 
 def _stats(run):
     """The statistics frame, or None for a run without statistics."""
-    from . import RunError
-
     try:
         return run.stats_frame()
     except RunError:
@@ -165,7 +116,7 @@ def _norm_series(run, stats, kind, rank):
             return out
     names = run.names(kind)
     recs = [r for n in names for r in run._lookup(n, kind).get(rank, [])]
-    norms = {}
+    norms: Dict[str, List[Tuple[int, float]]] = {}
     for rec in progress(recs, desc=f"{kind} norms"):
         a = np.asarray(run._read(rec, mmap=True), dtype=np.float64)
         finite = a[np.isfinite(a)]
@@ -178,25 +129,6 @@ def _norm_series(run, stats, kind, rank):
 
 # -- figures -------------------------------------------------------------
 
-def _pyplot():
-    matplotlib = need("matplotlib", "python3-matplotlib", "tensortap report")
-    matplotlib.use("Agg")  # no display: a file
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _text(s):
-    """A name from a user's model as matplotlib text: printable, cut to a
-    length a figure can hold, "$" not TeX, a leading "_" not hiding a legend
-    entry."""
-    s = _safe(s)
-    if len(s) > FIGURE_NAME_CHARS:
-        s = s[:FIGURE_NAME_CHARS - 1] + "\u2026"
-    s = s.replace("$", r"\$")
-    return " " + s if s.startswith("_") or not s else s
-
-
 def _width(cols):
     return max(10.0, 6.5 * cols)
 
@@ -204,22 +136,6 @@ def _width(cols):
 def _columns(run):
     """Titles of the side-by-side panels: one per rank."""
     return [("" if r is None else f"rank {r}", r) for r in _panel_ranks(run)]
-
-
-def _legend_outside(ax, below=False, **kw):
-    """A legend beside `ax` (to its right), or under it (`below`: for panels
-    side by side, where the right is the next panel), never over its curves.
-    The figure's constrained layout makes room for it, and the page's PNG is
-    cut to what is drawn (bbox_inches="tight"), so it is not cut off."""
-    kw.setdefault("fontsize", 7)
-    if below:
-        from matplotlib.transforms import ScaledTranslation
-
-        # Half an inch under the axes: under the tick labels and "step".
-        return ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, borderaxespad=0.0,
-                         bbox_transform=ax.transAxes + ScaledTranslation(0, -0.5, ax.figure.dpi_scale_trans),
-                         **kw)
-    return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kw)
 
 
 def _scalar_names(run):
@@ -260,7 +176,7 @@ def _scalars(page, run, summary):
     for ax, name in zip(axes.flat, progress(shown, desc="scalars", minimum=10)):
         by_rank = run._lookup(name, "tensor")
         bad_here = 0
-        finite_all = []
+        finite_parts = []
         for rank in ranks:
             recs = by_rank.get(rank)
             if not recs:
@@ -276,7 +192,7 @@ def _scalars(page, run, summary):
             ax.plot(steps, np.where(finite, values, np.nan), color=color[rank], linewidth=1.3,
                     marker="." if len(values) <= SCALAR_MARKERS else None, markersize=4)
             drawn_ranks.add(rank)
-            finite_all.append(values[finite])
+            finite_parts.append(values[finite])
             bad = ~finite
             nan, posinf = int(np.isnan(values).sum()), int((values == np.inf).sum())
             neginf = int((values == -np.inf).sum())
@@ -296,7 +212,7 @@ def _scalars(page, run, summary):
                 notes.append(f"<li><code>{html.escape(_safe(name))}</code>{where}: {int(bad.sum())} of "
                              f"{len(values)} ({kinds}), the first at step {int(steps[bad][0])}</li>")
             summary.append(entry)
-        finite_all = np.concatenate(finite_all) if finite_all else np.empty(0)
+        finite_all = np.concatenate(finite_parts) if finite_parts else np.empty(0)
         if not len(finite_all):
             ax.text(0.5, 0.5, "no finite values", ha="center", va="center", transform=ax.transAxes)
         elif finite_all.min() > 0 and finite_all.max() / finite_all.min() >= 1e3:
@@ -423,16 +339,6 @@ def _values(a):
     return a.astype(np.float64, copy=False).ravel()
 
 
-def _bins(lo, hi, n=60):
-    """n equal bins from lo to hi, even when hi - lo overflows a double."""
-    if not hi > lo:
-        return np.array([lo - 0.5, lo + 0.5]) if abs(lo) < 1e300 else np.array([lo, lo + abs(lo) * 1e-9 + 1])
-    step = hi / n - lo / n  # no overflow: each term is at most max/n
-    edges = lo + step * np.arange(n + 1)
-    edges[-1] = hi
-    return np.maximum.accumulate(edges)
-
-
 def _heatmaps(page, run, stats):
     if stats is None:
         page.section("Statistics heatmaps", "<p>The run has no statistics table "
@@ -475,155 +381,3 @@ def _heatmaps(page, run, stats):
         plt.close(fig)
     page.section("Statistics heatmaps", "<p>log10 of each tensor's L2 norm; blank where not taken or zero.</p>"
                  + "".join(parts))
-
-
-def _dumps(page, run, stats):
-    dumps = run.dumps
-    if not dumps:
-        page.section("Flight recorder dumps", "<p>No dumps.</p>")
-        return
-    # Past DUMPS_LISTED, the counts, a timeline and the first and last few:
-    # a figure per dump made 1,100 dumps a 21 MB page.
-    shown, counts = dump_digest(dumps)
-    summary = ""
-    if counts:
-        summary = (f"<p>{len(dumps)} dumps; the first and the last {len(shown) // 2} are listed and drawn.</p>"
-                   "<table><tr><th>dumps</th><th>rule</th><th>reason</th></tr>"
-                   + "".join(f"<tr><td>{n}</td><td>{html.escape(_safe(rule))}</td><td>{html.escape(_safe(reason))}"
-                             "</td></tr>" for (rule, reason), n in counts) + "</table>")
-        summary += _dump_timeline(page, dumps, counts)
-    rows = []
-    for d in shown:
-        steps = d.get("steps") if isinstance(d.get("steps"), list) else []
-        trigger = d.get("trigger") if isinstance(d.get("trigger"), dict) else {}
-        rows.append("<tr>" + "".join(f"<td>{html.escape(_safe(v))}</td>" for v in (
-            d.get("rank", ""), d.get("step", "?"), trigger.get("kind", d.get("reason", "?")),
-            f"{d.get('kind', '')} {d.get('name', '')}".strip(), _num(d.get("value")), _num(d.get("median")),
-            _span([s for s in steps if isinstance(s, int)]))) + "</tr>")
-    table = ("<table><tr><th>rank</th><th>step</th><th>trigger</th><th>tensor</th><th>value</th><th>median</th>"
-             "<th>steps written</th></tr>" + "".join(rows) + "</table>")
-    figures = []
-    if stats is not None:
-        plt = _pyplot()
-        for d in shown:
-            figure = _dump_figure(plt, page, stats, d)
-            if figure:
-                figures.append(figure)
-    page.section("Flight recorder dumps", summary + table + "".join(figures))
-
-
-def _dump_timeline(page, dumps, counts):
-    """Every dump as a mark at its step, one row per rule and reason."""
-    plt = _pyplot()
-    from .summary import _rule
-
-    keys = [k for k, _ in counts][:12]
-    row = {k: i for i, k in enumerate(keys)}
-    xs, ys = [], []
-    for d in dumps:
-        i = row.get((str(_rule(d)), str(d.get("reason", "?"))))
-        step = d.get("step")
-        if i is not None and isinstance(step, int) and not isinstance(step, bool):
-            xs.append(step)
-            ys.append(i)
-    fig, ax = plt.subplots(figsize=(10, 0.4 * len(keys) + 1.4), layout="constrained")
-    ax.scatter(xs, ys, marker="|", s=120, linewidths=1, color="tab:red")
-    ax.set_yticks(range(len(keys)))
-    ax.set_yticklabels([_text(f"{rule} ({reason})") for rule, reason in keys], fontsize=8)
-    ax.set_ylim(-0.7, len(keys) - 0.3)
-    ax.set_xlabel("step")
-    ax.set_title("every dump, by rule and reason", fontsize=10)
-    out = page.figure(fig, "timeline of the dumps")
-    plt.close(fig)
-    return out
-
-
-def _dump_figure(plt, page, stats, d):
-    """The tensor that fired the dump, over the steps before it and the
-    window it wrote."""
-    if not isinstance(d.get("name"), str) or not isinstance(d.get("kind"), str) \
-            or not isinstance(d.get("step"), int) or isinstance(d.get("step"), bool):
-        return None  # a dump with no tensor (Recorder::dump()) or a damaged one: the table shows it
-    rows = stats[(stats["name"] == d["name"]) & (stats["kind"] == d.get("kind"))]
-    if d.get("rank") is not None:
-        rows = rows[rows["rank"] == d["rank"]]
-    written = d.get("steps") if isinstance(d.get("steps"), list) else []
-    written = [s for s in written if isinstance(s, int)]
-    steps = written or [d["step"]]
-    first = min(steps)
-    before = max(len(steps), 20)
-    rows = rows[(rows["step"] >= first - before) & (rows["step"] <= d["step"] + 5)]
-    if rows.empty:
-        return None
-    field = "mean" if (rows["numel"] == 1).all() else "norm"
-    fig, ax = plt.subplots(figsize=(10, 3.2), layout="constrained")
-    ax.plot(rows["step"], rows[field], marker=".", linewidth=1)
-    if written:  # none without a flight recorder: the dump is a mark in run.json
-        ax.axvspan(first - 0.5, max(written) + 0.5, color="tab:orange", alpha=0.15, label="steps written")
-    ax.axvline(d["step"], color="tab:red", linewidth=1, label=f"dump at step {d['step']}")
-    if isinstance(d.get("median"), (int, float)) and math.isfinite(d["median"]):
-        ax.axhline(d["median"], color="0.5", linestyle="--", linewidth=1, label="median")
-    ax.set_xlabel("step")
-    ax.set_ylabel(_text(f"{field} of {d['name']}"))
-    where = "" if d.get("rank") is None else f" (rank {d['rank']})"
-    ax.set_title(_text(f"{d.get('reason', 'dump')}: {d.get('kind', '')} {d['name']}{where}"), fontsize=10)
-    _legend_outside(ax)
-    out = page.figure(fig, f"the steps before the dump at step {d['step']}")
-    plt.close(fig)
-    return out
-
-
-def _num(v):
-    return f"{v:.6g}" if isinstance(v, float) else ("" if v is None else str(v))
-
-
-def _span(steps):
-    if not steps:
-        return "none"
-    return f"{steps[0]}..{steps[-1]} ({len(steps)} steps)" if len(steps) > 1 else str(steps[0])
-
-
-# -- the page --------------------------------------------------------------
-
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 1400px; padding: 0 1rem;
-       color: #222; background: #fff; }
-h1 { font-size: 1.4rem; word-break: break-all; }
-h2 { font-size: 1.15rem; border-bottom: 1px solid #ddd; padding-bottom: .2rem; margin-top: 2rem; }
-pre { background: #f6f6f6; padding: .8rem; overflow-x: auto; font-size: .8rem; }
-img.figure { display: block; max-width: 100%; height: auto; margin: .6rem 0; }
-table { border-collapse: collapse; font-size: .85rem; }
-td, th { border: 1px solid #ccc; padding: .2rem .5rem; text-align: left; }
-"""
-
-
-class _Page:
-    def __init__(self, title):
-        self.title = title
-        self.sections = []
-        self.data = {}
-
-    def note(self, text):
-        self.sections.insert(1, f"<p><em>{html.escape(text)}</em></p>")
-
-    def section(self, heading, body):
-        anchor = heading.lower().replace(" ", "-")
-        self.sections.append(f'<section id="{anchor}"><h2>{html.escape(heading)}</h2>{body}</section>')
-
-    @staticmethod
-    def figure(fig, alt):
-        buf = io.BytesIO()
-        # Cut to what is drawn: a legend outside the axes is kept whole.
-        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight", pad_inches=0.1)
-        data = base64.b64encode(buf.getvalue()).decode("ascii")
-        return f'<img class="figure" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
-
-    def render(self):
-        # No "<" at all inside the script element: "</script" would end it,
-        # "<!--" would change how it is parsed. JSON reads \u003c back as "<".
-        data = json.dumps(self.data, default=str, allow_nan=False).replace("<", "\\u003c")
-        return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-                f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-                f"<title>{html.escape(self.title)}</title><style>{_STYLE}</style></head>\n<body>"
-                f"<h1>{html.escape(self.title)}</h1>\n" + "\n".join(self.sections)
-                + f'\n<script type="application/json" id="tensortap-data">{data}</script>\n</body></html>\n')

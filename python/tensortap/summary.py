@@ -12,8 +12,7 @@ import sys
 
 import numpy as np
 
-from . import NUMPY_DTYPES, RunError
-from ._base import _safe
+from ._base import NUMPY_DTYPES, RunError, _safe
 from ._float8 import FORMATS as FORMATS_FLOAT8
 from ._names import DUMPS, INDEX, STATS_SERIES, STATS_TABLE, ballast_name
 from ._optional import progress

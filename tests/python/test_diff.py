@@ -448,6 +448,30 @@ class WriterLayoutTest(TempCase):
         self.assertEqual(r.load("x", 2, kind="tensor").tolist(), [2.0, 2.0])
         self.assertEqual(r.names(), ["x"])
 
+    def test_a_file_where_a_folder_goes_and_names_that_leave_a_folder_are_refused(self):
+        # _safe_write.py, which the export shares: a folder is one name,
+        # never a path through others, and a file in its place is refused.
+        from tensortap import _safe_write
+
+        path = os.path.join(self.tmp, "r")
+        w = RunWriter(path, default_options(1, ["tensor"]))
+        os.makedirs(os.path.join(path, "npy"))
+        with open(os.path.join(path, "npy", "tensor"), "w"):
+            pass
+        with self.assertRaisesRegex(tensortap.RunError, r"npy/tensor is not a folder of the run: not a folder"):
+            w.write("tensor", "x", 0, np.ones(2, np.float32), "float32")
+        w.close()
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for bad in ("", ".", "..", "a/b", "../r", "a\0b"):
+                with self.assertRaisesRegex(tensortap.RunError, "not the name of one file or folder"):
+                    _safe_write.open_folder(fd, bad, os.path.join(path, bad), create=True)
+                with self.assertRaisesRegex(tensortap.RunError, "not the name of one file or folder"):
+                    _safe_write.create_new(fd, bad, os.path.join(path, bad))
+        finally:
+            os.close(fd)
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["r"])
+
     def test_importable_without_torch(self):
         code = ("import sys; sys.modules['torch'] = None\n"
                 "import tensortap.torch as ttt\n"

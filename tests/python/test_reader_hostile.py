@@ -1184,5 +1184,35 @@ class SeriesReadTest(TempCase):
             tensortap.open(self.run_dir).series("w", kind="grad")
 
 
+class PackageTest(unittest.TestCase):
+    def test_no_module_imports_from_the_package_itself(self):
+        # Each module takes a name from the module that defines it: a name
+        # taken from __init__ works only in the order __init__ imports.
+        import ast
+
+        folder = os.path.dirname(tensortap.__file__)
+        files = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
+        submodules = {n[:-3] for n in files}
+        found = []
+        for name in files:
+            if name == "__init__.py":
+                continue
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                tree = ast.parse(f.read(), name)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom):
+                    package = (node.level == 1 and node.module is None) or (node.level == 0 and node.module == "tensortap")
+                    names = [a.name for a in node.names if a.name not in submodules] if package else []
+                    if node.level > 1 or names:
+                        found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+                elif isinstance(node, ast.Import) and any(a.name == "tensortap" for a in node.names):
+                    found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+        self.assertEqual(found, [])
+
+    def test_the_public_names_are_tensortaps(self):
+        for name in ("open", "Run", "diff", "doctor", "RunError", "RunWarning"):
+            self.assertEqual(getattr(tensortap, name).__module__, "tensortap", name)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
