@@ -124,6 +124,12 @@ def summarize(run: Run, out: Optional[TextIO] = None) -> List[str]:
             print(f"  ... {len(dumps) - len(shown)} more dumps ...", file=out)
         where = "" if dump.get("rank") is None else f"rank {dump['rank']}: "
         cause = f" in {_safe(dump.get('kind', '?'))} {_safe(dump['name'])}" if "name" in dump else ""
+        if dump.get("reason") == "stall" and isinstance(dump.get("stalled_seconds"), (int, float)):
+            # What a stall says beyond its steps: how long, and who waited in tensortap.
+            cause = f": no step() for {dump['stalled_seconds']:.3g} s"
+            waiting = dump.get("waiting")
+            if isinstance(waiting, list) and waiting:
+                cause += "; waiting: " + "; ".join(_safe(w) for w in waiting)
         steps = dump.get("steps")
         span = f"steps {_safe(steps[0])}..{_safe(steps[-1])}" if isinstance(steps, list) and steps else "no steps"
         print(f"  {where}flight recorder dump at step {_safe(dump.get('step', '?'))} "

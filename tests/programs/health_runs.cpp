@@ -24,11 +24,14 @@
 //   poor_init        weights scaled 1, 1/100, 1, 100 layer by layer
 //   update_ratio     Adam at a learning rate of 0.1, 100x the usual 1e-3
 //   variance         from step 60, inputs 1000x larger (a normalization dropped)
+//   stall            stall_after 300 ms, and at step 20 no step() for 1.5 s (a data loader that hangs)
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <torch/torch.h>
@@ -105,6 +108,7 @@ struct Mode {
   bool full_params = false;        // the parameters in full every step (weight_update_ratio)
   int64_t steps = kSteps;
   int64_t scale_inputs_from = -1;  // from this step on, inputs x1000
+  int64_t stall_at = -1;           // this step hangs for 1.5 s, under stall_after 300 ms
 };
 
 std::map<std::string, Mode> modes() {
@@ -142,6 +146,9 @@ std::map<std::string, Mode> modes() {
   m["update_ratio"].full_params = true;
   m["variance"] = {relus, "adam", 1e-3};
   m["variance"].scale_inputs_from = 60;
+  m["stall"] = {relus};
+  m["stall"].steps = 30;
+  m["stall"].stall_at = 20;
   return m;
 }
 
@@ -174,9 +181,11 @@ void train(const std::string& dir, const Mode& mode, uint64_t seed) {
     options.stats_every(1).every(0).every(tensortap::Kind::Param, mode.full_params ? 1 : 0);
   else
     options.every(1);
+  if (mode.stall_at >= 0) options.stall_after(std::chrono::milliseconds(300));
   auto rec = tensortap::watch(*model, options);
   for (int64_t step = 0; step < mode.steps; ++step) {
     rec->step(step);
+    if (step == mode.stall_at) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     const torch::Tensor idx = torch::randint(0, data.size(0), {kBatch}, torch::kLong);
     torch::Tensor x = data.index_select(0, idx);
     if (mode.scale_inputs_from >= 0 && step >= mode.scale_inputs_from) x = x * 1000.0;

@@ -66,6 +66,7 @@ EXPECTED = {
     "poor_init": [("poor_weight_initialization", None, None, 0)],
     "update_ratio": [("weight_update_ratio", "param", r"fc\d\.weight", 0)],
     "variance": [("tensor_variance", "activation", r"relu1(_input)?", 60)],
+    "stall": [("stalled_training", None, None, 20)],
 }
 # mode -> (rule, name pattern) findings that must not be there
 FORBIDDEN = {

@@ -337,6 +337,25 @@ class IndexLineTest(TempCase):
         self.assertEqual(rc, 0, out)
         self.assertIn("disk budget 2.0 MiB (stop_capture): reached at step 13, 10 full records refused (211.3 KiB)", out)
 
+    def test_inspect_says_what_a_stall_was(self):
+        # Issue 60: a stall dump (Options::stall_after) says how long and who
+        # waited, escaped as every name (a waiting line is the recorder's,
+        # but the file is outside anyone's control once written).
+        make_run(self.run_dir, [line(record(0))])
+        with open(os.path.join(self.run_dir, "run.json")) as f:
+            info = json.load(f)
+        info["closed"] = False
+        with open(os.path.join(self.run_dir, "run.json"), "w") as f:
+            json.dump(info, f)
+        with open(os.path.join(self.run_dir, "dumps.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 20, "reason": "stall", "steps": [], "last_step": 20,
+                                "stalled_seconds": 601.25, "waiting": ["thread 4242 in flush() for 600.5 s\u202e"]})
+                    + "\n")
+        rc, out, err = inspect(self.run_dir)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("flight recorder dump at step 20 (stall: no step() for 601 s; waiting: thread 4242 in flush() "
+                      "for 600.5 s\\u202e): no steps", out)
+
     def test_bidi_and_zero_width_characters_in_names_are_escaped(self):
         # A name holding U+202E (right-to-left override) reordered the rest
         # of its line on a terminal; zero-width ones hid text (issue 56).

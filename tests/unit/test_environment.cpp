@@ -70,7 +70,7 @@ TEST_CASE("TENSORTAP_OPTIONS: every kind of value, key by key over what the code
   CHECK(o.tensorboard()->histograms_every() == 5);
   CHECK(o.tensorboard()->stats() == std::vector<std::string>{"mean", "norm"});
   CHECK(o.on_budget() == tensortap::Budget::KeepLatest);
-  CHECK(o.stall_after() == std::chrono::minutes(10));  // parsed; the recorder refuses it until it is built
+  CHECK(o.stall_after() == std::chrono::minutes(10));
   CHECK(o.overflow() == tensortap::Overflow::DropNewest);
   CHECK(o.on_error() == tensortap::OnError::Stop);
   CHECK(o.after_dump() == tensortap::AfterDump::Throw);

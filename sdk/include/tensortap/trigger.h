@@ -109,8 +109,10 @@ class Trigger {
 struct Dump {
   /// The step at which it fired.
   std::int64_t step = 0;
-  /// "non_finite", "spike", "norm_jump", "when", or "user" for
-  /// `Recorder::dump()`.
+  /// "non_finite", "spike", "norm_jump", "when"; "user" for
+  /// `Recorder::dump()`, "stall" for the stall watchdog
+  /// (`Options::stall_after`), "request" for `tensortap ctl RUN dump`. The
+  /// last two never apply `Options::after_dump`.
   std::string trigger;
   /// "nan" or "inf" for non_finite, and for a spike or norm_jump that
   /// fired on a non-finite value; otherwise the trigger's type again.
@@ -124,8 +126,15 @@ struct Dump {
   /// The rule's parameters (spike, norm_jump); 0 otherwise.
   double factor = 0;
   std::int64_t window = 0;
-  /// The steps written, ascending; empty for a mark without a flight recorder.
+  /// The steps written, ascending; empty for a mark: without a flight
+  /// recorder, or after it stopped following an earlier dump.
   std::vector<std::int64_t> steps;
+  /// A stall: the last step that began, how long no step() had come when
+  /// the watchdog saw it, and the training threads then waiting inside
+  /// tensortap ("thread 4242 in flush() for 12.5 s").
+  std::int64_t last_step = -1;
+  double stalled_seconds = 0;
+  std::vector<std::string> waiting;
 };
 
 /// The name `Dump` had before 0.2; it goes in the release after.

@@ -16,7 +16,8 @@ RunInfo run_info(const Placement& p) {
 
 }  // namespace
 
-BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& staging, Failures& failures)
+BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& staging, Failures& failures,
+                 std::function<std::int64_t()> step_now)
     : staging_(staging), manifest_(options, run_info(placement)) {
   // Opened once: everything is written through this descriptor, so a
   // chdir() or a link planted in the directory cannot move the run.
@@ -31,14 +32,23 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
   if (options.tensorboard()) tensorboard_ = std::make_unique<TensorBoard>(dir, *options.tensorboard());
   flight_ = std::make_unique<FlightRecorder>(options, *store_, manifest_, failures);
   flight_->set_tensorboard(tensorboard_.get());
+  if (options.stall_after().count() > 0)
+    watchdog_ = std::make_unique<Watchdog>(options.stall_after(), std::move(step_now), staging.waits());
   thread_ = std::make_unique<WriterThread>(staging, *store_, *stats_, *flight_, failures, tensorboard_.get(),
-                                           budget_->on() ? budget_.get() : nullptr);
+                                           budget_->on() ? budget_.get() : nullptr,
+                                           watchdog_ ? std::function<void()>([this] { on_wake(); }) : nullptr);
   // Device memory that snapshots may hold, per GPU: as much as host staging.
   cuda_ = make_cuda_engine(staging, 2 * options.buffer_bytes(),
                            [&failures](const std::string& what) { failures.add(nullptr, what, 1); });
 }
 
 BackEnd::~BackEnd() { stop(); }
+
+void BackEnd::on_wake() {
+  const auto now = std::chrono::steady_clock::now();
+  if (watchdog_)
+    if (std::optional<Dump> stall = watchdog_->check(now)) flight_->side_dump(std::move(*stall));
+}
 
 void BackEnd::flush(bool index) {
   if (cuda_) cuda_flush(*cuda_);

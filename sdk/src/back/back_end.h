@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include <tensortap/options.h>
@@ -13,6 +14,7 @@
 #include "sdk/src/pipeline/staging.h"
 #include "sdk/src/pipeline/store.h"
 #include "sdk/src/pipeline/tensorboard.h"
+#include "sdk/src/back/watchdog.h"
 #include "sdk/src/back/writer_thread.h"
 #include "writers/src/run_dir.h"
 #include "writers/src/stats_file.h"
@@ -29,8 +31,10 @@ class BackEnd {
  public:
   /// Opens the directory, writes run.json and starts the writer thread.
   /// Throws `Error` naming the path. `options`, `staging` and `failures`
-  /// must outlive it.
-  BackEnd(const Options& options, const Placement& placement, Staging& staging, Failures& failures);
+  /// must outlive it; `step_now` gives the current step (-1 before the
+  /// first), for the stall watchdog.
+  BackEnd(const Options& options, const Placement& placement, Staging& staging, Failures& failures,
+          std::function<std::int64_t()> step_now);
   /// Stops (see `stop()`).
   ~BackEnd();
   BackEnd(const BackEnd&) = delete;
@@ -65,6 +69,10 @@ class BackEnd {
   std::int64_t budget_refused() const { return budget_->refused(); }
 
  private:
+  // The writer thread's wake: the watchdog's check.
+  void on_wake();
+
+
   Staging& staging_;
   std::unique_ptr<RunDir> run_dir_;
   RunManifest manifest_;
@@ -73,6 +81,7 @@ class BackEnd {
   std::unique_ptr<StatsFile> stats_;
   std::unique_ptr<TensorBoard> tensorboard_;  // null unless Options::tensorboard
   std::unique_ptr<FlightRecorder> flight_;
+  std::unique_ptr<Watchdog> watchdog_;  // null unless Options::stall_after
   std::unique_ptr<WriterThread> thread_;
   // Last, so stopped first: its copier thread feeds staging and reports to
   // the failures. Null without CUDA (build or device).

@@ -16,14 +16,15 @@ namespace tensortap::detail {
 constexpr std::chrono::milliseconds kIdlePublish{500};
 
 WriterThread::WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight, Failures& failures,
-                           TensorBoard* tensorboard, DiskBudget* budget)
+                           TensorBoard* tensorboard, DiskBudget* budget, std::function<void()> on_wake)
     : staging_(staging),
       store_(store),
       stats_(stats),
       flight_(flight),
       budget_(budget),
       failures_(failures),
-      tensorboard_(tensorboard) {
+      tensorboard_(tensorboard),
+      on_wake_(std::move(on_wake)) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -75,10 +76,12 @@ void WriterThread::run() noexcept {
     const std::optional<Staging::Buffer*> taken = staging_.take_within(kIdlePublish);
     if (!taken) {
       publish_idle();
+      wake();
       continue;
     }
     Staging::Buffer* buffer = *taken;
     if (buffer == nullptr) break;
+    wake();
     try {
       Staging::name_slots(*buffer);
       write_batch(*buffer);
@@ -86,10 +89,24 @@ void WriterThread::run() noexcept {
       // Out of memory, say: the batch's records are lost, and counted.
       failures_.add(nullptr, Failures::current(), 0);
     }
+    // Again after a long batch, before its release lets flush() return: a
+    // stall that a slow batch hid is seen with its waiting threads.
+    wake();
     staging_.release(buffer);
   }
   // A record cut off by stop() leaves only its temporary, removed here.
   in_flight_.clear();
+}
+
+void WriterThread::wake() noexcept {
+  if (!on_wake_) return;
+  std::lock_guard<std::mutex> lock(batch_mu_);
+  if (stopped_) return;
+  try {
+    on_wake_();
+  } catch (...) {
+    failures_.add(nullptr, Failures::current(), 0);
+  }
 }
 
 void WriterThread::publish_idle() noexcept {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,9 +27,12 @@ namespace tensortap::detail {
 class WriterThread {
  public:
   /// Starts the thread. Every reference must outlive it; `tensorboard` (null:
-  /// off) too.
+  /// off) too. `on_wake` (if set) runs on the thread at each wake, at least
+  /// every half second, with the batch lock held, so it may write (the
+  /// stall watchdog, the control channel); what it throws is counted.
   WriterThread(Staging& staging, Store& store, StatsFile& stats, FlightRecorder& flight, Failures& failures,
-               TensorBoard* tensorboard = nullptr, DiskBudget* budget = nullptr);
+               TensorBoard* tensorboard = nullptr, DiskBudget* budget = nullptr,
+               std::function<void()> on_wake = {});
   ~WriterThread();
   WriterThread(const WriterThread&) = delete;
   WriterThread& operator=(const WriterThread&) = delete;
@@ -57,6 +61,8 @@ class WriterThread {
   };
 
   void run() noexcept;
+  // on_wake_, under batch_mu_.
+  void wake() noexcept;
   // With nothing to take: makes what was written durable and indexed.
   void publish_idle() noexcept;
   void write_batch(const Staging::Buffer& buffer);
@@ -82,6 +88,7 @@ class WriterThread {
   DiskBudget* budget_ = nullptr;
   Failures& failures_;
   TensorBoard* const tensorboard_;
+  const std::function<void()> on_wake_;
   // Records whose chunks are still arriving, by id.
   std::unordered_map<std::uint64_t, InFlight> in_flight_;
   std::vector<const RecordDesc*> starting_;

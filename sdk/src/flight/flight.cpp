@@ -62,9 +62,11 @@ void FlightRecorder::user_dump(std::int64_t step) {
   trigger(std::move(user));
 }
 
-void FlightRecorder::trigger(Dump dump) {
-  if (ring_) {
-    if (halted()) return;
+void FlightRecorder::trigger(Dump dump, bool applies) {
+  // After a dump that stopped the flight recorder: a mark, which acts on
+  // nothing (capture is halted already; Throw threw for the first).
+  if (ring_ && halted()) applies = false;
+  if (ring_ && !halted()) {
     const std::int64_t step = dump.step;
     std::vector<HeldRecord> held = ring_->take(step);
     dump.steps.push_back(step);
@@ -99,20 +101,28 @@ void FlightRecorder::trigger(Dump dump) {
       failures_.add(nullptr, Failures::current(), 0);
     }
   }
-  dumps_.fetch_add(1, std::memory_order_release);
+  const std::int64_t n = dumps_.fetch_add(1, std::memory_order_release) + 1;
+  if (applies) {
+    last_applied_.store(static_cast<std::size_t>(n), std::memory_order_relaxed);
+    applied_.fetch_add(1, std::memory_order_release);
+  }
 }
 
 void FlightRecorder::on_step() {
   const std::int64_t dumps = this->dumps();
   if (dumps == seen_.load(std::memory_order_relaxed)) return;
   seen_.store(dumps, std::memory_order_relaxed);
-  if (halts_ && dumps > 0) full_halted_.store(true, std::memory_order_relaxed);
   visible_.store(static_cast<std::size_t>(dumps), std::memory_order_relaxed);
+  // Stall and request dumps are shown, never acted on.
+  const std::int64_t applied = applied_.load(std::memory_order_acquire);
+  if (applied == applied_seen_.load(std::memory_order_relaxed)) return;
+  applied_seen_.store(applied, std::memory_order_relaxed);
+  if (halts_) full_halted_.store(true, std::memory_order_relaxed);
   if (options_.after_dump() != AfterDump::Throw) return;
   // Without a flight recorder a trigger only marks the run: only Throw acts.
   const bool marked_only = !holds();
-  // One dump copied, the last this step sees: not the list.
-  const Dump last = manifest_.last_dump(static_cast<std::size_t>(dumps));
+  // One dump copied, the last this step acts on: not the list.
+  const Dump last = manifest_.last_dump(last_applied_.load(std::memory_order_relaxed));
   std::string why = last.trigger == "user"         ? std::string("Recorder::dump()")
                     : last.trigger == "non_finite" ? "a " + last.reason
                                                    : fmt::format("Trigger::{}", last.trigger);

@@ -50,6 +50,10 @@ class FlightRecorder {
   void keep(HeldRecord record);
   /// `Recorder::dump()` was called in `step`.
   void user_dump(std::int64_t step);
+  /// A dump no rule made: the stall watchdog's, a control request's. It
+  /// writes the held steps (a mark once the flight recorder has stopped)
+  /// and never applies Options::after_dump: no StopCapture, no Throw.
+  void side_dump(Dump dump) { trigger(std::move(dump), /*applies=*/false); }
 
   // Any thread.
   /// Dumps (or marks) so far, once on disk.
@@ -75,10 +79,12 @@ class FlightRecorder {
 
  private:
   // A rule fired (or dump() was called): writes the held steps and opens a
-  // window for what is still to come of the trigger's step.
-  void trigger(Dump dump);
+  // window for what is still to come of the trigger's step. After a dump
+  // that stopped the flight recorder, only marks the run (no steps): a NaN
+  // after a rule's firing is still said. `applies`: after_dump acts on it.
+  void trigger(Dump dump, bool applies = true);
   // After a dump that stops capture: later records are let go.
-  bool halted() const { return halts_ && dumps() > 0; }
+  bool halted() const { return halts_ && applied_.load(std::memory_order_relaxed) > 0; }
 
   const Options& options_;
   Store& store_;
@@ -95,8 +101,15 @@ class FlightRecorder {
   std::int64_t window_lo_ = -1, window_hi_ = -1;
   std::atomic<std::int64_t> dumps_{0};
   std::atomic<std::int64_t> dropped_{0};
-  // Dumps that on_step() has acted on.
+  // Dumps after_dump acts on (rules', Recorder::dump()'s), and the number
+  // of dumps (an index + 1 of the manifest's) when the last of them was
+  // made; on_step() reads the count with acquire, after which the index
+  // is the last one's.
+  std::atomic<std::int64_t> applied_{0};
+  std::atomic<std::size_t> last_applied_{0};
+  // Dumps on_step() has shown, and applied dumps it has acted on.
   std::atomic<std::int64_t> seen_{0};
+  std::atomic<std::int64_t> applied_seen_{0};
   // capture_halted(): set by on_step() once a dump it saw halts capture, or
   // by a disk budget.
   std::atomic<bool> full_halted_{false};

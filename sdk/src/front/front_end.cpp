@@ -62,7 +62,8 @@ FrontEnd::FrontEnd(Options options)
   // thread, no memory. Its hooks see no sampled step. TENSORTAP=off: the same
   // on every rank, and watch() hooks nothing.
   if (off_ || (!only.empty() && std::find(only.begin(), only.end(), placement_.rank) == only.end())) return;
-  back_ = std::make_unique<BackEnd>(options_, placement_, *staging_, *failures_);
+  back_ = std::make_unique<BackEnd>(options_, placement_, *staging_, *failures_,
+                                    [this] { return current_step(); });
   snapshotter_->open(back_->engine(), &back_->flight(), back_->space_fd(), placement_.run_dir);
 }
 
@@ -241,6 +242,7 @@ std::string FrontEnd::failure_message(std::int64_t errors, const std::string& fi
 void FrontEnd::flush() {
   if (inert() || !capturing()) return;
   refuse_on_background_thread("flush");
+  const Waits::Scope waiting(staging_->waits(), "flush()");
   back_->flush(/*index=*/!closed());
   const std::string err = failures_->first();
   if (!err.empty()) throw Error(failure_message(failures_->lost(), err));
@@ -273,6 +275,7 @@ void FrontEnd::close() {
     watchers_.clear();
   }
   if (!capturing()) return;
+  const Waits::Scope waiting(staging_->waits(), "close()");
   back_->stop();
   // Hooks (Taps above all) may keep this object alive as long as the model:
   // give the staging memory back now.

@@ -32,7 +32,17 @@ std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", 
 void append_dump_json(std::string& j, const Dump& d) {
   j += fmt::format("{{\"step\": {}, \"reason\": \"{}\", \"steps\": ", d.step, d.reason);
   append_json_ints(j, d.steps);
-  if (d.trigger != "user") {
+  if (d.trigger == "stall") {
+    j += fmt::format(", \"last_step\": {}, \"stalled_seconds\": {}, \"waiting\": [", d.last_step,
+                     json_number(d.stalled_seconds));
+    for (std::size_t i = 0; i < d.waiting.size(); ++i) {
+      j += i ? ", " : "";
+      append_json_string(j, d.waiting[i]);
+    }
+    j += "]";
+  }
+  // Dumps no rule made have no tensor and no trigger.
+  if (d.trigger != "user" && d.trigger != "stall" && d.trigger != "request") {
     j += fmt::format(", \"kind\": \"{}\", \"name\": ", kind_name(d.kind));
     append_json_string(j, d.name);
     j += fmt::format(", \"trigger\": {{\"kind\": \"{}\"", d.trigger);

@@ -269,7 +269,12 @@ std::optional<Staging::Ticket> Staging::reserve_locked(std::unique_lock<SpinLock
     // writer will take it once the pending copies are committed.
     ++waiting_;
     const auto since = std::chrono::steady_clock::now();
-    space_cv_.wait(lock);
+    {
+      // The copier's waits are not training's to be named.
+      std::optional<Waits::Scope> named;
+      if (!on_background_thread()) named.emplace(waits_, "a wait for staging room (Overflow::Block)");
+      space_cv_.wait(lock);
+    }
     --waiting_;
     // The copier's waits are its own; a capturing thread's are training's.
     if (!on_background_thread()) waited(spec.step, std::chrono::steady_clock::now() - since);

@@ -15,6 +15,7 @@
 
 #include "sdk/src/pipeline/record.h"
 #include "sdk/src/pipeline/spin_lock.h"
+#include "sdk/src/pipeline/waits.h"
 
 namespace tensortap::detail {
 
@@ -105,6 +106,10 @@ struct HostMemory {
 /// no room, the policy decides: wait for the swap, or drop.
 class Staging {
  public:
+  /// The training threads waiting inside tensortap (staging's own waits
+  /// for room, flush(), close()), for the stall watchdog.
+  Waits& waits() { return waits_; }
+
   /// Seconds the capturing threads waited for room (`Overflow::Block`).
   double blocked_seconds() const { return static_cast<double>(blocked_ns_.load(std::memory_order_relaxed)) * 1e-9; }
 
@@ -259,6 +264,7 @@ class Staging {
   // Time capturing threads waited for room (Overflow::Block), in all and in
   // the step of the latest wait; the first step past kSlowStep is said once.
   std::atomic<std::int64_t> blocked_ns_{0};
+  Waits waits_;
   std::int64_t wait_step_ = -1;
   std::int64_t wait_step_ns_ = 0;
   bool said_slow_step_ = false;

@@ -95,10 +95,6 @@ void validate(const Options& o) {
                   "Budget::StopCapture (docs/leaving-it-on.md)");
   TENSORTAP_CHECK(o.stall_after().count() >= 0, "Options::stall_after({} ms) must be 0 (off) or more",
                   o.stall_after().count());
-  // Refused, not quietly ignored, until the watchdog is built.
-  TENSORTAP_CHECK(o.stall_after().count() == 0,
-                  "Options::stall_after({} ms): the stall watchdog is not built in this release (docs/leaving-it-on.md)",
-                  o.stall_after().count());
   const PackedOptions& pk = o.packed();
   // Below 4 KiB a segment holds hardly a record: a file per record, as Npy.
   TENSORTAP_CHECK(pk.segment_bytes() >= 4096, "PackedOptions::segment_bytes({}) must be at least 4096",
