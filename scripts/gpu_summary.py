@@ -30,31 +30,43 @@ def size_name(n):
 def main(results):
     engine = load(os.path.join(results, "bench_cuda_engine.json"))
     rate = defaultdict(dict)
+    floor = {}
     for b in engine:
         name, size = b["name"].split("/")[:2]
-        rate[int(size)][name] = b["bytes_per_second"]
+        if "bytes_per_second" in b:
+            rate[int(size)][name] = b["bytes_per_second"]
+        elif name == "BM_RuntimeFloor":
+            floor[int(size)] = seconds(b)
     if rate:
-        print("D2H throughput: engine vs pinned cudaMemcpyAsync (target 0.85 from 1 MiB up)")
+        print("D2H throughput: engine vs pinned cudaMemcpyAsync (target 0.95 from 1 MiB up)")
         print(f"{'size':>9} {'memcpy GB/s':>12} {'engine GB/s':>12} {'ratio':>6}")
         for size in sorted(rate):
             r = rate[size]
             if "BM_PinnedMemcpyD2H" in r and "BM_EngineD2H" in r:
                 ratio = r["BM_EngineD2H"] / r["BM_PinnedMemcpyD2H"]
-                mark = "" if size < (1 << 20) else ("  ok" if ratio >= 0.85 else "  BELOW TARGET")
+                mark = "" if size < (1 << 20) else ("  ok" if ratio >= 0.95 else "  BELOW TARGET")
                 print(f"{size_name(size):>9} {r['BM_PinnedMemcpyD2H'] / 1e9:12.1f} {r['BM_EngineD2H'] / 1e9:12.1f}"
                       f" {ratio:6.2f}{mark}")
+        print()
+    if floor:
+        print("The floor under a capture: a 4 KiB device-to-device cudaMemcpyAsync and a cudaEventRecord alone")
+        for busy, t in sorted(floor.items()):
+            print(f"  {'beside a busy copier thread' if busy else 'nothing else running':>28}: {t * 1e6:6.1f} us")
         print()
 
     torch_side = load(os.path.join(results, "bench_cuda.json"))
     capture = [b for b in torch_side if b["name"].startswith("BM_CaptureCuda/")]
     naive = {b["name"].split("/")[1]: b for b in torch_side if b["name"].startswith("BM_CaptureCudaNaive/")}
     if capture:
-        print("Training-thread cost per capture of a CUDA tensor (target <= 20 us)")
+        print("Training-thread cost per capture of a CUDA tensor (target <= 5 us and below half of t.cpu())")
         for b in capture:
             size = b["name"].split("/")[1]
             us = seconds(b) * 1e6
-            peer = f"   naive t.cpu(): {seconds(naive[size]) * 1e6:.1f} us" if size in naive else ""
-            print(f"{size_name(int(size)):>9} {us:8.1f} us{'  ok' if us <= 20 else '  ABOVE TARGET'}{peer}")
+            cpu = seconds(naive[size]) * 1e6 if size in naive else None
+            ok = us <= 5 and (cpu is None or us < cpu / 2)
+            peer = f"   naive t.cpu(): {cpu:.1f} us" if cpu is not None else ""
+            label = b.get("label", "")
+            print(f"{size_name(int(size)):>9} {label:>12} {us:8.1f} us{'  ok' if ok else '  ABOVE TARGET'}{peer}")
         print()
 
     steps = defaultdict(list)
@@ -74,10 +86,10 @@ def main(results):
     if steps:
         print("Step time, capture on vs off (median of rounds; the ratio of each mode's fastest round to the")
         print("  fastest round off beside it, as noise only adds time)")
-        print("  targets: every 100 steps <= 1.03; statistics of everything every step <= 1.03")
+        print("  targets: every 100 steps <= 1.01; every tensor every step <= 1.10; statistics of everything every step <= 1.03")
         if budget:
             print(f"  PCIe budget: {budget / 1e9:.1f} GB/s device to host (plain pinned cudaMemcpyAsync, largest size)")
-        labels = ((1, "every 100", 1.03), (2, "every step", None), (3, "stats every step", 1.03),
+        labels = ((1, "every 100", 1.01), (2, "every step", 1.10), (3, "stats every step", 1.03),
                   (4, "pageable peer", None))
         for model in sorted({m for m, _ in steps}):
             off = statistics.median(steps.get((model, 0), [float("nan")]))
@@ -105,13 +117,15 @@ def main(results):
     paired = [b for b in torch_side if b["name"].startswith("BM_Paired")]
     if paired:
         print()
-        print("Step time, paired: the model watched against its unwatched twin, alternating 10-step blocks (target <= 1.03)")
+        print("Step time, paired: the model watched against its unwatched twin, alternating 10-step blocks")
+        print("  (targets: every 100 steps <= 1.01, every tensor every step <= 1.10, statistics every step <= 1.03)")
         labels = {"1": "every 100", "2": "every step", "3": "stats every step"}
         for b in paired:
             model, mode = b["name"].split("/")[:2]
             ratio = b["ratio"]
+            target = {"1": 1.01, "2": 1.10, "3": 1.03}.get(mode, 1.03)
             print(f"{model:>22} {labels.get(mode, mode):>16}  off {b['off_step'] * 1e3:7.3f} ms  on {b['on_step'] * 1e3:7.3f} ms"
-                  f"  ratio {ratio:6.3f}{'  ok' if ratio <= 1.03 else '  ABOVE TARGET'}")
+                  f"  ratio {ratio:6.3f}{'  ok' if ratio <= target else '  ABOVE TARGET'}")
 
 
 if __name__ == "__main__":
