@@ -15,10 +15,11 @@ BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 work=$(mktemp -d /dev/shm/tt-hot-XXXXXX 2>/dev/null || mktemp -d)
 trap 'rm -rf "$work"' EXIT
 count() {
-  local arg=$1
+  local arg=$1 what=${2:-both}
+  local toggles=(--toggle-collect='tensortap::detail::FrontEnd::step*')
+  [ "$what" = both ] && toggles+=(--toggle-collect='tensortap::detail::FrontEnd::capture*')
   (cd "$work" && rm -f callgrind.out.* &&
-    TENSORTAP_BENCH_DIR=$work valgrind --tool=callgrind --separate-threads=yes \
-      --toggle-collect='tensortap::detail::FrontEnd::capture*' --toggle-collect='tensortap::detail::FrontEnd::step*' \
+    TENSORTAP_BENCH_DIR=$work valgrind --tool=callgrind --separate-threads=yes "${toggles[@]}" \
       "$BIN" --benchmark_filter="BM_Capture64x1K/$arg/" >/dev/null 2>&1)
   # Thread 1 is the training thread (the benchmark's).
   awk '/^(summary|totals):/ {print $2; exit}' "$work"/callgrind.out.*-01
@@ -30,3 +31,5 @@ echo "instructions in step() and capture(), training thread, 2,000 steps of 64 c
 echo "  sampling none:  $off"
 echo "  sampling every: $on"
 echo "  per sampled record (on - off) / $records: $(( (on - off) / records ))"
+step=$(count 0 step)
+echo "instructions in step() alone, sampling none: $step, $(( step / 2000 )) a step"

@@ -60,8 +60,11 @@ std::string child_path(const std::string& parent, std::size_t i) {
 void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& front, const std::string& prefix) {
   // TENSORTAP=off: no hook.
   if (front->off()) return;
+  // Tap points are bound whatever the kinds: `tensortap ctl capture --kinds
+  // activation` may ask for them later, and an unsampled tap costs its
+  // forward one relaxed load.
+  const bool want_taps = true;
   const KindSet kinds = front->options().kinds();
-  const bool want_taps = kinds.contains(Kind::Activation) || kinds.contains(Kind::ActivationGrad);
 
   // First find everything, and claim it, so that a watch() that fails
   // (the module is watched already, a name collides) changes nothing.

@@ -6,17 +6,21 @@
     python3 -m tensortap diff RUN_A RUN_B [--rtol R] [--atol A] [--floor A2 [--factor F] [--ulps U]]
                               [--steps A..B] [--kinds a,b] [--exclude REGEX] [--common-only] [--html OUT.html]
     python3 -m tensortap doctor RUN_DIR [--rules a,b] [--set RULE.PARAM=VALUE ...] [--json]
+    python3 -m tensortap ctl RUN_DIR dump | capture --steps N [--kinds a,b] [--include PATTERN] | every N
+                                 | pause | resume | status   [--rank R] [--timeout S]
 
 The summary lists kinds, names, the steps captured, shapes, dtypes, bytes,
-dropped records and whether the run was closed cleanly. --check also opens
-every file the index names and compares its shape and dtype with the index;
-the exit status is 1 if any does not match or cannot be read, or if a damaged
-line of the index or the statistics was skipped, or the statistics cannot be
-read. A run that cannot be opened at all exits with 2.
+dropped records and whether the run was closed cleanly, and how often the
+health rules fired live (dumps; inspect evaluates no rule: doctor does).
+--check also opens every file the index names and compares its shape and
+dtype with the index; the exit status is 1 if any does not match or cannot
+be read, or if a damaged line of the index or the statistics was skipped, or
+the statistics cannot be read. A run that cannot be opened at all exits with 2.
 
 report writes one self-contained HTML page (figures and data inline, no
-network): the summary, curves of the scalar tensor records (the loss),
-gradient norms, activation histograms, heatmaps of
+network): first the health rules' findings (the doctor's, each linked to a
+chart of its tensor), the summary, curves of the scalar tensor records (the
+loss), gradient norms, activation histograms, heatmaps of
 statistics and the flight recorder's dumps (tensortap/report.py).
 
 tensorboard writes the run as TensorBoard event files, one per rank
@@ -52,6 +56,14 @@ full records where it has none: one line per finding, "<rule>: <kind> <name>
 steps <first>..<last>: <message>", a line per rule it could not evaluate,
 and "N findings". Exit status 0: no finding; 1: findings; 2: bad input, or
 no rule could be evaluated.
+
+ctl steers a job while it trains (tensortap/_ctl.py, docs/leaving-it-on.md):
+it writes a request into each addressed rank's control/ and prints one line
+per rank, "rank <r>: <command> ok at step <s>: <what>", "... refused:
+<why>", "... no answer (withdrawn)", "... taken at step <s>, not yet in
+effect", "no live recorder (<why>)" or "no control channel (<why>)". Exit
+status 0: every addressed rank answered ok within --timeout; 1: any other
+line; 2: bad input.
 """
 
 from __future__ import annotations
@@ -118,7 +130,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="a rule's parameter, e.g. dead_relu.threshold=0.9 (repeatable; docs/health.md lists them)")
     p.add_argument("--json", action="store_true", help="one JSON object per line: the findings, then the rules "
                    "not evaluated")
+    _ctl_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "ctl":
+        from . import _ctl
+
+        return _ctl.main(args, print, lambda line: print(line, file=sys.stderr))
     if args.command == "doctor":
         return _doctor(args)
     if args.command == "diff":
@@ -136,7 +153,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"tensortap: {_safe(e)}", file=sys.stderr)
             return 2
         with run:
-            problems = summarize(run)
+            problems = summarize(run, doctor_hint=True)
             damaged = [_safe(w.message) for w in caught if issubclass(w.category, RunWarning)]
             for message in damaged:
                 print(f"tensortap: warning: {message}", file=sys.stderr)
@@ -146,6 +163,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not issubclass(w.category, RunWarning):
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     return 1 if failed else 0
+
+
+def _ctl_parser(sub):
+    from ._ctl import COMMANDS, MAX_TIMEOUT_S
+
+    p = sub.add_parser("ctl", help="steer a running job: dump, capture, every, pause, resume, status")
+    p.add_argument("run", help="the run directory, or a distributed run's root (every rank)")
+    p.add_argument("action", metavar="COMMAND", choices=COMMANDS,
+                   help="dump (the flight recorder now, or a mark), capture (the next steps in full), every "
+                   "(the cadence from the next step), pause, resume (full tensors), status (records, bytes, "
+                   "budget, seconds since the last step)")
+    p.add_argument("value", nargs="?", metavar="N", help="every N: every N-th step from the next one is "
+                   "captured (0: no full tensors; statistics go on)")
+    p.add_argument("--steps", metavar="N", help="capture: how many steps, from the next one, are captured in full")
+    p.add_argument("--kinds", metavar="LIST", help="capture: these kinds for those steps, comma-separated "
+                   "(activation, activation_grad, param, buffer, grad, tensor; default: the recorder's)")
+    p.add_argument("--include", metavar="PATTERN", help="capture: only the names this pattern finds (the "
+                   "recorder's ECMAScript syntax; replaces its include, its exclude still applies)")
+    p.add_argument("--rank", metavar="R", help="address rank R of a distributed run only")
+    p.add_argument("--timeout", metavar="S", default="30", help="wait at most S seconds for every answer, "
+                   f"then withdraw what was not taken (default 30, at most {MAX_TIMEOUT_S:.0f})")
 
 
 def _report(args):

@@ -13,6 +13,10 @@ HDF5_FILE = "tensors.h5"
 HDF5_JOURNAL = ".tensors.h5.journal"
 STATS_TABLE = "stats.npy"
 STATS_SERIES = "stats_series.jsonl"
+# tensortap ctl's channel (sdk/src/back/control.h, docs/leaving-it-on.md).
+CONTROL_DIR = "control"
+CONTROL_ANSWERS = "control.jsonl"
+CONTROL_HEARTBEAT = "control.heartbeat"
 
 
 
@@ -23,7 +27,8 @@ def ballast_name(lines_file: str) -> str:
 
 
 RUN_FILE_NAMES = (RUN_JSON, INDEX, NPY_DIR, PACKED_DIR, HDF5_FILE, HDF5_JOURNAL, STATS_TABLE, STATS_SERIES, DUMPS,
-                  ballast_name(INDEX), ballast_name(STATS_SERIES), ballast_name(DUMPS))
+                  ballast_name(INDEX), ballast_name(STATS_SERIES), ballast_name(DUMPS),
+                  CONTROL_DIR, CONTROL_ANSWERS, CONTROL_HEARTBEAT)
 
 # TensorBoard event files (writers/src/tensorboard/EVENTS.md): the
 # recorder's own (Options::tensorboard) and `tensortap tensorboard`'s, named

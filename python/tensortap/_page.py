@@ -38,6 +38,8 @@ pre { background: #f6f6f6; padding: .8rem; overflow-x: auto; font-size: .8rem; }
 img.figure { display: block; max-width: 100%; height: auto; margin: .6rem 0; }
 table { border-collapse: collapse; font-size: .85rem; }
 td, th { border: 1px solid #ccc; padding: .2rem .5rem; text-align: left; }
+h3 { font-size: 1rem; margin: 1.2rem 0 .3rem; word-break: break-all; }
+.compact { font-size: .8rem; color: #444; margin: .3rem 0; }
 """
 
 

@@ -1,17 +1,19 @@
 """`tensortap report RUN`: one self-contained HTML page about a run
 (`tensortap diff A B --html OUT`'s page about two is diff_page.py; the
 frame both share, _page.py; this page's flight recorder section,
-_report_dumps.py).
+_report_dumps.py; its findings and their charts, _report_findings.py).
 
 Every figure is a PNG inside the page (data: URLs) and the data behind the
 tables is in it as JSON: the file opens from disk, with no network. Sections:
-the summary `inspect` prints, the scalars (every 0-d `tensor` record series,
-such as the loss) over steps, gradient norms per parameter over steps,
-activation histograms at chosen steps, heatmaps of log10 norm (names x steps)
-per kind, and the flight recorder's dumps with the steps before each. A
-multi-rank run shows its ranks side by side in every figure (one line per
-rank in the scalars' charts). Every legend is drawn outside its axes, so that
-it covers no curve.
+first the findings of the training health rules (`tensortap doctor`'s), each
+linked to a chart of its tensor; the summary `inspect` prints, the scalars
+(every 0-d `tensor` record series, such as the loss) over steps, gradient
+norms per parameter over steps, activation histograms at chosen steps,
+heatmaps of log10 norm (names x steps) per kind, the charts of the tensors
+with findings, the flight recorder's dumps with the steps before each, and
+the requests of `tensortap ctl` (_report_ctl.py). A multi-rank run shows its
+ranks side by side in every figure (one line per rank in the scalars'
+charts). Every legend is drawn outside its axes, so that it covers no curve.
 
 Figures are drawn with matplotlib (python3-matplotlib); statistics come from
 the run's statistics table when it has one (Options::stats_every), and are
@@ -32,7 +34,12 @@ import numpy as np
 from ._base import RunError, _safe
 from ._optional import progress
 from ._page import _bins, _jsonable, _legend_outside, _Page, _pyplot, _span, _text, _write_page
+from ._report_ctl import HEADING as ctl_heading
+from ._report_ctl import section as ctl_section
 from ._report_dumps import _dumps
+from ._report_findings import data as findings_data
+from ._report_findings import draw_charts, evaluate_findings
+from ._report_findings import section as findings_section
 from .summary import summarize
 
 if TYPE_CHECKING:
@@ -59,6 +66,7 @@ def write_report(run: Run, out_path: Union[str, "os.PathLike[str]"], steps: Opti
     activation histograms are drawn (default: first, middle, last);
     `histograms`: at most this many activations get one."""
     page = _Page(title or f"tensortap report: {_safe(run.path)}")
+    found = evaluate_findings(run)
     text = io.StringIO()
     summarize(run, out=text)
     page.section("Summary", f"<pre>{html.escape(text.getvalue())}</pre>")
@@ -70,7 +78,9 @@ def write_report(run: Run, out_path: Union[str, "os.PathLike[str]"], steps: Opti
                           ("Gradient norms per parameter", lambda: _grad_norms(page, run, stats)),
                           ("Activation histograms", lambda: _histograms(page, run, steps, histograms)),
                           ("Statistics heatmaps", lambda: _heatmaps(page, run, stats)),
-                          ("Flight recorder dumps", lambda: _dumps(page, run, stats))):
+                          ("Tensors with findings", lambda: draw_charts(page, run, stats, found)),
+                          ("Flight recorder dumps", lambda: _dumps(page, run, stats)),
+                          (ctl_heading, lambda: ctl_section(page, run))):
         try:
             draw()
         except ImportError:
@@ -79,8 +89,10 @@ def write_report(run: Run, out_path: Union[str, "os.PathLike[str]"], steps: Opti
             page.section(heading, f"<p>This section could not be drawn: {html.escape(_safe(f'{type(e).__name__}: {e}'))}</p>")
     if len(_ranks(run)) > MAX_RANK_PANELS:
         page.note(f"The run has {len(run.ranks)} ranks; figures show ranks {run.ranks[0]}..{run.ranks[MAX_RANK_PANELS - 1]}.")
+    # Last, and made the first section: it links only to what the page holds.
+    findings_section(page, found)
     page.data = _jsonable({"run": run.path, "ranks": run.ranks, "records": len(run.records), "kinds": run.kinds(),
-                           "dumps": run.dumps, "scalars": scalars})
+                           "dumps": run.dumps, "scalars": scalars, "findings": findings_data(found)})
     return _write_page(page.render(), out_path)
 
 

@@ -7,12 +7,15 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, T
 
 import math
 import os
+import shlex
 import stat
 import sys
 
 import numpy as np
 
 from ._base import NUMPY_DTYPES, RunError, _safe
+from ._ctl_log import summary_lines as ctl_summary_lines
+from ._doctor import RULES
 from ._float8 import FORMATS as FORMATS_FLOAT8
 from ._names import DUMPS, INDEX, STATS_SERIES, STATS_TABLE, ballast_name
 from ._optional import progress
@@ -48,8 +51,10 @@ def _budget_line(b: Dict[str, Any]) -> str:
     return line
 
 
-def summarize(run: Run, out: Optional[TextIO] = None) -> List[str]:
-    """Prints the summary; returns the problems it met (statistics that cannot be read)."""
+def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False) -> List[str]:
+    """Prints the summary; returns the problems it met (statistics that cannot be read).
+    `doctor_hint`: end with the line that says how to evaluate the health rules (inspect's;
+    the report page shows their findings instead)."""
     out = out if out is not None else sys.stdout
     problems = []
     info = run.info
@@ -134,7 +139,42 @@ def summarize(run: Run, out: Optional[TextIO] = None) -> List[str]:
         span = f"steps {_safe(steps[0])}..{_safe(steps[-1])}" if isinstance(steps, list) and steps else "no steps"
         print(f"  {where}flight recorder dump at step {_safe(dump.get('step', '?'))} "
               f"({_safe(dump.get('reason', '?'))}{cause}): {span}", file=out)
+    for line in ctl_summary_lines(run):
+        print(f"  {line}", file=out)
+    print(f"  {live_health_line(run, dumps)}", file=out)
+    if doctor_hint:
+        # shlex: the line can be pasted into a shell whatever the path holds.
+        print(f"  run tensortap doctor {shlex.quote(_safe(run.path))} for the training health rules", file=out)
     return problems
+
+
+def live_health_line(run: Run, dumps: Sequence[Dict[str, Any]]) -> str:
+    """How often the health rules fired live (dumps whose reason is a rule's
+    name, written by the C++ recorder's health triggers): counted from the
+    dumps already read, never evaluated here, so that inspect stays fast.
+    With none fired, the rules that were on (run.json's dump_on), so that 0
+    is not taken for a verdict when none was. `dumps`: run.dumps, read once
+    (each read warns again about a damaged dump)."""
+    fired: Dict[str, int] = {}
+    for d in dumps:
+        reason = d.get("reason")
+        if isinstance(reason, str) and reason in RULES:
+            fired[reason] = fired.get(reason, 0) + 1
+    if fired:
+        order = sorted(fired, key=lambda r: (-fired[r], RULES.index(r)))
+        return (f"health rules fired live: {sum(fired.values())} ("
+                + ", ".join(f"{r} {fired[r]}" for r in order) + ")")
+    on = set()
+    for info in run.infos.values():
+        opts = info.get("options")
+        triggers = opts.get("dump_on") if isinstance(opts, dict) else None
+        for t in triggers if isinstance(triggers, list) else []:
+            kind = t.get("kind") if isinstance(t, dict) else None
+            if isinstance(kind, str) and kind in RULES:
+                on.add(kind)
+    if not on:
+        return "health rules fired live: 0 (none was on)"
+    return "health rules fired live: 0 (on: " + ", ".join(r for r in RULES if r in on) + ")"
 
 
 # More dumps than this are summarized (inspect, report): counts per rule

@@ -7,6 +7,7 @@ eager NumPy reader.
 """
 
 import contextlib
+import html
 import io
 import json
 import math
@@ -303,17 +304,20 @@ class ReportTest(unittest.TestCase):
         for fmt in FORMATS:
             with self.subTest(fmt=fmt):
                 page = self.pages[fmt][1]
-                for section in ("Summary", "Scalars", "Gradient norms per parameter", "Activation histograms",
-                                "Statistics heatmaps", "Flight recorder dumps"):
+                for section in ("Findings", "Summary", "Scalars", "Gradient norms per parameter",
+                                "Activation histograms", "Statistics heatmaps", "Tensors with findings",
+                                "Flight recorder dumps"):
                     self.assertIn(f"<h2>{section}</h2>", page)
                 # The loss is a curve, near the top: right after the summary.
                 self.assertLess(page.index("<h2>Summary</h2>"), page.index("<h2>Scalars</h2>"))
                 self.assertLess(page.index("<h2>Scalars</h2>"), page.index("<h2>Gradient norms per parameter</h2>"))
                 scalars = re.search(r'<section id="scalars">(.*?)</section>', page, re.S).group(1)
                 self.assertIn('alt="scalars over steps"', scalars)
-                # Nothing fetched: every src and href is inline.
+                # Nothing fetched: every src and href is inline, or a place on the page.
                 self.assertEqual([u for u in re.findall(r'(?:src|href)="([^"]*)"', page)
-                                  if not u.startswith("data:")], [])
+                                  if not u.startswith("data:") and not u.startswith("#")], [])
+                for target in re.findall(r'href="#([^"]*)"', page):
+                    self.assertEqual(page.count(f'id="{target}"'), 1, target)
                 self.assertNotRegex(page, r"https?://")
                 images = re.findall(r'<img class="figure"', page)
                 # norms, histograms, a heatmap per kind with statistics, the dump's steps
@@ -355,6 +359,40 @@ class ReportTest(unittest.TestCase):
             self.assertEqual(cli.main(["report", os.path.join(RUNS, "npy"), "--steps", "x"]), 2)
             self.assertEqual(cli.main(["report", os.path.join(self.tmp, "nope"), "-o", os.path.join(self.tmp, "o")]), 2)
         self.assertIn("--steps wants integers", err.getvalue())
+
+    def test_findings_come_first_and_link_to_their_charts(self):
+        """The doctor's findings (issue 62, item 4): the page's first section,
+        the same findings as tensortap.doctor(run), each tensor's linked to
+        its chart; the rules not evaluated, with why."""
+        for fmt in FORMATS:
+            with self.subTest(fmt=fmt):
+                page = self.pages[fmt][1]
+                self.assertEqual(re.findall(r'<section id="([^"]*)"', page)[0], "findings")
+                section = findings_section(page)
+                frame = tensortap.doctor(os.path.join(RUNS, fmt))
+                # The programs' runs: a learning rate that jumps at step 40 (the spike).
+                self.assertIn(("weight_update_ratio", "fc2.weight"), set(zip(frame.rule, frame.name)))
+                n = len(frame)
+                self.assertIn(f"<strong>{n} finding{'s' if n != 1 else ''}</strong>", section)
+                rows = re.findall(r"<tr><td><code>([a-z_]+)</code></td><td>(.*?)</td>", section)
+                self.assertEqual([r for r, _ in rows], list(frame.rule))
+                data = page_data(page)["findings"]
+                self.assertEqual([(f["rule"], f["name"], f["first_step"], f["last_step"]) for f in data["findings"]],
+                                 list(zip(frame.rule, frame.name, frame.first_step, frame.last_step)))
+                self.assertEqual(data["not_evaluated"], frame.attrs["not_evaluated"])
+                for rule, why in frame.attrs["not_evaluated"].items():
+                    self.assertIn(f"<li><code>{rule}</code>: {html.escape(why)}</li>", section)
+                for (rule, cell), name in zip(rows, frame.name):
+                    link = re.fullmatch(r'<a href="#(finding-chart-\d+)">(.*)</a>', cell)
+                    self.assertIsNotNone(link, cell)
+                    self.assertEqual(html.unescape(link.group(2)).split(" ", 1)[1], name)
+                    # The target: one chart, in its section, of this tensor, with its figure.
+                    chart = re.search(f'<div class="finding-chart" id="{link.group(1)}"><h3>(.*?)</h3>(.*?)</div>',
+                                      page, re.S)
+                    self.assertIsNotNone(chart)
+                    self.assertEqual(html.unescape(chart.group(1)).split(" ", 1)[1], name)
+                    self.assertIn('<img class="figure"', chart.group(2))
+                    self.assertGreater(page.index(chart.group(0)), page.index('<section id="tensors-with-findings">'))
 
     def browser(self):
         # One browser for the class: starting Chromium takes seconds.
@@ -427,6 +465,46 @@ class ReportTest(unittest.TestCase):
             print(f"\nbrowser: {fmt} report: {figures} figures decoded, visible and painted; "
                   f"{ink:.0%} of the first screen inked")
 
+    def test_a_finding_link_scrolls_to_its_chart_in_a_real_browser(self):
+        try:
+            import selenium  # noqa: F401
+        except ImportError:
+            self.skipTest("needs python3-selenium (apt install python3-selenium chromium-driver)")
+        for tool in ("/usr/bin/chromium", "/usr/bin/chromedriver"):
+            if not os.path.exists(tool):
+                self.skipTest(f"needs {tool} (apt install chromium chromium-driver)")
+        from selenium.webdriver.common.by import By
+
+        driver = self.browser()
+        driver.get("file://" + self.pages["npy"][0])
+        # Findings first: its heading is the first on the first screen.
+        headings = driver.find_elements(By.TAG_NAME, "h2")
+        self.assertEqual(headings[0].text, "Findings")
+        self.assertLess(headings[0].location["y"], 200)
+        link = next(a for a in driver.find_elements(By.CSS_SELECTOR, "#findings td a")
+                    if a.text == "param fc2.weight")
+        target = link.get_attribute("href").split("#", 1)[1]
+        link.click()
+        hash_, top, scrolled, room, height, image = driver.execute_script(
+            "const t = document.getElementById(arguments[0]); const img = t.querySelector('img.figure');"
+            "return [location.hash, t.getBoundingClientRect().top, window.scrollY, "
+            "document.documentElement.scrollHeight - window.innerHeight, window.innerHeight, "
+            "[img.complete, img.naturalWidth, img.getBoundingClientRect().top]];", target)
+        self.assertEqual(hash_, "#" + target)
+        # At the window's top, or as near as the page's end lets it come.
+        self.assertGreater(scrolled, 0)
+        self.assertTrue(-1 <= top < 2 or (scrolled >= room - 1 and 0 <= top < height / 2),
+                        f"the chart is {top} px from the window's top, scrolled {scrolled} of {room}")
+        complete, natural, img_top = image
+        self.assertTrue(complete and natural > 300, "the chart's figure is decoded")
+        self.assertLess(img_top, height, "the figure is on the screen the link shows")
+        self.assertIn("fc2.weight", driver.find_element(By.ID, target).find_element(By.TAG_NAME, "h3").text)
+        # And back.
+        driver.find_element(By.ID, target).find_element(By.LINK_TEXT, "back to the findings").click()
+        self.assertLess(abs(driver.execute_script(
+            "return document.getElementById('findings').getBoundingClientRect().top;")), 5)
+        print(f"\nbrowser: the finding's link scrolled to #{target}, its figure {natural} px wide")
+
     def test_the_browser_check_sees_a_broken_page(self):
         driver = self.browser()
         page = self.pages["npy"][1]
@@ -489,6 +567,94 @@ class HandMadeRuns:
             raise ValueError(f"{c} in the page's JSON")
 
         return page, json.loads(raw, parse_constant=no_constant)
+
+
+def findings_section(page):
+    return re.search(r'<section id="findings"><h2>Findings</h2>(.*?)</section>', page, re.S).group(1)
+
+
+def page_data(page):
+    return json.loads(re.search(r'<script type="application/json" id="tensortap-data">(.*?)</script>', page,
+                                re.S).group(1))
+
+
+class FindingsTest(HandMadeRuns, unittest.TestCase):
+    """The Findings section (issue 62, item 4) on runs made by hand: a
+    planted dead ReLU under a hostile name, a stall, no finding at all, and
+    a run the doctor cannot judge."""
+
+    HOSTILE = "relu</script><img src=x onerror=alert(1)>\x1b[31m"
+
+    def test_a_planted_problem_links_to_its_chart(self):
+        rng = np.random.default_rng(0)
+        records = []
+        for step in range(5):
+            dead = np.zeros(100, np.float32)
+            dead[0] = 1.0
+            records.append(("activation", "relu1", step, dead))                          # 99% zero: dead
+            records.append(("activation", self.HOSTILE, step, np.zeros(100, np.float32)))  # dead, and all zero
+            records.append(("activation", "relu2", step, np.abs(rng.normal(size=100)).astype(np.float32)))
+        run = self.make(records, options={"format": "npy", "stall_after_ms": 1000},
+                        dumps=[{"step": 3, "reason": "stall", "steps": [], "last_step": 3, "stalled_seconds": 2.5}])
+        page, data = self.report(run)
+        self.assertEqual(re.findall(r'<section id="([^"]*)"', page)[0], "findings")
+        section = findings_section(page)
+        self.assertIn("<strong>4 findings</strong>", section)
+        self.assertIn("statistics computed from its full records", section)
+        rows = {(rule, html.unescape(re.sub(r"<[^>]+>", "", tensor))): tensor for rule, tensor in
+                re.findall(r"<tr><td><code>([a-z_]+)</code></td><td>(.*?)</td>", section)}
+        escaped = self.HOSTILE.replace("\x1b", "\\x1b")  # a control character, as the reader shows it
+        self.assertEqual(set(rows), {("dead_relu", "activation relu1"), ("dead_relu", f"activation {escaped}"),
+                                     ("all_zero", f"activation {escaped}"), ("stalled_training", "the model")})
+        # The hostile name is text everywhere: no element, no control character.
+        self.assertNotIn("<img src=x", page)
+        self.assertNotIn("\x1b", page)
+        self.assertEqual(page.count("</script>"), page.count("<script"))
+        self.assertIn("relu&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;\\x1b[31m", section)
+        ids = re.findall(r'id="([^"]*)"', page)
+        self.assertEqual(len(ids), len(set(ids)))
+        self.assertTrue(all(re.fullmatch(r"[a-z0-9-]+", i) for i in ids), ids)  # no name in an id
+        for key in (("dead_relu", "activation relu1"), ("dead_relu", f"activation {escaped}")):
+            target = re.fullmatch(r'<a href="#(finding-chart-\d+)">.*</a>', rows[key]).group(1)
+            chart = re.search(f'<div class="finding-chart" id="{target}"><h3>(.*?)</h3>(.*?)</div>', page, re.S)
+            self.assertEqual("activation " + html.unescape(chart.group(1)).split(" ", 1)[1], key[1])
+            self.assertIn('<img class="figure"', chart.group(2))
+        # Both of the hostile tensor's findings link to its one chart.
+        self.assertEqual(rows[("dead_relu", f"activation {escaped}")], rows[("all_zero", f"activation {escaped}")])
+        # A finding about the whole model links to the section that shows it: the stall's dump.
+        self.assertEqual(rows[("stalled_training", "the model")], '<a href="#flight-recorder-dumps">the model</a>')
+        self.assertIn('<section id="flight-recorder-dumps">', page)
+        self.assertEqual(sorted((f["rule"], f["name"]) for f in data["findings"]["findings"]),
+                         [("all_zero", escaped), ("dead_relu", "relu1"), ("dead_relu", escaped),
+                          ("stalled_training", None)])
+
+    def test_no_finding_is_said_plainly(self):
+        rng = np.random.default_rng(1)
+        records = [("activation", "relu1", step, np.abs(rng.normal(size=64)).astype(np.float32)) for step in range(4)]
+        page, data = self.report(self.make(records))
+        section = findings_section(page)
+        self.assertEqual(re.findall(r'<section id="([^"]*)"', page)[0], "findings")
+        self.assertIn("<strong>0 findings</strong>", section)
+        self.assertIn("none found a problem", section)
+        self.assertNotIn("<table>", section)
+        self.assertNotIn("tensors-with-findings", page)
+        self.assertIn("<li><code>stalled_training</code>: the run was recorded without stall_after", section)
+        self.assertEqual(data["findings"]["findings"], [])
+
+    def test_a_run_the_doctor_cannot_judge_still_gets_its_page(self):
+        records = [("activation", "relu1", step, np.zeros(8, np.float32)) for step in range(3)]
+        records += [("tensor", "loss", step, np.array(1.0 / (step + 1), np.float32)) for step in range(3)]
+        run = self.make(records)
+        with open(os.path.join(run, "stats.npy"), "wb") as f:
+            f.write(b"not a table" * 20)  # damaged: the doctor refuses the run
+        page, data = self.report(run)
+        section = findings_section(page)
+        self.assertEqual(section.count("<p>"), 1, section)
+        self.assertRegex(section, r"^<p>The doctor could not judge this run: RunError: .*stats\.npy.*</p>$")
+        self.assertIn("RunError", data["findings"]["error"])
+        for heading in ("Summary", "Scalars", "Activation histograms", "Flight recorder dumps"):
+            self.assertIn(f"<h2>{heading}</h2>", page)
+        self.assertIn('alt="scalars over steps"', page)
 
 
 class ManyDumpsTest(HandMadeRuns, unittest.TestCase):
@@ -732,7 +898,7 @@ class ExampleTest(unittest.TestCase):
 # `test_analysis.py frames` and `test_analysis.py report`. Every test class
 # is in exactly one of them; with no half named, all run.
 HALVES = {"frames": ["FramesTest", "LargerThanMemoryTest", "ProgressTest", "HostileRunTest", "ExampleTest"],
-          "report": ["ReportTest", "ReportScalarsTest", "ManyDumpsTest"]}
+          "report": ["ReportTest", "ReportScalarsTest", "ManyDumpsTest", "FindingsTest"]}
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 import unittest
+import unittest.mock
 import warnings
 
 import numpy as np
@@ -432,6 +433,45 @@ class CommandTest(Runs):
         self.assertEqual(err.count("\n"), 1, err)
         self.assertIn("no statistics table (stats.npy) (ranks 0, 1): the rules use statistics computed from the "
                       "full records", err)
+
+
+class InspectTest(Runs):
+    """`tensortap inspect` counts the health rules' live firings (dumps whose
+    reason is a rule's name) and points to the doctor; it evaluates no rule."""
+
+    def inspect(self, path):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            status = cli.main(["inspect", path])
+        return status, out.getvalue().splitlines()
+
+    def test_live_firings_are_counted_and_the_doctor_named(self):
+        fired = [{"step": s, "reason": rule, "steps": [], "kind": "activation", "name": "relu1",
+                  "trigger": {"kind": rule}, "value": 1.0, "threshold": 0.95}
+                 for s, rule in ((3, "dead_relu"), (9, "vanishing_gradient"), (12, "dead_relu"))]
+        others = [{"step": 20, "reason": "stall", "steps": [], "last_step": 20, "stalled_seconds": 2.0},
+                  {"step": 21, "reason": "nan", "steps": []}, {"step": 22, "reason": ["dead_relu"], "steps": []}]
+        # A name no terminal should see raw, and a space: the hint's path is escaped and quoted.
+        path = self.run_dir([(0, "tensor", "loss", stat([1.0]))], name="run \x1b[31m red", dumps=fired + others)
+        # Evaluating the rules is the doctor's: inspect must not, however long they would take.
+        with unittest.mock.patch.object(D, "evaluate", side_effect=AssertionError("inspect evaluated the rules")):
+            status, lines = self.inspect(path)
+        self.assertEqual(status, 0)
+        self.assertIn("  health rules fired live: 3 (dead_relu 2, vanishing_gradient 1)", lines)
+        self.assertEqual(lines[-1], "  run tensortap doctor 'run_dir_prefix/run \\x1b[31m red' for the training health "
+                         "rules".replace("run_dir_prefix", self.tmp))
+        self.assertNotIn("\x1b", "\n".join(lines))
+
+    def test_none_fired(self):
+        plain = self.run_dir([(0, "tensor", "loss", stat([1.0]))], name="plain")
+        _, lines = self.inspect(plain)
+        self.assertEqual(lines[-2:], ["  health rules fired live: 0 (none was on)",
+                                      f"  run tensortap doctor {plain} for the training health rules"])
+        watched = self.run_dir([(0, "tensor", "loss", stat([1.0]))], name="watched",
+                               options={"dump_on": [{"kind": "spike", "name": "loss"}, {"kind": "vanishing_gradient"},
+                                                    {"kind": "dead_relu", "threshold": 0.9}]})
+        _, lines = self.inspect(watched)
+        self.assertIn("  health rules fired live: 0 (on: vanishing_gradient, dead_relu)", lines)
 
 
 class RecordsTest(unittest.TestCase):

@@ -569,8 +569,9 @@ TEST_CASE("names with /, .., NUL, unicode or great length stay inside the run di
   REQUIRE(rec.counters().records == static_cast<std::int64_t>(names.size()));
   REQUIRE(rec.counters().errors == 0);
   // Nothing beside the run directory, and every file under npy/tensor/<one
-  // component>/; besides them run.json, index.jsonl and the writer's lock.
-  REQUIRE(tt_test::files_under(outer.path).size() == names.size() + 3);
+  // component>/; besides them run.json, index.jsonl, the writer's lock and
+  // tensortap ctl's answers and heartbeat.
+  REQUIRE(tt_test::files_under(outer.path).size() == names.size() + 5);
   const auto canon_run = std::filesystem::canonical(run).string();
   for (const auto& f : tt_test::files_under(run + "/npy")) {
     const auto rel = std::filesystem::relative(std::filesystem::canonical(f), canon_run);

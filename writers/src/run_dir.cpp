@@ -46,10 +46,13 @@ std::string utc_now() {
 // The journal is Hdf5Journal::kName, left by an HDF5 writer that was killed.
 // The ballasts are the lines files' room where the file system has no
 // fallocate (LinesFile::ballast_name).
-const char* const kRunFileNames[12] = {"run.json",   "index.jsonl",         "npy",       "packed",
-                                       "tensors.h5", ".tensors.h5.journal", "stats.npy", "stats_series.jsonl",
-                                       "dumps.jsonl", ".index.jsonl.room",  ".stats_series.jsonl.room",
-                                       ".dumps.jsonl.room"};
+// control, control.jsonl, control.heartbeat: tensortap ctl's channel
+// (sdk/src/back/control.h).
+const char* const kRunFileNames[15] = {"run.json",          "index.jsonl",         "npy",
+                                       "packed",            "tensors.h5",          ".tensors.h5.journal",
+                                       "stats.npy",         "stats_series.jsonl",  "dumps.jsonl",
+                                       ".index.jsonl.room", ".stats_series.jsonl.room", ".dumps.jsonl.room",
+                                       "control",           "control.jsonl",       "control.heartbeat"};
 const char* const kEventsPrefix = "events.out.tfevents.";
 const char* const kEventsSuffix = ".tensortap";
 

@@ -16,7 +16,7 @@ namespace tensortap::detail {
 /// The names tensortap writes in a run directory, and only those:
 /// `Options::overwrite` removes them, and a directory that holds one of them
 /// but no run is refused (a planted file or link, or a user's own file).
-extern const char* const kRunFileNames[12];
+extern const char* const kRunFileNames[15];
 /// TensorBoard's event files (`Options::tensorboard`) have names of their
 /// own (writers/src/tensorboard/EVENTS.md): each name that starts with
 /// `kEventsPrefix` and ends with `kEventsSuffix` is tensortap's as well.

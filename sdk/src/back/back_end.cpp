@@ -1,12 +1,32 @@
 #include "sdk/src/back/back_end.h"
 
+#include <sys/random.h>
+
+#include <fmt/format.h>
+
 #include "sdk/src/cuda/capture.h"
 
 namespace tensortap::detail {
 namespace {
 
+// 128 random bits in hex: the run's id (run.json's "run_id"), which a ctl
+// request must carry.
+std::string new_run_id() {
+  unsigned char bytes[16] = {};
+  std::size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n > 0) got += static_cast<std::size_t>(n);
+    else if (errno != EINTR) break;
+  }
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
 RunInfo run_info(const Placement& p) {
   RunInfo info;
+  info.run_id = new_run_id();
   info.run_dir = p.run_dir;
   info.rank = p.rank;
   info.world_size = p.world_size;
@@ -17,8 +37,8 @@ RunInfo run_info(const Placement& p) {
 }  // namespace
 
 BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& staging, Failures& failures,
-                 std::function<std::int64_t()> step_now)
-    : staging_(staging), manifest_(options, run_info(placement)) {
+                 FrontSide front)
+    : staging_(staging), manifest_(options, run_info(placement)), front_(std::move(front)), clock_(front_.step) {
   // Opened once: everything is written through this descriptor, so a
   // chdir() or a link planted in the directory cannot move the run.
   run_dir_ = std::make_unique<RunDir>(options.dir(), placement.sub_dir, options.overwrite(), placement.world_size);
@@ -33,10 +53,14 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
   flight_ = std::make_unique<FlightRecorder>(options, *store_, manifest_, failures);
   flight_->set_tensorboard(tensorboard_.get());
   if (options.stall_after().count() > 0)
-    watchdog_ = std::make_unique<Watchdog>(options.stall_after(), std::move(step_now), staging.waits());
+    watchdog_ = std::make_unique<Watchdog>(options.stall_after(), clock_, staging.waits());
+  ControlChannel::Hooks hooks;
+  hooks.step = front_.step;
+  hooks.dump = [this](std::int64_t step) { return request_dump(step); };
+  hooks.status = [this] { return status(); };
+  control_ = std::make_unique<ControlChannel>(dir, manifest_.run_id(), std::move(hooks));
   thread_ = std::make_unique<WriterThread>(staging, *store_, *stats_, *flight_, failures, tensorboard_.get(),
-                                           budget_->on() ? budget_.get() : nullptr,
-                                           watchdog_ ? std::function<void()>([this] { on_wake(); }) : nullptr);
+                                           budget_->on() ? budget_.get() : nullptr, [this] { on_wake(); });
   // Device memory that snapshots may hold, per GPU: as much as host staging.
   cuda_ = make_cuda_engine(staging, 2 * options.buffer_bytes(),
                            [&failures](const std::string& what) { failures.add(nullptr, what, 1); });
@@ -46,8 +70,38 @@ BackEnd::~BackEnd() { stop(); }
 
 void BackEnd::on_wake() {
   const auto now = std::chrono::steady_clock::now();
+  clock_.tick(now);
   if (watchdog_)
     if (std::optional<Dump> stall = watchdog_->check(now)) flight_->side_dump(std::move(*stall));
+  for (const ControlAnswer& applied : control_->wake(now)) {
+    // A capture's window: stored even by a flight recorder, and its include.
+    flight_->store_steps(applied.window_lo, applied.window_hi);
+    thread_->set_window(applied.window_lo, applied.window_hi,
+                        applied.include.empty() ? nullptr : std::make_unique<Pattern>(applied.include, "include"));
+  }
+}
+
+std::string BackEnd::request_dump(std::int64_t step) {
+  Dump d;
+  d.step = step;
+  d.trigger = "request";
+  d.reason = "request";
+  const std::vector<std::int64_t> steps = flight_->side_dump(std::move(d));
+  if (!flight_->holds()) return "the run is marked (dumps.jsonl); it has no flight recorder";
+  if (steps.empty()) return "the run is marked (dumps.jsonl): the flight recorder held no step";
+  return fmt::format("the flight recorder dumped steps {}..{}", steps.front(), steps.back());
+}
+
+std::string BackEnd::status() const {
+  const std::string budget =
+      budget_->on() ? fmt::format("budget {}/{} ({})", budget_->used(), budget_->state().max_bytes,
+                                  budget_->state().policy == Budget::KeepLatest ? "keep_latest" : "stop_capture")
+                    : std::string("budget off");
+  const double ago = clock_.step() < 0 ? 0.0
+                                       : std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_.since())
+                                             .count();
+  return fmt::format("records {}, bytes {}, dropped {}, {}, last step {:.1f} s ago", store_->records(),
+                     store_->bytes(), front_.dropped() + flight_->dropped(), budget, ago);
 }
 
 void BackEnd::flush(bool index) {
@@ -59,6 +113,7 @@ void BackEnd::flush(bool index) {
 void BackEnd::stop() {
   if (cuda_) cuda_stop(*cuda_);
   thread_->stop();
+  control_->close();
 }
 
 void BackEnd::close(const Counters& counters, const std::string& first_error) {

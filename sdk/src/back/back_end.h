@@ -14,6 +14,8 @@
 #include "sdk/src/pipeline/staging.h"
 #include "sdk/src/pipeline/store.h"
 #include "sdk/src/pipeline/tensorboard.h"
+#include "sdk/src/back/control.h"
+#include "sdk/src/back/step_clock.h"
 #include "sdk/src/back/watchdog.h"
 #include "sdk/src/back/writer_thread.h"
 #include "writers/src/run_dir.h"
@@ -29,12 +31,19 @@ class CudaEngine;
 /// copier. The front end owns one on every rank that captures.
 class BackEnd {
  public:
+  /// What the back end asks of the training thread's half, from the
+  /// writer thread: the step in progress (-1 before the first), for the
+  /// watchdog and ctl; the records the snapshotter dropped, for ctl status.
+  struct FrontSide {
+    std::function<std::int64_t()> step;
+    std::function<std::int64_t()> dropped;
+  };
+
   /// Opens the directory, writes run.json and starts the writer thread.
   /// Throws `Error` naming the path. `options`, `staging` and `failures`
-  /// must outlive it; `step_now` gives the current step (-1 before the
-  /// first), for the stall watchdog.
+  /// must outlive it, and what `front` reads.
   BackEnd(const Options& options, const Placement& placement, Staging& staging, Failures& failures,
-          std::function<std::int64_t()> step_now);
+          FrontSide front);
   /// Stops (see `stop()`).
   ~BackEnd();
   BackEnd(const BackEnd&) = delete;
@@ -67,10 +76,16 @@ class BackEnd {
   std::int64_t stats_rows() const { return thread_->stats_rows(); }
   /// Full-tensor records a disk budget refused.
   std::int64_t budget_refused() const { return budget_->refused(); }
+  bool budget_reached() const { return budget_->reached(); }
+  /// tensortap ctl's channel (its `on()` says whether it takes requests).
+  ControlChannel& control() const { return *control_; }
 
  private:
-  // The writer thread's wake: the watchdog's check.
+  // The writer thread's wake: the watchdog's check, the control channel.
   void on_wake();
+  // ctl's dump and status, on the writer thread.
+  std::string request_dump(std::int64_t step);
+  std::string status() const;
 
 
   Staging& staging_;
@@ -81,7 +96,10 @@ class BackEnd {
   std::unique_ptr<StatsFile> stats_;
   std::unique_ptr<TensorBoard> tensorboard_;  // null unless Options::tensorboard
   std::unique_ptr<FlightRecorder> flight_;
+  FrontSide front_;
+  StepClock clock_;
   std::unique_ptr<Watchdog> watchdog_;  // null unless Options::stall_after
+  std::unique_ptr<ControlChannel> control_;
   std::unique_ptr<WriterThread> thread_;
   // Last, so stopped first: its copier thread feeds staging and reports to
   // the failures. Null without CUDA (build or device).

@@ -3,20 +3,15 @@
 namespace tensortap::detail {
 
 std::optional<Dump> Watchdog::check(std::chrono::steady_clock::time_point now) {
-  const std::int64_t step = step_now_();
-  if (step != seen_step_) {
-    seen_step_ = step;
-    seen_at_ = now;
-    return std::nullopt;
-  }
-  if (step < 0 || step == stalled_step_ || now - seen_at_ < after_) return std::nullopt;
+  const std::int64_t step = clock_.step();
+  if (step < 0 || step == stalled_step_ || now - clock_.since() < after_) return std::nullopt;
   stalled_step_ = step;
   Dump d;
   d.step = step;
   d.trigger = "stall";
   d.reason = "stall";
   d.last_step = step;
-  d.stalled_seconds = std::chrono::duration<double>(now - seen_at_).count();
+  d.stalled_seconds = std::chrono::duration<double>(now - clock_.since()).count();
   d.waiting = waits_.describe(now);
   return d;
 }

@@ -2,11 +2,11 @@
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <optional>
 
 #include <tensortap/trigger.h>
 
+#include "sdk/src/back/step_clock.h"
 #include "sdk/src/pipeline/waits.h"
 
 namespace tensortap::detail {
@@ -18,22 +18,20 @@ namespace tensortap::detail {
 /// half a second late, and `stalled_seconds` is a lower bound by as much.
 class Watchdog {
  public:
-  /// `step_now` gives the current step (-1 before the first): the training
-  /// thread's own atomic word, read here. `waits` names who waits inside
-  /// tensortap. Both must outlive it.
-  Watchdog(std::chrono::milliseconds after, std::function<std::int64_t()> step_now, const Waits& waits)
-      : after_(after), step_now_(std::move(step_now)), waits_(waits) {}
+  /// `clock` says when the current step began; `waits` names who waits
+  /// inside tensortap. Both must outlive it.
+  Watchdog(std::chrono::milliseconds after, const StepClock& clock, const Waits& waits)
+      : after_(after), clock_(clock), waits_(waits) {}
 
-  /// Writer thread, at each wake: the stall's dump when one begins. Once
-  /// per stall (the next needs a new step); never before the first step.
+  /// Writer thread, at each wake, after the clock's tick: the stall's dump
+  /// when one begins. Once per stall (the next needs a new step); never
+  /// before the first step.
   std::optional<Dump> check(std::chrono::steady_clock::time_point now);
 
  private:
   const std::chrono::milliseconds after_;
-  const std::function<std::int64_t()> step_now_;
+  const StepClock& clock_;
   const Waits& waits_;
-  std::int64_t seen_step_ = -1;
-  std::chrono::steady_clock::time_point seen_at_{};
   std::int64_t stalled_step_ = -1;
 };
 

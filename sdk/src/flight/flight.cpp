@@ -43,7 +43,7 @@ void FlightRecorder::observe(const RecordDesc& record, const TensorStats& stats,
 
 void FlightRecorder::keep(HeldRecord held) {
   const RecordDesc& desc = held.record.desc;
-  if (window_lo_ <= desc.step && desc.step <= window_hi_) {
+  if ((window_lo_ <= desc.step && desc.step <= window_hi_) || (ctl_lo_ <= desc.step && desc.step <= ctl_hi_)) {
     store_.prepare({&desc});
     store_.write_whole(desc, held.bytes.data(), held.bytes.size());
     return;
@@ -62,7 +62,7 @@ void FlightRecorder::user_dump(std::int64_t step) {
   trigger(std::move(user));
 }
 
-void FlightRecorder::trigger(Dump dump, bool applies) {
+std::vector<std::int64_t> FlightRecorder::trigger(Dump dump, bool applies) {
   // After a dump that stopped the flight recorder: a mark, which acts on
   // nothing (capture is halted already; Throw threw for the first).
   if (ring_ && halted()) applies = false;
@@ -84,6 +84,7 @@ void FlightRecorder::trigger(Dump dump, bool applies) {
     // What was dumped is made durable before the run says it was.
     store_.sync(/*force=*/true);
   }
+  std::vector<std::int64_t> written = dump.steps;
   // Without a flight recorder the trigger only marks the run. dumps.jsonl
   // has the dump on disk before step() can see the count and act on it.
   try {
@@ -106,6 +107,7 @@ void FlightRecorder::trigger(Dump dump, bool applies) {
     last_applied_.store(static_cast<std::size_t>(n), std::memory_order_relaxed);
     applied_.fetch_add(1, std::memory_order_release);
   }
+  return written;
 }
 
 void FlightRecorder::on_step() {

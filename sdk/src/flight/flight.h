@@ -53,7 +53,14 @@ class FlightRecorder {
   /// A dump no rule made: the stall watchdog's, a control request's. It
   /// writes the held steps (a mark once the flight recorder has stopped)
   /// and never applies Options::after_dump: no StopCapture, no Throw.
-  void side_dump(Dump dump) { trigger(std::move(dump), /*applies=*/false); }
+  /// Returns the steps it wrote.
+  std::vector<std::int64_t> side_dump(Dump dump) { return trigger(std::move(dump), /*applies=*/false); }
+  /// `tensortap ctl capture`: the held records of steps [lo, hi] are
+  /// written, not held (writer thread, before any of them arrives).
+  void store_steps(std::int64_t lo, std::int64_t hi) {
+    ctl_lo_ = lo;
+    ctl_hi_ = hi;
+  }
 
   // Any thread.
   /// Dumps (or marks) so far, once on disk.
@@ -82,7 +89,7 @@ class FlightRecorder {
   // window for what is still to come of the trigger's step. After a dump
   // that stopped the flight recorder, only marks the run (no steps): a NaN
   // after a rule's firing is still said. `applies`: after_dump acts on it.
-  void trigger(Dump dump, bool applies = true);
+  std::vector<std::int64_t> trigger(Dump dump, bool applies = true);
   // After a dump that stops capture: later records are let go.
   bool halted() const { return halts_ && applied_.load(std::memory_order_relaxed) > 0; }
 
@@ -99,6 +106,8 @@ class FlightRecorder {
   // The window [lo, hi] of steps the last dump covers: their records still
   // to come are written, not held. Writer thread.
   std::int64_t window_lo_ = -1, window_hi_ = -1;
+  // The steps a ctl capture writes in full. Writer thread.
+  std::int64_t ctl_lo_ = -1, ctl_hi_ = -1;
   std::atomic<std::int64_t> dumps_{0};
   std::atomic<std::int64_t> dropped_{0};
   // Dumps after_dump acts on (rules', Recorder::dump()'s), and the number

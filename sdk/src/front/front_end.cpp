@@ -10,6 +10,7 @@
 #include "sdk/src/flight/triggers.h"
 #include "sdk/src/run/environment.h"
 #include "writers/src/check.h"
+#include "writers/src/kind_set_access.h"
 
 namespace tensortap::detail {
 namespace {
@@ -62,8 +63,9 @@ FrontEnd::FrontEnd(Options options)
   // thread, no memory. Its hooks see no sampled step. TENSORTAP=off: the same
   // on every rank, and watch() hooks nothing.
   if (off_ || (!only.empty() && std::find(only.begin(), only.end(), placement_.rank) == only.end())) return;
-  back_ = std::make_unique<BackEnd>(options_, placement_, *staging_, *failures_,
-                                    [this] { return current_step(); });
+  back_ = std::make_unique<BackEnd>(
+      options_, placement_, *staging_, *failures_,
+      BackEnd::FrontSide{[this] { return current_step(); }, [this] { return snapshotter_->dropped(); }});
   snapshotter_->open(back_->engine(), &back_->flight(), back_->space_fd(), placement_.run_dir);
 }
 
@@ -199,7 +201,11 @@ void FrontEnd::step(std::int64_t step) {
   TENSORTAP_CHECK(step < kMaxStep, "step({}): steps must be below 2^47", step);
   TENSORTAP_CHECK(step > previous, "step({}) after step({}): steps must increase", step, previous);
   check_stopped();
-  if (capturing()) back_->flight().on_step();
+  if (capturing()) {
+    back_->flight().on_step();
+    // tensortap ctl: one relaxed load when nothing is asked.
+    if (back_->control().pending()) steer(step);
+  }
   sampling_.begin(step, capturing(), capturing() && back_->flight().capture_halted());
   // Watchers run hooks' work (committing gradients, snapshotting
   // parameters): their failures are hook failures, and every watcher runs.
@@ -216,6 +222,75 @@ void FrontEnd::step(std::int64_t step) {
   // The last step's records go to the writer now, in one wake-up.
   if (capturing()) staging_->kick();
   check_stopped();
+}
+
+void FrontEnd::steer(std::int64_t step) {
+  Steering s = sampling_.steering() != nullptr ? *sampling_.steering() : Steering{};
+  std::vector<ControlAnswer> answers;
+  for (const ControlRequest& r : back_->control().take()) {
+    ControlAnswer a;
+    a.id = r.id;
+    a.command = control_command_name(r.command);
+    a.ok = true;
+    a.step = step;
+    switch (r.command) {
+      case ControlCommand::Capture: {
+        if (back_->flight().capture_halted()) {
+          a.ok = false;
+          a.step = -1;
+          a.message = back_->budget_reached()
+                          ? "full capture has stopped: the run reached its disk budget (Options::max_bytes)"
+                          : "full capture has stopped after a flight-recorder dump (Options::after_dump)";
+          break;
+        }
+        const std::uint64_t kinds = r.kinds != 0 ? r.kinds : KindSetAccess::bits(options_.kinds());
+        // A window that runs now is extended to the later end.
+        if (s.window_lo <= step && step <= s.window_hi) {
+          s.window_hi = std::max(s.window_hi, step + r.steps - 1);
+          s.window_kinds |= kinds;
+        } else {
+          s.window_lo = step;
+          s.window_hi = step + r.steps - 1;
+          s.window_kinds = kinds;
+        }
+        a.window_lo = s.window_lo;
+        a.window_hi = s.window_hi;
+        a.include = r.include;
+        std::string names;
+        for (Kind k : kAllKinds)
+          if ((s.window_kinds & KindSetAccess::bit(k)) != 0) names += std::string(names.empty() ? "" : "+") + kind_name(k);
+        a.message = fmt::format("steps {}..{} in full ({}{}{})", s.window_lo, s.window_hi, names,
+                                r.include.empty() ? "" : ", include ", r.include);
+        break;
+      }
+      case ControlCommand::Every:
+        s.every = r.every;
+        s.every_from = step;
+        a.message = r.every > 0 ? fmt::format("every {} steps from step {}", r.every, step)
+                                : std::string("no full tensors from now (every 0); statistics go on");
+        break;
+      case ControlCommand::Pause:
+        if (s.paused_from >= 0) {
+          a.message = fmt::format("already paused since step {}", s.paused_from);
+          a.step = s.paused_from;
+        } else {
+          s.paused_from = step;
+          a.message = "full tensors paused; statistics, TensorBoard, the rules and the watchdog go on";
+        }
+        break;
+      case ControlCommand::Resume:
+        a.message = s.paused_from >= 0 ? "resumed" : "not paused";
+        s.paused_from = -1;
+        break;
+      case ControlCommand::Dump:
+      case ControlCommand::Status:
+        // The writer thread answers these itself.
+        continue;
+    }
+    answers.push_back(std::move(a));
+  }
+  sampling_.steer(s, step);
+  back_->control().answered(std::move(answers));
 }
 
 std::vector<Dump> FrontEnd::dumps() const {

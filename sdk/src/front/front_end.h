@@ -160,6 +160,9 @@ class FrontEnd {
   [[noreturn]] void refuse(const char* call) const;
   // With OnError::Stop, throws once an error stopped capture.
   void check_stopped();
+  // step(): applies what tensortap ctl asked (capture, every, pause,
+  // resume) from `step` on, and hands the answers to the writer thread.
+  void steer(std::int64_t step);
   // What flush() and close() throw after a background failure.
   std::string failure_message(std::int64_t errors, const std::string& first) const;
 

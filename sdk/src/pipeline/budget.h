@@ -50,6 +50,8 @@ class DiskBudget {
 
   /// Whether the budget stopped full capture (the front end asks at step()).
   bool reached() const { return reached_.load(std::memory_order_relaxed); }
+  /// Bytes used as of the last `measure()` and admissions since (writer thread).
+  std::uint64_t used() const { return used_; }
   std::int64_t refused() const { return refused_records_.load(std::memory_order_relaxed); }
   BudgetState state() const;
 

@@ -58,6 +58,9 @@ std::string run_json(const Options& o, const RunInfo& info) {
   std::string j = "{\n";
   j += fmt::format("  \"format_version\": {},\n", kFormatVersion);
   j += fmt::format("  \"tensortap_version\": \"{}\",\n", kTensortapVersion);
+  j += "  \"run_id\": ";
+  append_json_string(j, info.run_id);
+  j += ",\n";
   j += fmt::format("  \"torch_version\": \"{}\",\n", kTorchVersion);
   j += "  \"options\": {\n    \"dir\": ";
   append_json_string(j, o.dir());

@@ -40,6 +40,10 @@ struct RunInfo {
   std::vector<Dump> dumps;
   /// A disk budget's state, at close ("budget"; unset: no budget).
   std::optional<BudgetState> budget;
+  /// A nonce made when the run starts ("run_id"): a `tensortap ctl`
+  /// request must carry it, so a request meant for an earlier run in this
+  /// directory is refused.
+  std::string run_id;
   /// TENSORTAP_OPTIONS as given, if set ("options_from_env").
   std::optional<std::string> options_from_env;
   /// Tensors watched under several names (tied weights): the name its
@@ -90,6 +94,7 @@ class RunManifest {
 
   /// Where and as which rank this process writes; fixed once placed.
   const std::string& run_dir() const { return info_.run_dir; }
+  const std::string& run_id() const { return info_.run_id; }
   std::int64_t rank() const { return info_.rank; }
   std::int64_t world_size() const { return info_.world_size; }
 

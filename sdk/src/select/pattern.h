@@ -29,13 +29,19 @@ inline bool is_word(unsigned char c) {
 /// matches, lazy and greedy are the same). Backreferences and lookaround
 /// need backtracking and are refused with an error, as is a pattern whose
 /// automaton would be too large.
+///
+/// `ignore_case` matches ASCII letters without regard to case, as
+/// ECMAScript's `icase` (and Python's re.IGNORECASE | re.ASCII, which the
+/// training health rules' definition names): a literal letter and every
+/// class fold both cases, a class before it is negated, so `[^a]` takes
+/// neither `a` nor `A`.
 class Pattern {
  public:
   /// The empty pattern, which matches every name.
   Pattern() = default;
   /// Compiles `pattern`. Throws `Error` naming `option` (e.g. "include"),
   /// the pattern and what is wrong at which position.
-  Pattern(const std::string& pattern, const char* option);
+  Pattern(const std::string& pattern, const char* option, bool ignore_case = false);
 
   /// Whether the pattern matches anywhere in `s`, as `std::regex_search`.
   bool search(std::string_view s) const;

@@ -33,8 +33,8 @@ constexpr int kMaxCount = 1000;
 // Parses and compiles a pattern into a Pattern's program.
 class PatternCompiler {
  public:
-  PatternCompiler(Pattern& out, const std::string& pattern, const char* option)
-      : out_(out), p_(pattern), option_(option) {}
+  PatternCompiler(Pattern& out, const std::string& pattern, const char* option, bool ignore_case)
+      : out_(out), p_(pattern), option_(option), icase_(ignore_case) {}
 
   void run() {
     if (p_.size() > Pattern::kMaxLength)
@@ -141,6 +141,27 @@ class PatternCompiler {
     n.type = t;
     n.byte = b;
     return n;
+  }
+
+  // A byte the pattern names: under ignore_case a letter is a class of both
+  // its cases, so the automaton and search() stay as they are.
+  Node literal(unsigned char b) {
+    if (!icase_ || !is_letter(b)) return leaf(Node::Type::Byte, b);
+    std::bitset<256> both;
+    both.set(b);
+    both.set(other_case(b));
+    return class_node(both);
+  }
+  static bool is_letter(int c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+  static int other_case(int c) { return c >= 'a' ? c - 'a' + 'A' : c - 'A' + 'a'; }
+  // Both cases of every letter in `set`.
+  static std::bitset<256> folded(std::bitset<256> set) {
+    for (int c = 'a'; c <= 'z'; ++c)
+      if (set.test(static_cast<std::size_t>(c)) || set.test(static_cast<std::size_t>(other_case(c)))) {
+        set.set(static_cast<std::size_t>(c));
+        set.set(static_cast<std::size_t>(other_case(c)));
+      }
+    return set;
   }
 
   Node class_node(const std::bitset<256>& set) {
@@ -268,6 +289,8 @@ class PatternCompiler {
       }
       for (int c = lo; c <= hi; ++c) set.set(static_cast<std::size_t>(c));
     }
+    // Folded before the negation: under ignore_case [^a] leaves out 'A' too.
+    if (icase_) set = folded(set);
     return class_node(negate ? ~set : set);
   }
 
@@ -287,7 +310,7 @@ class PatternCompiler {
         const std::size_t save = i_;
         if (number(n)) fail(at, "a quantifier with nothing to repeat");
         i_ = save;
-        return leaf(Node::Type::Byte, '{');
+        return literal('{');
       }
       case '(': {
         if (more() && peek() == '?') {
@@ -310,9 +333,9 @@ class PatternCompiler {
         }
         std::bitset<256> set;
         const int b = escape(set, /*in_class=*/false);
-        return b < 0 ? class_node(set) : leaf(Node::Type::Byte, static_cast<unsigned char>(b));
+        return b < 0 ? class_node(set) : literal(static_cast<unsigned char>(b));
       }
-      default: return leaf(Node::Type::Byte, static_cast<unsigned char>(c));
+      default: return literal(static_cast<unsigned char>(c));
     }
   }
 
@@ -384,12 +407,13 @@ class PatternCompiler {
   Pattern& out_;
   const std::string& p_;
   const char* option_;
+  const bool icase_;
   std::size_t i_ = 0;
 };
 
-Pattern::Pattern(const std::string& pattern, const char* option) {
+Pattern::Pattern(const std::string& pattern, const char* option, bool ignore_case) {
   if (pattern.empty()) return;
-  PatternCompiler(*this, pattern, option).run();
+  PatternCompiler(*this, pattern, option, ignore_case).run();
 }
 
 }  // namespace tensortap::detail

@@ -18,8 +18,23 @@ bool Sampling::selected(const std::string& name) const {
   return true;
 }
 
+void Sampling::steer(Steering s, std::int64_t from) {
+  s.from = from;
+  s.prev = steering();
+  steerings_.push_back(std::make_unique<const Steering>(s));
+  steering_.store(steerings_.back().get(), std::memory_order_release);
+}
+
 std::uint64_t Sampling::full_bits(std::int64_t step) const {
   const Options& o = options_;
+  const Steering* c = steering();
+  while (c != nullptr && step < c->from) c = c->prev;
+  if (c != nullptr) {
+    if (c->window_lo <= step && step <= c->window_hi) return c->window_kinds;
+    if (c->paused_from >= 0 && step >= c->paused_from) return 0;
+    if (c->every >= 0 && step >= c->every_from)
+      return c->every > 0 && (step - c->every_from) % c->every == 0 ? KindSetAccess::bits(o.kinds()) : 0;
+  }
   if (step < o.start()) return 0;
   if (o.stop() && step >= *o.stop()) return 0;
   if (!o.steps().empty() && std::find(o.steps().begin(), o.steps().end(), step) == o.steps().end()) return 0;

@@ -2,7 +2,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <tensortap/options.h>
 
@@ -10,6 +12,24 @@
 #include "writers/src/kind_set_access.h"
 
 namespace tensortap::detail {
+
+/// What `tensortap ctl` changed of the options' cadence (capture, every,
+/// pause): each field from a step on. Immutable once published.
+struct Steering {
+  /// capture --steps: every step of [window_lo, window_hi] in full, these
+  /// kinds, whatever the cadence or a pause say.
+  std::int64_t window_lo = -1, window_hi = -1;
+  std::uint64_t window_kinds = 0;
+  /// every N from `every_from` (-1: the options' cadence; 0: none).
+  std::int64_t every = -1, every_from = 0;
+  /// pause: no full tensors from this step (-1: not paused).
+  std::int64_t paused_from = -1;
+  /// Set by `Sampling::steer`: the first step this version decides, and the
+  /// one before it, which still decides the earlier steps (a gradient of
+  /// step s is committed in step(s + 1), after a request taken there).
+  std::int64_t from = 0;
+  const Steering* prev = nullptr;
+};
 
 /// What is captured: which steps and kinds are sampled (full tensors, or
 /// their statistics), and which names are selected. The current step and
@@ -59,6 +79,14 @@ class Sampling {
   /// Captures nothing more, keeping the current step.
   void stop() { state_.fetch_and(~kPlanMask, std::memory_order_relaxed); }
 
+  /// Training thread, in step(from) before `begin()`: the cadence `ctl`
+  /// asked for from step `from` on. Versions are kept to the end, so a late
+  /// record's plan on another thread may read the one it found, and a step
+  /// before `from` is decided by the version it ran under.
+  void steer(Steering s, std::int64_t from);
+  /// The last `steer()`'s, or null.
+  const Steering* steering() const { return steering_.load(std::memory_order_acquire); }
+
  private:
   // The plan of a step that is not the current one (a late record's).
   std::uint64_t other_plan(std::int64_t step, bool capturing) const;
@@ -74,6 +102,8 @@ class Sampling {
   Pattern tap_sequential_;
   const bool has_include_;
   const bool has_exclude_;
+  std::vector<std::unique_ptr<const Steering>> steerings_;
+  std::atomic<const Steering*> steering_{nullptr};
 
   // (step + 1) << kStepShift | statistics kind bits << kStatsShift | full
   // kind bits. 0 = before the first step.
