@@ -13,6 +13,13 @@
 // variant opens the finished file again to fsync it (one open and close more
 // than a writer with a built-in fsync would pay). On tmpfs fsync is almost
 // free: run the Fsync variants on a disk with TENSORTAP_BENCH_DIR.
+//
+// BM_Triggers/<rules>: what a statistics row costs the writer thread in the
+// dump rules, per row, over 64 tensors named as a watched MLP's (weights,
+// biases, ReLU and tanh taps and their inputs, the loss) for 1,000 steps:
+// 0 non_finite() alone (the default), 1 the nine live health rules.
+//
+//   build/bench/bench_writers --benchmark_filter=Triggers
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -27,6 +34,7 @@
 #include <tensortap/tensortap.h>
 
 #include "bench_dir.h"
+#include "sdk/src/flight/triggers.h"
 #include "writers/src/npy/writer.h"
 #include "writers/src/packed/writer.h"
 #ifdef TENSORTAP_HAVE_HDF5
@@ -34,6 +42,64 @@
 #endif
 
 namespace {
+
+void BM_Triggers(benchmark::State& state) {
+  using tensortap::Kind;
+  using tensortap::Trigger;
+  tensortap::Options options("x");
+  options.stats_every(1);
+  if (state.range(0) == 1)
+    for (Trigger t : {Trigger::vanishing_gradient(), Trigger::exploding_tensor(), Trigger::all_zero(),
+                      Trigger::unchanged_tensor(), Trigger::loss_not_decreasing(), Trigger::dead_relu(),
+                      Trigger::saturated_activation(), Trigger::tensor_variance(),
+                      Trigger::poor_weight_initialization()})
+      options.dump_on(t.cooldown(1));
+  else
+    options.dump_on(Trigger::non_finite());
+  std::vector<tensortap::TensorSummary> rows;
+  const char* acts[] = {"relu", "tanh"};
+  for (int layer = 0; layer < 8; ++layer) {
+    const std::string fc = fmt::format("fc{}", layer);
+    const std::string act = fmt::format("{}{}", acts[layer % 2], layer);
+    for (const auto& [kind, name] :
+         {std::pair{Kind::Param, fc + ".weight"}, std::pair{Kind::Param, fc + ".bias"}, std::pair{Kind::Grad, fc + ".weight"},
+          std::pair{Kind::Grad, fc + ".bias"}, std::pair{Kind::Activation, act + "_input"}, std::pair{Kind::Activation, act},
+          std::pair{Kind::ActivationGrad, act}, std::pair{Kind::ActivationGrad, act + "_input"}}) {
+      tensortap::TensorSummary s;
+      s.kind = kind;
+      s.name = name;
+      s.min = -1;
+      s.max = 1;
+      s.std = 0.5;
+      s.norm = 30;
+      s.numel = 4096;
+      rows.push_back(s);
+    }
+  }
+  tensortap::TensorSummary loss;
+  loss.kind = Kind::Tensor;
+  loss.name = "loss";
+  loss.numel = 1;
+  std::int64_t step = 0;
+  std::string error;
+  for (auto _ : state) {
+    tensortap::detail::Triggers triggers(options);
+    for (int i = 0; i < 1000; ++i, ++step) {
+      for (tensortap::TensorSummary& s : rows) {
+        s.step = step;
+        // A little movement, so that no rule sees a constant series.
+        s.std = 0.5 + 1e-3 * static_cast<double>(step % 7);
+        s.norm = 30 + 1e-2 * static_cast<double>(step % 5);
+        benchmark::DoNotOptimize(triggers.evaluate(s, false, error));
+      }
+      loss.step = step;
+      loss.mean = loss.min = loss.max = 2.0 - 1e-4 * static_cast<double>(i);
+      benchmark::DoNotOptimize(triggers.evaluate(loss, false, error));
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * 1000 * static_cast<std::int64_t>(rows.size() + 1));
+}
+BENCHMARK(BM_Triggers)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 void BM_RawWrite(benchmark::State& state, bool sync) {
   const auto n = static_cast<std::size_t>(state.range(0));

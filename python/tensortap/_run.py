@@ -153,7 +153,8 @@ class Run:
         """The flight recorder's dumps and the triggers' marks: dicts with "step",
         "reason" ("nan", "inf", "user" or the rule's kind) and "steps" (the steps
         written), and for a rule "kind", "name" and "trigger" (a rule with a window,
-        spike and norm_jump, also "factor", "window", "value" and "median"); on
+        spike and norm_jump, also "factor", "window", "value" and "median"; a
+        training health rule, reason its name, also "value" and "threshold"); on
         a multi-rank run each also has "rank". A closed run's come from
         run.json's "dumps", which close() writes whole; a run still going or
         cut short (a crash), from dumps.jsonl, where each dump is appended as it

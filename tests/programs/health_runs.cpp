@@ -2,7 +2,8 @@
 // training per planted problem, each at most 100 steps, statistics of every
 // tensor every step (and full parameters every step where weight_update_ratio
 // is to judge them: it needs their values), and healthy ones that must give
-// no finding.
+// no finding. Runs with statistics also have every live health rule on
+// (Options::dump_on), whose dumps must agree with the doctor.
 //
 //   health_runs OUT [MODE...]     writes OUT/<mode> for each MODE (default: all)
 //
@@ -177,9 +178,17 @@ void train(const std::string& dir, const Mode& mode, uint64_t seed) {
   // the rest never. Without statistics, everything in full every step.
   tensortap::Options options(dir);
   options.kinds(tensortap::KindSet::all()).overwrite(true);
-  if (mode.statistics)
+  if (mode.statistics) {
     options.stats_every(1).every(0).every(tensortap::Kind::Param, mode.full_params ? 1 : 0);
-  else
+    // Every rule that runs live (weight_update_ratio is offline only), each
+    // firing at most once: check_health.py holds their dumps to the doctor's
+    // findings over the same rows.
+    using T = tensortap::Trigger;
+    for (T rule : {T::vanishing_gradient(), T::exploding_tensor(), T::all_zero(), T::unchanged_tensor(),
+                   T::loss_not_decreasing(), T::dead_relu(), T::saturated_activation(), T::tensor_variance(),
+                   T::poor_weight_initialization()})
+      options.dump_on(rule);
+  } else
     options.every(1);
   if (mode.stall_at >= 0) options.stall_after(std::chrono::milliseconds(300));
   auto rec = tensortap::watch(*model, options);

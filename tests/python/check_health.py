@@ -4,7 +4,11 @@
                                            the rules that their kinds allow evaluated
     check_health.py planted OUT            tests/programs/health_runs.cpp's runs: each planted
                                            problem named by its rule, on a tensor of the planted
-                                           layer; the healthy modes: no finding
+                                           layer; the healthy modes: no finding. And the live
+                                           rules (C++ Trigger::dead_relu() and the rest, on in
+                                           every run with statistics) agree with the doctor:
+                                           a rule fired live exactly where the doctor's first
+                                           episode of it opens, and never where it finds none
 
 Each run's doctor output is printed, with the steps from the plant to the
 detection (docs/health.md's table).
@@ -89,6 +93,36 @@ def detection(frame, row):
     return row.first_step
 
 
+LIVE = [r for r in RULES if r not in ("weight_update_ratio", "stalled_training")]
+
+
+def check_live(mode, run, frame):
+    """The live rules' dumps against the doctor's findings over the same rows:
+    each rule fires once (cooldown 0), at the step where its earliest episode
+    opens (`detection`), on a tensor of such an episode; no finding, no dump."""
+    fired = {d["reason"]: d for d in reversed(run.dumps) if d.get("reason") in LIVE}
+    on = {t["kind"] for t in run.info["options"]["dump_on"]}
+    assert on == set(LIVE), (mode, on)
+    for rule in LIVE:
+        found = frame[frame.rule == rule]
+        if found.empty:
+            assert rule not in fired, (mode, rule, fired.get(rule))
+            continue
+        assert rule in fired, (mode, rule, "the doctor finds it, the live rule never fired")
+        at = [detection(frame, row) for row in found.itertuples()]
+        first = min(at)
+        d = fired[rule]
+        assert d["step"] == first, (mode, rule, "live at", d["step"], "doctor at", first)
+        assert d["trigger"]["kind"] == rule and "threshold" in d and "value" in d, d
+        names = {row.name for row, step in zip(found.itertuples(), at) if step == first}
+        if rule == "poor_weight_initialization":
+            assert d["kind"] == "activation", d
+        else:
+            assert d["name"] in names, (mode, rule, d["name"], names)
+        print(f"  live {rule}: {d['kind']} {d['name']} at step {d['step']} (value {d['value']:.4g}, "
+              f"threshold {d['threshold']:.4g}): where the doctor's episode opens")
+
+
 def check_planted(out):
     modes = sorted(set(EXPECTED) | set(HEALTHY))
     for mode in modes:
@@ -96,6 +130,9 @@ def check_planted(out):
         status, lines, err = doctor(path)
         print(f"== {mode}: tensortap doctor\n  " + "\n  ".join(lines))
         frame = tensortap.doctor(path)
+        if not mode.endswith("_records"):
+            with tensortap.Run(path) as run:
+                check_live(mode, run, frame)
         if mode in HEALTHY:
             assert status == 0 and frame.empty, (mode, lines)
             # Every rule evaluated on a healthy run of every kind (no stall watchdog here).
@@ -117,7 +154,7 @@ def check_planted(out):
         for rule, pattern in FORBIDDEN.get(mode, []):
             bad = frame[(frame.rule == rule) & [re.match(pattern, n or "") is not None for n in frame.name]]
             assert bad.empty, (mode, rule, bad)
-    print(f"planted: {len(modes)} runs, each problem named by its rule")
+    print(f"planted: {len(modes)} runs, each problem named by its rule, live and offline in agreement")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -39,6 +40,12 @@ TensorSummary summary(std::int64_t step, const std::string& name, double mean, d
   return s;
 }
 
+// What Triggers::evaluate fired first on a row.
+std::optional<tensortap::Dump> first(std::vector<tensortap::Dump> fired) {
+  if (fired.empty()) return std::nullopt;
+  return std::move(fired.front());
+}
+
 // The steps at which `rules` fire on `values` of the tensor "loss".
 std::vector<std::int64_t> fires(Options options, const std::vector<double>& values) {
   Triggers t(options.stats_every(1));
@@ -46,7 +53,7 @@ std::vector<std::int64_t> fires(Options options, const std::vector<double>& valu
   std::string error;
   for (std::size_t i = 0; i < values.size(); ++i) {
     const auto s = static_cast<std::int64_t>(i);
-    if (t.evaluate(summary(s, "loss", values[i], values[i]), false, error)) out.push_back(s);
+    if (first(t.evaluate(summary(s, "loss", values[i], values[i]), false, error))) out.push_back(s);
   }
   REQUIRE(error.empty());
   return out;
@@ -103,8 +110,8 @@ TEST_CASE("norm_jump watches every series on its own, and when() any predicate",
   std::string fired_name;
   for (std::int64_t s = 0; s < 40; ++s) {
     // "a" is large and steady; "b" small and steady until it jumps 20x at 30.
-    const bool a = t.evaluate(summary(s, "a", 0, 500.0, Kind::Grad), false, error).has_value();
-    auto b = t.evaluate(summary(s, "b", 0, s == 30 ? 20.0 : 1.0, Kind::Grad), false, error);
+    const bool a = first(t.evaluate(summary(s, "a", 0, 500.0, Kind::Grad), false, error)).has_value();
+    auto b = first(t.evaluate(summary(s, "b", 0, s == 30 ? 20.0 : 1.0, Kind::Grad), false, error));
     REQUIRE_FALSE(a);
     if (b) {
       fired_at = b->step;
@@ -119,8 +126,8 @@ TEST_CASE("norm_jump watches every series on its own, and when() any predicate",
 
   Triggers w(Options("x").stats_every(1).dump_on(
       Trigger::when([](const TensorSummary& s) { return s.kind == Kind::Activation && s.max > 1e4; })));
-  REQUIRE_FALSE(w.evaluate(summary(0, "h", 2e4, 1, Kind::Tensor), false, error));
-  REQUIRE(w.evaluate(summary(1, "h", 2e4, 1, Kind::Activation), false, error)->trigger == "when");
+  REQUIRE_FALSE(first(w.evaluate(summary(0, "h", 2e4, 1, Kind::Tensor), false, error)));
+  REQUIRE(first(w.evaluate(summary(1, "h", 2e4, 1, Kind::Activation), false, error))->trigger == "when");
   REQUIRE(error.empty());
 }
 
@@ -302,11 +309,11 @@ TEST_CASE("spike keeps a history per kind: a Tap's activation and its gradient a
   std::string error;
   for (std::int64_t s = 0; s < 40; ++s) {
     INFO("step " << s);
-    REQUIRE_FALSE(t.evaluate(summary(s, "loss", 0.1, 1, Kind::Activation), false, error));
-    REQUIRE_FALSE(t.evaluate(summary(s, "loss", 1.0, 1, Kind::ActivationGrad), false, error));
+    REQUIRE_FALSE(first(t.evaluate(summary(s, "loss", 0.1, 1, Kind::Activation), false, error)));
+    REQUIRE_FALSE(first(t.evaluate(summary(s, "loss", 1.0, 1, Kind::ActivationGrad), false, error)));
   }
   // Each series still fires on its own jump.
-  auto d = t.evaluate(summary(40, "loss", 2.0, 1, Kind::ActivationGrad), false, error);
+  auto d = first(t.evaluate(summary(40, "loss", 2.0, 1, Kind::ActivationGrad), false, error));
   REQUIRE(d);
   CHECK(d->kind == Kind::ActivationGrad);
   CHECK(d->median == 1.0);
@@ -322,7 +329,7 @@ TEST_CASE("cooldown(INT64_MAX) fires once, not every step (no overflow in the co
   std::vector<std::int64_t> fired;
   for (std::int64_t s = (std::int64_t{1} << 46); s < (std::int64_t{1} << 46) + 8; ++s) {
     const double v = s - (std::int64_t{1} << 46) < 3 ? 1.0 : 50.0;
-    if (t.evaluate(summary(s, "w", v, v), false, error)) fired.push_back(s);
+    if (first(t.evaluate(summary(s, "w", v, v), false, error))) fired.push_back(s);
   }
   REQUIRE(fired == std::vector<std::int64_t>{(std::int64_t{1} << 46) + 3});
 }
@@ -331,11 +338,11 @@ TEST_CASE("spike and norm_jump fire on a NaN or Inf of what they watch, and expl
           "[sdk][triggers]") {
   Triggers spike(Options("x").stats_every(1).flight_recorder(4).dump_on(Trigger::spike("loss", 5.0, 50)));
   std::string error;
-  for (std::int64_t s = 0; s < 5; ++s) REQUIRE_FALSE(spike.evaluate(summary(s, "loss", 1.0), false, error));
+  for (std::int64_t s = 0; s < 5; ++s) REQUIRE_FALSE(first(spike.evaluate(summary(s, "loss", 1.0), false, error)));
   // The statistics of a NaN loss: no finite value, one NaN.
   TensorSummary nan_loss = summary(5, "loss", 0.0, 0.0);
   nan_loss.nan = 1;
-  auto d = spike.evaluate(nan_loss, false, error);
+  auto d = first(spike.evaluate(nan_loss, false, error));
   REQUIRE(d);
   CHECK(d->trigger == "spike");
   CHECK(d->reason == "nan");
@@ -344,27 +351,27 @@ TEST_CASE("spike and norm_jump fire on a NaN or Inf of what they watch, and expl
   Triggers fresh(Options("x").stats_every(1).dump_on(Trigger::spike("loss", 5.0, 50)));
   TensorSummary inf_loss = summary(0, "loss", 0.0, 0.0);
   inf_loss.posinf = 1;
-  d = fresh.evaluate(inf_loss, false, error);
+  d = first(fresh.evaluate(inf_loss, false, error));
   REQUIRE(d);
   CHECK(d->reason == "inf");
 
   Triggers jump(Options("x").stats_every(1).dump_on(Trigger::norm_jump(10.0, 5)));
   TensorSummary inf_grad = summary(0, "fc.weight", 0.0, 0.0, Kind::Grad);
   inf_grad.neginf = 3;
-  REQUIRE(jump.evaluate(inf_grad, false, error));
+  REQUIRE(first(jump.evaluate(inf_grad, false, error)));
 
   // An explicit rule replaces the default non_finite rule: a NaN elsewhere
   // does not fire a spike on "loss"; naming non_finite() keeps it.
   Triggers only_spike(Options("x").stats_every(1).flight_recorder(4).dump_on(Trigger::spike("loss", 5.0, 50)));
   TensorSummary nan_act = summary(0, "hidden", 0.0, 0.0, Kind::Activation);
   nan_act.nan = 1;
-  CHECK_FALSE(only_spike.evaluate(nan_act, false, error));
+  CHECK_FALSE(first(only_spike.evaluate(nan_act, false, error)));
   Triggers both(Options("x")
                     .stats_every(1)
                     .flight_recorder(4)
                     .dump_on(Trigger::spike("loss", 5.0, 50))
                     .dump_on(Trigger::non_finite()));
-  CHECK(both.evaluate(nan_act, false, error));
+  CHECK(first(both.evaluate(nan_act, false, error)));
   REQUIRE(error.empty());
 }
 
@@ -384,4 +391,202 @@ TEST_CASE("norm_jump and spike do not fire against a median of zero", "[sdk][tri
   std::vector<double> real(10, 1e-3);
   real.push_back(1.0);
   CHECK(fires(Options("x").dump_on(Trigger::norm_jump(10.0, 10)), real) == std::vector<std::int64_t>{10});
+}
+
+// -- the training health rules, live (issue 62; their definition: the
+// docstring of python/tensortap/_doctor.py) -----------------------------------
+
+namespace {
+
+// A row of `numel` elements with the statistics given.
+TensorSummary row(std::int64_t step, Kind kind, const std::string& name, double std_, double norm,
+                  std::int64_t zeros = 0, std::int64_t numel = 100, double lo = -1, double hi = 1) {
+  TensorSummary s;
+  s.step = step;
+  s.kind = kind;
+  s.name = name;
+  s.min = lo;
+  s.max = hi;
+  s.std = std_;
+  s.norm = norm;
+  s.zeros = zeros;
+  s.numel = numel;
+  return s;
+}
+
+// The steps at which the rules of `options` fire on `rows`, and the dumps.
+std::vector<tensortap::Dump> health_fires(Options options, const std::vector<TensorSummary>& rows) {
+  Triggers t(options.stats_every(1));
+  std::vector<tensortap::Dump> out;
+  std::string error;
+  for (const TensorSummary& s : rows)
+    for (tensortap::Dump& d : t.evaluate(s, false, error)) out.push_back(std::move(d));
+  REQUIRE(error.empty());
+  return out;
+}
+
+std::vector<std::int64_t> steps_of(const std::vector<tensortap::Dump>& dumps) {
+  std::vector<std::int64_t> out;
+  for (const auto& d : dumps) out.push_back(d.step);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a health rule fires where the doctor's episode opens: the patience-th evaluation in a row, once an episode",
+          "[sdk][triggers][health]") {
+  // dead_relu, patience 3: the fraction of zeros above 0.95 at steps 0, 1
+  // (a run of 2), 3, 4, 5 (fires at 5), then one miss bridged (6), another
+  // alone (8), two in a row close it (8, 9); 10, 11, 12 open the next.
+  const std::vector<bool> dead{true, true, false, true, true, true, false, true, false, false, true, true, true};
+  std::vector<TensorSummary> rows;
+  for (std::size_t i = 0; i < dead.size(); ++i)
+    rows.push_back(row(static_cast<std::int64_t>(i), Kind::Activation, "relu1", 1, 1, dead[i] ? 99 : 50));
+  // A ReLU's input is never judged; nor a name the include does not find.
+  for (std::size_t i = 0; i < dead.size(); ++i) {
+    rows.push_back(row(static_cast<std::int64_t>(i), Kind::Activation, "relu1_input", 1, 1, 100));
+    rows.push_back(row(static_cast<std::int64_t>(i), Kind::Activation, "gelu1", 1, 1, 100));
+  }
+  const auto fired = health_fires(Options("x").dump_on(Trigger::dead_relu().cooldown(1)), rows);
+  REQUIRE(steps_of(fired) == std::vector<std::int64_t>{5, 12});
+  CHECK(fired[0].trigger == "dead_relu");
+  CHECK(fired[0].reason == "dead_relu");
+  CHECK(fired[0].name == "relu1");
+  CHECK(fired[0].value == 0.99);
+  CHECK(fired[0].threshold == 0.95);
+  // Once per run by default (cooldown 0), a setter changes the rule.
+  CHECK(steps_of(health_fires(Options("x").dump_on(Trigger::dead_relu()), rows)) == std::vector<std::int64_t>{5});
+  CHECK(steps_of(health_fires(Options("x").dump_on(Trigger::dead_relu().patience(1).threshold(0.98)), rows)) ==
+        std::vector<std::int64_t>{0});
+}
+
+TEST_CASE("each health rule's measure, from statistics rows", "[sdk][triggers][health]") {
+  std::vector<TensorSummary> rows;
+  SECTION("vanishing_gradient: RMS below 1e-7 on weights' gradients, three in a row; biases left out") {
+    for (std::int64_t s = 0; s < 5; ++s) {
+      rows.push_back(row(s, Kind::Grad, "fc1.weight", 0, s < 1 ? 1.0 : 1e-7));  // RMS 1e-8 from step 1
+      rows.push_back(row(s, Kind::Grad, "fc1.bias", 0, 0));
+    }
+    const auto f = health_fires(Options("x").dump_on(Trigger::vanishing_gradient()), rows);
+    REQUIRE(steps_of(f) == std::vector<std::int64_t>{3});
+    CHECK(f[0].name == "fc1.weight");
+    CHECK(f[0].value == Approx(1e-8));
+  }
+  SECTION("all_zero: a parameter's first row is its initialization") {
+    for (std::int64_t s = 0; s < 4; ++s) rows.push_back(row(s, Kind::Param, "norm.bias", 0, 0, 100));
+    CHECK(steps_of(health_fires(Options("x").dump_on(Trigger::all_zero()), rows)) == std::vector<std::int64_t>{2});
+  }
+  SECTION("unchanged_tensor: identical statistics while a gradient reached it; a frozen one never") {
+    for (std::int64_t s = 0; s < 5; ++s) {
+      rows.push_back(row(s, Kind::Param, "fc1.weight", 0.5, 3));
+      rows.push_back(row(s, Kind::Param, "fc2.weight", 0.5, 3));  // frozen: no gradient rows
+      rows.push_back(row(s, Kind::Grad, "fc1.weight", 0.1, 2));
+    }
+    const auto f = health_fires(Options("x").dump_on(Trigger::unchanged_tensor()), rows);
+    REQUIRE(steps_of(f) == std::vector<std::int64_t>{2});
+    CHECK(f[0].name == "fc1.weight");
+    CHECK(f[0].value == 2);
+  }
+  SECTION("loss_not_decreasing: whole windows, the second no lower than the first") {
+    for (std::int64_t s = 0; s < 6; ++s) rows.push_back(summary(s, "loss", 2.0));
+    const auto f = health_fires(Options("x").dump_on(Trigger::loss_not_decreasing().window(2)), rows);
+    REQUIRE(steps_of(f) == std::vector<std::int64_t>{3});
+    CHECK(f[0].threshold == 0.001);
+    // A loss that falls is not flagged.
+    rows.clear();
+    for (std::int64_t s = 0; s < 6; ++s) rows.push_back(summary(s, "loss", 2.0 - 0.1 * static_cast<double>(s)));
+    CHECK(health_fires(Options("x").dump_on(Trigger::loss_not_decreasing().window(2)), rows).empty());
+  }
+  SECTION("saturated_activation: the bound from the statistics, a tanh's output and a sigmoid's") {
+    for (std::int64_t s = 0; s < 3; ++s) {
+      // tanh: every |y| = 0.99, past sqrt(0.9): the bound is 1.
+      rows.push_back(row(s, Kind::Activation, "tanh1", 0.99, 0.99 * 10, 0, 100, -0.99, 0.99));
+      // sigmoid: y = 0.5 everywhere (2y - 1 = 0): none saturated.
+      TensorSummary sig = row(s, Kind::Activation, "sigmoid1", 0, 5, 0, 100, 0.5, 0.5);
+      sig.mean = 0.5;
+      rows.push_back(sig);
+    }
+    const auto f = health_fires(Options("x").dump_on(Trigger::saturated_activation()), rows);
+    REQUIRE(steps_of(f) == std::vector<std::int64_t>{2});
+    CHECK(f[0].name == "tanh1");
+    CHECK(f[0].value == Approx(1.0));
+  }
+  SECTION("tensor_variance: a std 1000x the median of the earlier ones") {
+    for (std::int64_t s = 0; s < 5; ++s) rows.push_back(row(s, Kind::Activation, "h", s == 4 ? 1000 : 1, 1));
+    const auto f = health_fires(Options("x").dump_on(Trigger::tensor_variance()), rows);
+    REQUIRE(steps_of(f) == std::vector<std::int64_t>{4});
+    CHECK(f[0].value == 1000);
+    CHECK(f[0].threshold == 100);
+  }
+  SECTION("exploding_tensor: the first exploding row of a blow-up; one quiet step bridges, two end it") {
+    for (std::int64_t s = 0; s < 12; ++s) {
+      TensorSummary r = row(s, Kind::Activation, "h", 1, 1);
+      if (s == 3 || s == 4 || s == 6 || s == 9) r.nan = 1;
+      rows.push_back(r);
+    }
+    const auto f = health_fires(Options("x").dump_on(Trigger::exploding_tensor().cooldown(1)), rows);
+    REQUIRE(steps_of(f) == std::vector<std::int64_t>{3, 9});
+    CHECK(f[0].value == 1);
+    CHECK(f[0].threshold == 0);
+  }
+  SECTION("poor_weight_initialization: at the first step, the inputs' stds 50x apart, judged at the next step") {
+    rows.push_back(row(0, Kind::Activation, "relu1_input", 1, 1));
+    rows.push_back(row(0, Kind::Activation, "relu2_input", 50, 1));
+    rows.push_back(row(0, Kind::Activation, "relu2", 50, 1));  // an output: not selected
+    rows.push_back(row(1, Kind::Activation, "relu1_input", 1, 1));
+    const auto f = health_fires(Options("x").dump_on(Trigger::poor_weight_initialization()), rows);
+    REQUIRE(steps_of(f) == std::vector<std::int64_t>{0});
+    CHECK(f[0].name == "relu2_input");
+    CHECK(f[0].value == 50);
+  }
+}
+
+TEST_CASE("health rules: parameters a rule lacks, out of range, or a rule only the doctor evaluates, are refused by "
+          "name",
+          "[sdk][triggers][health]") {
+  const auto refused = [](Trigger t) {
+    TempDir dir;
+    return error_of([&] { Recorder rec(Options(dir / "r").stats_every(1).dump_on(t)); });
+  };
+  CHECK_THAT(refused(Trigger::dead_relu().bound(1)), Catch::Contains("dead_relu has no parameter bound"));
+  CHECK_THAT(refused(Trigger::spike("loss", 5, 10).window(3)), Catch::Contains("spike has no parameter window"));
+  CHECK_THAT(refused(Trigger::dead_relu().threshold(1.5)),
+             Catch::Contains("threshold 1.5 is not a number between 0 and 1"));
+  CHECK_THAT(refused(Trigger::unchanged_tensor().num_steps(1)), Catch::Contains("num_steps 1 is not an integer >= 2"));
+  CHECK_THAT(refused(Trigger::vanishing_gradient().kinds(tensortap::KindSet::none())), Catch::Contains("kinds"));
+  CHECK_THAT(refused(Trigger::all_zero().include("(")),
+             Catch::Contains("include '(' is not a regular expression"));
+  CHECK_THAT(refused(Trigger::weight_update_ratio()), Catch::Contains("offline only (tensortap doctor)"));
+  // Like every rule, they need statistics.
+  TempDir dir;
+  CHECK_THAT(error_of([&] { Recorder rec(Options(dir / "r").dump_on(Trigger::dead_relu())); }),
+             Catch::Contains("Trigger::dead_relu()") && Catch::Contains("stats_every"));
+}
+
+TEST_CASE("a health rule's firing is a dumps.jsonl line with its value and threshold, and run.json names its "
+          "parameters",
+          "[sdk][triggers][health]") {
+  TempDir dir;
+  {
+    Recorder rec(Options(dir / "run").stats_every(1).dump_on(Trigger::all_zero().kinds({Kind::Tensor}).patience(2)));
+    for (std::int64_t s = 0; s < 3; ++s) {
+      rec.step(s);
+      rec.capture("z", at::zeros({8}));
+    }
+    rec.flush();
+    rec.step(3);  // where a dump made on the writer thread is seen
+    const auto dumps = rec.dumps();
+    REQUIRE(dumps.size() == 1);
+    CHECK(dumps[0].trigger == "all_zero");
+    CHECK(dumps[0].step == 1);
+    CHECK(dumps[0].threshold == 1.0);
+    rec.close();
+  }
+  const std::string line = tt_test::read_file(dir / "run/dumps.jsonl");
+  CHECK_THAT(line, Catch::Contains("\"reason\": \"all_zero\"") && Catch::Contains("\"name\": \"z\"") &&
+                       Catch::Contains("\"trigger\": {\"kind\": \"all_zero\"}") &&
+                       Catch::Contains("\"value\": 1, \"threshold\": 1"));
+  CHECK_THAT(tt_test::read_file(dir / "run/run.json"),
+             Catch::Contains("{\"kind\": \"all_zero\", \"kinds\": [\"tensor\"], \"include\": \"\", \"patience\": 2, "
+                             "\"cooldown\": 0}"));
 }

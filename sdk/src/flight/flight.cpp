@@ -35,10 +35,11 @@ void FlightRecorder::observe(const RecordDesc& record, const TensorStats& stats,
   TENSORTAP_STATS_FIELDS(TENSORTAP_COPY_, TENSORTAP_COPY_)
 #undef TENSORTAP_COPY_
   std::string error;
-  std::optional<Dump> fired = triggers_.evaluate(s, /*only_non_finite=*/!has_row, error);
+  std::vector<Dump> fired = triggers_.evaluate(s, /*only_non_finite=*/!has_row, error);
   // A predicate that threw: an error under on_error, its rule off.
   if (!error.empty()) failures_.add(nullptr, error, 0);
-  if (fired) trigger(std::move(*fired));
+  // The first dumps the held steps; under StopCapture the rest are marks.
+  for (Dump& d : fired) trigger(std::move(d));
 }
 
 void FlightRecorder::keep(HeldRecord held) {
@@ -77,8 +78,10 @@ std::vector<std::int64_t> FlightRecorder::trigger(Dump dump, bool applies) {
     }
     std::sort(dump.steps.begin(), dump.steps.end());
     dump.steps.erase(std::unique(dump.steps.begin(), dump.steps.end()), dump.steps.end());
-    window_lo_ = dump.steps.front();
-    window_hi_ = dump.steps.back();
+    // Two dumps at one step (two rules on one row, under Continue) keep
+    // the first's window: its late records still go to disk.
+    window_lo_ = window_hi_ >= dump.steps.front() ? std::min(window_lo_, dump.steps.front()) : dump.steps.front();
+    window_hi_ = std::max(window_hi_, dump.steps.back());
     store_.prepare(descs);
     for (const HeldRecord& r : held) store_.write_whole(r.record.desc, r.bytes.data(), r.bytes.size());
     // What was dumped is made durable before the run says it was.

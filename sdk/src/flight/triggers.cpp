@@ -3,52 +3,17 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <regex>
 
 #include <fmt/format.h>
 
 #include <tensortap/error.h>
+#include "sdk/src/flight/health.h"
+#include "sdk/src/pipeline/trigger_params.h"
+#include "writers/src/kind_set_access.h"
 #include "writers/src/check.h"
 
 namespace tensortap {
-
-Trigger Trigger::non_finite() { return Trigger(Type::NonFinite); }
-
-Trigger Trigger::spike(std::string name, double factor, std::int64_t window) {
-  Trigger t(Type::Spike);
-  t.name_ = std::move(name);
-  t.factor_ = factor;
-  t.window_ = window;
-  return t;
-}
-
-Trigger Trigger::norm_jump(double factor, std::int64_t window) {
-  Trigger t(Type::NormJump);
-  t.factor_ = factor;
-  t.window_ = window;
-  return t;
-}
-
-Trigger Trigger::when(std::function<bool(const TensorSummary&)> predicate) {
-  Trigger t(Type::When);
-  t.predicate_ = std::move(predicate);
-  return t;
-}
-
-Trigger& Trigger::cooldown(std::int64_t steps) {
-  cooldown_ = steps;
-  return *this;
-}
-
-const char* Trigger::type_name() const {
-  switch (type_) {
-    case Type::NonFinite: return "non_finite";
-    case Type::Spike: return "spike";
-    case Type::NormJump: return "norm_jump";
-    case Type::When: return "when";
-  }
-  return "unknown";
-}
-
 namespace detail {
 namespace {
 
@@ -58,9 +23,11 @@ std::string describe(const Trigger& t) {
     case Trigger::Type::Spike: return fmt::format("Trigger::spike(\"{}\", {}, {})", t.name(), t.factor(), t.window());
     case Trigger::Type::NormJump: return fmt::format("Trigger::norm_jump({}, {})", t.factor(), t.window());
     case Trigger::Type::When: return "Trigger::when(...)";
-    case Trigger::Type::NonFinite: break;
+    case Trigger::Type::NonFinite: return "Trigger::non_finite()";
+    case Trigger::Type::LossNotDecreasing: return fmt::format("Trigger::loss_not_decreasing(\"{}\")", t.name());
+    default: break;
   }
-  return "Trigger::non_finite()";
+  return fmt::format("Trigger::{}()", t.type_name());
 }
 
 // numpy.median: the middle value, or the mean of the two middle ones.
@@ -74,6 +41,60 @@ double median_of(std::vector<double> v) {
 
 }  // namespace
 
+// A health rule's parameters, in the doctor's ranges (its _TYPES).
+void validate_health_rule(const Trigger& t, const std::string& what) {
+  if (t.type() == Trigger::Type::WeightUpdateRatio)
+    fail(
+        "Options::dump_on({}): weight_update_ratio is evaluated offline only (tensortap doctor): it needs the "
+        "values of a parameter at two recorded steps, ||w_s' - w_s||, which the writer thread does not keep",
+        what);
+  const std::uint32_t has = trigger_params(t.type());
+  const auto bad = [&](const char* param, const std::string& value, const char* wants) {
+    fail("Options::dump_on({}): {} {} is not {}", what, param, value, wants);
+  };
+  constexpr std::int64_t kMaxCount = std::int64_t{1} << 62;
+  if ((has & kParamKinds) && KindSetAccess::bits(t.kinds()) == 0) bad("kinds", "(none)", "a non-empty set of kinds");
+  if (has & kParamInclude) {
+    try {
+      std::regex(t.include(), std::regex::ECMAScript | std::regex::icase);
+    } catch (const std::regex_error& e) {
+      fail("Options::dump_on({}): include '{}' is not a regular expression (ECMAScript): {}", what, t.include(),
+           e.what());
+    }
+  }
+  if ((has & kParamName) && t.name().empty()) bad("name", "''", "a tensor's name");
+  const auto count = [&](TriggerParam p, std::int64_t v, std::int64_t least) {
+    if ((has & p) && (v < least || v > kMaxCount))
+      bad(trigger_param_name(p), std::to_string(v), least == 1 ? "an integer >= 1 (at most 2**62)"
+                                                               : "an integer >= 2 (at most 2**62)");
+  };
+  count(kParamPatience, t.patience(), 1);
+  count(kParamWindow, t.window(), 1);
+  count(kParamNumSteps, t.num_steps(), 2);
+  const auto fraction = [&](TriggerParam p, double v) {
+    if ((has & p) && !(v > 0 && v < 1)) bad(trigger_param_name(p), fmt::format("{}", v), "a number between 0 and 1 (exclusive)");
+  };
+  fraction(kParamMinDecrease, t.min_decrease());
+  fraction(kParamMinProgress, t.min_progress());
+  fraction(kParamDerivative, t.derivative());
+  if ((has & kParamBound) && !(t.bound() >= 0 && std::isfinite(t.bound())))
+    bad("bound", fmt::format("{}", t.bound()), "a number >= 0 (0: off)");
+  if ((has & kParamFactor) && !(t.factor() > 1 && std::isfinite(t.factor())))
+    bad("factor", fmt::format("{}", t.factor()), "a number > 1");
+  if (has & kParamThreshold) {
+    const double v = t.threshold();
+    switch (t.type()) {
+      case Trigger::Type::DeadRelu:
+      case Trigger::Type::SaturatedActivation: fraction(kParamThreshold, v); break;
+      case Trigger::Type::PoorWeightInitialization:
+        if (!(v > 1 && std::isfinite(v))) bad("threshold", fmt::format("{}", v), "a number > 1");
+        break;
+      default:
+        if (!(v > 0 && std::isfinite(v))) bad("threshold", fmt::format("{}", v), "a number > 0");
+    }
+  }
+}
+
 void validate_triggers(const Options& o) {
   for (const Trigger& t : o.dump_on()) {
     const std::string what = describe(t);
@@ -83,6 +104,7 @@ void validate_triggers(const Options& o) {
           "more steps",
           what, t.cooldown());
     if (t.type() == Trigger::Type::Spike || t.type() == Trigger::Type::NormJump) {
+      // Their factor and window are the factory's arguments, not setters.
       if (!(t.factor() > 1.0) || !std::isfinite(t.factor()))
         fail("Options::dump_on({}): the factor must be a finite number above 1", what);
       if (t.window() < 1) fail("Options::dump_on({}): the window must be at least 1 step", what);
@@ -91,6 +113,10 @@ void validate_triggers(const Options& o) {
       fail("Options::dump_on({}): spike needs the name of a tensor", what);
     if (t.type() == Trigger::Type::When && !t.predicate())
       fail("Options::dump_on(Trigger::when(...)): the predicate is empty");
+    if (!t.foreign_parameter().empty())
+      fail("Options::dump_on({}.{}(...)): {} has no parameter {} (docs/health.md lists each rule's)", what,
+           t.foreign_parameter(), t.type_name(), t.foreign_parameter());
+    if (t.is_health_rule()) validate_health_rule(t, what);
     // Every rule looks at statistics; non_finite also at what the flight
     // recorder holds.
     if (o.stats_every() <= 0 && !(t.type() == Trigger::Type::NonFinite && o.flight_recorder() > 0))
@@ -102,8 +128,12 @@ void validate_triggers(const Options& o) {
 }
 
 Triggers::Triggers(const Options& options) {
-  for (const Trigger& t : options.dump_on()) rules_.push_back({t, {}, -1, false, false});
-  if (rules_.empty() && options.flight_recorder() > 0) rules_.push_back({Trigger::non_finite(), {}, -1, false, false});
+  for (const Trigger& t : options.dump_on()) {
+    rules_.push_back({t, {}, -1, false, false, nullptr});
+    if (t.is_health_rule()) rules_.back().health = std::make_unique<HealthRule>(t);
+  }
+  if (rules_.empty() && options.flight_recorder() > 0)
+    rules_.push_back({Trigger::non_finite(), {}, -1, false, false, nullptr});
   for (const Rule& r : rules_) non_finite_ = non_finite_ || r.trigger.type() == Trigger::Type::NonFinite;
 }
 
@@ -125,7 +155,10 @@ bool Triggers::jumps(Rule& rule, const std::string& key, double value, double& m
   return fires;
 }
 
-std::optional<Dump> Triggers::evaluate(const TensorSummary& s, bool only_non_finite, std::string& error) {
+Triggers::~Triggers() = default;
+
+std::vector<Dump> Triggers::evaluate(const TensorSummary& s, bool only_non_finite, std::string& error) {
+  std::vector<Dump> fired;
   std::optional<Dump> first;
   std::string key;
   // A tensor holding a NaN or an Inf has no finite value to compare: to a
@@ -138,6 +171,20 @@ std::optional<Dump> Triggers::evaluate(const TensorSummary& s, bool only_non_fin
     if (rule.stopped) continue;
     const Trigger& t = rule.trigger;
     if (only_non_finite && t.type() != Trigger::Type::NonFinite) continue;
+    if (rule.health) {
+      // A health rule's firing opens an episode, which never comes again:
+      // it makes a dump of its own, whatever else fired on this row.
+      if (key.empty()) {
+        key.assign(1, static_cast<char>(s.kind));
+        key += s.name;
+      }
+      std::optional<Dump> d = rule.health->evaluate(s, key);
+      if (!d || (rule.fired && (t.cooldown() == 0 || s.step - rule.last_fired < t.cooldown()))) continue;
+      rule.fired = true;
+      rule.last_fired = s.step;
+      fired.push_back(std::move(*d));
+      continue;
+    }
     bool fires = false;
     double value = 0, median = 0;
     switch (t.type()) {
@@ -154,6 +201,7 @@ std::optional<Dump> Triggers::evaluate(const TensorSummary& s, bool only_non_fin
         value = non_finite ? non_finite_value : t.type() == Trigger::Type::Spike ? s.mean : s.norm;
         fires = non_finite || jumps(rule, key, value, median);
         break;
+      default: continue;  // the health rules, above
       case Trigger::Type::When: try { fires = t.predicate()(s);
         } catch (const std::exception& e) {
           rule.stopped = true;
@@ -191,7 +239,8 @@ std::optional<Dump> Triggers::evaluate(const TensorSummary& s, bool only_non_fin
     d.window = t.window();
     first = std::move(d);
   }
-  return first;
+  if (first) fired.insert(fired.begin(), std::move(*first));
+  return fired;
 }
 
 }  // namespace detail

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "sdk/src/pipeline/trigger_params.h"
 #include "writers/src/json.h"
 #include "writers/src/versions.h"
 
@@ -26,6 +27,46 @@ const char* after_dump_name(AfterDump a) {
 
 // A double as JSON: NaN and infinities, which JSON lacks, as null.
 std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
+
+// A health rule's parameters, each under the name `--set` gives it.
+void append_health_params(std::string& j, const Trigger& t) {
+  const std::uint32_t has = trigger_params(t.type());
+  if (has & kParamKinds) {
+    j += ", \"kinds\": [";
+    bool first = true;
+    for (Kind k : kAllKinds)
+      if (t.kinds().contains(k)) {
+        j += fmt::format("{}\"{}\"", first ? "" : ", ", kind_name(k));
+        first = false;
+      }
+    j += "]";
+  }
+  if (has & kParamInclude) {
+    j += ", \"include\": ";
+    append_json_string(j, t.include());
+  }
+  if (has & kParamName) {
+    j += ", \"name\": ";
+    append_json_string(j, t.name());
+  }
+  const auto number = [&](TriggerParam p, double v) {
+    if (has & p) j += fmt::format(", \"{}\": {}", trigger_param_name(p), json_number(v));
+  };
+  number(kParamThreshold, t.threshold());
+  number(kParamBound, t.bound());
+  number(kParamFactor, t.factor());
+  number(kParamMinDecrease, t.min_decrease());
+  number(kParamMinProgress, t.min_progress());
+  number(kParamDerivative, t.derivative());
+  number(kParamLarge, t.large());
+  number(kParamSmall, t.small());
+  const auto count = [&](TriggerParam p, std::int64_t v) {
+    if (has & p) j += fmt::format(", \"{}\": {}", trigger_param_name(p), v);
+  };
+  count(kParamPatience, t.patience());
+  count(kParamNumSteps, t.num_steps());
+  count(kParamWindow, t.window());
+}
 
 }  // namespace
 
@@ -50,6 +91,9 @@ void append_dump_json(std::string& j, const Dump& d) {
     j += "}";
     if (d.window > 0)
       j += fmt::format(", \"value\": {}, \"median\": {}", json_number(d.value), json_number(d.median));
+    // A health rule's: its measure and the bound it crossed, always.
+    if (!std::isnan(d.threshold))
+      j += fmt::format(", \"value\": {}, \"threshold\": {}", json_number(d.value), json_number(d.threshold));
   }
   j += "}";
 }
@@ -118,7 +162,10 @@ std::string run_json(const Options& o, const RunInfo& info) {
       j += ", \"name\": ";
       append_json_string(j, t.name());
     }
-    if (t.window() > 0) j += fmt::format(", \"factor\": {}, \"window\": {}", t.factor(), t.window());
+    if (t.is_health_rule())
+      append_health_params(j, t);
+    else if (t.window() > 0)
+      j += fmt::format(", \"factor\": {}, \"window\": {}", t.factor(), t.window());
     j += fmt::format(", \"cooldown\": {}}}", t.cooldown());
   }
   j += "]";
