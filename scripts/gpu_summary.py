@@ -50,8 +50,10 @@ def main(results):
         print()
     if floor:
         print("The floor under a capture: a 4 KiB device-to-device cudaMemcpyAsync and a cudaEventRecord alone")
+        labels = {0: "nothing else running", 1: "beside a busy copier thread",
+                  2: "cudaStreamIsCapturing alone"}
         for busy, t in sorted(floor.items()):
-            print(f"  {'beside a busy copier thread' if busy else 'nothing else running':>28}: {t * 1e6:6.1f} us")
+            print(f"  {labels.get(busy, busy):>28}: {t * 1e6:6.1f} us")
         print()
 
     torch_side = load(os.path.join(results, "bench_cuda.json"))

@@ -632,3 +632,44 @@ TEST_CASE("a CUDA 0-d tensor known only by its statistics is its one TensorBoard
     CHECK(events.find(std::string(want, 16)) != std::string::npos);
   }
 }
+
+TEST_CASE("statistics reduced into the engine's arena (TENSORTAP_CUDA_STATS=arena) equal those through a tensor",
+          "[gpu][cuda][torch][stats][fused]") {
+  if (!have_cuda()) return;
+  const torch::Device gpu(torch::kCUDA, 0);
+  torch::manual_seed(0);
+  // The fused kernels' dtypes, one of many blocks, float64 past 1e154, and
+  // what they do not take (a strided view, an integer tensor): ATen's path
+  // in both modes.
+  std::vector<at::Tensor> ts{torch::randn({1000}, gpu),
+                             torch::randn({1 << 22}, gpu),
+                             torch::full({64}, 1e300, torch::TensorOptions().dtype(torch::kDouble).device(gpu)),
+                             torch::randn({300}, gpu).to(torch::kBFloat16),
+                             torch::randn({300}, gpu).to(torch::kHalf),
+                             torch::randn({40, 30}, gpu).t(),
+                             torch::arange(500, torch::TensorOptions().dtype(torch::kLong).device(gpu))};
+  tt_test::TempDir dir;
+  std::string tables[2];
+  for (int arena = 0; arena < 2; ++arena) {
+    ::setenv("TENSORTAP_CUDA_STATS", arena ? "arena" : "tensor", 1);
+    const std::string run = dir / (arena ? "arena" : "tensor");
+    const std::uint64_t before = tensortap::detail::cuda_captures();
+    {
+      tensortap::Recorder rec(tensortap::Options(run).every(0).stats_every(1));
+      for (std::int64_t step = 0; step < 3; ++step) {
+        rec.step(step);
+        for (std::size_t i = 0; i < ts.size(); ++i) rec.capture(fmt::format("t{}", i), ts[i]);
+      }
+      rec.close();
+      CHECK(rec.counters().stats_rows == 3 * ts.size());
+      CHECK(rec.counters().errors == 0);
+    }
+    // Every statistics vector went through the engine, whichever way.
+    CHECK(tensortap::detail::cuda_captures() - before == 3 * ts.size());
+    tables[arena] = tt_test::read_file(run + "/stats.npy");
+  }
+  ::unsetenv("TENSORTAP_CUDA_STATS");
+  REQUIRE(tables[0].size() == 512 + 3 * ts.size() * 96);
+  // The same kernels, the same order: the same bytes.
+  CHECK(tables[0] == tables[1]);
+}

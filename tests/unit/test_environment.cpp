@@ -208,3 +208,25 @@ TEST_CASE("TENSORTAP=off in a fork() child: the child's recorders are inert, the
   parent.close();
   CHECK(parent.counters().records == 1);
 }
+
+TEST_CASE("TENSORTAP_CUDA_STATS: arena or tensor, anything else refused by name when a recorder is made",
+          "[sdk][environment]") {
+  {
+    const Env unset("TENSORTAP_CUDA_STATS", nullptr);
+    CHECK(tensortap::detail::cuda_stats_in_arena() == tensortap::detail::kCudaStatsInArena);
+  }
+  {
+    const Env arena("TENSORTAP_CUDA_STATS", "arena");
+    CHECK(tensortap::detail::cuda_stats_in_arena());
+  }
+  {
+    const Env tensor("TENSORTAP_CUDA_STATS", " Tensor ");
+    CHECK_FALSE(tensortap::detail::cuda_stats_in_arena());
+  }
+  const Env bad("TENSORTAP_CUDA_STATS", "fast");
+  TempDir dir;
+  CHECK_THAT(error_of([&] { tensortap::Recorder rec(Options(dir / "run")); }),
+             Catch::Contains("TENSORTAP_CUDA_STATS=fast: expected arena or tensor"));
+  // Nothing made: the refusal comes before the run directory.
+  CHECK_FALSE(std::filesystem::exists(dir / "run"));
+}

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "sdk/src/cuda/capture.h"
+#include "sdk/src/run/environment.h"
 
 namespace tensortap::detail {
 namespace {
@@ -63,7 +64,8 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
                                            budget_->on() ? budget_.get() : nullptr, [this] { on_wake(); });
   // Device memory that snapshots may hold, per GPU: as much as host staging.
   cuda_ = make_cuda_engine(staging, 2 * options.buffer_bytes(),
-                           [&failures](const std::string& what) { failures.add(nullptr, what, 1); });
+                           [&failures](const std::string& what) { failures.add(nullptr, what, 1); },
+                           cuda_stats_in_arena());
 }
 
 BackEnd::~BackEnd() { stop(); }

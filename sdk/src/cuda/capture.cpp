@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -55,9 +56,10 @@ DeviceMemory torch_device_memory() {
 }  // namespace
 
 std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t device_bytes,
-                                             std::function<void(const std::string&)> report) {
+                                             std::function<void(const std::string&)> report, bool stats_in_arena) {
   if (cuda_device_count() == 0) return nullptr;
   CudaEngineOptions options;
+  options.stats_in_arena = stats_in_arena;
   options.device_bytes = device_bytes;
   options.large_bytes = device_bytes;
   options.staging_memory = pinned_host_memory();
@@ -65,24 +67,49 @@ std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t devic
   return std::make_shared<CudaEngine>(staging, options, std::move(report));
 }
 
-at::Tensor fused_device_stats(const at::Tensor& tensor) {
 #ifdef TENSORTAP_HAVE_FUSED_STATS
+namespace {
+
+// Once a launch has failed (a driver older than the kernels' PTX, say),
+// every later tensor takes ATen's path at once.
+std::atomic<bool> fused_broken{false};
+
+// The fused kernels' element type for `tensor`, or nullopt where they do not
+// take it.
+std::optional<StatsElement> fused_element(const at::Tensor& tensor) {
   StatsElement element;
   switch (tensor.scalar_type()) {
     case at::kFloat: element = StatsElement::Float32; break;
     case at::kDouble: element = StatsElement::Float64; break;
     case at::kHalf: element = StatsElement::Float16; break;
     case at::kBFloat16: element = StatsElement::BFloat16; break;
-    default: return {};
+    default: return std::nullopt;
   }
   // A negated or conjugated view's bytes are not its values; ATen's path
   // reads those right.
   if (!tensor.is_cuda() || !tensor.is_contiguous() || tensor.numel() == 0 || tensor.is_neg() || tensor.is_conj())
-    return {};
-  // Once a launch has failed (a driver older than the kernels' PTX, say),
-  // every later tensor takes ATen's path at once.
-  static std::atomic<bool> broken{false};
-  if (broken.load(std::memory_order_relaxed)) return {};
+    return std::nullopt;
+  if (fused_broken.load(std::memory_order_relaxed)) return std::nullopt;
+  return element;
+}
+
+// A launch that failed: ATen's path for this tensor and every later one;
+// said once.
+void fused_failed(const at::Tensor& tensor, int error) {
+  if (!fused_broken.exchange(true))
+    std::fprintf(stderr,
+                 "tensortap: its statistics kernels could not be launched on %s (CUDA error %d): statistics of CUDA "
+                 "tensors go through ATen's reductions from now on\n",
+                 tensor.device().str().c_str(), error);
+}
+
+}  // namespace
+#endif
+
+at::Tensor fused_device_stats(const at::Tensor& tensor) {
+#ifdef TENSORTAP_HAVE_FUSED_STATS
+  const std::optional<StatsElement> element = fused_element(tensor);
+  if (!element) return {};
   const c10::cuda::CUDAGuard guard(tensor.device());
   const auto dbl = at::TensorOptions().dtype(at::kDouble).device(tensor.device());
   // From the caching allocator, on the current stream: the scratch goes back
@@ -90,16 +117,11 @@ at::Tensor fused_device_stats(const at::Tensor& tensor) {
   at::Tensor out = at::empty({kStatsVectorSize}, dbl);
   const at::Tensor scratch = at::empty({std::int64_t{stats_partials(tensor.numel())} * kStatsPartialDoubles}, dbl);
   const int error =
-      launch_fused_stats(tensor.data_ptr(), element, tensor.numel(), scratch.data_ptr<double>(),
+      launch_fused_stats(tensor.data_ptr(), *element, tensor.numel(), scratch.data_ptr<double>(),
                          out.data_ptr<double>(), c10::cuda::getCurrentCUDAStream(tensor.device().index()).stream());
   if (error == kStatsNotLaunched) return {};
   if (error != 0) {
-    // ATen's path instead, for this tensor and every later one; said once.
-    if (!broken.exchange(true))
-      std::fprintf(stderr,
-                   "tensortap: its statistics kernels could not be launched on %s (CUDA error %d): statistics of CUDA "
-                   "tensors go through ATen's reductions from now on\n",
-                   tensor.device().str().c_str(), error);
+    fused_failed(tensor, error);
     return {};
   }
   return out;
@@ -158,6 +180,64 @@ bool cuda_capture(CudaEngine& engine, const RecordSpec& spec, const at::Tensor& 
   c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   return capture_on_engine(engine, spec, device.index(), stream, source, may_drop);
+}
+
+std::optional<bool> cuda_capture_fused_stats(CudaEngine& engine, const RecordSpec& spec, const at::Tensor& tensor,
+                                             bool may_drop) {
+#ifdef TENSORTAP_HAVE_FUSED_STATS
+  if (!engine.stats_in_arena()) return std::nullopt;
+  const std::optional<StatsElement> element = fused_element(tensor);
+  if (!element) return std::nullopt;
+  const c10::Device device = tensor.device();
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  cudaStreamCaptureStatus graph = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &graph) != cudaSuccess) cudaGetLastError();
+  if (graph != cudaStreamCaptureStatusNone)
+    fail("cannot capture the statistics of '{}' (kind {}, step {}, {}) while its stream is being captured into a "
+         "CUDA graph",
+         spec.name, kind_name(spec.kind), spec.step, describe_tensor(tensor));
+  // The ten values first, then the kernels' partial results: one region,
+  // given back once the ten are in host memory (which is after the kernels
+  // ran: the copy waits for the event recorded after them).
+  constexpr std::size_t kOut = kStatsVectorSize * sizeof(double);
+  constexpr std::size_t kScratchAt = 128;  // aligned as an allocation's start, for the kernels' loads
+  static_assert(kOut <= kScratchAt);
+  const std::size_t scratch =
+      static_cast<std::size_t>(stats_partials(tensor.numel())) * kStatsPartialDoubles * sizeof(double);
+  std::optional<CudaEngine::Snapshot> snap;
+  try {
+    snap = engine.reserve(device.index(), kScratchAt + scratch, may_drop);
+  } catch (const std::exception& e) {
+    fail("cannot capture the statistics of '{}' (kind {}, step {}): {}", spec.name, kind_name(spec.kind), spec.step,
+         e.what());
+  }
+  if (!snap) return false;
+  if (snap->external || snap->data == nullptr) {
+    // No arena on this device (or scratch past it): the tensor path.
+    engine.cancel(*snap, stream, {});
+    return std::nullopt;
+  }
+  auto* out = static_cast<double*>(snap->data);
+  const int error = launch_fused_stats(tensor.data_ptr(), *element, tensor.numel(),
+                                       out + kScratchAt / sizeof(double), out, static_cast<void*>(stream));
+  if (error != 0) {
+    engine.cancel(*snap, stream, {});
+    if (error != kStatsNotLaunched) fused_failed(tensor, error);
+    return std::nullopt;
+  }
+  // Only the ten values go to the host; the region is freed whole.
+  snap->nbytes = kOut;
+  engine.submit(*snap, stream, spec, sizeof(double), {});
+  count_cuda_capture();
+  return true;
+#else
+  (void)engine;
+  (void)spec;
+  (void)tensor;
+  (void)may_drop;
+  return std::nullopt;
+#endif
 }
 
 void cuda_flush(CudaEngine& engine) { engine.flush(); }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -27,8 +28,10 @@ class CudaEngine;  // sdk/src/cuda/engine.h
 /// failures (`Failures::add`); it must not throw. Creates no thread and
 /// touches no device until the first CUDA capture; then the copier thread
 /// moves `staging`'s buffers to pinned memory.
+/// `stats_in_arena`: statistics-only captures through
+/// `cuda_capture_fused_stats` (TENSORTAP_CUDA_STATS).
 std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t device_bytes,
-                                             std::function<void(const std::string&)> report);
+                                             std::function<void(const std::string&)> report, bool stats_in_arena);
 
 /// Captures CUDA tensor `tensor` as the record `spec` describes (its
 /// dtype's `stored`, `nbytes` and the rest filled in as for a CPU tensor):
@@ -55,6 +58,18 @@ void cuda_stop(CudaEngine& engine);
 /// without them, a launch that failed), and `device_stats` then takes ATen's
 /// path.
 at::Tensor fused_device_stats(const at::Tensor& tensor);
+
+/// A statistics-only capture of CUDA tensor `tensor` with no tensor made:
+/// when the engine reduces statistics into its arena and the fused kernels
+/// take `tensor` (as `fused_device_stats`), room for the ten float64
+/// values and the kernels' scratch is reserved in the device's arena, the
+/// kernels write there on the current stream, and that is queued as the
+/// record `spec` (a float64 vector of 10: Op::StatsVector): no allocation,
+/// no device-to-device copy. Returns nullopt where it does not apply (the
+/// caller takes `fused_device_stats`' path), otherwise whether it was
+/// queued (false: refused, as `cuda_capture`).
+std::optional<bool> cuda_capture_fused_stats(CudaEngine& engine, const RecordSpec& spec, const at::Tensor& tensor,
+                                             bool may_drop);
 
 /// CUDA tensors this process has queued through an engine: lets tests check
 /// that captures take this path rather than a copy through the host.

@@ -7,7 +7,7 @@
 
 namespace tensortap::detail {
 
-std::shared_ptr<CudaEngine> make_cuda_engine(Staging&, std::size_t, std::function<void(const std::string&)>) {
+std::shared_ptr<CudaEngine> make_cuda_engine(Staging&, std::size_t, std::function<void(const std::string&)>, bool) {
   return nullptr;
 }
 
@@ -16,6 +16,10 @@ bool cuda_capture(CudaEngine&, const RecordSpec& spec, const at::Tensor& tensor,
 }
 
 at::Tensor fused_device_stats(const at::Tensor&) { return {}; }
+
+std::optional<bool> cuda_capture_fused_stats(CudaEngine&, const RecordSpec&, const at::Tensor&, bool) {
+  return std::nullopt;
+}
 
 void cuda_flush(CudaEngine&) {}
 

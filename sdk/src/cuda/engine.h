@@ -69,6 +69,10 @@ struct CudaEngineOptions {
   /// the staging keeps its own. A run that captures no CUDA tensor never
   /// allocates it, and so never creates a CUDA context for it.
   HostMemory staging_memory;
+  /// Whether statistics-only captures are reduced straight into the arena
+  /// (`cuda_capture_fused_stats`, TENSORTAP_CUDA_STATS): the LibTorch side's
+  /// choice, kept here with the arena it uses; the engine itself ignores it.
+  bool stats_in_arena = false;
   /// Where the arenas come from (default: cudaMalloc). When a device's
   /// arena cannot be allocated, `warn` says so once, and that device's
   /// snapshots are all allocated by the caller, within `large_bytes`.
@@ -128,6 +132,8 @@ class CudaEngine {
   CudaEngine(Staging& staging, CudaEngineOptions options, Report report);
   /// Stops (see `stop()`).
   ~CudaEngine();
+  /// See CudaEngineOptions::stats_in_arena.
+  bool stats_in_arena() const { return options_.stats_in_arena; }
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
 

@@ -34,6 +34,9 @@ bool off_said() {
 Options from_environment(Options o, bool off, std::optional<std::string>& text) {
   if (off) return o;
   text = apply_environment(o);
+  // Read again by the back end, which passes it to the CUDA engine; a bad
+  // value is refused here, before a directory is made.
+  (void)cuda_stats_in_arena();
   return settle(std::move(o));
 }
 

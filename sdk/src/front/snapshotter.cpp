@@ -163,6 +163,23 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
   // statistics (a 4-byte copy against two launches), and the writer thread
   // needs its value (TensorBoard's `tensor/<name>`) and its dtype.
   const bool stats_vector = !full && !tensor.device().is_cpu() && tensor.dim() != 0;
+  if (stats_vector && engine_ != nullptr && tensor.is_cuda()) {
+    // Reduced straight into the engine's arena where it can (no tensor, no
+    // copy on the device: TENSORTAP_CUDA_STATS=arena).
+    static const std::int64_t kSizes[1] = {kStatsVectorSize};
+    const RecordSpec spec{kind,
+                          name,
+                          step,
+                          *dtype_info(at::kDouble),
+                          at::IntArrayRef(kSizes, 1),
+                          static_cast<std::uint64_t>(kStatsVectorSize) * sizeof(double),
+                          Op::StatsVector,
+                          stats_row,
+                          false,
+                          next_id_.fetch_add(1, std::memory_order_relaxed),
+                          name_kept};
+    if (const std::optional<bool> queued = cuda_capture_fused_stats(*engine_, spec, tensor, may_drop_)) return *queued;
+  }
   at::Tensor src = tensor;
   if (stats_vector) {
     // The fused kernels where they apply (two launches), ATen's reductions

@@ -212,6 +212,15 @@ bool tensortap_off() {
   fail("TENSORTAP={}: expected off (or 0, false) to turn tensortap off, or on (or empty) to leave it on", v);
 }
 
+bool cuda_stats_in_arena() {
+  const char* v = std::getenv("TENSORTAP_CUDA_STATS");
+  if (v == nullptr || *v == '\0') return kCudaStatsInArena;
+  const std::string l = lower(trim(v));
+  if (l == "arena") return true;
+  if (l == "tensor") return false;
+  fail("TENSORTAP_CUDA_STATS={}: expected arena or tensor (how statistics of CUDA tensors reach the copier)", v);
+}
+
 void apply_options_text(Options& options, const std::string& text) {
   for (const std::string& raw : pairs(text)) {
     const std::string pair = trim(raw);

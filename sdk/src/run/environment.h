@@ -26,6 +26,16 @@ bool tensortap_off();
 /// value that does not parse, or `dump_on` (set in code).
 void apply_options_text(Options& options, const std::string& text);
 
+/// `TENSORTAP_CUDA_STATS` (issue 64): how a statistics-only capture of a
+/// CUDA tensor reaches the engine. "arena": the fused kernels write the ten
+/// numbers into the engine's device arena (no allocation, no copy on the
+/// device); "tensor": into a tensor of LibTorch's caching allocator, which
+/// is then captured. Unset or empty: the default, `kCudaStatsInArena`.
+/// Throws `Error` naming any other value.
+bool cuda_stats_in_arena();
+/// What `cuda_stats_in_arena` gives when the variable is unset.
+constexpr bool kCudaStatsInArena = true;
+
 /// `TENSORTAP_OPTIONS` applied to `options`; returns the string as given,
 /// or nullopt when the variable is unset.
 std::optional<std::string> apply_environment(Options& options);
