@@ -111,4 +111,99 @@ void append_json_ints(std::string& out, c10::IntArrayRef values) {
   append_put(out, json_ints_room(values), [&](char* p) { return put_json_ints(p, values); });
 }
 
+namespace {
+
+void put_utf8(std::string& out, unsigned cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// The 4 hex digits of a \u escape at s[i]; false if they are not.
+bool hex4(std::string_view s, std::size_t& i, unsigned& v) {
+  if (i + 4 > s.size()) return false;
+  v = 0;
+  for (int k = 0; k < 4; ++k) {
+    const char c = s[i++];
+    v <<= 4;
+    if (c >= '0' && c <= '9')
+      v |= static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      v |= static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      v |= static_cast<unsigned>(c - 'A' + 10);
+    else
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string read_json_string(std::string_view s, std::size_t& i, std::string& out, bool utf8, bool surrogateescape) {
+  if (i >= s.size() || s[i] != '"') return "expected a string";
+  ++i;
+  for (;;) {
+    if (i >= s.size()) return "a string that does not end";
+    const char c = s[i];
+    if (c == '"') {
+      ++i;
+      return {};
+    }
+    if (static_cast<unsigned char>(c) < 0x20) return "a control character in a string";
+    if (c != '\\') {
+      const std::size_t n = utf8 ? utf8_sequence_length(s, i) : 1;
+      if (n == 0) return "a string that is not UTF-8";
+      out.append(s.substr(i, n));
+      i += n;
+      continue;
+    }
+    if (++i >= s.size()) return "a string that does not end";
+    const char e = s[i++];
+    switch (e) {
+      case '"': out += '"'; break;
+      case '\\': out += '\\'; break;
+      case '/': out += '/'; break;
+      case 'b': out += '\b'; break;
+      case 'f': out += '\f'; break;
+      case 'n': out += '\n'; break;
+      case 'r': out += '\r'; break;
+      case 't': out += '\t'; break;
+      case 'u': {
+        unsigned cp = 0;
+        if (!hex4(s, i, cp)) return "a \\u escape that is not 4 hexadecimal digits";
+        if (surrogateescape && cp >= 0xDC80 && cp <= 0xDCFF) {
+          out += static_cast<char>(cp - 0xDC00);
+          break;
+        }
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+          unsigned lo = 0;
+          if (i + 2 > s.size() || s[i] != '\\' || s[i + 1] != 'u') return "a lone surrogate in a \\u escape";
+          i += 2;
+          if (!hex4(s, i, lo)) return "a \\u escape that is not 4 hexadecimal digits";
+          if (lo < 0xDC00 || lo > 0xDFFF) return "a lone surrogate in a \\u escape";
+          cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+          return "a lone surrogate in a \\u escape";
+        }
+        put_utf8(out, cp);
+        break;
+      }
+      default: return std::string("an escape '\\") + e + "' JSON does not have";
+    }
+  }
+}
+
 }  // namespace tensortap::detail

@@ -52,6 +52,16 @@ void append_int(std::string& out, std::int64_t v);
 /// forms, surrogates or values past U+10FFFF), or 0 if it is not one.
 std::size_t utf8_sequence_length(std::string_view s, std::size_t i);
 
+/// Reads the JSON string whose opening quote is at s[i], strictly: the
+/// escapes RFC 8259 has, a surrogate pair joined, a lone surrogate and a
+/// control character refused. `utf8`: the bytes outside escapes must be
+/// UTF-8. `surrogateescape`: \udc80-\udcff is the byte 0x80-0xff (how
+/// append_json_string escapes a byte that is not UTF-8). On success appends
+/// the string's bytes to `out`, moves `i` past the closing quote and
+/// returns ""; otherwise returns what is wrong, `i` at it, for the caller
+/// to say in its own way (the index's reader, a control request's).
+std::string read_json_string(std::string_view s, std::size_t& i, std::string& out, bool utf8, bool surrogateescape);
+
 /// Appends `s` to `out` as a quoted JSON string. Valid UTF-8 passes through;
 /// control characters are escaped, and each byte that is not valid UTF-8
 /// becomes \u00XX so the line stays valid JSON whatever a name holds.

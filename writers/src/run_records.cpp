@@ -10,6 +10,7 @@
 
 #include "writers/src/check.h"
 #include "writers/src/dtypes.h"
+#include "writers/src/json.h"
 #include "writers/src/npy/format.h"
 
 #ifdef TENSORTAP_HAVE_HDF5
@@ -70,33 +71,12 @@ class LineParser {
 
   std::string string() {
     space();
-    if (i_ >= s_.size() || s_[i_] != '"') bad("expected a string");
-    ++i_;
     std::string out;
-    while (true) {
-      if (i_ >= s_.size()) bad("a string that never ends");
-      const char c = s_[i_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) bad("a control character inside a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (i_ >= s_.size()) bad("a string that never ends");
-      const char e = s_[i_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': unicode(out); break;
-        default: bad(fmt::format("an escape '\\{}' JSON does not have", e));
-      }
-    }
+    // A name's byte that is not UTF-8 is \udcXX (Python's surrogateescape,
+    // as the writers put it): the byte itself.
+    const std::string problem = read_json_string(s_, i_, out, /*utf8=*/false, /*surrogateescape=*/true);
+    if (!problem.empty()) bad(problem);
+    return out;
   }
 
   std::vector<std::int64_t> integers() {
@@ -111,58 +91,6 @@ class LineParser {
   }
 
  private:
-  unsigned hex4() {
-    if (i_ + 4 > s_.size()) bad("a \\u escape cut short");
-    unsigned v = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char h = s_[i_++];
-      v <<= 4;
-      if (h >= '0' && h <= '9')
-        v |= static_cast<unsigned>(h - '0');
-      else if (h >= 'a' && h <= 'f')
-        v |= static_cast<unsigned>(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F')
-        v |= static_cast<unsigned>(h - 'A' + 10);
-      else
-        bad("a \\u escape that is not hexadecimal");
-    }
-    return v;
-  }
-
-  // A name's byte that is not UTF-8 is \udcXX (Python's surrogateescape,
-  // as the writers put it): the byte itself. Any other code point as UTF-8.
-  void unicode(std::string& out) {
-    unsigned cp = hex4();
-    if (cp >= 0xDC80 && cp <= 0xDCFF) {
-      out += static_cast<char>(cp - 0xDC00);
-      return;
-    }
-    if (cp >= 0xD800 && cp <= 0xDBFF) {
-      if (i_ + 2 > s_.size() || s_[i_] != '\\' || s_[i_ + 1] != 'u') bad("a lone high surrogate");
-      i_ += 2;
-      const unsigned lo = hex4();
-      if (lo < 0xDC00 || lo > 0xDFFF) bad("a high surrogate without its low one");
-      cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-    } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-      bad("a lone low surrogate");
-    }
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
   std::string_view s_;
   const std::string& where_;
   std::size_t i_ = 0;

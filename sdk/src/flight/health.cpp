@@ -13,15 +13,6 @@ using Type = Trigger::Type;
 
 bool clean(const TensorSummary& s) { return s.nan == 0 && s.posinf == 0 && s.neginf == 0 && s.numel > 0; }
 
-// numpy.median: the middle value, or the mean of the two middle ones.
-double median_of(std::vector<double> v) {
-  const std::size_t n = v.size(), mid = n / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
-  const double hi = v[mid];
-  if (n % 2 != 0) return hi;
-  return (*std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)) + hi) / 2;
-}
-
 bool all_stats_equal(const TensorSummary& a, const TensorSummary& b) {
   return a.min == b.min && a.max == b.max && a.mean == b.mean && a.std == b.std && a.norm == b.norm &&
          a.nan == b.nan && a.posinf == b.posinf && a.neginf == b.neginf && a.zeros == b.zeros && a.numel == b.numel;
@@ -62,6 +53,14 @@ double saturated_fraction(const TensorSummary& s, double derivative) {
 }
 
 }  // namespace
+
+double median_of(std::vector<double> v) {
+  const std::size_t n = v.size(), mid = n / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  const double hi = v[mid];
+  if (n % 2 != 0) return hi;
+  return (*std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)) + hi) / 2;
+}
 
 bool is_input_tap(const std::string& name) {
   // _input(#\d+)?$, ASCII letters without regard to case.

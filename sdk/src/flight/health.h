@@ -85,6 +85,10 @@ class HealthRule {
   std::vector<std::pair<std::string, double>> init_rows_;
 };
 
+/// numpy.median of `v` (not empty): the middle value, or the mean of the two
+/// middle ones. The rules' medians (spike, norm_jump, tensor_variance).
+double median_of(std::vector<double> v);
+
 /// Whether a tap's name is a nonlinearity's input (`relu1_input`,
 /// `tanh_input#2`): dead_relu never judges one; saturated_activation bounds
 /// its values as an input's.

@@ -30,15 +30,6 @@ std::string describe(const Trigger& t) {
   return fmt::format("Trigger::{}()", t.type_name());
 }
 
-// numpy.median: the middle value, or the mean of the two middle ones.
-double median_of(std::vector<double> v) {
-  const std::size_t n = v.size(), mid = n / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
-  const double hi = v[mid];
-  if (n % 2 != 0) return hi;
-  return (*std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)) + hi) / 2;
-}
-
 }  // namespace
 
 // A health rule's parameters, in the doctor's ranges (its _TYPES).

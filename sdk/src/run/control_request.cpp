@@ -140,88 +140,11 @@ class Reader {
     return std::string(s_.substr(start, i_ - start));
   }
 
-  unsigned hex4() {
-    if (i_ + 4 > s_.size()) throw Refused{"a malformed \\u escape"};
-    unsigned v = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char c = s_[i_++];
-      v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= static_cast<unsigned>(c - 'A' + 10);
-      else throw Refused{"a malformed \\u escape"};
-    }
-    return v;
-  }
-
-  static void put_utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
   std::string string() {
-    expect('"');
     std::string out;
-    for (;;) {
-      if (i_ >= s_.size()) throw Refused{"a string that does not end"};
-      const char c = s_[i_];
-      if (c == '"') {
-        ++i_;
-        return out;
-      }
-      if (static_cast<unsigned char>(c) < 0x20) throw Refused{"a control character in a string"};
-      if (c != '\\') {
-        // Bytes as they are, if they are UTF-8.
-        const std::size_t n = utf8_sequence_length(s_, i_);
-        if (n == 0) throw Refused{"a string that is not UTF-8"};
-        out.append(s_.substr(i_, n));
-        i_ += n;
-        continue;
-      }
-      ++i_;
-      const char e = peek();
-      ++i_;
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (peek() != '\\') throw Refused{"a lone surrogate in a \\u escape"};
-            ++i_;
-            if (peek() != 'u') throw Refused{"a lone surrogate in a \\u escape"};
-            ++i_;
-            const unsigned lo = hex4();
-            if (lo < 0xDC00 || lo > 0xDFFF) throw Refused{"a lone surrogate in a \\u escape"};
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            throw Refused{"a lone surrogate in a \\u escape"};
-          }
-          put_utf8(out, cp);
-          break;
-        }
-        default: throw Refused{"a malformed escape in a string"};
-      }
-    }
+    const std::string problem = read_json_string(s_, i_, out, /*utf8=*/true, /*surrogateescape=*/false);
+    if (!problem.empty()) throw Refused{problem};
+    return out;
   }
 
   std::string_view s_;
