@@ -311,3 +311,48 @@ TEST_CASE("a capture is refused once the disk budget stopped full capture; reque
   rec.close();
   CHECK_THAT(answer(dir, "c2", 0), Catch::Contains("the run was closed"));
 }
+
+TEST_CASE("a running capture window keeps its steps and include through an every, a pause or a refusal, and a second "
+          "capture joins its include",
+          "[sdk][control]") {
+  // With a flight recorder, a window's steps are written through it; an
+  // answer to anything but a capture once wiped the window (its steps went
+  // back to the ring, its include was dropped).
+  TempDir dir;
+  Recorder rec{Options(dir.path).every(0).stats_every(1).flight_recorder(4)};
+  std::int64_t step = 0;
+  const auto tick = [&] {
+    rec.step(step);
+    rec.capture("fc1.x", at::full({4}, static_cast<double>(step)));
+    rec.capture("fc2.x", at::full({4}, static_cast<double>(step)));
+    rec.capture("fc3.x", at::full({4}, static_cast<double>(step)));
+    ++step;
+  };
+  tick();
+  send(dir, "c1", body(dir, "c1", "capture", ", \"steps\": 1000, \"include\": \"^fc1\""));
+  std::string line = answer(dir, "c1", 5, tick);
+  REQUIRE_THAT(line, Catch::Contains("\"status\": \"ok\""));
+  const std::int64_t from = std::stoll(line.substr(line.find("\"step\": ") + 8));
+  send(dir, "p1", body(dir, "p1", "pause"));
+  REQUIRE_THAT(answer(dir, "p1", 5, tick), Catch::Contains("\"status\": \"ok\""));
+  send(dir, "c2", body(dir, "c2", "capture", ", \"steps\": 2, \"include\": \"^fc2\""));
+  line = answer(dir, "c2", 5, tick);
+  CHECK_THAT(line, Catch::Contains("include (^fc1)|(^fc2)"));
+  const std::int64_t last = step + 3;
+  while (step <= last) tick();
+  rec.close();
+  // Every step of the window so far on disk (the pause did not stop it),
+  // fc3 never.
+  std::vector<std::string> names;
+  std::vector<std::int64_t> fc1;
+  for (const std::string& l : tt_test::read_lines(dir / "index.jsonl")) {
+    const auto at = l.find("\"name\":\"");
+    const std::string name = l.substr(at + 8, l.find('"', at + 8) - at - 8);
+    CHECK(name != "fc3.x");
+    if (name == "fc1.x") fc1.push_back(std::stoll(l.substr(l.find("\"step\":") + 7)));
+  }
+  std::sort(fc1.begin(), fc1.end());
+  std::vector<std::int64_t> want;
+  for (std::int64_t s = from; s <= last; ++s) want.push_back(s);
+  CHECK(fc1 == want);
+}

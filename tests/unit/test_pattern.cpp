@@ -8,7 +8,7 @@
 
 #include <tensortap/error.h>
 
-#include "sdk/src/select/pattern.h"
+#include "sdk/src/pipeline/pattern.h"
 
 using tensortap::detail::Pattern;
 

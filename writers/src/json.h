@@ -63,8 +63,9 @@ std::size_t utf8_sequence_length(std::string_view s, std::size_t i);
 std::string read_json_string(std::string_view s, std::size_t& i, std::string& out, bool utf8, bool surrogateescape);
 
 /// Appends `s` to `out` as a quoted JSON string. Valid UTF-8 passes through;
-/// control characters are escaped, and each byte that is not valid UTF-8
-/// becomes \u00XX so the line stays valid JSON whatever a name holds.
+/// control characters are escaped, and each byte XX that is not valid UTF-8
+/// becomes \udcXX (Python's surrogateescape) so the line stays valid JSON
+/// whatever a name holds.
 void append_json_string(std::string& out, std::string_view s);
 
 /// Appends `[a,b,c]`.

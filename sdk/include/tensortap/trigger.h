@@ -155,8 +155,9 @@ class Trigger {
   /// At the first step, the largest std of the nonlinearities' inputs over
   /// the smallest above `threshold`: include "(relu|tanh|sigmoid).*_input",
   /// threshold 10. Judged once that step's rows are complete (a row of a
-  /// later step, or the run's end); the dump names the input with the
-  /// largest std, at the first step.
+  /// later statistics step among those it selects: a run with a single
+  /// statistics step is not judged live); the dump names the input with
+  /// the largest std, at the first step.
   static Trigger poor_weight_initialization();
   /// Offline only (`tensortap doctor`): Options refuse it. Its parameters
   /// (include "weight", large 0.1, small 1e-8, patience 1) exist so that a
@@ -174,8 +175,9 @@ class Trigger {
   /// parameter.
   /// Which kinds it judges (not empty).
   Trigger& kinds(KindSet kinds);
-  /// An ECMAScript regular expression searched in the name, ASCII letters
-  /// without regard to case; "" finds every name.
+  /// A regular expression (the ECMAScript subset `Options::include` takes)
+  /// searched in the name, ASCII letters without regard to case; "" finds
+  /// every name.
   Trigger& include(std::string pattern);
   Trigger& threshold(double threshold);
   /// Evaluations in a row (at least 1) before an episode opens.

@@ -15,7 +15,7 @@
 #include "sdk/src/pipeline/stats.h"
 #include "sdk/src/pipeline/store.h"
 #include "sdk/src/pipeline/tensorboard.h"
-#include "sdk/src/select/pattern.h"
+#include "sdk/src/pipeline/pattern.h"
 #include "writers/src/stats_file.h"
 
 namespace tensortap::detail {

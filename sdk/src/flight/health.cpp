@@ -103,23 +103,20 @@ bool HealthRule::Streak::update(bool cond, double measure, std::int64_t patience
   return true;
 }
 
-HealthRule::HealthRule(const Trigger& t)
-    : t_(t), include_(t.include(), std::regex::ECMAScript | std::regex::icase | std::regex::optimize) {}
+HealthRule::HealthRule(const Trigger& t) : t_(t), include_(t.include(), "include", /*ignore_case=*/true) {}
 
-bool HealthRule::finds(const std::string& name) const {
-  return t_.include().empty() || std::regex_search(name, include_);
-}
+bool HealthRule::finds(const std::string& name) const { return include_.empty() || include_.search(name); }
 
 HealthRule::Series& HealthRule::series(const TensorSummary& s, const std::string& key) {
   auto [it, fresh] = series_.try_emplace(key);
-  // The selection is decided once per tensor: a regex search per row would
-  // cost the writer thread more than the rule.
+  // The selection is decided once per tensor: a pattern search per row
+  // would cost the writer thread more than the rule.
   if (fresh) {
     Series& ser = it->second;
     ser.found = finds(s.name);
     ser.selected = ser.found && judges_kind(t_, s.kind);
     if (t_.type() == Type::DeadRelu && is_input_tap(s.name)) ser.selected = false;
-    if (t_.type() == Type::LossNotDecreasing) ser.selected = s.name == t_.name();
+    if (t_.type() == Type::LossNotDecreasing) ser.selected = s.kind == Kind::Tensor && s.name == t_.name();
   }
   return it->second;
 }
@@ -246,13 +243,17 @@ std::optional<Dump> HealthRule::unchanged(const TensorSummary& s, Series& ser) {
 std::optional<Dump> HealthRule::loss(const TensorSummary& s, Series& ser) {
   ser.window_sum += s.mean;
   if (++ser.window_count < t_.window()) return std::nullopt;
-  ser.window_means.push_back(ser.window_sum / static_cast<double>(ser.window_count));
+  const double a = ser.window_sum / static_cast<double>(ser.window_count);
   ser.window_sum = 0;
   ser.window_count = 0;
-  const std::vector<double>& m = ser.window_means;
-  if (m.size() < 2) return std::nullopt;
-  const double a = m.back(), b = m[m.size() - 2], first = m.front();
-  const double lowest = *std::min_element(m.begin(), m.end());
+  const double b = ser.previous_mean;
+  ser.previous_mean = a;
+  if (ser.windows++ == 0) {
+    ser.first_mean = ser.lowest_mean = a;
+    return std::nullopt;
+  }
+  ser.lowest_mean = std::min(ser.lowest_mean, a);
+  const double first = ser.first_mean, lowest = ser.lowest_mean;
   const double scale = std::fabs(b);
   const double decrease = scale > 0 ? (b - a) / scale : 0.0;
   const bool cond = b - a <= t_.min_decrease() * scale && lowest > first - t_.min_progress() * std::fabs(first);
@@ -280,9 +281,11 @@ std::optional<Dump> HealthRule::variance(const TensorSummary& s, Series& ser) {
 }
 
 std::optional<Dump> HealthRule::initialization(const TensorSummary& s, const Series& ser) {
-  if (init_judged_) return std::nullopt;
+  if (init_judged_ || !ser.selected) return std::nullopt;
+  // The first step's rows are complete once a selected row of a later step
+  // comes (another kind's rows, or a CPU tensor's, may come before the
+  // copier's).
   if (init_step_ >= 0 && s.step > init_step_) {
-    // The first step's rows are complete: a row of a later step came.
     init_judged_ = true;
     if (init_rows_.size() < 2) return std::nullopt;
     const auto by_std = [](const auto& x, const auto& y) { return x.second < y.second; };
@@ -296,7 +299,7 @@ std::optional<Dump> HealthRule::initialization(const TensorSummary& s, const Ser
     at.name = hi->first;
     return fire(at, ratio, t_.threshold());
   }
-  if (!ser.selected || !clean(s)) return std::nullopt;
+  if (!clean(s)) return std::nullopt;
   if (init_step_ < 0) init_step_ = s.step;
   if (s.step == init_step_ && s.std > 0) init_rows_.emplace_back(s.name, s.std);
   return std::nullopt;

@@ -3,13 +3,14 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
-#include <regex>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include <tensortap/trigger.h>
+
+#include "sdk/src/pipeline/pattern.h"
 
 namespace tensortap::detail {
 
@@ -55,7 +56,10 @@ class HealthRule {
     std::deque<double> history;
     double window_sum = 0;
     std::int64_t window_count = 0;
-    std::vector<double> window_means;
+    // loss_not_decreasing: the whole windows' means it compares, and how
+    // many there were (k).
+    double first_mean = 0, previous_mean = 0, lowest_mean = 0;
+    std::int64_t windows = 0;
   };
 
   Series& series(const TensorSummary& s, const std::string& key);
@@ -69,7 +73,9 @@ class HealthRule {
   std::optional<Dump> initialization(const TensorSummary& s, const Series& ser);
 
   Trigger t_;
-  std::regex include_;
+  // The project's automaton, not std::regex: linear in the name, no
+  // recursion a long name could overflow the writer thread's stack with.
+  Pattern include_;
   std::unordered_map<std::string, Series> series_;
   // exploding_tensor: the rank's evaluated steps and the blow-up they make.
   std::int64_t step_ = -1;
@@ -79,7 +85,8 @@ class HealthRule {
   // parameter's previous row.
   std::unordered_map<std::string, std::vector<std::pair<std::int64_t, double>>> grads_;
   // poor_weight_initialization: the first step's (name, std > 0), judged once
-  // a row of a later step comes.
+  // a row it selects of a later step comes (a run with one statistics step
+  // is not judged live).
   std::int64_t init_step_ = -1;
   bool init_judged_ = false;
   std::vector<std::pair<std::string, double>> init_rows_;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <regex>
 
 #include <fmt/format.h>
 
@@ -45,11 +44,13 @@ void validate_health_rule(const Trigger& t, const std::string& what) {
   };
   constexpr std::int64_t kMaxCount = std::int64_t{1} << 62;
   if ((has & kParamKinds) && KindSetAccess::bits(t.kinds()) == 0) bad("kinds", "(none)", "a non-empty set of kinds");
+  // The automaton the rule runs (pipeline/pattern.h): it refuses what it
+  // cannot run, naming the pattern and the place.
   if (has & kParamInclude) {
     try {
-      std::regex(t.include(), std::regex::ECMAScript | std::regex::icase);
-    } catch (const std::regex_error& e) {
-      fail("Options::dump_on({}): include '{}' is not a regular expression (ECMAScript): {}", what, t.include(),
+      Pattern(t.include(), "include", /*ignore_case=*/true);
+    } catch (const std::exception& e) {
+      fail("Options::dump_on({}): include '{}' is not a regular expression tensortap runs: {}", what, t.include(),
            e.what());
     }
   }

@@ -249,21 +249,38 @@ void FrontEnd::steer(std::int64_t step) {
         const std::uint64_t kinds = r.kinds != 0 ? r.kinds : KindSetAccess::bits(options_.kinds());
         // A window that runs now is extended to the later end.
         if (s.window_lo <= step && step <= s.window_hi) {
+          // The names either request finds: either without one, every name
+          // the recorder's own include finds.
+          std::string joined;
+          if (!s.window_include.empty() && !r.include.empty())
+            joined = s.window_include == r.include ? r.include : "(" + s.window_include + ")|(" + r.include + ")";
+          try {
+            // Compiled here, where a refusal is an answer, not on the
+            // writer thread that uses it.
+            Pattern(joined, "include");
+          } catch (const std::exception&) {
+            a.ok = false;
+            a.step = -1;
+            a.message = "its include joined to the running capture's is more than a pattern may hold: refused";
+            break;
+          }
           s.window_hi = std::max(s.window_hi, step + r.steps - 1);
           s.window_kinds |= kinds;
+          s.window_include = joined;
         } else {
           s.window_lo = step;
           s.window_hi = step + r.steps - 1;
           s.window_kinds = kinds;
+          s.window_include = r.include;
         }
         a.window_lo = s.window_lo;
         a.window_hi = s.window_hi;
-        a.include = r.include;
+        a.include = s.window_include;
         std::string names;
         for (Kind k : kAllKinds)
           if ((s.window_kinds & KindSetAccess::bit(k)) != 0) names += std::string(names.empty() ? "" : "+") + kind_name(k);
         a.message = fmt::format("steps {}..{} in full ({}{}{})", s.window_lo, s.window_hi, names,
-                                r.include.empty() ? "" : ", include ", r.include);
+                                s.window_include.empty() ? "" : ", include ", s.window_include);
         break;
       }
       case ControlCommand::Every:

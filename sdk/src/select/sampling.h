@@ -8,7 +8,7 @@
 
 #include <tensortap/options.h>
 
-#include "sdk/src/select/pattern.h"
+#include "sdk/src/pipeline/pattern.h"
 #include "writers/src/kind_set_access.h"
 
 namespace tensortap::detail {
@@ -20,6 +20,9 @@ struct Steering {
   /// kinds, whatever the cadence or a pause say.
   std::int64_t window_lo = -1, window_hi = -1;
   std::uint64_t window_kinds = 0;
+  /// Its include ("": the recorder's own): a capture that extends a
+  /// running window joins its include to the running one's.
+  std::string window_include;
   /// every N from `every_from` (-1: the options' cadence; 0: none).
   std::int64_t every = -1, every_from = 0;
   /// pause: no full tensors from this step (-1: not paused).

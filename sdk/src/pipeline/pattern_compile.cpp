@@ -1,7 +1,7 @@
-#include "sdk/src/select/pattern.h"
+#include "sdk/src/pipeline/pattern.h"
 
 // Parsing and compiling a pattern into the automaton Pattern::search runs
-// (sdk/src/select/pattern.cpp).
+// (sdk/src/pipeline/pattern.cpp).
 
 #include <memory>
 

@@ -1,7 +1,7 @@
-#include "sdk/src/select/pattern.h"
+#include "sdk/src/pipeline/pattern.h"
 
 // Running a compiled pattern over a name; compiling is
-// sdk/src/select/pattern_compile.cpp.
+// sdk/src/pipeline/pattern_compile.cpp.
 
 namespace tensortap::detail {
 
