@@ -131,9 +131,12 @@ class Buckets {
   }
 
  private:
+  // Never destroyed, as bucket_limits(): a recorder held in a static closes
+  // at exit, after a function-local static made later is gone (issue 57),
+  // and its writer thread still fills histograms then.
   static const PositiveCount& positive_count() {
-    static const PositiveCount count;
-    return count;
+    static const PositiveCount* const count = new PositiveCount;
+    return *count;
   }
   const PositiveCount& count_;
   const std::size_t n_, zero_;
