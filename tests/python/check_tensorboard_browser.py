@@ -48,8 +48,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
+import chromium
+
 SIZE = (1280, 800)  # the page, and so the screenshot, unless --size
 
 # TensorBoard's elements keep their insides in shadow roots: every lookup
@@ -252,19 +252,9 @@ class TensorBoard:
 
 def browser(workdir, deadline, size):
     try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        raise Failed("the browser check needs python3-selenium (apt install python3-selenium chromium-driver)")
-    for tool, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not os.path.exists(tool):
-            raise Failed(f"the browser check needs {tool}: apt install {package}")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                f"--window-size={size[0]},{size[1]}", f"--user-data-dir={workdir}/profile"):
-        opts.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+        driver = chromium.start(f"{workdir}/profile", size)
+    except chromium.Missing as e:
+        raise Failed(f"the browser check {e}")
     try:
         # The page exactly `size`, whatever the window's frame takes.
         driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",

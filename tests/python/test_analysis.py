@@ -24,6 +24,7 @@ from unittest import mock
 
 import numpy as np
 
+import chromium
 import tensortap
 from tensortap import __main__ as cli
 from tensortap import _optional
@@ -398,6 +399,11 @@ class ReportTest(unittest.TestCase):
         # One browser for the class: starting Chromium takes seconds.
         if ReportTest._driver is not None:
             return ReportTest._driver
+        try:
+            ReportTest._driver = chromium.start(f"{self.tmp}/profile")
+        except chromium.Missing as e:
+            self.fail(f"the browser test {e}")
+        return ReportTest._driver
         try:
             from selenium import webdriver
             from selenium.webdriver.chrome.service import Service

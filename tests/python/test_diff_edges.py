@@ -22,6 +22,7 @@ import warnings
 
 import numpy as np
 
+import chromium
 import tensortap
 from tensortap import __main__ as cli
 from tensortap._writer import RunWriter, default_options
@@ -375,6 +376,11 @@ class PageTest(Case):
     def browser(self):
         if PageTest.driver is not None:
             return PageTest.driver
+        try:
+            PageTest.driver = chromium.start(f"{self.tmp}/profile")
+        except chromium.Missing as e:
+            self.fail(f"the browser test {e}")
+        return PageTest.driver
         try:
             from selenium import webdriver
             from selenium.webdriver.chrome.service import Service
