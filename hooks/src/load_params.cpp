@@ -43,6 +43,17 @@ void load_params(torch::nn::Module& module, const std::string& run, std::int64_t
   for (detail::IndexRecord& r : detail::read_index(dir, dir.path()))
     if (r.step == step && (r.kind == Kind::Param || r.kind == Kind::Buffer))
       records[{r.kind, r.name}] = std::move(r);
+  // A step a disk budget gave up (Budget::KeepLatest) may have lines whose
+  // files are gone; one a dump kept has them all.
+  const std::int64_t given_up = detail::given_up_below(dir);
+  if (step < given_up) {
+    bool whole = !records.empty();
+    for (const auto& kv : records) whole = whole && dir.exists(kv.second.file);
+    TENSORTAP_CHECK(whole,
+                    "run '{}' gave up step {} to its disk budget (Budget::KeepLatest: run.json's \"given_up_below\" "
+                    "is {}); load a step from {} on",
+                    run, step, given_up, given_up);
+  }
 
   // The module's tensors, each once (tied weights: by the first of their
   // names the run holds a record of).

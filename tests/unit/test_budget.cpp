@@ -1,15 +1,29 @@
 // A disk budget (issue 59, DESIGN section 10): Options::max_bytes with
-// Budget::StopCapture, in every format.
-#include <filesystem>
-#include <string>
+// Budget::StopCapture in every format, Budget::KeepLatest in Npy and Packed.
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <tensortap/tensortap.h>
 
 #include "tests/support/helpers.h"
+#include "writers/src/file.h"
+#include "writers/src/run_dir.h"
+#include "writers/src/run_records.h"
 
 namespace fs = std::filesystem;
 using tensortap::Options;
@@ -78,19 +92,234 @@ TEST_CASE("a disk budget under StopCapture holds the run directory's size, in ev
   }
 }
 
-TEST_CASE("Budget::KeepLatest is refused by name until it is built; HDF5 would refuse it anyway", "[sdk][budget]") {
+TEST_CASE("Budget::KeepLatest with Format::Hdf5 is refused by name", "[sdk][budget]") {
   TempDir dir;
-  CHECK_THAT(tt_test::error_of([&] {
-               tensortap::Recorder r{Options(dir.path).max_bytes(1 << 20).on_budget(tensortap::Budget::KeepLatest)};
-             }),
-             Catch::Contains("Options::on_budget(Budget::KeepLatest)"));
   CHECK_THAT(tt_test::error_of([&] {
                tensortap::Recorder r{Options(dir.path)
                                          .format(tensortap::Format::Hdf5)
                                          .max_bytes(1 << 20)
                                          .on_budget(tensortap::Budget::KeepLatest)};
              }),
-             Catch::Contains("with Format::Hdf5"));
+             Catch::Contains("Options::on_budget(Budget::KeepLatest) with Format::Hdf5"));
+}
+
+namespace {
+
+// Every index line of `run` (index.jsonl and its segments), and its marker.
+std::vector<tensortap::detail::IndexRecord> index_of(const std::string& run) {
+  const tensortap::detail::Dir d = tensortap::detail::Dir::open(run, false);
+  return tensortap::detail::read_index(d, run);
+}
+std::int64_t marker_of(const std::string& run) {
+  return tensortap::detail::given_up_below(tensortap::detail::Dir::open(run, false));
+}
+
+// The files of `run` under `sub` (npy/, packed/) whose name says step < `below`.
+std::vector<std::string> files_of_steps_below(const std::string& run, std::int64_t below) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(fs::path(run) / "npy"))
+    if (e.is_regular_file() && std::stoll(e.path().stem().string()) < below) out.push_back(e.path().string());
+  return out;
+}
+
+constexpr int kNames = 4;
+
+// A step of 4 x 64 KiB and a 0-d loss, every step flushed: `check(step)` after each.
+template <typename F>
+tensortap::Counters keep_latest_run(const Options& options, std::int64_t steps, F&& check) {
+  tensortap::Recorder rec{options};
+  for (std::int64_t s = 0; s < steps; ++s) {
+    rec.step(s);
+    for (int k = 0; k < kNames; ++k)
+      rec.capture("t" + std::to_string(k), torch::full({16384}, static_cast<float>(s * kNames + k)));
+    rec.capture("loss", torch::tensor(static_cast<float>(s)));
+    rec.flush();
+    check(s);
+  }
+  rec.close();
+  return rec.counters();
+}
+
+}  // namespace
+
+TEST_CASE("KeepLatest keeps the newest whole steps within the budget, Npy and Packed", "[sdk][budget]") {
+  constexpr std::uint64_t kBudget = 2 << 20;
+  constexpr std::uint64_t kStep = kNames * 65536;
+  constexpr std::int64_t kSteps = 80;  // ten times the budget
+  for (const tensortap::Format format : {tensortap::Format::Npy, tensortap::Format::Packed}) {
+    CAPTURE(static_cast<int>(format));
+    TempDir dir;
+    const std::string run = dir / "run";
+    std::uint64_t worst = 0;
+    tensortap::Counters c;
+    const std::string err = tt_test::stderr_of(dir / "stderr", [&] {
+      c = keep_latest_run(
+          Options(run).format(format).stats_every(1).max_bytes(kBudget).on_budget(tensortap::Budget::KeepLatest),
+          kSteps, [&](std::int64_t) { worst = std::max(worst, du_sb(run)); });  // measured at every step
+    });
+    // The target: the budget, its reserve of 5%, the largest step's records,
+    // and Packed's one segment (max_bytes/8); 64 KiB for directories and headers.
+    const std::uint64_t segment = format == tensortap::Format::Packed ? kBudget / 8 : 0;
+    CHECK(worst <= kBudget + kBudget / 20 + kStep + segment + 64 * 1024);
+    CHECK(c.errors == 0);
+    // Every record found room: old steps made it.
+    CHECK(c.budget_refused == 0);
+    CHECK_THAT(err, Catch::Contains("the oldest steps are given up to make room (Budget::KeepLatest"));
+    // run.json says what went, and the index's lines of those steps went
+    // with their segments (index.jsonl, the first, among them).
+    const std::int64_t k = marker_of(run);
+    CHECK(k > 0);
+    CHECK(k < kSteps - 3);
+    const std::string j = tt_test::read_file(run + "/run.json");
+    CHECK_THAT(j, Catch::Contains("\"policy\": \"keep_latest\"") &&
+                      Catch::Contains(fmt::format("\"given_up_below\": {}}}", k)));
+    CHECK_FALSE(fs::exists(run + "/index.jsonl"));
+    // Nothing lost that the policy did not give up: every step from k on is
+    // whole, each record's file there with its values.
+    std::map<std::int64_t, int> per_step;
+    for (const auto& r : index_of(run)) {
+      if (r.step < k) continue;
+      ++per_step[r.step];
+      if (r.name != "t1") continue;
+      const torch::Tensor t = r.offset ? tensortap::load_npy(run + "/" + r.file, *r.offset)
+                                       : tensortap::load_npy(run + "/" + r.file);
+      CHECK(t[0].item<float>() == static_cast<float>(r.step * kNames + 1));
+    }
+    CHECK(per_step.size() == static_cast<std::size_t>(kSteps - k));
+    for (const auto& [step, n] : per_step) CHECK(n == kNames + 1);
+    if (format == tensortap::Format::Npy) {
+      CHECK(files_of_steps_below(run, k).empty());
+    } else {
+      for (const auto& e : fs::directory_iterator(run + "/packed")) CHECK(fs::file_size(e.path()) <= kBudget / 8);
+    }
+  }
+}
+
+TEST_CASE("KeepLatest never gives up a dumped step", "[sdk][budget]") {
+  constexpr std::uint64_t kBudget = 2 << 20;
+  TempDir dir;
+  const std::string run = dir / "run";
+  std::vector<tensortap::Dump> dumps;
+  tensortap::Counters c;
+  std::int64_t first = 0;
+  tt_test::stderr_of(dir / "stderr", [&] {
+    // A flight recorder, whose steps a `tensortap ctl capture` window
+    // stores (so that the budget fills), and two dumps in the window.
+    tensortap::Recorder rec{Options(run)
+                                .flight_recorder(2)
+                                .after_dump(tensortap::AfterDump::Continue)
+                                .max_bytes(kBudget)
+                                .on_budget(tensortap::Budget::KeepLatest)};
+    std::int64_t s = 0;
+    rec.step(s);
+    const std::string json = tt_test::read_file(run + "/run.json");
+    const std::string id = json.substr(json.find("\"run_id\": \"") + 11, 32);
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    {
+      std::ofstream f(run + "/control/.c1.tmp");
+      f << fmt::format(R"({{"id": "c1", "run": "{}", "command": "capture", "expires": {:.3f}, "steps": 100000}})",
+                       id, now + 60);
+    }
+    REQUIRE(::rename((run + "/control/.c1.tmp").c_str(), (run + "/control/c1.json").c_str()) == 0);
+    // In effect from the step after the writer thread took it (within a second).
+    for (int i = 0; i < 100 && !fs::exists(run + "/control.jsonl"); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      rec.step(++s);
+    }
+    REQUIRE(fs::exists(run + "/control.jsonl"));
+    first = ++s;
+    for (; s < first + 120; ++s) {
+      rec.step(s);
+      for (int k = 0; k < kNames; ++k)
+        rec.capture("t" + std::to_string(k), torch::full({16384}, static_cast<float>(s * kNames + k)));
+      if (s == first + 7 || s == first + 15) rec.dump();
+      rec.flush();
+    }
+    rec.close();
+    dumps = rec.dumps();
+    c = rec.counters();
+  });
+  REQUIRE(dumps.size() == 2);
+  const std::int64_t k = marker_of(run);
+  CAPTURE(c.records, c.budget_refused, first);
+  REQUIRE(k > first + 16);
+  std::set<std::int64_t> dumped;
+  for (const auto& d : dumps) dumped.insert(d.steps.begin(), d.steps.end());
+  CHECK(dumped.count(first + 7) == 1);
+  CHECK(dumped.count(first + 15) == 1);
+  // The dumped steps' records all there, below the marker; no other step below it.
+  std::map<std::int64_t, int> below;
+  for (const auto& r : index_of(run)) {
+    if (r.step >= k) continue;
+    const bool there = fs::exists(run + "/" + r.file);
+    if (dumped.count(r.step) != 0) {
+      CHECK(there);
+      ++below[r.step];
+    } else {
+      CHECK_FALSE(there);
+    }
+  }
+  for (std::int64_t d : dumped) CHECK(below[d] == kNames);
+  CHECK(c.errors == 0);
+  CHECK(c.budget_refused == 0);
+}
+
+TEST_CASE("load_params of a step KeepLatest gave up says so", "[sdk][budget]") {
+  TempDir dir;
+  const std::string run = dir / "run";
+  torch::nn::Linear lin(64, 64);
+  tt_test::stderr_of(dir / "stderr", [&] {
+    auto rec = tensortap::watch(*lin, Options(run)
+                                          .kinds({tensortap::Kind::Param})
+                                          .max_bytes(256 << 10)
+                                          .on_budget(tensortap::Budget::KeepLatest));
+    for (std::int64_t s = 0; s < 40; ++s) {
+      rec->step(s);
+      rec->flush();
+    }
+    rec->close();
+  });
+  const std::int64_t k = marker_of(run);
+  REQUIRE(k > 0);
+  CHECK_THAT(tt_test::error_of([&] { tensortap::load_params(*lin, run, 0); }),
+             Catch::Contains("gave up step 0 to its disk budget") &&
+                 Catch::Contains(fmt::format("\"given_up_below\" is {}", k)));
+  tensortap::load_params(*lin, run, 39);  // a step kept loads
+}
+
+TEST_CASE("KeepLatest killed at any moment leaves every record it still shows on disk", "[sdk][budget][slow]") {
+  // SIGKILL between run.json's marker and the deletions, or amid them: the
+  // lines of steps at or above the marker always have their files.
+  int given_up = 0;
+  for (const int delay_ms : {300, 500, 700, 900}) {
+    CAPTURE(delay_ms);
+    TempDir dir;
+    const std::string run = dir / "run";
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::freopen("/dev/null", "w", stderr);
+      tensortap::Recorder rec{Options(run).max_bytes(512 << 10).on_budget(tensortap::Budget::KeepLatest)};
+      for (std::int64_t s = 0;; ++s) {
+        rec.step(s);
+        for (int k = 0; k < kNames; ++k) rec.capture("t" + std::to_string(k), torch::full({4096}, 1.0f));
+        if (s % 4 == 0) rec.flush();
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!fs::exists(run + "/run.json")) continue;
+    const std::int64_t k = marker_of(run);
+    given_up += k > 0 ? 1 : 0;
+    // (It may show none: killed before the first line, or after a give-up
+    // and before the lines of the steps that made it.)
+    for (const auto& r : index_of(run))
+      if (r.step >= k) CHECK(fs::exists(run + "/" + r.file));
+  }
+  // 8 steps fill the budget: the later kills came after steps were given up.
+  CHECK(given_up > 0);
 }
 
 TEST_CASE("no budget: max_bytes 0 changes nothing, and run.json has no budget", "[sdk][budget]") {
@@ -101,4 +330,21 @@ TEST_CASE("no budget: max_bytes 0 changes nothing, and run.json has no budget", 
   rec.close();
   CHECK(rec.counters().budget_refused == 0);
   CHECK(tt_test::read_file(dir / "run.json").find("\"budget\"") == std::string::npos);
+}
+
+TEST_CASE("the index's segment names: index.<n>.jsonl and their ballasts, nothing like them", "[sdk][budget]") {
+  // The samples of tests/python/test_file_names.py (the reader's rule).
+  using tensortap::detail::is_index_segment_name;
+  for (const char* name : {"index.1.jsonl", "index.2.jsonl", "index.10.jsonl", "index.999999999.jsonl",
+                           ".index.1.jsonl.room", ".index.10.jsonl.room", ".index.999999999.jsonl.room"})
+    CHECK(is_index_segment_name(name));
+  for (const char* name :
+       {"index.0.jsonl", "index.01.jsonl", "index.00.jsonl", "index.-1.jsonl", "index.+1.jsonl",
+        "index.1000000000.jsonl", "index..jsonl", "index.x.jsonl", "index.1x.jsonl", "index. 1.jsonl",
+        "index.1.jsonl.tmp", "index.1.json", "xindex.1.jsonl", "index.1.jsonlx", "index.\u0661.jsonl",
+        ".index.0.jsonl.room", ".index.01.jsonl.room", "index.1.jsonl.room", ".index.1.jsonl",
+        ".index.1.jsonl.room.tmp", "..index.1.jsonl.room", ".index.jsonl.room.room", "index.jsonl"})
+    CHECK_FALSE(is_index_segment_name(name));
+  CHECK(tensortap::detail::index_segment_name(0) == "index.jsonl");
+  CHECK(tensortap::detail::index_segment_name(12) == "index.12.jsonl");
 }

@@ -405,10 +405,12 @@ AtomicFile::~AtomicFile() {
   }
 }
 
-void AtomicFile::commit() {
+void AtomicFile::commit(bool durable) {
   try {
+    if (durable) file_.datasync();
     file_.close();
     dir_.rename(tmp_, name_);
+    if (durable && ::fsync(dir_.fd()) != 0 && errno != EINVAL) throw_errno("sync", dir_.path(), errno);
   } catch (...) {
     try {
       dir_.unlink(tmp_);

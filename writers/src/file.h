@@ -134,7 +134,9 @@ class AtomicFile {
   }
   /// See `File::reserve`.
   bool reserve(std::uint64_t size) noexcept { return file_.reserve(size); }
-  void commit();
+  /// Gives the file its name. `durable`: its data and the directory's
+  /// entry are on disk when it returns (fdatasync, then the directory's fsync).
+  void commit(bool durable = false);
   /// The final path, for messages.
   std::string path() const { return dir_.path_of(name_); }
 

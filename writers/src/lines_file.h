@@ -54,6 +54,8 @@ class LinesFile {
   /// (ENOSPC) naming the file if the disk has no room left for them.
   void keep_room(std::uint64_t bytes);
   void datasync() { file_.datasync(); }
+  /// The bytes of the lines appended (the file's size).
+  std::uint64_t size() const { return size_; }
 
   /// The ballast's name for a lines file `name` (in kRunFileNames).
   static std::string ballast_name(const std::string& name) { return "." + name + ".room"; }

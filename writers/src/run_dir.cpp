@@ -13,6 +13,7 @@
 #include <chrono>
 #include <ctime>
 #include <mutex>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -62,12 +63,32 @@ bool is_event_file_name(const std::string& name) {
          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+std::string index_segment_name(std::uint32_t n) {
+  return n == 0 ? std::string("index.jsonl") : fmt::format("index.{}.jsonl", n);
+}
+
+bool is_index_segment_name(const std::string& name) {
+  // index.<n>.jsonl, or its ballast .index.<n>.jsonl.room.
+  std::string_view s(name);
+  const bool ballast = s.size() > 6 && s.front() == '.' && s.substr(s.size() - 5) == ".room";
+  if (ballast) s = s.substr(1, s.size() - 6);
+  constexpr std::string_view kHead = "index.", kTail = ".jsonl";
+  if (s.size() <= kHead.size() + kTail.size() || s.substr(0, kHead.size()) != kHead ||
+      s.substr(s.size() - kTail.size()) != kTail)
+    return false;
+  const std::string_view digits = s.substr(kHead.size(), s.size() - kHead.size() - kTail.size());
+  if (digits.size() > 9 || digits.front() == '0') return false;
+  for (char c : digits)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
 std::vector<std::string> run_files_in(const Dir& dir) {
   std::vector<std::string> found;
   for (const char* name : kRunFileNames)
     if (dir.exists(name)) found.push_back(name);
   for (const std::string& name : dir.list())
-    if (is_event_file_name(name)) found.push_back(name);
+    if (is_event_file_name(name) || is_index_segment_name(name)) found.push_back(name);
   return found;
 }
 
@@ -219,13 +240,13 @@ void RunDir::Lock::reset() noexcept {
   file_ = File();
 }
 
-std::uint64_t write_run_json(const Dir& dir, const std::string& json) {
+std::uint64_t write_run_json(const Dir& dir, const std::string& json, bool durable) {
   const std::uint64_t reserve = std::max<std::uint64_t>(kRunJsonReserve, 2 * json.size());
   try {
     AtomicFile file(dir, "run.json");
     file.write(json.data(), json.size());
     file.reserve(reserve);
-    file.commit();
+    file.commit(durable);
   } catch (const Error& e) {
     if (e.code() != std::errc::no_space_on_device && e.code() != std::error_code(EDQUOT, std::system_category())) throw;
     // No room for a temporary (disk full): rewrite the old file in place,
@@ -238,6 +259,7 @@ std::uint64_t write_run_json(const Dir& dir, const std::string& json) {
     f.pwrite_all(json.data(), json.size(), 0);
     if (f.size() > json.size()) f.truncate(json.size());
     f.reserve(reserve);
+    if (durable) f.datasync();
     f.close();
   }
   return reserve;

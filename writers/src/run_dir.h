@@ -23,7 +23,14 @@ extern const char* const kRunFileNames[15];
 extern const char* const kEventsPrefix;
 extern const char* const kEventsSuffix;
 bool is_event_file_name(const std::string& name);
-/// The names of `kRunFileNames` and the event files that `dir` holds.
+/// Under `Budget::KeepLatest` the index is kept in segments: `index.jsonl`
+/// (segment 0), then `index.<n>.jsonl` (n >= 1, decimal, no leading zero, 9
+/// digits at most), each with its lines file's ballast
+/// (`.index.<n>.jsonl.room`); tensortap's names as well.
+std::string index_segment_name(std::uint32_t n);
+bool is_index_segment_name(const std::string& name);
+/// The names of `kRunFileNames`, the event files and the index's segments
+/// that `dir` holds.
 std::vector<std::string> run_files_in(const Dir& dir);
 
 /// A run directory held by one recorder: open (so it stays the same
@@ -76,7 +83,9 @@ class RunDir {
 /// On a full disk, where no temporary fits, the file is rewritten in place,
 /// in blocks reserved for that when it was written. What the text says is
 /// the recorder's to render. Returns the bytes reserved (best effort).
-std::uint64_t write_run_json(const Dir& dir, const std::string& json);
+/// `durable`: on disk when it returns, the directory's entry too (a disk
+/// budget's "given_up_below", which must be there before any file goes).
+std::uint64_t write_run_json(const Dir& dir, const std::string& json, bool durable = false);
 
 /// Reserves blocks for `run.json` in `dir` up to `bytes`, its size kept, so
 /// that a longer text still fits in place on a full disk. Best effort:

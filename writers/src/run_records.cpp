@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <limits>
+#include <string_view>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -12,6 +14,7 @@
 #include "writers/src/dtypes.h"
 #include "writers/src/json.h"
 #include "writers/src/npy/format.h"
+#include "writers/src/run_dir.h"
 
 #ifdef TENSORTAP_HAVE_HDF5
 #include "writers/src/hdf5/read.h"
@@ -173,23 +176,26 @@ Dir open_rank_dir(const std::string& path, std::int64_t rank) {
   Dir root = Dir::open(path, /*create=*/false);
   const std::string name = fmt::format("rank{}", rank);
   if (root.exists(name)) return root.sub(name, /*create=*/false);
-  TENSORTAP_CHECK(root.exists("index.jsonl"), "'{}' holds no run: no index.jsonl and no {}/", path, name);
+  TENSORTAP_CHECK(root.exists("index.jsonl") || root.exists("run.json"),
+                  "'{}' holds no run: no index.jsonl, no run.json and no {}/", path, name);
   TENSORTAP_CHECK(rank == 0, "run '{}' has one rank, not a rank {}", path, rank);
   return root;
 }
 
-std::vector<IndexRecord> read_index(const Dir& dir, const std::string& path) {
-  const File f = dir.open_file("index.jsonl", O_RDONLY | O_NONBLOCK);
+namespace {
+
+// The records of one index file `name` of `dir`, appended to `out`.
+void read_index_file(const Dir& dir, const std::string& path, const std::string& name, std::vector<IndexRecord>& out) {
+  const File f = dir.open_file(name, O_RDONLY | O_NONBLOCK);
   const struct stat st = f.status();
-  TENSORTAP_CHECK(S_ISREG(st.st_mode), "'{}/index.jsonl' is not a regular file", path);
+  TENSORTAP_CHECK(S_ISREG(st.st_mode), "'{}/{}' is not a regular file", path, name);
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
   text.resize(f.pread_upto(text.data(), text.size(), 0));
-  std::vector<IndexRecord> out;
   std::size_t start = 0, line = 1;
   while (start < text.size()) {
     const std::size_t nl = text.find('\n', start);
     const std::string_view s(text.data() + start, (nl == std::string::npos ? text.size() : nl) - start);
-    const std::string where = fmt::format("'{}/index.jsonl' line {}", path, line);
+    const std::string where = fmt::format("'{}/{}' line {}", path, name, line);
     if (nl == std::string::npos) {
       // A last line a crash cut short is no record, as for the Python reader.
       try {
@@ -202,7 +208,55 @@ std::vector<IndexRecord> read_index(const Dir& dir, const std::string& path) {
     start = nl + 1;
     ++line;
   }
+}
+
+// n of index.<n>.jsonl (an index segment's name, run_dir.h).
+std::uint32_t segment_number(const std::string& name) {
+  return static_cast<std::uint32_t>(std::stoul(name.substr(6, name.size() - 12)));
+}
+
+}  // namespace
+
+std::vector<IndexRecord> read_index(const Dir& dir, const std::string& path) {
+  // index.jsonl, then its segments in order (Budget::KeepLatest writes
+  // them, and deletes those whose steps it gave up, index.jsonl included).
+  std::vector<std::uint32_t> segments;
+  for (const std::string& name : dir.list())
+    if (name.front() != '.' && is_index_segment_name(name)) segments.push_back(segment_number(name));
+  std::sort(segments.begin(), segments.end());
+  std::vector<IndexRecord> out;
+  // index.jsonl is what a run without segments must have.
+  if (segments.empty()) read_index_file(dir, path, "index.jsonl", out);
+  if (!segments.empty()) segments.insert(segments.begin(), 0);
+  for (std::uint32_t n : segments) {
+    try {
+      read_index_file(dir, path, index_segment_name(n), out);
+    } catch (const Error& e) {
+      // Deleted since the listing (its steps given up): no records.
+      if (e.code() != std::errc::no_such_file_or_directory) throw;
+    }
+  }
   return out;
+}
+
+std::int64_t given_up_below(const Dir& dir) {
+  // run.json as the recorder writes it ("given_up_below": <integer>, in
+  // "budget"); anything else there is no marker.
+  if (!dir.exists("run.json")) return -1;
+  const File f = dir.open_file("run.json", O_RDONLY | O_NONBLOCK);
+  if (!S_ISREG(f.status().st_mode)) return -1;
+  // The whole file (a closed run lists every dump before "budget"), up to
+  // a size no run.json of tensortap's reaches.
+  std::string text(static_cast<std::size_t>(std::min<std::uint64_t>(f.size(), std::uint64_t{256} << 20)), '\0');
+  text.resize(f.pread_upto(text.data(), text.size(), 0));
+  constexpr std::string_view kKey = "\"given_up_below\": ";
+  const std::size_t at = text.find(kKey);
+  if (at == std::string::npos) return -1;
+  std::int64_t k = 0;
+  std::size_t i = at + kKey.size(), digits = 0;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9' && digits < 18; ++i, ++digits) k = k * 10 + (text[i] - '0');
+  if (digits == 0 || (i < text.size() && text[i] >= '0' && text[i] <= '9')) return -1;
+  return k;
 }
 
 bool holds_dtype(const IndexRecord& record, c10::ScalarType dtype) {

@@ -41,9 +41,14 @@ IndexRecord parse_index_line(std::string_view line, const std::string& where);
 Dir open_rank_dir(const std::string& path, std::int64_t rank);
 
 /// Every record of the index of `dir` (opened by `open_rank_dir`; `path`
-/// for messages). A last line cut short by a crash (no newline, not JSON)
-/// is left out; any other line that does not parse throws.
+/// for messages): index.jsonl, then its segments index.<n>.jsonl in order.
+/// A last line cut short by a crash (no newline, not JSON) is left out; any
+/// other line that does not parse throws.
 std::vector<IndexRecord> read_index(const Dir& dir, const std::string& path);
+
+/// run.json's "given_up_below" (Budget::KeepLatest: the steps below it were
+/// given up, dumped steps aside), or -1 when it has none.
+std::int64_t given_up_below(const Dir& dir);
 
 /// Whether the record was captured as `dtype`; the name the index gives
 /// `dtype` (PyTorch's Python name), for messages.

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,39 @@ class Writer {
   /// whose files sit at the top (HDF5's tensors.h5), which the budget
   /// measures itself.
   virtual std::uint64_t disk_bytes() const { return 0; }
+
+  // A disk budget that gives up the oldest steps (Budget::KeepLatest).
+  // Npy and Packed do; HDF5 cannot give a record's rows up in place (the
+  // options refuse it), so its writer keeps the defaults: nothing to give.
+
+  /// Turns it on, for a budget of `max_bytes`, before the first record: the
+  /// writer remembers what each step's records take on disk, so that giving
+  /// steps up deletes their files without a walk over the run.
+  virtual void keep_latest(std::uint64_t max_bytes) { (void)max_bytes; }
+  /// What giving up the steps below a step would free: the smallest `below`
+  /// (at most `limit`) whose records, those of the steps in `kept` aside,
+  /// take `want` bytes or more, and those bytes; `limit` and all it could
+  /// free when that is less than `want`. `below` is never under `from`, the
+  /// steps given up so far.
+  struct GiveUp {
+    std::int64_t below = 0;
+    std::uint64_t bytes = 0;
+  };
+  virtual GiveUp plan_give_up(std::uint64_t want, std::int64_t from, std::int64_t limit,
+                              const std::set<std::int64_t>& kept) const {
+    (void)want;
+    (void)limit;
+    (void)kept;
+    return GiveUp{from, 0};
+  }
+  /// Deletes the files that only records of steps below `below` (those in
+  /// `kept` aside) are in; returns the bytes they took. Throws on an error
+  /// (what was deleted stays deleted: the run already says it was given up).
+  virtual std::uint64_t give_up(std::int64_t below, const std::set<std::int64_t>& kept) {
+    (void)below;
+    (void)kept;
+    return 0;
+  }
 };
 
 /// The writer of `format` (with `hdf5`'s settings for `Format::Hdf5`,

@@ -46,7 +46,10 @@ enum class Budget {
   /// lines files go on within a reserve of 5% of the budget, then stop too.
   StopCapture,
   /// The oldest whole steps are given up (their files deleted, after
-  /// run.json says so) to make room for the newest; dumped steps stay.
+  /// run.json's "given_up_below" says so) to make room for the newest;
+  /// dumped steps stay. The index goes on in segments (index.<n>.jsonl),
+  /// deleted with their steps; `Format::Packed`'s segments hold at most
+  /// max_bytes/8. Readers hide what was given up (docs/leaving-it-on.md).
   KeepLatest,
 };
 

@@ -49,6 +49,24 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
   store_ = std::make_unique<Store>(std::move(writer), std::make_unique<LinesFile>(dir, "index.jsonl"), failures);
   budget_ = std::make_unique<DiskBudget>(options, placement.run_dir, dir, store_->writer());
   if (budget_->on()) store_->set_budget(budget_.get());
+  if (budget_->on() && options.on_budget() == Budget::KeepLatest) {
+    store_->keep_latest(dir, options.max_bytes());
+    DiskBudget::GiveUpHooks hooks;
+    hooks.plan = [this](std::uint64_t want, std::int64_t from, std::int64_t limit,
+                        const std::set<std::int64_t>& kept) { return store_->plan_give_up(want, from, limit, kept); };
+    hooks.apply = [this, &failures](std::int64_t below, const std::set<std::int64_t>& kept, bool mark) {
+      // The run says it first: a crash between the two leaves files the
+      // readers hide, never an index line whose file is gone unsaid.
+      if (mark) manifest_.mark_given_up(budget_->state());
+      try {
+        store_->give_up(below, kept);
+      } catch (...) {
+        // What could not be deleted stays, counted, and hidden all the same.
+        failures.add(nullptr, Failures::current(), 0);
+      }
+    };
+    budget_->set_give_up(std::move(hooks));
+  }
   stats_ = std::make_unique<StatsFile>(dir);
   if (options.tensorboard()) tensorboard_ = std::make_unique<TensorBoard>(dir, *options.tensorboard());
   flight_ = std::make_unique<FlightRecorder>(options, *store_, manifest_, failures);

@@ -184,9 +184,10 @@ void WriterThread::store(const Slot& slot, const char* data, InFlight* open) noe
       store_.written(desc, location);
     }
   } catch (const BudgetRefused&) {
-    // Counted by the budget, not a failure; full capture stops (the
-    // training thread's next captures take statistics at most).
-    flight_.halt_full_capture();
+    // Counted by the budget, not a failure. StopCapture: full capture
+    // stops (the training thread's next captures take statistics at most);
+    // KeepLatest goes on, giving up old steps for the next.
+    if (budget_ != nullptr && budget_->reached()) flight_.halt_full_capture();
     if (open != nullptr) open->lost = true;
   } catch (...) {
     failures_.add(desc, Failures::current());

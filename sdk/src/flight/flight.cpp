@@ -82,6 +82,8 @@ std::vector<std::int64_t> FlightRecorder::trigger(Dump dump, bool applies) {
     // the first's window: its late records still go to disk.
     window_lo_ = window_hi_ >= dump.steps.front() ? std::min(window_lo_, dump.steps.front()) : dump.steps.front();
     window_hi_ = std::max(window_hi_, dump.steps.back());
+    // A dumped step stays whatever a disk budget gives up (KeepLatest).
+    store_.keep_steps(dump.steps);
     store_.prepare(descs);
     for (const HeldRecord& r : held) store_.write_whole(r.record.desc, r.bytes.data(), r.bytes.size());
     // What was dumped is made durable before the run says it was.

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <exception>
 
 namespace tensortap::detail {
 namespace {
@@ -24,11 +26,19 @@ DiskBudget::DiskBudget(const Options& options, std::string run_dir, const Dir& d
 
 void DiskBudget::measure() {
   if (!on()) return;
+  used_ = scan();
+  // KeepLatest: statistics, TensorBoard's events and the lines files grow
+  // between records; old steps make room for them as for records.
+  if (policy_ == Budget::KeepLatest && used_ > max_ && newest_ >= 0)
+    make_room(used_ - max_, used_ - max_ + max_ / 16, newest_);
+}
+
+std::uint64_t DiskBudget::scan() const {
   const Dir& dir = dir_;
   // The top of the run directory holds a dozen of tensortap's files (run.json,
-  // the lines files, stats.npy, events, tensors.h5): their sizes, and the
-  // directories' own. What lies below (npy/, packed/) the writer counts as
-  // it writes, without a walk over millions of files.
+  // the lines files, stats.npy, events, tensors.h5, the index's segments):
+  // their sizes, and the directories' own. What lies below (npy/, packed/)
+  // the writer counts as it writes, without a walk over millions of files.
   std::uint64_t used = 0;
   for (const std::string& name : dir.list()) {
     struct stat st {};
@@ -37,27 +47,89 @@ void DiskBudget::measure() {
   }
   struct stat self {};
   if (::fstat(dir.fd(), &self) == 0) used += static_cast<std::uint64_t>(self.st_size);
-  used_ = used + writer_.disk_bytes();
+  return used + writer_.disk_bytes();
+}
+
+void DiskBudget::refuse(std::uint64_t nbytes) {
+  refused_records_.fetch_add(1, std::memory_order_relaxed);
+  refused_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
 }
 
 bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {
   if (!on()) return true;
   const std::uint64_t need = nbytes + kRecordOverhead;
+  if (policy_ == Budget::KeepLatest) {
+    // A late record of a step given up (not a dumped one) would only be hidden.
+    if (step < given_up_below_.load(std::memory_order_relaxed) && kept_.count(step) == 0) {
+      refuse(nbytes);
+      return false;
+    }
+    newest_ = std::max(newest_, step);
+    if (used_ + need > max_) {
+      said_reached(step);
+      // A sixteenth of the budget more than needed: a give-up (run.json
+      // rewritten, files deleted) once in many records, not at each.
+      const std::uint64_t over = used_ + need - max_;
+      make_room(over, over + max_ / 16, newest_);
+    }
+    // A late record of a step just given up (a dumped step stays).
+    const bool late = step < given_up_below_.load(std::memory_order_relaxed) && kept_.count(step) == 0;
+    if (!late && used_ + need <= max_) {
+      used_ += need;
+      return true;
+    }
+    refuse(nbytes);
+    return false;
+  }
   if (!reached() && used_ + need <= max_) {
     used_ += need;
     return true;
   }
-  refused_records_.fetch_add(1, std::memory_order_relaxed);
-  refused_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
-  if (!reached_.exchange(true)) {
-    reached_at_step_.store(step, std::memory_order_relaxed);
-    std::fprintf(stderr,
-                 "tensortap: warning: run '%s' reached its disk budget of %llu bytes (Options::max_bytes) at step "
-                 "%lld: full tensors stop (Budget::StopCapture); statistics, TensorBoard and the rules go on within "
-                 "5%% more\n",
-                 run_dir_.c_str(), static_cast<unsigned long long>(max_), static_cast<long long>(step));
-  }
+  refuse(nbytes);
+  if (!reached_.exchange(true)) said_reached(step);
   return false;
+}
+
+void DiskBudget::said_reached(std::int64_t step) {
+  std::int64_t none = -1;
+  if (!reached_at_step_.compare_exchange_strong(none, step, std::memory_order_relaxed)) return;
+  std::fprintf(stderr,
+               policy_ == Budget::KeepLatest
+                   ? "tensortap: warning: run '%s' reached its disk budget of %llu bytes (Options::max_bytes) at step "
+                     "%lld: the oldest steps are given up to make room (Budget::KeepLatest; run.json's "
+                     "\"given_up_below\"); dumped steps stay\n"
+                   : "tensortap: warning: run '%s' reached its disk budget of %llu bytes (Options::max_bytes) at step "
+                     "%lld: full tensors stop (Budget::StopCapture); statistics, TensorBoard and the rules go on within "
+                     "5%% more\n",
+               run_dir_.c_str(), static_cast<unsigned long long>(max_), static_cast<long long>(step));
+}
+
+bool DiskBudget::make_room(std::uint64_t need, std::uint64_t want, std::int64_t limit) {
+  if (!give_up_hooks_.plan || give_up_failed_) return false;
+  const std::int64_t marked = given_up_below_.load(std::memory_order_relaxed);
+  const std::int64_t from = std::max<std::int64_t>(marked, 0);
+  // The plan counts files left below the marker too (a record that
+  // finished after its step was given up): they go without a new marker.
+  const Writer::GiveUp g = give_up_hooks_.plan(want, from, limit, kept_);
+  // Nothing to give, or not enough to matter: the newest steps stay.
+  if (g.bytes == 0 || g.bytes < need) return false;
+  const bool mark = g.below > marked && g.below > 0;
+  if (mark) given_up_below_.store(g.below, std::memory_order_relaxed);
+  try {
+    give_up_hooks_.apply(g.below, kept_, mark);
+  } catch (const std::exception& e) {
+    // run.json could not say it (a full disk): nothing was deleted, and
+    // nothing will be; what does not fit is refused from now on.
+    given_up_below_.store(marked, std::memory_order_relaxed);
+    give_up_failed_ = true;
+    std::fprintf(stderr,
+                 "tensortap: warning: run '%s' cannot give up old steps (Budget::KeepLatest): run.json could not "
+                 "say so first (%s); records that do not fit its disk budget are refused from now on\n",
+                 run_dir_.c_str(), e.what());
+    return false;
+  }
+  used_ = scan();
+  return true;
 }
 
 bool DiskBudget::side_files_allowed() {
@@ -79,6 +151,7 @@ BudgetState DiskBudget::state() const {
   s.reached_at_step = reached_at_step_.load(std::memory_order_relaxed);
   s.refused_records = refused_records_.load(std::memory_order_relaxed);
   s.refused_bytes = refused_bytes_.load(std::memory_order_relaxed);
+  s.given_up_below = given_up_below_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <set>
 #include <string>
 
 #include <tensortap/options.h>
@@ -41,12 +43,30 @@ class DiskBudget {
   /// at its top by their sizes, and what the writer holds below them).
   void measure();
   /// Before a full-tensor record of `nbytes` of step `step` is written:
-  /// whether it fits. It does not: the record is refused (counted), and
-  /// full capture stops from the next step on (StopCapture).
+  /// whether it fits. StopCapture: if not, the record is refused (counted)
+  /// and full capture stops from the next step on. KeepLatest: the oldest
+  /// steps before `step` are given up to make room; a record that still
+  /// does not fit, or of a step already given up, is refused (counted).
   bool admit(std::uint64_t nbytes, std::int64_t step);
   /// Whether statistics, TensorBoard's events and the lines files may still
-  /// grow: under the budget and its reserve of 5%.
+  /// grow: under the budget and its reserve of 5% (KeepLatest: old steps
+  /// make room for them first, at `measure()`).
   bool side_files_allowed();
+
+  /// KeepLatest: how steps are given up. `plan` is `Store::plan_give_up`;
+  /// `apply(below, kept, mark)` says so durably first when `mark` (run.json's
+  /// "given_up_below"; throwing if it could not: then nothing is deleted),
+  /// then deletes their files (`Store::give_up`; without `mark`, files
+  /// left below the marker already: a record that finished late).
+  struct GiveUpHooks {
+    std::function<Writer::GiveUp(std::uint64_t want, std::int64_t from, std::int64_t limit,
+                                 const std::set<std::int64_t>& kept)>
+        plan;
+    std::function<void(std::int64_t below, const std::set<std::int64_t>& kept, bool mark)> apply;
+  };
+  void set_give_up(GiveUpHooks hooks) { give_up_hooks_ = std::move(hooks); }
+  /// A step a flight-recorder dump writes: never given up.
+  void keep_step(std::int64_t step) { kept_.insert(step); }
 
   /// Whether the budget stopped full capture (the front end asks at step()).
   bool reached() const { return reached_.load(std::memory_order_relaxed); }
@@ -69,6 +89,22 @@ class DiskBudget {
   std::atomic<std::int64_t> refused_records_{0};
   std::atomic<std::uint64_t> refused_bytes_{0};
   bool said_reserve_ = false;
+
+  // Gives up old steps (before `limit`) until `want` bytes are free, or
+  // at least `need`; whether any went.
+  bool make_room(std::uint64_t need, std::uint64_t want, std::int64_t limit);
+  // The run directory's size now (see measure()).
+  std::uint64_t scan() const;
+  void refuse(std::uint64_t nbytes);
+  void said_reached(std::int64_t step);
+
+  // KeepLatest's state: how steps are given up, the steps given up (below
+  // this), the newest step admitted, the dumped steps.
+  GiveUpHooks give_up_hooks_;
+  std::atomic<std::int64_t> given_up_below_{-1};
+  std::int64_t newest_ = -1;
+  std::set<std::int64_t> kept_;
+  bool give_up_failed_ = false;
 };
 
 }  // namespace tensortap::detail

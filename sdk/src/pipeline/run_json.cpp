@@ -297,6 +297,18 @@ Dump RunManifest::last_dump(std::size_t limit) const {
   return n > 0 ? info_.dumps[n - 1] : Dump{};
 }
 
+void RunManifest::mark_given_up(const BudgetState& state) {
+  std::string json;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    info_.budget = state;
+    json = run_json(options_, info_);
+  }
+  // The syncs outside the lock: dumps() (on the training thread) never
+  // waits for the disk. Only the writer thread writes run.json before close().
+  run_json_room_ = std::max(run_json_room_, write_run_json(*dir_, json, /*durable=*/true));
+}
+
 void RunManifest::add_aliases(const std::string& name, const std::vector<std::string>& others) {
   std::lock_guard<std::mutex> lock(mu_);
   // run.json's rewrite at close has kCloseBytes of room beyond what open

@@ -82,7 +82,14 @@ class RunManifest {
   /// known as `others` (run.json's "aliases", at close).
   void add_aliases(const std::string& name, const std::vector<std::string>& others);
   /// The disk budget's state, for run.json's "budget" at close.
-  void set_budget(const BudgetState& state) { info_.budget = state; }
+  void set_budget(const BudgetState& state) {
+    std::lock_guard<std::mutex> lock(mu_);
+    info_.budget = state;
+  }
+  /// KeepLatest is about to give up the steps below `state.given_up_below`:
+  /// run.json says so, on disk (file and entry synced), before any file
+  /// goes. Throws `Error`: then nothing may be deleted. Writer thread.
+  void mark_given_up(const BudgetState& state);
   /// A copy of the first `limit` dumps (all of them by default).
   std::vector<Dump> dumps(std::size_t limit = std::numeric_limits<std::size_t>::max()) const;
   /// The last of the first `limit` dumps; a default Dump if none.

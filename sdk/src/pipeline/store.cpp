@@ -1,8 +1,14 @@
 #include "sdk/src/pipeline/store.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <exception>
 
 #include <fmt/format.h>
+
+#include "writers/src/run_dir.h"
 
 namespace tensortap::detail {
 
@@ -49,7 +55,7 @@ std::unique_ptr<RecordSink> Store::begin(const RecordDesc& record) {
 
 void Store::written(const RecordDesc& record, const std::string& location) {
   append_index_line(pending_index_, record, location);
-  pending_.push_back(Pending{pending_index_.size(), static_cast<std::int64_t>(record.nbytes)});
+  pending_.push_back(Pending{pending_index_.size(), static_cast<std::int64_t>(record.nbytes), record.step});
 }
 
 void Store::write_whole(const RecordDesc& record, const char* data, std::size_t nbytes) noexcept {
@@ -87,6 +93,7 @@ void Store::index_survivors() noexcept {
 void Store::write_index(std::size_t n) noexcept {
   n = std::min(n, pending_.size());
   if (n == 0) return;
+  roll_index();
   const std::size_t end = pending_[n - 1].line_end;
   // The lines go out whole, as many as fit; those that did not stay
   // pending and are tried again at the next sync (the disk may free up),
@@ -94,7 +101,11 @@ void Store::write_index(std::size_t n) noexcept {
   const LinesFile::Appended r = index_->append_some(std::string_view(pending_index_).substr(0, end));
   std::size_t done = 0;
   std::int64_t bytes = 0;
-  while (done < n && pending_[done].line_end <= r.bytes) bytes += pending_[done++].bytes;
+  while (done < n && pending_[done].line_end <= r.bytes) {
+    segment_.min_step = std::min(segment_.min_step, pending_[done].step);
+    segment_.max_step = std::max(segment_.max_step, pending_[done].step);
+    bytes += pending_[done++].bytes;
+  }
   records_.fetch_add(static_cast<std::int64_t>(done), std::memory_order_relaxed);
   bytes_.fetch_add(bytes, std::memory_order_relaxed);
   if (r.error && !index_failed_) {
@@ -110,6 +121,63 @@ void Store::write_index(std::size_t n) noexcept {
   pending_index_.erase(0, cut);
   pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
   for (Pending& p : pending_) p.line_end -= cut;
+}
+
+void Store::keep_latest(const Dir& dir, std::uint64_t max_bytes) {
+  writer_->keep_latest(max_bytes);
+  segments_dir_ = &dir;
+  // Small enough that the lines of steps given up go soon; large enough
+  // that a segment is not a file per step.
+  segment_bytes_ = std::max<std::uint64_t>(max_bytes / 64, 16384);
+}
+
+void Store::roll_index() noexcept {
+  if (segments_dir_ == nullptr || index_->size() < segment_bytes_) return;
+  const std::string name = index_segment_name(segment_.number + 1);
+  try {
+    auto next = std::make_unique<LinesFile>(*segments_dir_, name);
+    try {
+      // The room promised to the lines to come moves with them.
+      next->keep_room(pending_index_.size() + promised_);
+      // Its name on disk before lines that only it holds.
+      if (::fsync(segments_dir_->fd()) != 0 && errno != EINVAL) throw_errno("sync", segments_dir_->path(), errno);
+    } catch (...) {
+      next.reset();
+      segments_dir_->unlink(name);
+      throw;
+    }
+    old_segments_.push_back(segment_);
+    index_ = std::move(next);
+    segment_ = IndexSegment{segment_.number + 1};
+  } catch (...) {
+    // A full disk: the lines stay in this segment, which has their room.
+  }
+}
+
+std::uint64_t Store::give_up(std::int64_t below, const std::set<std::int64_t>& kept) {
+  // The index's segments go even when a record's file would not.
+  std::exception_ptr first;
+  std::uint64_t freed = 0;
+  try {
+    freed = writer_->give_up(below, kept);
+  } catch (...) {
+    first = std::current_exception();
+  }
+  for (auto it = old_segments_.begin(); it != old_segments_.end();) {
+    const auto k = kept.lower_bound(it->min_step);
+    if (it->max_step >= below || (k != kept.end() && *k <= it->max_step)) {
+      ++it;
+      continue;
+    }
+    try {
+      segments_dir_->unlink(index_segment_name(it->number));
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+    it = old_segments_.erase(it);
+  }
+  if (first) std::rethrow_exception(first);
+  return freed;
 }
 
 void Store::close() noexcept {

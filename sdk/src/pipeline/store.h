@@ -1,9 +1,11 @@
 #pragma once
 
 #include <atomic>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,25 @@ class Store {
   const Writer& writer() const { return *writer_; }
   /// Full-tensor records pass `budget` first (null: none); must outlive it.
   void set_budget(DiskBudget* budget) { budget_ = budget; }
+  /// Budget::KeepLatest of `max_bytes`: the writer remembers each step's
+  /// files, and the index goes on in segments (index.<n>.jsonl in `dir`,
+  /// which must outlive the store) of about max_bytes/64, so that the lines
+  /// of steps given up go with their segment.
+  void keep_latest(const Dir& dir, std::uint64_t max_bytes);
+  /// Steps a flight-recorder dump writes: a disk budget never gives them up.
+  void keep_steps(const std::vector<std::int64_t>& steps) {
+    if (budget_ != nullptr)
+      for (std::int64_t s : steps) budget_->keep_step(s);
+  }
+  /// See `Writer::plan_give_up`.
+  Writer::GiveUp plan_give_up(std::uint64_t want, std::int64_t from, std::int64_t limit,
+                              const std::set<std::int64_t>& kept) const {
+    return writer_->plan_give_up(want, from, limit, kept);
+  }
+  /// Deletes the records of the steps below `below` (`kept` aside) and the
+  /// index segments that hold only such records' lines; the bytes freed.
+  /// Throws; what went stays gone.
+  std::uint64_t give_up(std::int64_t below, const std::set<std::int64_t>& kept);
   std::int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
 
  private:
@@ -52,6 +73,8 @@ class Store {
   void write_index(std::size_t n = static_cast<std::size_t>(-1)) noexcept;
   // After the writer failed: indexes what it still made durable.
   void index_survivors() noexcept;
+  // KeepLatest: starts the index's next segment once this one is full.
+  void roll_index() noexcept;
 
   std::unique_ptr<Writer> writer_;
   DiskBudget* budget_ = nullptr;
@@ -63,12 +86,24 @@ class Store {
   struct Pending {
     std::size_t line_end;
     std::int64_t bytes;
+    std::int64_t step;
   };
   std::vector<Pending> pending_;
   // Room promised to records begun and not yet written (their lines).
   std::uint64_t promised_ = 0;
   // An index append failed: said once, then retried at each sync.
   bool index_failed_ = false;
+  // KeepLatest's index segments: where they go, how large one grows, the
+  // one written and those before it that still exist, with their steps.
+  const Dir* segments_dir_ = nullptr;
+  std::uint64_t segment_bytes_ = 0;
+  struct IndexSegment {
+    std::uint32_t number = 0;
+    std::int64_t min_step = INT64_MAX;
+    std::int64_t max_step = INT64_MIN;
+  };
+  IndexSegment segment_;
+  std::vector<IndexSegment> old_segments_;
   std::atomic<std::int64_t> records_{0};
   std::atomic<std::int64_t> bytes_{0};
 };

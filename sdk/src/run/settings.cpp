@@ -88,11 +88,6 @@ void validate(const Options& o) {
   TENSORTAP_CHECK(!(o.max_bytes() > 0 && o.on_budget() == Budget::KeepLatest && o.format() == Format::Hdf5),
                   "Options::on_budget(Budget::KeepLatest) with Format::Hdf5: a record's rows in tensors.h5 cannot be "
                   "given up in place; use Budget::StopCapture, or Format::Npy or Format::Packed");
-  // Refused, not quietly taken for StopCapture, until it is built
-  // (docs/leaving-it-on.md says what it will do).
-  TENSORTAP_CHECK(!(o.max_bytes() > 0 && o.on_budget() == Budget::KeepLatest),
-                  "Options::on_budget(Budget::KeepLatest): giving up old steps is not built in this release; use "
-                  "Budget::StopCapture (docs/leaving-it-on.md)");
   TENSORTAP_CHECK(o.stall_after().count() >= 0, "Options::stall_after({} ms) must be 0 (off) or more",
                   o.stall_after().count());
   const PackedOptions& pk = o.packed();

@@ -119,6 +119,58 @@ void PackedWriter::close_segment(Segment& s) {
   s.flush();
   if (s.undurable || s.new_entry) s.datasync(packed_);
   s.file.close();
+  // Rolled past (its size set), with records: giving up steps may delete it.
+  if (keep_latest_ && s.size > 0) closed_.push_back(Closed{s.rel, s.size, s.min_step, s.max_step});
+}
+
+void PackedWriter::keep_latest(std::uint64_t max_bytes) {
+  keep_latest_ = true;
+  cap_ = std::min<std::uint64_t>(options_.segment_bytes(), std::max<std::uint64_t>(max_bytes / 8, kAlign));
+}
+
+bool PackedWriter::holds_kept(const Closed& c, const std::set<std::int64_t>& kept) {
+  auto it = kept.lower_bound(c.min_step);
+  return it != kept.end() && *it <= c.max_step;
+}
+
+Writer::GiveUp PackedWriter::plan_give_up(std::uint64_t want, std::int64_t from, std::int64_t limit,
+                                          const std::set<std::int64_t>& kept) const {
+  // The closed segments by their last step: giving up the steps below
+  // that step + 1 deletes each segment up to it (and any before it).
+  std::vector<const Closed*> order;
+  for (const Closed& c : closed_)
+    if (c.max_step < limit && !holds_kept(c, kept)) order.push_back(&c);
+  std::sort(order.begin(), order.end(), [](const Closed* a, const Closed* b) { return a->max_step < b->max_step; });
+  GiveUp g{from, 0};
+  for (const Closed* c : order) {
+    g.bytes += c->size;
+    g.below = std::max(g.below, c->max_step + 1);
+    if (g.bytes >= want) return g;
+  }
+  g.below = std::max(from, limit);
+  return g;
+}
+
+std::uint64_t PackedWriter::give_up(std::int64_t below, const std::set<std::int64_t>& kept) {
+  std::uint64_t freed = 0;
+  std::exception_ptr first;
+  for (auto it = closed_.begin(); it != closed_.end();) {
+    if (it->max_step >= below || holds_kept(*it, kept)) {
+      ++it;
+      continue;
+    }
+    try {
+      packed_.unlink(it->rel.substr(it->rel.find('/') + 1));
+      rolled_bytes_ -= it->size;
+      freed += it->size;
+    } catch (...) {
+      // It stays (counted, hidden all the same); the rest still go.
+      if (!first) first = std::current_exception();
+    }
+    it = closed_.erase(it);
+  }
+  if (first) std::rethrow_exception(first);
+  return freed;
 }
 
 void PackedWriter::close_retired() {
@@ -143,7 +195,8 @@ std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
   if (!open_) {
     open_ = open_segment();
     end_ = 0;
-  } else if (end_ > 0 && align_up(end_) + size > options_.segment_bytes()) {
+  } else if (end_ > 0 && (align_up(end_) + size > (keep_latest_ ? cap_ : options_.segment_bytes()) ||
+                          (keep_latest_ && meta.step > open_->max_step && end_ >= cap_ / 2))) {
     // What could fail goes first, before the next segment exists: on a full
     // disk the record fails here, as every one after it will, and no new
     // segment (a file, a descriptor and a buffer) is opened per attempt. So
@@ -151,6 +204,7 @@ std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
     open_->flush();
     close_retired();
     std::unique_ptr<Segment> next = open_segment();
+    open_->size = end_;
     retiring_.push_back(std::move(open_));
     open_ = std::move(next);
     rolled_bytes_ += end_;
@@ -161,6 +215,8 @@ std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
   open_->put(offset, header_.data(), header_.size());
   end_ = offset + size;
   ++open_->live;
+  open_->min_step = std::min(open_->min_step, meta.step);
+  open_->max_step = std::max(open_->max_step, meta.step);
   return std::make_unique<PackedSink>(*open_, finished_, offset, header_.size(), meta.nbytes);
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -37,6 +38,13 @@ class PackedWriter final : public Writer {
   std::size_t durable_after_failure() noexcept override;
   /// Every segment's reserved bytes (what its file grows to).
   std::uint64_t disk_bytes() const override { return rolled_bytes_ + end_; }
+  /// Under KeepLatest a segment holds at most max_bytes/8 and ends at a
+  /// step boundary once past half of that, so that giving steps up frees
+  /// whole segments, soon after their last step goes.
+  void keep_latest(std::uint64_t max_bytes) override;
+  GiveUp plan_give_up(std::uint64_t want, std::int64_t from, std::int64_t limit,
+                      const std::set<std::int64_t>& kept) const override;
+  std::uint64_t give_up(std::int64_t below, const std::set<std::int64_t>& kept) override;
 
   /// A record finished since the last sync that made all durable: the
   /// segment it is in, by number, and where its bytes end.
@@ -64,6 +72,10 @@ class PackedWriter final : public Writer {
     // A flush failed (a full disk) and the buffer still holds what it could
     // not write: new records wait until it goes out.
     bool stalled = false;
+    // The steps of its records, and its size once rolled past (KeepLatest).
+    std::int64_t min_step = INT64_MAX;
+    std::int64_t max_step = INT64_MIN;
+    std::uint64_t size = 0;
 
     /// Writes `n` bytes at `offset`, through the buffer.
     void put(std::uint64_t offset, const char* data, std::size_t n);
@@ -107,6 +119,18 @@ class PackedWriter final : public Writer {
   // The record's .npy header, built here (its memory kept from record to record).
   std::string header_;
   std::chrono::steady_clock::time_point last_sync_;
+  // Budget::KeepLatest: the most a segment holds, and the segments closed
+  // (what giving up steps may delete), oldest first.
+  bool keep_latest_ = false;
+  std::uint64_t cap_ = 0;
+  struct Closed {
+    std::string rel;
+    std::uint64_t size;
+    std::int64_t min_step, max_step;
+  };
+  std::vector<Closed> closed_;
+  // Whether a kept step lies in a closed segment's span (it is not deleted).
+  static bool holds_kept(const Closed& c, const std::set<std::int64_t>& kept);
 };
 
 }  // namespace tensortap::detail
