@@ -27,21 +27,26 @@ A damaged index line (torn by a full disk, garbage, not a record) is skipped
 with a RunWarning naming the file and line; an index line whose file lies
 outside its run directory is refused with a RunError when it is read.
 
+A Run opened on a run still going under a disk budget that gives its oldest
+steps up (Budget::KeepLatest) is a snapshot: a record it lists whose step
+the recorder gives up afterwards raises GivenUpError (a RunError) when it is
+read, naming the step and run.json's marker; open the run again.
+
 `kind` is a keyword argument of steps(), load(), series() and stats(); a
 call that passes it by position still works, with a DeprecationWarning.
 """
 
 # NUMPY_DTYPES is public too, though not in __all__.
-from ._base import KINDS, NUMPY_DTYPES, STATS_FIELDS, RunError, RunWarning  # noqa: F401
+from ._base import KINDS, NUMPY_DTYPES, STATS_FIELDS, GivenUpError, RunError, RunWarning  # noqa: F401
 from ._run import Run, open
 from ._diff import diff
 from ._doctor import doctor
 from ._version import __version__  # noqa: F401 - public
 
-__all__ = ["open", "Run", "diff", "doctor", "KINDS", "STATS_FIELDS", "RunError", "RunWarning"]
+__all__ = ["open", "Run", "diff", "doctor", "KINDS", "STATS_FIELDS", "RunError", "GivenUpError", "RunWarning"]
 
 # The public names say they are tensortap's (in tracebacks, repr, help and
 # pickles), wherever they are defined.
-for _public in (open, Run, diff, doctor, RunError, RunWarning):
+for _public in (open, Run, diff, doctor, RunError, GivenUpError, RunWarning):
     _public.__module__ = __name__
 del _public

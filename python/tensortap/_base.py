@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from typing import Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 KINDS: Tuple[str, ...] = ("activation", "activation_grad", "param", "buffer", "grad", "tensor")
 
@@ -29,6 +29,30 @@ NUMPY_DTYPES: Dict[str, str] = {
 
 class RunError(ValueError):
     """A run directory that cannot be read as asked."""
+
+
+class GivenUpError(RunError):
+    """A record this Run listed whose file (or packed segment) is gone
+    because the run's disk budget (Budget::KeepLatest) gave its step up after
+    the Run was opened: run.json's "budget": {"given_up_below": k} is now above
+    the record's step, and no dump kept it. Opening the run again shows what
+    is left. kind, name, step, rank (None for a single-rank run) and
+    given_up_below (k, as run.json has it now) say which record and why."""
+
+    def __init__(self, message: str, kind: Optional[str] = None, name: Optional[str] = None,
+                 step: Optional[int] = None, rank: Optional[int] = None,
+                 given_up_below: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.name = name
+        self.step = step
+        self.rank = rank
+        self.given_up_below = given_up_below
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # Its fields too: dask's workers send errors to another process.
+        return (type(self), (self.args[0] if self.args else "", self.kind, self.name, self.step, self.rank,
+                             self.given_up_below))
 
 
 class RunWarning(UserWarning):

@@ -52,6 +52,13 @@ and dtype, and A's step-0 `param` records, which A must have, are A2's within
 Status: "equal" (no bad element), "noise", "differ", "mismatch",
 "unreadable", "only_a", "only_b".
 
+A run whose disk budget gave up its oldest steps (Budget::KeepLatest,
+Run.given_up_below: k per rank) shows no record below k but its dumped
+steps'. The command says so in a "note:" line first, and a record on one
+side only whose step the other run gave up is counted apart ("given up by
+B: N records of A"), not as "only in": it does not make the exit status 1.
+The DataFrame keeps them as "only_a" / "only_b".
+
 The first divergence is the earliest step holding a "differ" or "mismatch",
 and within it the first such record in A's index order (ARCHITECTURE.md,
 "Order": within a thread, records are in the order of their captures; the
@@ -79,7 +86,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 import numpy as np
 
 from . import _float8
-from ._base import NUMPY_DTYPES, RunError, _safe
+from ._arrays import _given_up
+from ._base import NUMPY_DTYPES, GivenUpError, RunError, _safe
 from ._diff_align import Alignment, Selection
 from ._diff_values import UNIT_ROUNDOFF, PairStats, compare_quietly, is_float, ulps_within
 from ._npy import _cached_header, _read_npy
@@ -205,6 +213,14 @@ class _Side:
         where = rec.get("file", "?") + (f" {rec['dataset']}" if "dataset" in rec else "")
         try:
             a = self._array(rec)
+        except (GivenUpError, FileNotFoundError) as e:
+            # Given up since the run was opened (Budget::KeepLatest on a live
+            # run): said as run._read says it, for this side's own reads too.
+            given_up = e if isinstance(e, GivenUpError) else _given_up(rec)
+            if given_up is None:
+                raise RunError(f"{self.label}: cannot be read from {where}: {e}") from None
+            raise GivenUpError(f"{self.label}: {given_up}", given_up.kind, given_up.name, given_up.step,
+                               given_up.rank, given_up.given_up_below) from None
         except (ValueError, OSError, KeyError, TypeError, EOFError) as e:  # a RunError is a ValueError
             raise RunError(f"{self.label}: cannot be read from {where}: {e}") from None
         if list(a.shape) != list(rec["shape"]):
@@ -439,18 +455,27 @@ class Tally:
         self.n_without_floor = 0
         self.ranks = bool(cmp.a.run.ranks) or bool(cmp.b.run.ranks)
         self.note: Optional[str] = None
+        # The other run's budget markers {rank (0 for a single-rank run): k}:
+        # a record on one side only below the other's k was given up there.
+        self.given_up = {"only_a": _markers(cmp.b.run), "only_b": _markers(cmp.a.run)}
+        self.n_given_up = {"only_a": 0, "only_b": 0}
 
     def add(self, row: Dict[str, Any]) -> None:
         status = row["status"]
         self.counts[status] += 1
         pa = row["_a"]
-        if status == "only_b":
-            self._only(row, status)
+        if status in ("only_a", "only_b"):
+            k = self.given_up[status].get(row["rank"])
+            if k is not None and row["step"] < k:
+                # Not a difference: the other run's budget gave that step up.
+                self.counts[status] -= 1
+                self.n_given_up[status] += 1
+            else:
+                self._only(row, status)
+            if status == "only_a":
+                self.status[pa] = _CODE[status]
             return
         self.status[pa] = _CODE[status]
-        if status == "only_a":
-            self._only(row, status)
-            return
         if self.frn is not None and row["_floor"] and not row["_a_zero"]:
             # A record that is 0 in A (a bias initialised to zero) has a
             # floor_rel_norm of inf or 0, a ratio to nothing: it is left out
@@ -602,8 +627,23 @@ class Tally:
 
     # -- the lines --------------------------------------------------------------
 
+    def given_up_notes(self) -> List[str]:
+        """A line per run whose disk budget gave up steps: which, and that
+        they are compared from there."""
+        notes = []
+        for label, side in (("A", self.cmp.a), ("B", self.cmp.b)):
+            below = side.run.given_up_below
+            if not below:
+                continue
+            ks = sorted(set(below.values()))
+            where = f"steps below {ks[0]}" if len(ks) == 1 else \
+                "steps below " + ", ".join(f"{k} on rank {r}" for r, k in sorted(_markers(side.run).items()))
+            notes.append(f"note: {label} gave up {where} (disk budget, KeepLatest): compared from there, "
+                         "and at the steps it dumped")
+        return notes
+
     def lines(self, common_only: bool = False) -> List[str]:
-        lines: List[str] = []
+        lines: List[str] = self.given_up_notes()
         first = self.first
         if first is not None:
             arises = self.arises(first["_a"])
@@ -656,10 +696,21 @@ class Tally:
                 if kind not in present:
                     lines.append(f"only in {mine}: {n} {kind} record{'s' if n != 1 else ''} (record kind {kind} "
                                  f"in {other}: Options::kinds, or tensortap.torch.watch(kinds=...))")
+        for status, (mine, other) in (("only_a", ("A", "B")), ("only_b", ("B", "A"))):
+            n = self.n_given_up[status]
+            if n:
+                lines.append(f"given up by {other}: {n} record{'s' if n != 1 else ''} of {mine}, of steps {other}'s "
+                             f"disk budget gave up (not counted as only in {mine})")
         noise = f", noise {self.counts['noise']}" if self.floor else ""
         lines.append(f"compared {self.compared}, differ {differ}{noise}, only in A {self.counts['only_a']}, "
                      f"only in B {self.counts['only_b']}")
         return lines
+
+
+def _markers(run: Any) -> Dict[int, int]:
+    """A run's budget markers {rank (0 for a single-rank run): k}, as the
+    diff names ranks."""
+    return {0 if r is None else int(r): k for r, k in getattr(run, "given_up_below", {}).items()}
 
 
 def describe(row: Dict[str, Any], detail: str = "", ranks: bool = False) -> str:

@@ -1,13 +1,14 @@
 """A run's small files, read without trusting them: opened only as regular
-files, JSON and JSON lines decoded so that a bad line costs only itself, and
-the flight recorder's dumps."""
+files, JSON and JSON lines decoded so that a bad line costs only itself, the
+flight recorder's dumps, and the disk budget's marker of the steps given up."""
 
 import builtins
 import json
 import os
 import stat
+from typing import Set
 
-from ._base import RunError, _json_type, _reason, _warn
+from ._base import RunError, _is_int64, _json_type, _reason, _warn
 from ._names import DUMPS, RUN_JSON
 
 
@@ -49,12 +50,13 @@ def _read_json(path):
     return info
 
 
-def _read_lines(path, follow=True):
+def _read_lines(path, follow=True, warn=_warn):
     """(line number, value) for each JSON line of `path`, if it exists. Read as
     bytes and decoded line by line, so that a bad line (torn, garbage, invalid
     UTF-8) costs only itself. An unterminated last line that does not parse is a
     write torn by a crash: skipped silently. Other bad lines: a RunWarning.
-    With follow=False a symbolic link at `path` is a RunError, not followed."""
+    With follow=False a symbolic link at `path` is a RunError, not followed.
+    `warn(message)` says what was skipped (a RunWarning unless told)."""
     if not (os.path.exists(path) if follow else os.path.lexists(path)):
         return
     with _open_regular(path, follow) as f:
@@ -67,16 +69,16 @@ def _read_lines(path, follow=True):
             value = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
             if i < last:
-                _warn(f"{path}:{i + 1}: skipped: not UTF-8")
+                warn(f"{path}:{i + 1}: skipped: not UTF-8")
             continue
         except (ValueError, RecursionError) as e:
             if i < last:
-                _warn(f"{path}:{i + 1}: skipped: not a JSON line ({_reason(e)})")
+                warn(f"{path}:{i + 1}: skipped: not a JSON line ({_reason(e)})")
             continue
         yield i + 1, value
 
 
-def _rank_dumps(directory, info):
+def _rank_dumps(directory, info, warn=_warn):
     """The dumps of the run in `directory` whose run.json is `info`, as dicts:
     a closed run.json's "dumps" (close() lists every dump); otherwise
     dumps.jsonl's lines, if there is one (the run is going on, or it crashed
@@ -84,28 +86,92 @@ def _rank_dumps(directory, info):
     a tensortap that rewrote run.json with each dump). dumps.jsonl is opened
     as only a regular file and never through a symbolic link: a FIFO or a
     link planted there is skipped with a RunWarning, never waited on or
-    followed out of the run."""
+    followed out of the run. `warn(message)` says what was skipped (a
+    RunWarning unless told)."""
     lines_path = os.path.join(directory, DUMPS)
     if info.get("closed", False) is not True and os.path.lexists(lines_path):
         out = []
         try:
-            for lineno, d in _read_lines(lines_path, follow=False):
+            for lineno, d in _read_lines(lines_path, follow=False, warn=warn):
                 if not isinstance(d, dict):
-                    _warn(f"{lines_path}:{lineno}: skipped: {_json_type(d)}, not an object")
+                    warn(f"{lines_path}:{lineno}: skipped: {_json_type(d)}, not an object")
                     continue
                 out.append(d)
         except (RunError, OSError) as e:
-            _warn(f"{e}; its dumps are not read")
+            warn(f"{e}; its dumps are not read")
         return out
     dumps = info.get("dumps", [])
     where = os.path.join(directory, RUN_JSON)
     if not isinstance(dumps, list):
-        _warn(f"{where}: \"dumps\" is {_json_type(dumps)}, not an array; ignored")
+        warn(f"{where}: \"dumps\" is {_json_type(dumps)}, not an array; ignored")
         return []
     out = []
     for i, d in enumerate(dumps):
         if not isinstance(d, dict):
-            _warn(f"{where}: dump {i} is {_json_type(d)}, not an object; skipped")
+            warn(f"{where}: dump {i} is {_json_type(d)}, not an object; skipped")
             continue
         out.append(d)
     return out
+
+
+def _marker(info):
+    """run.json's budget marker "given_up_below" as `info` has it, checked or
+    not (None: there is none)."""
+    budget = info.get("budget")
+    return budget.get("given_up_below") if isinstance(budget, dict) else None
+
+
+def _is_step(k):
+    """Whether a marker is a step: an integer from 0 to 2**63 - 1."""
+    return _is_int64(k) and k >= 0
+
+
+def _given_up_below(directory, info):
+    """run.json's budget marker, "budget": {"given_up_below": k}, of the run
+    in `directory` whose run.json is `info`: k, every record of a step below
+    it given up (Budget::KeepLatest) but the dumped steps'; None without one.
+    A k that is not a step (not an integer from 0 to 2**63 - 1: a boolean, a
+    string, a fraction, negative, huge) is refused with a RunWarning and
+    taken as no marker: every indexed record is shown."""
+    k = _marker(info)
+    if k is None:
+        return None
+    if _is_step(k):
+        return k
+    text = json.dumps(k) if isinstance(k, (bool, int, float, str)) else _json_type(k)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    _warn(f'{os.path.join(directory, RUN_JSON)}: "budget": "given_up_below" is {text}, not a step (an integer '
+          ">= 0); ignored: every indexed record is shown")
+    return None
+
+
+def _quiet(message):
+    """A warn() that says nothing."""
+
+
+def _dumped_steps(directory, info):
+    """The steps the dumps of the run in `directory` wrote (each dump's
+    "steps"), as _rank_dumps finds them: a budget never gives them up. Read
+    quietly (no warnings filter changed: safe from dask's threads): Run.dumps
+    warns about a damaged dump when it is read."""
+    steps: Set[int] = set()
+    for d in _rank_dumps(directory, info, warn=_quiet):
+        listed = d.get("steps")
+        if isinstance(listed, list):
+            steps.update(s for s in listed if _is_int64(s))
+    return frozenset(steps)
+
+
+def _given_up_now(directory):
+    """The budget marker of the run in `directory` as its run.json has it
+    now, read again (a live run gives steps up as it goes on): (k, the steps
+    its dumps kept); None where there is no marker that is a step, or run.json
+    cannot be read. Quiet: the Run that listed the records warned already."""
+    try:
+        info = _read_json(os.path.join(directory, RUN_JSON))
+        k = _marker(info)
+        if not _is_step(k):
+            return None
+        return k, _dumped_steps(directory, info)
+    except (RunError, OSError, ValueError, RecursionError):
+        return None

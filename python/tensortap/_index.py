@@ -14,18 +14,27 @@ block at a time by one regular expression, and what repeats in them is
 decoded and checked once per distinct text. A block with any other line
 (written by hand, damaged, torn) is read line by line with json.loads and
 _record_problem, with the same warnings as ever.
+
+A rank's index may be in several files (Budget::KeepLatest): index.jsonl,
+then index.1.jsonl, index.2.jsonl, ... in the order of their numbers, any of
+them deleted by the recorder once all its steps were given up. Their
+records are read in that order, each remembering its file (the column
+"part"). run.json's budget marker "given_up_below" k hides, when the index
+is built, every record of a step below k but those of the steps a dump
+kept whose files are still there (Index.give_up): no view of the run sees the
+records given up, nor opens their files.
 """
 
 import json
 import os
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 import numpy as np
 
 from ._base import _reason, _warn
 from . import _files
-from ._names import INDEX
+from ._names import INDEX, index_segment_name, index_segment_number
 from ._records import _Record, _record_problem
 
 # Bytes read at a time: bounds what a block's parse holds (its match tuples
@@ -60,13 +69,23 @@ _OPTIONAL = ("offset", "nbytes", "dataset", "row")
 Meta = Tuple[str, str, str, Tuple[int, ...], str]
 
 
+# A rank's budget marker, for the records to hide: (k, the steps its dumps
+# kept). Records of steps below k are hidden but those of the kept steps
+# whose files are still there.
+Marker = Tuple[int, FrozenSet[int]]
+
+
 class Index:
-    """The records of the index files of a run (one per rank), in file order.
+    """The records of the index files of a run (one or more per rank), in
+    file order.
 
     Per record (arrays of len(self)): step, meta, base, line (in its index
-    file), source; offset and nbytes (packed), dataset and row (HDF5), None
-    where no record has them. Tables: sources (index path, real rank
-    directory, rank), metas, bases, datasets, keys ((kind, name))."""
+    file), source (its rank), part (its index file); offset and nbytes
+    (packed), dataset and row (HDF5), None where no record has them. Tables:
+    sources, one per rank (index.jsonl's path, real rank directory, rank),
+    parts (an index file's path, its source), metas, bases, datasets, keys
+    ((kind, name)). hidden: {rank: records hidden by its budget marker}, for
+    the ranks with one."""
 
     # The columns, set by finish().
     step: np.ndarray
@@ -74,12 +93,14 @@ class Index:
     base: np.ndarray
     line: np.ndarray
     source: np.ndarray
+    part: np.ndarray
     offset: Optional[np.ndarray]
     nbytes: Optional[np.ndarray]
     dataset: Optional[np.ndarray]
     row: Optional[np.ndarray]
 
-    def __init__(self, capacity: int, sources: List[Tuple[str, str, Optional[int]]]) -> None:
+    def __init__(self, capacity: int, sources: List[Tuple[str, str, Optional[int]]],
+                 parts: Optional[List[Tuple[str, int]]] = None) -> None:
         self.n = 0
         self.capacity = capacity
         # Sized once, from above, and cut to size at the end: built by
@@ -91,27 +112,39 @@ class Index:
             "step": np.empty(capacity, np.int64), "meta": np.empty(capacity, np.int32),
             "base": np.empty(capacity, np.int32), "line": np.empty(capacity, line_type),
             "source": np.empty(capacity, np.min_scalar_type(max(1, len(sources))))}
+        # (index file, source): a rank's index.jsonl, then its segments.
+        self.parts = parts if parts is not None else [(path, s) for s, (path, _, _) in enumerate(sources)]
+        self.cols["part"] = np.empty(capacity, np.min_scalar_type(max(1, len(self.parts))))
         self.types = {"offset": np.int64, "nbytes": np.int64, "dataset": np.int32, "row": np.int64}
         self.sources = sources  # (index path, real rank directory, rank)
         self.metas: List[Meta] = []
         self.bases: List[str] = []      # a file's last component
         self.datasets: List[str] = []   # HDF5 dataset paths
         self.extra: Dict[int, _Record] = {}  # position -> its record, for lines with members of their own
+        self.hidden: Dict[Optional[int], int] = {}
         self._meta_code: Dict[Meta, int] = {}
         self._base_code: Dict[str, int] = {}
         self._dataset_code: Dict[str, int] = {}
 
     # -- reading ------------------------------------------------------------
 
-    def read(self, source):
-        """Appends the records of the index file of sources[source]; a file
-        that does not exist holds none."""
-        path = self.sources[source][0]
-        if not os.path.exists(path):
+    def read(self, part):
+        """Appends the records of the index file parts[part]; a file that
+        does not exist (or no longer: the recorder deletes a segment whose
+        steps it gave up) holds none. A segment (index.<n>.jsonl) is opened
+        only as a regular file, never through a symbolic link (RunError, as
+        index.jsonl that is not a regular file)."""
+        path = self.parts[part][0]
+        segment = os.path.basename(path) != INDEX
+        if not segment and not os.path.exists(path):
+            return
+        try:
+            f = _files._open_regular(path, follow=not segment)
+        except FileNotFoundError:
             return
         tokens = _Tokens()
         lineno = 1  # of the block's first line
-        with _files._open_regular(path) as f:
+        with f:
             pieces = []  # of a line not ended yet: joined once it is, not per read
             while True:
                 data = f.read(_BLOCK)
@@ -124,16 +157,16 @@ class Index:
                 block = b"".join(pieces) + data[:cut] if pieces else data[:cut]
                 pieces = [data[cut:]] if cut < len(data) else []
                 n = block.count(b"\n")
-                if not self._fast_block(block, n, lineno, source, tokens):
-                    self._slow_lines(block.split(b"\n")[:-1], lineno, source, last=False)
+                if not self._fast_block(block, n, lineno, part, tokens):
+                    self._slow_lines(block.split(b"\n")[:-1], lineno, part, last=False)
                 lineno += n
             rest = b"".join(pieces)
             if rest:
                 # No newline after it: a line torn by a crash (skipped without a
                 # word), or a last line written whole but not ended (kept).
-                self._slow_lines([rest], lineno, source, last=True)
+                self._slow_lines([rest], lineno, part, last=True)
 
-    def _fast_block(self, block, n, lineno, source, tokens):
+    def _fast_block(self, block, n, lineno, part, tokens):
         """Appends a block of whole lines if every one is in the writer's form
         and checks out; False, appending nothing, if one is not."""
         rows = _LINE.findall(block)
@@ -153,12 +186,12 @@ class Index:
         empty = self._base_code.get("")
         if empty is not None and any(self.metas[m][4] == "" for m in set(meta[base == empty].tolist())):
             return False
-        part = {"step": _ints(steps), "meta": meta, "base": base, "line": np.arange(lineno, lineno + n)}
+        cols = {"step": _ints(steps), "meta": meta, "base": base, "line": np.arange(lineno, lineno + n)}
         if offsets.count(b"") != n:
-            part["offset"], part["nbytes"] = _ints(offsets, -1), _ints(nbytes, -1)
+            cols["offset"], cols["nbytes"] = _ints(offsets, -1), _ints(nbytes, -1)
         if dataset is not None:
-            part["dataset"], part["row"] = dataset, _ints(hrows, -1)
-        self._append(part, n, source)
+            cols["dataset"], cols["row"] = dataset, _ints(hrows, -1)
+        self._append(cols, n, part)
         return True
 
     def _fast_meta(self, token):
@@ -186,10 +219,11 @@ class Index:
         except (ValueError, RecursionError):
             return None
 
-    def _slow_lines(self, lines, lineno, source, last):
+    def _slow_lines(self, lines, lineno, part, last):
         """Lines read one by one with json.loads and _record_problem: a
         RunWarning for each bad one but a torn last line (a crash tears it)."""
-        path, root, rank = self.sources[source]
+        path, source = self.parts[part]
+        _, root, rank = self.sources[source]
         cols: Dict[str, List[int]] = {k: [] for k in ("step", "meta", "base", "line") + _OPTIONAL}
         for i, raw in enumerate(lines):
             if not raw.strip():
@@ -227,26 +261,33 @@ class Index:
             cols["row"].append(value.get("row", -1))
         n = len(cols["step"])
         if n:
-            part = {k: np.array(v, dtype=np.int64) for k, v in cols.items()
-                    if k not in _OPTIONAL or any(x >= 0 for x in v)}
-            self._append(part, n, source)
+            self._append({k: np.array(v, dtype=np.int64) for k, v in cols.items()
+                          if k not in _OPTIONAL or any(x >= 0 for x in v)}, n, part)
 
-    def _append(self, part, n, source):
+    def _append(self, cols, n, part):
         if self.n + n > self.capacity:
             # More records than the bytes allowed for: the file grew since.
+            # New arrays that own their memory (np.resize may return a view,
+            # which finish() cannot cut to size in place): a live run's
+            # index grows while it is read.
             self.capacity = max(2 * self.capacity, self.n + n)
-            self.cols = {k: np.resize(v, self.capacity) for k, v in self.cols.items()}
+            grown = {}
+            for k, v in self.cols.items():
+                grown[k] = np.empty(self.capacity, v.dtype)
+                grown[k][:self.n] = v[:self.n]
+            self.cols = grown
         at = slice(self.n, self.n + n)
-        for k, v in part.items():
+        for k, v in cols.items():
             if k not in self.cols:
                 # Written up to here only: the pages past it are not touched yet.
                 self.cols[k] = np.empty(self.capacity, self.types[k])
                 self.cols[k][:self.n] = -1
             self.cols[k][at] = v
         for k in _OPTIONAL:
-            if k in self.cols and k not in part:
+            if k in self.cols and k not in cols:
                 self.cols[k][at] = -1
-        self.cols["source"][at] = source
+        self.cols["source"][at] = self.parts[part][1]
+        self.cols["part"][at] = part
         self.n += n
 
     @staticmethod
@@ -267,9 +308,70 @@ class Index:
     def _dataset(self, dataset):
         return self._intern(self._dataset_code, self.datasets, dataset)
 
+    def give_up(self, markers: Dict[int, Marker]) -> None:
+        """Hides the records given up under the budget markers {source: (k,
+        the steps its dumps kept)} (run.json's "given_up_below", Budget::
+        KeepLatest): on a rank with a marker, a record of a step below k
+        unless its step is a kept one and its file is still there (the
+        recorder deletes a given-up step's files after writing the marker,
+        and a step both stored and dumped may have lost its stored
+        records). Counts them in self.hidden. Before finish(): the rows are
+        dropped from the columns, so that nothing reads them."""
+        n = self.n
+        for s, (_, _, rank) in enumerate(self.sources):
+            if s in markers:
+                self.hidden[rank] = 0
+        if not markers or n == 0:
+            return
+        step, source = self.cols["step"][:n], self.cols["source"][:n]
+        # Per source, its k; no marker: nothing is below it.
+        below_of = np.full(len(self.sources), np.iinfo(np.int64).min, dtype=np.int64)
+        for s, (k, _) in markers.items():
+            below_of[s] = k
+        hide = step < below_of[source]
+        if not hide.any():
+            return
+        for s, (k, kept) in markers.items():
+            if not kept:
+                continue
+            mine = np.flatnonzero(hide & (source == s))
+            mine = mine[np.isin(step[mine], np.fromiter(kept, np.int64, len(kept)))]
+            if mine.size:
+                hide[mine] = ~self._files_present(mine, s)
+        counts = np.bincount(source[hide], minlength=len(self.sources)).tolist()
+        for s, (_, _, rank) in enumerate(self.sources):
+            if s in markers:
+                self.hidden[rank] = counts[s]
+        keep = ~hide
+        m = int(keep.sum())
+        for column in self.cols.values():
+            column[:m] = column[:n][keep]
+        if self.extra:
+            moved = np.cumsum(keep) - 1
+            self.extra = {int(moved[i]): rec for i, rec in self.extra.items() if keep[i]}
+        self.n = m
+
+    def _files_present(self, positions, source):
+        """Per position (of records of `source`), whether the file its record
+        names is there: a stat per distinct file (a packed segment is many
+        records'). A name the reader refuses to open (absolute, with '..'
+        or NUL) counts as there: it is shown, and refused when read."""
+        root = self.sources[source][1]
+        meta, base = self.cols["meta"][positions], self.cols["base"][positions]
+        nb = max(1, len(self.bases))
+        pairs, inverse = np.unique(meta.astype(np.int64) * nb + base, return_inverse=True)
+        present = []
+        for p in pairs.tolist():
+            file = self.metas[p // nb][4] + self.bases[p % nb]
+            if "\0" in file or os.path.isabs(file) or ".." in file.replace(os.sep, "/").split("/"):
+                present.append(True)
+            else:
+                present.append(os.path.exists(os.path.join(root, file)))
+        return np.array(present, dtype=bool)[inverse.reshape(-1)]
+
     def finish(self):
         self._record_type = _Record  # the class record() builds
-        for k in ("step", "meta", "base", "line", "source") + _OPTIONAL:
+        for k in ("step", "meta", "base", "line", "source", "part") + _OPTIONAL:
             column = self.cols.pop(k, None)
             if column is not None:
                 # In place: realloc gives the rows never filled back.
@@ -317,10 +419,10 @@ class Index:
             rec["offset"], rec["nbytes"] = int(offset[i]), int(nbytes[i])
         if dataset is not None and row is not None and dataset[i] >= 0:
             rec["dataset"], rec["row"] = self.datasets[dataset[i]], int(row[i])
-        path, root, rank = self.sources[self.source[i]]
+        _, root, rank = self.sources[self.source[i]]
         if rank is not None:
             rec["rank"] = rank
-        rec.index, rec.lineno, rec.root = path, int(self.line[i]), root
+        rec.index, rec.lineno, rec.root = self.parts[self.part[i]][0], int(self.line[i]), root
         return rec
 
     def key_code(self, kind, name):
@@ -336,7 +438,7 @@ class Index:
         pos = np.flatnonzero(mask)
         src = self.source[pos]
         out = {}
-        for s in np.unique(src).tolist():  # one index file per rank: a source is a rank
+        for s in np.unique(src).tolist():  # a source is a rank, whatever its index files
             mine = pos[src == s]
             mine = mine[np.argsort(self.step[mine], kind="stable")]
             # A step indexed twice (a damaged or hand-edited index; tensortap
@@ -398,18 +500,39 @@ def _capacity(paths):
     size = 0
     for path in paths:
         try:
-            size += os.stat(path).st_size
+            # A segment is never followed through a link: not sized by one either.
+            size += os.stat(path, follow_symlinks=os.path.basename(path) == INDEX).st_size
         except OSError:
             pass  # no index: no records
     return size // _SHORTEST_RECORD + 16
 
 
-def read(dirs):
+def segments(directory: str) -> List[str]:
+    """The paths of a rank directory's index files past index.jsonl,
+    index.<n>.jsonl, in the order of n (10 after 9); names that only look
+    like one (index.01.jsonl, index.0.jsonl, index.1.jsonl.tmp) are not."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    numbers = sorted(n for n in map(index_segment_number, names) if n is not None)
+    return [os.path.join(directory, index_segment_name(n)) for n in numbers]
+
+
+def read(dirs, markers: Optional[Dict[Optional[int], Marker]] = None):
     """The Index of the run directories {rank: directory}, ranks in order
-    (None, a single-rank run, first)."""
-    sources = [(os.path.join(d, INDEX), os.path.realpath(d), rank)
-               for rank, d in sorted(dirs.items(), key=lambda kv: -1 if kv[0] is None else kv[0])]
-    index = Index(_capacity(path for path, _, _ in sources), sources)
-    for source in range(len(sources)):
-        index.read(source)
+    (None, a single-rank run, first), each rank's index.jsonl then its
+    segments; the records given up under `markers` ({rank: (k, the steps its
+    dumps kept)}, Index.give_up) hidden."""
+    ordered = sorted(dirs.items(), key=lambda kv: -1 if kv[0] is None else kv[0])
+    sources = [(os.path.join(d, INDEX), os.path.realpath(d), rank) for rank, d in ordered]
+    parts = []
+    for s, (rank, d) in enumerate(ordered):
+        parts.append((sources[s][0], s))
+        parts.extend((path, s) for path in segments(d))
+    index = Index(_capacity(path for path, _ in parts), sources, parts)
+    for part in range(len(parts)):
+        index.read(part)
+    markers = markers or {}
+    index.give_up({s: markers[rank] for s, (_, _, rank) in enumerate(sources) if rank in markers})
     return index.finish()

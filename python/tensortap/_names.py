@@ -1,8 +1,11 @@
 """The names tensortap writes in a run directory, and only those: the
-writers' kRunFileNames (writers/src/run_dir.cpp), the TensorBoard event
+writers' kRunFileNames (writers/src/run_dir.cpp), the index's segments
+(index.<n>.jsonl, a run under Budget::KeepLatest), the TensorBoard event
 files (kEventsPrefix, kEventsSuffix) and the lock RunDir holds.
 tests/python/test_file_names.py checks that both sides list the same names
 and that the runs the suite writes hold no others."""
+
+from typing import Optional
 
 RUN_JSON = "run.json"
 INDEX = "index.jsonl"
@@ -17,7 +20,6 @@ STATS_SERIES = "stats_series.jsonl"
 CONTROL_DIR = "control"
 CONTROL_ANSWERS = "control.jsonl"
 CONTROL_HEARTBEAT = "control.heartbeat"
-
 
 
 def ballast_name(lines_file: str) -> str:
@@ -45,9 +47,45 @@ def is_events_file_name(name):
             and name.endswith(EVENTS_SUFFIX))
 
 
+# The index's segments (Budget::KeepLatest, DESIGN.md section 10): index.jsonl
+# is segment 0, the writer goes on in index.<n>.jsonl, n = 1, 2, ... in
+# decimal (1 to 9 digits, no leading zero), and deletes a segment all of
+# whose steps it gave up (index.jsonl too). Each may keep its ballast,
+# .index.<n>.jsonl.room, while the recorder runs (is_run_file_name,
+# writers/src/run_dir.cpp).
+INDEX_SEGMENT_PREFIX = "index."
+INDEX_SEGMENT_SUFFIX = ".jsonl"
+
+
+def index_segment_number(name: str) -> Optional[int]:
+    """n of an index segment's name index.<n>.jsonl (n >= 1, 1 to 9 decimal
+    digits, no leading zero); None for any other name, index.jsonl (segment
+    0) among them."""
+    if not (name.startswith(INDEX_SEGMENT_PREFIX) and name.endswith(INDEX_SEGMENT_SUFFIX)):
+        return None
+    digits = name[len(INDEX_SEGMENT_PREFIX):len(name) - len(INDEX_SEGMENT_SUFFIX)]
+    # ASCII digits only: str.isdigit() takes other scripts' digits and superscripts.
+    if not 1 <= len(digits) <= 9 or digits[0] == "0" or any(c not in "0123456789" for c in digits):
+        return None
+    return int(digits)
+
+
+def index_segment_name(n: int) -> str:
+    """The name of index segment `n` (0: index.jsonl)."""
+    return INDEX if n == 0 else f"{INDEX_SEGMENT_PREFIX}{n}{INDEX_SEGMENT_SUFFIX}"
+
+
+def is_index_segment_name(name: str) -> bool:
+    """Whether `name` is an index segment's past the first, index.<n>.jsonl."""
+    return index_segment_number(name) is not None
+
+
 def is_run_file_name(name):
     """Whether `name` is one tensortap writes in a run directory (the lock aside)."""
-    return name in RUN_FILE_NAMES or is_events_file_name(name)
+    if name in RUN_FILE_NAMES or is_events_file_name(name) or is_index_segment_name(name):
+        return True
+    # A segment's ballast, .index.<n>.jsonl.room.
+    return name.startswith(".") and name.endswith(".room") and is_index_segment_name(name[1:-len(".room")])
 
 
 # The advisory lock a writer holds on its run directory (RunDir). It stays

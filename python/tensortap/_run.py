@@ -12,7 +12,7 @@ from . import _index
 from ._arrays import _read_many, _read_record
 from ._base import KINDS, STATS_FIELDS, RunError, _printable, _warn
 from ._compat import keyword_only
-from ._files import _rank_dumps, _read_json, _read_lines
+from ._files import _dumped_steps, _given_up_below, _rank_dumps, _read_json, _read_lines
 from ._names import RUN_JSON, STATS_SERIES, STATS_TABLE
 from ._npy import _read_stats_table
 from ._paths import _find_ranks
@@ -42,6 +42,22 @@ class Run:
     """Each rank's run.json (None: a single-rank run's)."""
     info: Dict[str, Any]
     """run.json of the single-rank run, or of the lowest rank."""
+    given_up_below: Dict[Optional[int], int]
+    """The steps a disk budget gave up (Options::max_bytes with
+    Budget::KeepLatest): {rank (None for a single-rank run): k}, for the
+    ranks whose run.json has the marker "budget": {"given_up_below": k}.
+    Every record of such a rank of a step below k is hidden from every view
+    of the run (records, steps(), load(), series(), the frames, inspect,
+    report, diff, tensorboard) and never read, its file deleted or about to
+    be; but a step one of the rank's dumps wrote ("steps") is kept, each of
+    its records whose file is still there. A marker that is not an integer
+    >= 0 is ignored with a RunWarning. Taken when the Run is opened: on a
+    run still going, a record listed then whose step the recorder gives up
+    afterwards raises GivenUpError (a RunError) when it is read (load(),
+    series(), the frames, inspect --check...): open the run again."""
+    given_up_records: Dict[Optional[int], int]
+    """How many indexed records given_up_below hid, per rank with a marker
+    (0 once the recorder has deleted their index files, or none was there)."""
 
     def __init__(self, path: PathLike, rank: Optional[int] = None) -> None:
         self.path = os.fspath(path)
@@ -54,8 +70,17 @@ class Run:
         self.ranks = sorted(r for r in ranks if r is not None)
         self.infos = {r: _read_json(os.path.join(d, RUN_JSON)) for r, d in ranks.items()}
         self.info = self.infos[min(self.infos, key=lambda r: -1 if r is None else r)]
+        self.given_up_below = {}
+        markers: Dict[Optional[int], _index.Marker] = {}
+        for r, d in sorted(ranks.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+            k = _given_up_below(d, self.infos[r])
+            if k is not None:
+                self.given_up_below[r] = k
+                markers[r] = (k, _dumped_steps(d, self.infos[r]))
         # Columns, not a dict per line: a million lines are tens of MB, not GB.
-        self._index = _index.read(ranks)
+        # The records given up hidden here, once, for every view.
+        self._index = _index.read(ranks, markers)
+        self.given_up_records = dict(self._index.hidden)
         self._h5: Dict[str, Any] = {}
         self._h5_lock = threading.Lock()
 
@@ -100,7 +125,10 @@ class Run:
         A memory-mapped array reads its file when used: if the file is
         truncated or deleted-and-shrunk afterwards (an `overwrite` rerun, a
         full disk's cleanup), touching the array kills Python with SIGBUS.
-        Pass mmap=False (or copy the array) to keep it past such changes."""
+        Pass mmap=False (or copy the array) to keep it past such changes.
+
+        GivenUpError (a RunError): the record's step was given up by the
+        run's disk budget (Budget::KeepLatest) after the Run was opened."""
         by_rank = self._positions(name, kind)
         ranks = [rank] if rank is not None else sorted(by_rank, key=lambda r: -1 if r is None else r)
         for r in ranks:

@@ -13,11 +13,11 @@ import sys
 
 import numpy as np
 
-from ._base import NUMPY_DTYPES, RunError, _safe
+from ._base import NUMPY_DTYPES, GivenUpError, RunError, _safe
 from ._ctl_log import summary_lines as ctl_summary_lines
 from ._doctor import RULES
 from ._float8 import FORMATS as FORMATS_FLOAT8
-from ._names import DUMPS, INDEX, STATS_SERIES, STATS_TABLE, ballast_name
+from ._names import DUMPS, INDEX, STATS_SERIES, STATS_TABLE, ballast_name, index_segment_name, index_segment_number
 from ._optional import progress
 
 if TYPE_CHECKING:
@@ -38,17 +38,45 @@ def _nbytes(shape, dtype):
     return math.prod(shape) * itemsize
 
 
-def _budget_line(b: Dict[str, Any]) -> str:
-    """run.json's "budget" (Options::max_bytes, DESIGN section 10) in words."""
+# Dumped steps below a budget's marker named in its line; past that, a count.
+KEPT_LISTED = 8
+
+
+def _budget_line(b: Dict[str, Any], given_up: Optional[Tuple[int, int, Sequence[int]]] = None) -> str:
+    """run.json's "budget" (Options::max_bytes, DESIGN section 10) in words.
+    `given_up`: (k, records hidden, the dumped steps below k still shown) of
+    the rank's marker "given_up_below" as the reader took it (Run.given_up_below,
+    Run.given_up_records); None where it has none or refused it."""
     line = f"disk budget {_human(b.get('max_bytes', 0))} ({_safe(b.get('policy', '?'))})"
-    if b.get("reached_at_step") is None:
+    if b.get("reached_at_step") is None and given_up is None:
         return line + ": not reached"
-    line += f": reached at step {_safe(b['reached_at_step'])}"
+    if b.get("reached_at_step") is not None:
+        line += f": reached at step {_safe(b['reached_at_step'])}"
     if b.get("refused_records"):
         line += f", {_safe(b['refused_records'])} full records refused ({_human(b.get('refused_bytes', 0))})"
-    if b.get("given_up_below") is not None:
-        line += f", steps below {_safe(b['given_up_below'])} given up"
+    if given_up is not None:
+        k, hidden, kept = given_up
+        line += (f", steps below {k} given up: {hidden} indexed record{'s' if hidden != 1 else ''} "
+                 "hidden")
+        if kept:
+            shown = ", ".join(str(s) for s in kept[:KEPT_LISTED])
+            more = f" and {len(kept) - KEPT_LISTED} more" if len(kept) > KEPT_LISTED else ""
+            line += f"; step{'s' if len(kept) != 1 else ''} {shown}{more} kept: dumped"
+    elif b.get("given_up_below") is not None:
+        line += f", given_up_below {_safe(b['given_up_below'])} ignored: not a step"
     return line
+
+
+def given_up(run: Run, rank: Optional[int]) -> Optional[Tuple[int, int, List[int]]]:
+    """(k, records hidden, the steps below k still shown: dumped) of the
+    rank's budget marker, or None where it has none (_budget_line's)."""
+    k = run.given_up_below.get(rank)
+    if k is None:
+        return None
+    index = run._index
+    sources = [s for s, src in enumerate(index.sources) if src[2] == rank]
+    mine = np.isin(index.source, sources) & (index.step < k)
+    return k, run.given_up_records.get(rank, 0), np.unique(index.step[mine]).tolist()
 
 
 def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False) -> List[str]:
@@ -75,7 +103,7 @@ def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False)
             print(f"  {where}NOT closed (crashed, killed, or still running)", file=out)
         budget = i.get("budget")
         if isinstance(budget, dict):
-            print(f"  {where}{_budget_line(budget)}", file=out)
+            print(f"  {where}{_budget_line(budget, given_up(run, rank))}", file=out)
     rows = []
     index = run._index
     # From the index's columns, grouped by name in one sort: no record
@@ -210,7 +238,7 @@ def kept_room(run: Run) -> List[str]:
     one batch's index lines). Not a problem: said, with what it costs."""
     notes: List[str] = []
     for d in sorted({os.path.realpath(p) for p in run._dirs.values()}):
-        for name in (INDEX, STATS_SERIES, DUMPS):
+        for name in _lines_files(d):
             path = os.path.join(d, name)
             try:
                 st = os.lstat(path)
@@ -234,11 +262,46 @@ def kept_room(run: Run) -> List[str]:
     return notes
 
 
+def _lines_files(directory: str) -> List[str]:
+    """The names of a rank directory's lines files that may keep room:
+    index.jsonl, its segments (index.<n>.jsonl, Budget::KeepLatest; one
+    whose ballast is left counts too), stats_series.jsonl and dumps.jsonl."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        entries = []
+    numbers = set()
+    for entry in entries:
+        n = index_segment_number(entry)
+        if n is None and entry.startswith(".") and entry.endswith(".room"):
+            n = index_segment_number(entry[1:-len(".room")])
+        if n is not None:
+            numbers.add(n)
+    return [INDEX] + [index_segment_name(n) for n in sorted(numbers)] + [STATS_SERIES, DUMPS]
+
+
+def _given_up_note(rank: Optional[int], errors: List[GivenUpError]) -> str:
+    """check's note on a rank's records given up while it read them."""
+    steps = sorted({e.step for e in errors if e.step is not None})
+    k = max((e.given_up_below for e in errors if e.given_up_below is not None), default=None)
+    listed = ", ".join(str(s) for s in steps[:KEPT_LISTED])
+    more = f" and {len(steps) - KEPT_LISTED} more" if len(steps) > KEPT_LISTED else ""
+    span = f" (step{'s' if len(steps) != 1 else ''} {listed}{more})" if steps else ""
+    n = len(errors)
+    return (f"{'' if rank is None else f'rank {rank}: '}{n} record{'s' if n != 1 else ''}{span} given up since the "
+            f"check began (the disk budget, Budget::KeepLatest: run.json's given_up_below is now {k}); not read, "
+            "not a problem")
+
+
 def check(run: Run, out: Optional[TextIO] = None, found: Sequence[str] = ()) -> int:
     """Opens every indexed file; returns the number of problems, counting those
-    already `found` (damaged lines skipped, statistics that cannot be read)."""
+    already `found` (damaged lines skipped, statistics that cannot be read).
+    A record the disk budget gave up while the check went on (a live run
+    under Budget::KeepLatest: GivenUpError) is no problem, the run being
+    what its recorder keeps: said in a note per rank."""
     out = out if out is not None else sys.stdout
     problems = 0
+    given_up: Dict[Optional[int], List[GivenUpError]] = {}
     for problem in found:
         print(f"  BAD {problem}", file=out)
         problems += 1
@@ -249,6 +312,9 @@ def check(run: Run, out: Optional[TextIO] = None, found: Sequence[str] = ()) -> 
             # This record, not the first with its name and step: a planted
             # duplicate must be checked too.
             a = run._read(rec, mmap=False)
+        except GivenUpError as e:
+            given_up.setdefault(rec.get("rank"), []).append(e)
+            continue
         except RunError as e:
             print(f"  BAD {where}: {_safe(e)}", file=out)
             problems += 1
@@ -270,5 +336,7 @@ def check(run: Run, out: Optional[TextIO] = None, found: Sequence[str] = ()) -> 
         print(f"  note: unfinished temporary file {_safe(f)} (a crash mid-write; not indexed)", file=out)
     for note in kept_room(run):
         print(f"  note: {note}", file=out)
+    for rank, errors in sorted(given_up.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+        print(f"  note: {_given_up_note(rank, errors)}", file=out)
     print(f"  check: {len(run.records)} records, {problems} problems", file=out)
     return problems

@@ -45,6 +45,17 @@ def run_dirs(top):
         subdirs[:] = [s for s in subdirs if s not in (_names.NPY_DIR, _names.PACKED_DIR)]
 
 
+# Names the index segments' rule takes, and names it does not (the writers'
+# rule must agree: writers/src/run_dir.cpp).
+INDEX_SEGMENTS = ("index.1.jsonl", "index.2.jsonl", "index.10.jsonl", "index.999999999.jsonl",
+                  ".index.1.jsonl.room", ".index.10.jsonl.room", ".index.999999999.jsonl.room")
+NOT_INDEX_SEGMENTS = ("index.0.jsonl", "index.01.jsonl", "index.00.jsonl", "index.-1.jsonl", "index.+1.jsonl",
+                      "index.1000000000.jsonl", "index..jsonl", "index.x.jsonl", "index.1x.jsonl", "index. 1.jsonl",
+                      "index.1.jsonl.tmp", "index.1.json", "xindex.1.jsonl", "index.1.jsonlx", "index.\u0661.jsonl",
+                      ".index.0.jsonl.room", ".index.01.jsonl.room", "index.1.jsonl.room", ".index.1.jsonl",
+                      ".index.1.jsonl.room.tmp", "..index.1.jsonl.room", ".index.jsonl.room.room")
+
+
 class FileNamesTest(unittest.TestCase):
     def test_writers_and_reader_list_the_same_names(self):
         self.assertEqual(sorted(writers_names()), sorted(_names.RUN_FILE_NAMES))
@@ -75,6 +86,18 @@ class FileNamesTest(unittest.TestCase):
                      "events.out.tfevents..tensortap", "x.tensortap",
                      "events.out.tfevents", "report.html", "npy.tmp", _names.LOCK):
             self.assertFalse(_names.is_run_file_name(name), name)
+
+    def test_index_segments_are_tensortaps(self):
+        # Budget::KeepLatest's index segments and their ballast, named by a
+        # rule (is_index_segment_name, writers/src/run_dir.cpp): n from 1,
+        # 1 to 9 decimal digits, no leading zero.
+        for name in INDEX_SEGMENTS:
+            self.assertTrue(_names.is_run_file_name(name), name)
+        for name in NOT_INDEX_SEGMENTS:
+            self.assertFalse(_names.is_run_file_name(name), name)
+        for name in INDEX_SEGMENTS:
+            if not name.startswith("."):
+                self.assertEqual(_names.index_segment_name(_names.index_segment_number(name)), name)
 
     def test_runs_written_by_the_suite_hold_only_those_names(self):
         roots = [r for r in os.environ.get("TT_RUN_ROOTS", "").split(os.pathsep) if r]
