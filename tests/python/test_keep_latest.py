@@ -28,6 +28,7 @@ import tensortap
 from tensortap import __main__ as cli
 from tensortap import _index, _names, summary
 from tensortap._writer import index_line
+from test_reader_hostile import open_run  # this folder: the script's own
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON_DIR = os.path.join(ROOT, "python")
@@ -115,14 +116,6 @@ def make_packed_run(path, segments, index_segment, k=None, dumps=None, closed=Tr
 
 def dump(step, steps):
     return {"step": step, "reason": "user", "steps": steps}
-
-
-def open_run(path):
-    """The run and the messages of the RunWarnings opening it gave."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        run = tensortap.open(path)
-    return run, [str(w.message) for w in caught if issubclass(w.category, tensortap.RunWarning)]
 
 
 def command(*args):
