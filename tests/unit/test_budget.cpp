@@ -379,3 +379,40 @@ TEST_CASE("KeepLatest with steps near a packed segment's size keeps finding room
     }
   }
 }
+
+TEST_CASE("planted index segments: refused at open, and read back never through a link or a FIFO", "[sdk][budget]") {
+  TempDir dir;
+  const std::string run = dir / "run";
+  // A segment's name in a directory that holds no run is in the way (overwrite would remove it).
+  fs::create_directories(run);
+  { std::ofstream(run + "/index.4.jsonl") << "{}\n"; }
+  CHECK_THAT(tt_test::error_of([&] {
+               tensortap::Recorder r{Options(run).max_bytes(1 << 20).on_budget(tensortap::Budget::KeepLatest)};
+             }),
+             Catch::Contains("index.4.jsonl") && Catch::Contains("is in the way"));
+  fs::remove(run + "/index.4.jsonl");
+  torch::nn::Linear lin(64, 64);
+  tt_test::stderr_of(dir / "stderr", [&] {
+    auto rec = tensortap::watch(*lin, Options(run)
+                                          .kinds({tensortap::Kind::Param})
+                                          .max_bytes(256 << 10)
+                                          .on_budget(tensortap::Budget::KeepLatest));
+    for (std::int64_t s = 0; s < 40; ++s) {
+      rec->step(s);
+      rec->flush();
+    }
+    rec->close();
+  });
+  // After the run: a segment planted past the last, as a link out of the
+  // run, then as a FIFO: a clear error naming it, no hang.
+  { std::ofstream(dir / "outside.jsonl") << "{}\n"; }
+  fs::create_symlink(dir / "outside.jsonl", run + "/index.999.jsonl");
+  CHECK_THAT(tt_test::error_of([&] { tensortap::load_params(*lin, run, 39); }),
+             Catch::Contains("index.999.jsonl") && Catch::Contains("symbolic link"));
+  fs::remove(run + "/index.999.jsonl");
+  REQUIRE(::mkfifo((run + "/index.999.jsonl").c_str(), 0600) == 0);
+  CHECK_THAT(tt_test::error_of([&] { tensortap::load_params(*lin, run, 39); }),
+             Catch::Contains("index.999.jsonl") && Catch::Contains("not a regular file"));
+  fs::remove(run + "/index.999.jsonl");
+  tensortap::load_params(*lin, run, 39);
+}

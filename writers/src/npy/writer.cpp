@@ -90,7 +90,7 @@ std::unique_ptr<RecordSink> NpyWriter::begin(const RecordDesc& meta) {
 
 void NpyWriter::finished(std::int64_t step, std::string rel, std::uint64_t bytes) {
   bytes_ += bytes;
-  if (keep_latest_) steps_[step].push_back(Kept{std::move(rel), bytes});
+  if (keep_latest_) steps_[step].push_back(StepFile{std::move(rel), bytes});
 }
 
 Writer::GiveUp NpyWriter::plan_give_up(std::uint64_t want, std::int64_t from, std::int64_t limit,
@@ -99,7 +99,7 @@ Writer::GiveUp NpyWriter::plan_give_up(std::uint64_t want, std::int64_t from, st
   GiveUp g{from, 0};
   for (auto it = steps_.begin(); it != steps_.end() && it->first < limit && g.bytes < want; ++it) {
     if (kept.count(it->first) != 0) continue;
-    for (const Kept& k : it->second) g.bytes += k.bytes;
+    for (const StepFile& k : it->second) g.bytes += k.bytes;
     g.below = std::max(g.below, it->first + 1);
   }
   if (g.bytes < want) g.below = std::max(from, limit);
@@ -114,7 +114,7 @@ std::uint64_t NpyWriter::give_up(std::int64_t below, const std::set<std::int64_t
       ++it;
       continue;
     }
-    for (const Kept& k : it->second) {
+    for (const StepFile& k : it->second) {
       try {
         dir_.unlink(k.rel);
         bytes_ -= k.bytes;

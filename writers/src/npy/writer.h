@@ -28,7 +28,7 @@ class NpyWriter final : public Writer {
   std::uint64_t give_up(std::int64_t below, const std::set<std::int64_t>& kept) override;
 
   /// A record's file, remembered under KeepLatest.
-  struct Kept {
+  struct StepFile {
     std::string rel;  // relative to the run directory
     std::uint64_t bytes;
   };
@@ -43,7 +43,7 @@ class NpyWriter final : public Writer {
   std::uint64_t bytes_ = 0;
   // Budget::KeepLatest: each step's files, oldest step first.
   bool keep_latest_ = false;
-  std::map<std::int64_t, std::vector<Kept>> steps_;
+  std::map<std::int64_t, std::vector<StepFile>> steps_;
 };
 
 }  // namespace tensortap::detail
