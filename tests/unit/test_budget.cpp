@@ -195,6 +195,86 @@ TEST_CASE("KeepLatest keeps the newest whole steps within the budget, Npy and Pa
   }
 }
 
+TEST_CASE("KeepLatest writes no index line for a step given up before its lines were due", "[sdk][budget]") {
+  // Index lines wait for their records to be durable: Packed makes them so
+  // once a second, so a run shorter than that writes every line at close.
+  // Lines of steps given up by then would stay in the index's last segment
+  // past the budget (a CI run of the live reader check found 0.5 MiB of
+  // them over a 1 MiB budget). Many small records, no flush: the lines are
+  // a seventh of the bytes.
+  // (Npy's 64 directories, one a name, take a quarter of it.)
+  constexpr std::uint64_t kBudget = 1 << 20;
+  constexpr int kPerStep = 64;
+  constexpr std::int64_t kSteps = 200;
+  for (const tensortap::Format format : {tensortap::Format::Npy, tensortap::Format::Packed}) {
+    CAPTURE(static_cast<int>(format));
+    TempDir dir;
+    const std::string run = dir / "run";
+    tensortap::Counters c;
+    const std::string err = tt_test::stderr_of(dir / "stderr", [&] {
+      tensortap::Recorder rec{Options(run).format(format).max_bytes(kBudget).on_budget(tensortap::Budget::KeepLatest)};
+      for (std::int64_t s = 0; s < kSteps; ++s) {
+        rec.step(s);
+        for (int k = 0; k < kPerStep; ++k) rec.capture("t" + std::to_string(k), torch::full({256}, 1.0f));
+      }
+      rec.close();
+      c = rec.counters();
+    });
+    CAPTURE(err);
+    CHECK(c.errors == 0);
+    CHECK(c.budget_refused == 0);
+    // Given up, they were written all the same.
+    CHECK(c.records == kSteps * kPerStep);
+    const std::uint64_t step_bytes = kPerStep * (1024 + 512);
+    const std::uint64_t segment = format == tensortap::Format::Packed ? kBudget / 8 : 0;
+    const std::uint64_t size = du_sb(run);
+    CHECK(size <= kBudget + kBudget / 20 + step_bytes + segment + 64 * 1024);
+    // The steps from the marker on, whole; below it, at most the lines of
+    // the two segments (16 KiB each) that straddle the marker.
+    const std::int64_t k = marker_of(run);
+    CHECK(k > kSteps / 2);
+    std::map<std::int64_t, int> per_step;
+    std::size_t below = 0;
+    const auto index = index_of(run);
+    for (const auto& r : index) {
+      if (r.step < k)
+        ++below;
+      else
+        ++per_step[r.step];
+    }
+    CHECK(per_step.size() == static_cast<std::size_t>(kSteps - k));
+    for (const auto& [step, n] : per_step) CHECK(n == kPerStep);
+    std::uint64_t index_bytes = 0;
+    for (const auto& e : fs::directory_iterator(run))
+      if (e.path().extension() == ".jsonl" && e.path().stem().string().rfind("index", 0) == 0)
+        index_bytes += fs::file_size(e.path());
+    CHECK(below * index_bytes / index.size() <= 2 * 16384 + 1024);
+  }
+}
+
+TEST_CASE("KeepLatest says so when a step does not fit whatever it gives up", "[sdk][budget]") {
+  // Npy's directories, one a name (4 KiB each on most file systems), take a
+  // budget of 64 names x 4 KiB whole: no record fits, and the run says why.
+  TempDir dir;
+  const std::string run = dir / "run";
+  tensortap::Counters c;
+  const std::string err = tt_test::stderr_of(dir / "stderr", [&] {
+    tensortap::Recorder rec{Options(run).max_bytes(256 << 10).on_budget(tensortap::Budget::KeepLatest)};
+    for (std::int64_t s = 0; s < 20; ++s) {
+      rec.step(s);
+      for (int k = 0; k < 64; ++k) rec.capture("t" + std::to_string(k), torch::full({256}, 1.0f));
+    }
+    rec.close();
+    c = rec.counters();
+  });
+  CHECK(c.errors == 0);
+  CHECK(c.budget_refused > 0);
+  CHECK(c.records + c.budget_refused == 20 * 64);
+  CHECK_THAT(err, Catch::Contains("does not fit its disk budget of 262144 bytes, and giving up every older step would "
+                                  "not make room"));
+  CHECK(du_sb(run) <= (256 << 10) + (256 << 10) / 20 + 64 * 1024);
+}
+
 TEST_CASE("KeepLatest never gives up a dumped step", "[sdk][budget]") {
   constexpr std::uint64_t kBudget = 2 << 20;
   TempDir dir;

@@ -47,7 +47,7 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
   auto writer = make_writer(options.format(), options.hdf5(), options.packed(), dir);
   manifest_.open(dir);
   store_ = std::make_unique<Store>(std::move(writer), std::make_unique<LinesFile>(dir, "index.jsonl"), failures);
-  budget_ = std::make_unique<DiskBudget>(options, placement.run_dir, dir, store_->writer());
+  budget_ = std::make_unique<DiskBudget>(options, placement.run_dir, dir, *store_);
   if (budget_->on()) store_->set_budget(budget_.get());
   if (budget_->on() && options.on_budget() == Budget::KeepLatest) {
     store_->keep_latest(dir, options.max_bytes());

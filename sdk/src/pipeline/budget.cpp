@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <exception>
 
+#include "sdk/src/pipeline/store.h"
+
 namespace tensortap::detail {
 namespace {
 
@@ -16,38 +18,46 @@ constexpr std::uint64_t kRecordOverhead = 512;
 
 }  // namespace
 
-DiskBudget::DiskBudget(const Options& options, std::string run_dir, const Dir& dir, const Writer& writer)
+DiskBudget::DiskBudget(const Options& options, std::string run_dir, const Dir& dir, const Store& store)
     : max_(options.max_bytes()),
       reserve_(options.max_bytes() / 20),
       policy_(options.on_budget()),
       run_dir_(std::move(run_dir)),
       dir_(dir),
-      writer_(writer) {}
+      store_(store) {}
 
 void DiskBudget::measure() {
   if (!on()) return;
-  used_ = scan();
+  rescan();
   // KeepLatest: statistics, TensorBoard's events and the lines files grow
   // between records; old steps make room for them as for records.
   if (policy_ == Budget::KeepLatest && used_ > max_ && newest_ >= 0)
     make_room(used_ - max_, used_ - max_ + max_ / 16, newest_);
 }
 
-std::uint64_t DiskBudget::scan() const {
+void DiskBudget::rescan() {
   const Dir& dir = dir_;
   // The top of the run directory holds a dozen of tensortap's files (run.json,
   // the lines files, stats.npy, events, tensors.h5, the index's segments):
   // their sizes, and the directories' own. What lies below (npy/, packed/)
   // the writer counts as it writes, without a walk over millions of files.
-  std::uint64_t used = 0;
+  std::uint64_t top = 0;
   for (const std::string& name : dir.list()) {
     struct stat st {};
     if (::fstatat(dir.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) used += static_cast<std::uint64_t>(st.st_size);
+    if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) top += static_cast<std::uint64_t>(st.st_size);
   }
   struct stat self {};
-  if (::fstat(dir.fd(), &self) == 0) used += static_cast<std::uint64_t>(self.st_size);
-  return used + writer_.disk_bytes();
+  if (::fstat(dir.fd(), &self) == 0) top += static_cast<std::uint64_t>(self.st_size);
+  top_ = top;
+  used_ = written();
+}
+
+std::uint64_t DiskBudget::written() const {
+  // The index lines still waiting for their records to be durable count
+  // too: they reach the disk at the next sync, perhaps after the last
+  // admission (a run's end), when nothing would make room for them.
+  return top_ + store_.writer().disk_bytes() + store_.unwritten_index_bytes();
 }
 
 void DiskBudget::refuse(std::uint64_t nbytes) {
@@ -58,9 +68,15 @@ void DiskBudget::refuse(std::uint64_t nbytes) {
 bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {
   if (!on()) return true;
   const std::uint64_t need = nbytes + kRecordOverhead;
+  // The estimate (a record's bytes and an overhead) misses what a record
+  // adds besides (a new name's directory: 4 KiB): what the writer counts
+  // (without a system call) corrects it at once, and before the budget
+  // acts it looks at the disk.
+  used_ = std::max(used_, written());
+  if (used_ + need > max_ && !reached_.load(std::memory_order_relaxed)) rescan();
   if (policy_ == Budget::KeepLatest) {
     // A late record of a step given up (not a dumped one) would only be hidden.
-    if (step < given_up_below_.load(std::memory_order_relaxed) && kept_.count(step) == 0) {
+    if (given_up(step)) {
       refuse(nbytes);
       return false;
     }
@@ -73,12 +89,25 @@ bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {
       make_room(over, over + max_ / 16, newest_);
     }
     // A late record of a step just given up (a dumped step stays).
-    const bool late = step < given_up_below_.load(std::memory_order_relaxed) && kept_.count(step) == 0;
-    if (!late && used_ + need <= max_) {
+    if (given_up(step)) {
+      refuse(nbytes);
+      return false;
+    }
+    if (used_ + need <= max_) {
       used_ += need;
       return true;
     }
     refuse(nbytes);
+    if (!said_no_room_ && !give_up_failed_) {
+      said_no_room_ = true;
+      std::fprintf(stderr,
+                   "tensortap: warning: run '%s': a record of step %lld (%llu bytes) does not fit its disk budget of "
+                   "%llu bytes, and giving up every older step would not make room (%llu bytes in use: this step's "
+                   "records, the index, the directories, statistics and lines files); such records are refused "
+                   "(Counters::budget_refused)\n",
+                   run_dir_.c_str(), static_cast<long long>(step), static_cast<unsigned long long>(nbytes),
+                   static_cast<unsigned long long>(max_), static_cast<unsigned long long>(used_));
+    }
     return false;
   }
   if (!reached() && used_ + need <= max_) {
@@ -128,7 +157,7 @@ bool DiskBudget::make_room(std::uint64_t need, std::uint64_t want, std::int64_t 
                  run_dir_.c_str(), e.what());
     return false;
   }
-  used_ = scan();
+  rescan();
   return true;
 }
 

@@ -17,6 +17,8 @@
 
 namespace tensortap::detail {
 
+class Store;
+
 /// A full-tensor record the budget has no room for: not a failure, counted
 /// as `budget_refused` (Store::begin throws it, its callers catch it).
 struct BudgetRefused {};
@@ -35,8 +37,8 @@ struct BudgetState {
 class DiskBudget {
  public:
   /// Off when `options.max_bytes()` is 0. `dir` (the rank's directory) and
-  /// `writer` (its format's) must outlive it.
-  DiskBudget(const Options& options, std::string run_dir, const Dir& dir, const Writer& writer);
+  /// `store` (its records' writer and index) must outlive it.
+  DiskBudget(const Options& options, std::string run_dir, const Dir& dir, const Store& store);
 
   bool on() const { return max_ != 0; }
   /// At a batch's start: the run directory's size as it is now (the files
@@ -67,6 +69,11 @@ class DiskBudget {
   void set_give_up(GiveUpHooks hooks) { give_up_hooks_ = std::move(hooks); }
   /// A step a flight-recorder dump writes: never given up.
   void keep_step(std::int64_t step) { kept_.insert(step); }
+  /// KeepLatest: whether `step`'s records are given up (below the marker,
+  /// not dumped): their files go, and their index lines need not be written.
+  bool given_up(std::int64_t step) const {
+    return step < given_up_below_.load(std::memory_order_relaxed) && kept_.count(step) == 0;
+  }
 
   /// Whether the budget stopped full capture (the front end asks at step()).
   bool reached() const { return reached_.load(std::memory_order_relaxed); }
@@ -81,9 +88,10 @@ class DiskBudget {
   const Budget policy_;
   const std::string run_dir_;
   const Dir& dir_;
-  const Writer& writer_;
+  const Store& store_;
   // The directory's size as last measured, plus what was admitted since.
   std::uint64_t used_ = 0;
+  std::uint64_t top_ = 0;
   std::atomic<bool> reached_{false};
   std::atomic<std::int64_t> reached_at_step_{-1};
   std::atomic<std::int64_t> refused_records_{0};
@@ -93,8 +101,11 @@ class DiskBudget {
   // Gives up old steps (before `limit`) until `want` bytes are free, or
   // at least `need`; whether any went.
   bool make_room(std::uint64_t need, std::uint64_t want, std::int64_t limit);
-  // The run directory's size now (see measure()).
-  std::uint64_t scan() const;
+  // Measures the run directory's size now (see measure()) into `used_`.
+  void rescan();
+  // The size as of the last rescan() at the top, and as the writer and the
+  // index count below it now: never more than what is or will be on disk.
+  std::uint64_t written() const;
   void refuse(std::uint64_t nbytes);
   void said_reached(std::int64_t step);
 
@@ -105,6 +116,7 @@ class DiskBudget {
   std::int64_t newest_ = -1;
   std::set<std::int64_t> kept_;
   bool give_up_failed_ = false;
+  bool said_no_room_ = false;
 };
 
 }  // namespace tensortap::detail

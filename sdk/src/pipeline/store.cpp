@@ -54,7 +54,11 @@ std::unique_ptr<RecordSink> Store::begin(const RecordDesc& record) {
 }
 
 void Store::written(const RecordDesc& record, const std::string& location) {
-  append_index_line(pending_index_, record, location);
+  // A record that finished after its step was given up: its file goes at
+  // the next give-up, and a line for it would only be hidden. It keeps its
+  // place, with no line (the writer counts records finished in order).
+  if (budget_ == nullptr || !budget_->given_up(record.step))
+    append_index_line(pending_index_, record, location);
   pending_.push_back(Pending{pending_index_.size(), static_cast<std::int64_t>(record.nbytes), record.step});
 }
 
@@ -93,30 +97,49 @@ void Store::index_survivors() noexcept {
 void Store::write_index(std::size_t n) noexcept {
   n = std::min(n, pending_.size());
   if (n == 0) return;
-  roll_index();
-  const std::size_t end = pending_[n - 1].line_end;
   // The lines go out whole, as many as fit; those that did not stay
   // pending and are tried again at the next sync (the disk may free up),
   // and count as failed only if close() cannot write them either.
-  const LinesFile::Appended r = index_->append_some(std::string_view(pending_index_).substr(0, end));
+  const std::string_view lines(pending_index_);
   std::size_t done = 0;
+  std::size_t at = 0;  // where record `done`'s line starts
   std::int64_t bytes = 0;
-  while (done < n && pending_[done].line_end <= r.bytes) {
-    segment_.min_step = std::min(segment_.min_step, pending_[done].step);
-    segment_.max_step = std::max(segment_.max_step, pending_[done].step);
-    bytes += pending_[done++].bytes;
+  std::exception_ptr error;
+  while (done < n && !error) {
+    roll_index();
+    // KeepLatest: a segment takes lines up to its size (one at least), so
+    // that a segment holds few steps and goes soon after they are given up.
+    std::size_t last = n;
+    if (segments_dir_ != nullptr) {
+      const std::uint64_t room = segment_bytes_ - std::min<std::uint64_t>(segment_bytes_, index_->size());
+      last = done + 1;
+      while (last < n && pending_[last].line_end - at <= room) ++last;
+    }
+    const LinesFile::Appended r = index_->append_some(lines.substr(at, pending_[last - 1].line_end - at));
+    error = r.error;
+    const std::size_t end = at + r.bytes;
+    while (done < last && pending_[done].line_end <= end) {
+      // A record given up before its line was written has none (give_up()).
+      if (pending_[done].line_end > at) {
+        segment_.min_step = std::min(segment_.min_step, pending_[done].step);
+        segment_.max_step = std::max(segment_.max_step, pending_[done].step);
+      }
+      at = pending_[done].line_end;
+      bytes += pending_[done++].bytes;
+    }
+    if (done < last) break;  // a line torn by an error: the rest waits
   }
   records_.fetch_add(static_cast<std::int64_t>(done), std::memory_order_relaxed);
   bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  if (r.error && !index_failed_) {
+  if (error && !index_failed_) {
     index_failed_ = true;
     try {
-      std::rethrow_exception(r.error);
+      std::rethrow_exception(error);
     } catch (...) {
       failures_.add(nullptr, fmt::format("{} ({} record(s) not indexed yet)", Failures::current(), n - done), 0);
     }
   }
-  if (!r.error) index_failed_ = false;
+  if (!error) index_failed_ = false;
   const std::size_t cut = done == 0 ? 0 : pending_[done - 1].line_end;
   pending_index_.erase(0, cut);
   pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
@@ -163,6 +186,19 @@ std::uint64_t Store::give_up(std::int64_t below, const std::set<std::int64_t>& k
   } catch (...) {
     first = std::current_exception();
   }
+  // The lines not written yet of the records given up: their files are
+  // gone, and lines written for them would stay on disk (hidden) until
+  // their segment goes, past the budget. Each keeps its place with no line
+  // (the writer counts records finished in order) and, once its turn comes,
+  // counts as written, like the given-up records already indexed.
+  std::string lines;
+  std::size_t start = 0;
+  for (Pending& p : pending_) {
+    if (budget_ == nullptr || !budget_->given_up(p.step)) lines.append(pending_index_, start, p.line_end - start);
+    start = p.line_end;
+    p.line_end = lines.size();
+  }
+  pending_index_ = std::move(lines);
   for (auto it = old_segments_.begin(); it != old_segments_.end();) {
     const auto k = kept.lower_bound(it->min_step);
     if (it->max_step >= below || (k != kept.end() && *k <= it->max_step)) {

@@ -43,6 +43,9 @@ class Store {
   void close() noexcept;
 
   std::int64_t records() const { return records_.load(std::memory_order_relaxed); }
+  /// The index lines waiting for their records to be durable (a disk
+  /// budget counts them as if written).
+  std::uint64_t unwritten_index_bytes() const { return pending_index_.size(); }
   /// The format's writer (a disk budget measures what it holds).
   const Writer& writer() const { return *writer_; }
   /// Full-tensor records pass `budget` first (null: none); must outlive it.
