@@ -102,9 +102,9 @@ bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {
       said_no_room_ = true;
       std::fprintf(stderr,
                    "tensortap: warning: run '%s': a record of step %lld (%llu bytes) does not fit its disk budget of "
-                   "%llu bytes, and giving up every older step would not make room (%llu bytes in use: this step's "
-                   "records, the index, the directories, statistics and lines files); such records are refused "
-                   "(Counters::budget_refused)\n",
+                   "%llu bytes, and giving up every older step (dumped steps stay) would not make room (%llu bytes in "
+                   "use: this step's records, the index, the directories, statistics and lines files); such records "
+                   "are refused (Counters::budget_refused)\n",
                    run_dir_.c_str(), static_cast<long long>(step), static_cast<unsigned long long>(nbytes),
                    static_cast<unsigned long long>(max_), static_cast<unsigned long long>(used_));
     }

@@ -105,12 +105,14 @@ void Store::write_index(std::size_t n) noexcept {
   std::size_t at = 0;  // where record `done`'s line starts
   std::int64_t bytes = 0;
   std::exception_ptr error;
+  bool rolls = segments_dir_ != nullptr;
   while (done < n && !error) {
-    roll_index();
     // KeepLatest: a segment takes lines up to its size (one at least), so
     // that a segment holds few steps and goes soon after they are given up.
+    // If the next cannot be made (a full disk), this one takes the rest.
+    if (rolls) rolls = roll_index();
     std::size_t last = n;
-    if (segments_dir_ != nullptr) {
+    if (rolls) {
       const std::uint64_t room = segment_bytes_ - std::min<std::uint64_t>(segment_bytes_, index_->size());
       last = done + 1;
       while (last < n && pending_[last].line_end - at <= room) ++last;
@@ -154,8 +156,8 @@ void Store::keep_latest(const Dir& dir, std::uint64_t max_bytes) {
   segment_bytes_ = std::max<std::uint64_t>(max_bytes / 64, 16384);
 }
 
-void Store::roll_index() noexcept {
-  if (segments_dir_ == nullptr || index_->size() < segment_bytes_) return;
+bool Store::roll_index() noexcept {
+  if (segments_dir_ == nullptr || index_->size() < segment_bytes_) return true;
   const std::string name = index_segment_name(segment_.number + 1);
   try {
     auto next = std::make_unique<LinesFile>(*segments_dir_, name);
@@ -172,8 +174,10 @@ void Store::roll_index() noexcept {
     old_segments_.push_back(segment_);
     index_ = std::move(next);
     segment_ = IndexSegment{segment_.number + 1};
+    return true;
   } catch (...) {
     // A full disk: the lines stay in this segment, which has their room.
+    return false;
   }
 }
 

@@ -76,8 +76,9 @@ class Store {
   void write_index(std::size_t n = static_cast<std::size_t>(-1)) noexcept;
   // After the writer failed: indexes what it still made durable.
   void index_survivors() noexcept;
-  // KeepLatest: starts the index's next segment once this one is full.
-  void roll_index() noexcept;
+  // KeepLatest: starts the index's next segment once this one is full;
+  // false if it could not (the lines stay in this one).
+  bool roll_index() noexcept;
 
   std::unique_ptr<Writer> writer_;
   DiskBudget* budget_ = nullptr;
