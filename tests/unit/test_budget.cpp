@@ -140,6 +140,24 @@ tensortap::Counters keep_latest_run(const Options& options, std::int64_t steps, 
   return rec.counters();
 }
 
+// KeepLatest on `budget` in `format` at `run`: `steps` steps of `names`
+// records of `floats` floats, never flushed; its stderr in `err`.
+tensortap::Counters keep_latest_unflushed(const TempDir& dir, const std::string& run, tensortap::Format format,
+                                          std::uint64_t budget, std::int64_t steps, int names, std::int64_t floats,
+                                          std::string& err) {
+  tensortap::Counters c;
+  err = tt_test::stderr_of(dir / "stderr", [&] {
+    tensortap::Recorder rec{Options(run).format(format).max_bytes(budget).on_budget(tensortap::Budget::KeepLatest)};
+    for (std::int64_t s = 0; s < steps; ++s) {
+      rec.step(s);
+      for (int k = 0; k < names; ++k) rec.capture("t" + std::to_string(k), torch::full({floats}, 1.0f));
+    }
+    rec.close();
+    c = rec.counters();
+  });
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("KeepLatest keeps the newest whole steps within the budget, Npy and Packed", "[sdk][budget]") {
@@ -209,16 +227,8 @@ TEST_CASE("KeepLatest writes no index line for a step given up before its lines 
     CAPTURE(static_cast<int>(format));
     TempDir dir;
     const std::string run = dir / "run";
-    tensortap::Counters c;
-    const std::string err = tt_test::stderr_of(dir / "stderr", [&] {
-      tensortap::Recorder rec{Options(run).format(format).max_bytes(kBudget).on_budget(tensortap::Budget::KeepLatest)};
-      for (std::int64_t s = 0; s < kSteps; ++s) {
-        rec.step(s);
-        for (int k = 0; k < kPerStep; ++k) rec.capture("t" + std::to_string(k), torch::full({256}, 1.0f));
-      }
-      rec.close();
-      c = rec.counters();
-    });
+    std::string err;
+    const tensortap::Counters c = keep_latest_unflushed(dir, run, format, kBudget, kSteps, kPerStep, 256, err);
     CAPTURE(err);
     CHECK(c.errors == 0);
     CHECK(c.budget_refused == 0);
@@ -260,16 +270,8 @@ TEST_CASE("KeepLatest says so when a step does not fit whatever it gives up", "[
     CAPTURE(static_cast<int>(format));
     TempDir dir;
     const std::string run = dir / "run";
-    tensortap::Counters c;
-    const std::string err = tt_test::stderr_of(dir / "stderr", [&] {
-      tensortap::Recorder rec{Options(run).format(format).max_bytes(256 << 10).on_budget(tensortap::Budget::KeepLatest)};
-      for (std::int64_t s = 0; s < 6; ++s) {
-        rec.step(s);
-        for (int k = 0; k < 8; ++k) rec.capture("t" + std::to_string(k), torch::full({16384}, 1.0f));
-      }
-      rec.close();
-      c = rec.counters();
-    });
+    std::string err;
+    const tensortap::Counters c = keep_latest_unflushed(dir, run, format, 256 << 10, 6, 8, 16384, err);
     CHECK(c.errors == 0);
     CHECK(c.budget_refused > 0);
     CHECK(c.records + c.budget_refused == 6 * 8);
