@@ -24,7 +24,7 @@ import tensortap
 from tensortap import __main__ as cli
 
 BUDGET = 1 << 20
-STEPS = 500
+STEPS = 300
 
 
 def du_sb(path):
