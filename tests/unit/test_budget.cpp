@@ -361,9 +361,11 @@ TEST_CASE("KeepLatest never gives up a dumped step", "[sdk][budget]") {
   CHECK(c.budget_refused == 0);
 }
 
-TEST_CASE("load_params of a step KeepLatest gave up says so", "[sdk][budget]") {
-  TempDir dir;
-  const std::string run = dir / "run";
+namespace {
+
+// A Linear(64, 64)'s parameters, 40 steps flushed, into 256 KiB under
+// KeepLatest at `run`: most steps given up. Returns the module.
+torch::nn::Linear params_into_small_budget(const TempDir& dir, const std::string& run) {
   torch::nn::Linear lin(64, 64);
   tt_test::stderr_of(dir / "stderr", [&] {
     auto rec = tensortap::watch(*lin, Options(run)
@@ -376,6 +378,15 @@ TEST_CASE("load_params of a step KeepLatest gave up says so", "[sdk][budget]") {
     }
     rec->close();
   });
+  return lin;
+}
+
+}  // namespace
+
+TEST_CASE("load_params of a step KeepLatest gave up says so", "[sdk][budget]") {
+  TempDir dir;
+  const std::string run = dir / "run";
+  torch::nn::Linear lin = params_into_small_budget(dir, run);
   const std::int64_t k = marker_of(run);
   REQUIRE(k > 0);
   CHECK_THAT(tt_test::error_of([&] { tensortap::load_params(*lin, run, 0); }),
@@ -488,18 +499,7 @@ TEST_CASE("planted index segments: refused at open, and read back never through 
              }),
              Catch::Contains("index.4.jsonl") && Catch::Contains("is in the way"));
   fs::remove(run + "/index.4.jsonl");
-  torch::nn::Linear lin(64, 64);
-  tt_test::stderr_of(dir / "stderr", [&] {
-    auto rec = tensortap::watch(*lin, Options(run)
-                                          .kinds({tensortap::Kind::Param})
-                                          .max_bytes(256 << 10)
-                                          .on_budget(tensortap::Budget::KeepLatest));
-    for (std::int64_t s = 0; s < 40; ++s) {
-      rec->step(s);
-      rec->flush();
-    }
-    rec->close();
-  });
+  torch::nn::Linear lin = params_into_small_budget(dir, run);
   // After the run: a segment planted past the last, as a link out of the
   // run, then as a FIFO: a clear error naming it, no hang.
   { std::ofstream(dir / "outside.jsonl") << "{}\n"; }
@@ -512,4 +512,36 @@ TEST_CASE("planted index segments: refused at open, and read back never through 
              Catch::Contains("index.999.jsonl") && Catch::Contains("not a regular file"));
   fs::remove(run + "/index.999.jsonl");
   tensortap::load_params(*lin, run, 39);
+}
+
+TEST_CASE("a segment name planted mid-run stops the index rolling, and nothing else", "[sdk][budget]") {
+  // The next segment's name taken while the job runs (an empty file): the
+  // index cannot roll, so its segment takes every line from then on, in one
+  // write a sync (not a try a line); no record is lost or refused, no error.
+  TempDir dir;
+  const std::string run = dir / "run";
+  tensortap::Counters c;
+  tt_test::stderr_of(dir / "stderr", [&] {
+    tensortap::Recorder rec{Options(run).max_bytes(1 << 20).on_budget(tensortap::Budget::KeepLatest)};
+    for (std::int64_t s = 0; s < 60; ++s) {
+      if (s == 2) std::ofstream(run + "/index.1.jsonl").flush();
+      rec.step(s);
+      for (int k = 0; k < 16; ++k) rec.capture("t" + std::to_string(k), torch::full({4096}, static_cast<float>(s)));
+      if (s % 3 == 0) rec.flush();
+    }
+    rec.close();
+    c = rec.counters();
+  });
+  CHECK(c.errors == 0);
+  CHECK(c.budget_refused == 0);
+  CHECK(c.records == 60 * 16);
+  const std::int64_t k = marker_of(run);
+  CHECK(k > 10);
+  std::map<std::int64_t, int> per_step;
+  for (const auto& r : index_of(run))
+    if (r.step >= k) ++per_step[r.step];
+  CHECK(per_step.size() == static_cast<std::size_t>(60 - k));
+  for (const auto& [step, n] : per_step) CHECK(n == 16);
+  CHECK(fs::file_size(run + "/index.1.jsonl") == 0);
+  CHECK(fs::exists(run + "/index.jsonl"));
 }
