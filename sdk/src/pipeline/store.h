@@ -69,6 +69,11 @@ class Store {
   /// index segments that hold only such records' lines; the bytes freed.
   /// Throws; what went stays gone.
   std::uint64_t give_up(std::int64_t below, const std::set<std::int64_t>& kept);
+  /// Before a give-up moves the marker (the budget has already raised it):
+  /// every record written so far at a step kept is made durable and its
+  /// index line written and synced, so that a crash after the marker moved
+  /// still shows the newest steps (issue 69). Reports failures.
+  void make_durable_before_give_up() noexcept;
   std::int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
 
  private:
@@ -76,6 +81,9 @@ class Store {
   void write_index(std::size_t n = static_cast<std::size_t>(-1)) noexcept;
   // After the writer failed: indexes what it still made durable.
   void index_survivors() noexcept;
+  // Drops the pending lines of records whose steps are given up: each
+  // keeps its place, with no line (see give_up()).
+  void drop_given_up_lines();
   // KeepLatest: starts the index's next segment once this one is full;
   // false if it could not (the lines stay in this one).
   bool roll_index() noexcept;
