@@ -114,7 +114,8 @@ class Index:
             "source": np.empty(capacity, np.min_scalar_type(max(1, len(sources))))}
         # (index file, source): a rank's index.jsonl, then its segments.
         self.parts = parts if parts is not None else [(path, s) for s, (path, _, _) in enumerate(sources)]
-        self.cols["part"] = np.empty(capacity, np.min_scalar_type(max(1, len(self.parts))))
+        # Room for the segments a live run adds while it is read (read()).
+        self.cols["part"] = np.empty(capacity, np.min_scalar_type(max(1, len(self.parts) + _LATE_SEGMENTS)))
         self.types = {"offset": np.int64, "nbytes": np.int64, "dataset": np.int32, "row": np.int64}
         self.sources = sources  # (index path, real rank directory, rank)
         self.metas: List[Meta] = []
@@ -507,6 +508,10 @@ def _capacity(paths):
     return size // _SHORTEST_RECORD + 16
 
 
+# Segments that appeared while a live run's index was read, read at most.
+_LATE_SEGMENTS = 8
+
+
 def segments(directory: str) -> List[str]:
     """The paths of a rank directory's index files past index.jsonl,
     index.<n>.jsonl, in the order of n (10 after 9); names that only look
@@ -533,6 +538,19 @@ def read(dirs, markers: Optional[Dict[Optional[int], Marker]] = None):
     index = Index(_capacity(path for path, _ in parts), sources, parts)
     for part in range(len(parts)):
         index.read(part)
+    # A live run under KeepLatest may roll to a new segment and give up the
+    # listed ones while they are read: the newest lines are then in a
+    # segment listed after. Read those too, so that an open never shows the
+    # run emptier than it was (issue 69).
+    listed = len(parts)
+    while len(parts) - listed < _LATE_SEGMENTS:
+        known = {path for path, _ in parts}
+        late = [(path, s) for s, (rank, d) in enumerate(ordered) for path in segments(d) if path not in known]
+        if not late:
+            break
+        for item in late[:_LATE_SEGMENTS - (len(parts) - listed)]:
+            parts.append(item)
+            index.read(len(parts) - 1)
     markers = markers or {}
     index.give_up({s: markers[rank] for s, (_, _, rank) in enumerate(sources) if rank in markers})
     return index.finish()
