@@ -182,6 +182,7 @@ import numpy as np
 from . import _doctor_rows as rows_
 from ._base import KINDS, _safe, _warn
 from ._doctor_rows import Rows, ValueMeasure
+from ._files import monitoring_line
 from ._run import Run
 
 if TYPE_CHECKING:
@@ -1010,6 +1011,21 @@ def parse_sets(items: Sequence[str]) -> Dict[str, str]:
     return out
 
 
+def _monitoring_lines(run: Run) -> List[str]:
+    """Above the findings: where statistics stopped (run.json's
+    "monitoring"), the rules saw no step after it."""
+    out: List[str] = []
+    for rank, info in sorted(run.infos.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+        line = monitoring_line(info)
+        m = info.get("monitoring") or {}
+        if line and m.get("resumed_at") is None:
+            where = "" if rank is None else f"rank {rank}: "
+            out.append(f"{where}{line} (the rules saw no step after {m['statistics_stopped_at']})")
+        elif line:
+            out.append(("" if rank is None else f"rank {rank}: ") + line)
+    return out
+
+
 def run_command(path: str, rules: Optional[str], sets: Sequence[str], as_json: bool,
                 say: Callable[[str], None]) -> Tuple[List[str], int]:
     """`tensortap doctor`: (the lines to print, the exit status). `say` gets
@@ -1018,12 +1034,13 @@ def run_command(path: str, rules: Optional[str], sets: Sequence[str], as_json: b
     settings = Settings(rules.split(",") if rules is not None else None, parse_sets(sets))
     with Run(path) as run:
         result = evaluate(run, settings)
+        stopped = _monitoring_lines(run)
     computed = sorted(r for r, s in result.sources.items() if s == "records")
     if computed:
         where = "" if not result.ranks else f" (rank{'s' if len(computed) > 1 else ''} " + \
             ", ".join(map(str, computed)) + ")"
         say(f"no statistics table (stats.npy){where}: the rules use statistics computed from the full records, "
             "with the recorder's definitions (Options::stats_every records them every step)")
-    out = json_lines(result) if as_json else lines(result)
+    out = json_lines(result) if as_json else stopped + lines(result)
     status = 2 if len(result.not_evaluated) == len(settings.rules) else 1 if result.findings else 0
     return out, status

@@ -6,9 +6,9 @@ import builtins
 import json
 import os
 import stat
-from typing import Set
+from typing import Any, Dict, Optional, Set
 
-from ._base import RunError, _is_int64, _json_type, _reason, _warn
+from ._base import RunError, _is_int64, _json_type, _reason, _safe, _warn
 from ._names import DUMPS, RUN_JSON
 
 
@@ -175,3 +175,16 @@ def _given_up_now(directory):
         return k, _dumped_steps(directory, info)
     except (RunError, OSError, ValueError, RecursionError):
         return None
+
+
+def monitoring_line(info: Dict[str, Any]) -> Optional[str]:
+    """run.json's "monitoring" (DESIGN section 11) in words: when and why
+    statistics and TensorBoard's events stopped, and when they came back;
+    None while they never stopped."""
+    m = info.get("monitoring")
+    if not isinstance(m, dict) or not isinstance(m.get("statistics_stopped_at"), int):
+        return None
+    line = f"statistics stopped at step {m['statistics_stopped_at']}: {_safe(m.get('reason', '?'))}"
+    if isinstance(m.get("resumed_at"), int):
+        line += f"; resumed at step {m['resumed_at']}"
+    return line

@@ -15,6 +15,7 @@ import numpy as np
 
 from ._base import NUMPY_DTYPES, GivenUpError, RunError, _safe
 from ._ctl_log import summary_lines as ctl_summary_lines
+from ._files import monitoring_line
 from ._doctor import RULES
 from ._float8 import FORMATS as FORMATS_FLOAT8
 from ._names import DUMPS, INDEX, STATS_SERIES, STATS_TABLE, ballast_name, index_segment_name, index_segment_number
@@ -104,6 +105,9 @@ def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False)
         budget = i.get("budget")
         if isinstance(budget, dict):
             print(f"  {where}{_budget_line(budget, given_up(run, rank))}", file=out)
+        stopped = monitoring_line(i)
+        if stopped:
+            print(f"  {where}{stopped}", file=out)
     rows = []
     index = run._index
     # From the index's columns, grouped by name in one sort: no record

@@ -412,6 +412,13 @@ def check_run(rep, label, run_dir, *, fmt, policy, killed, last, seen_before_kil
     monitoring = info.get("monitoring") or {}
     stopped = monitoring.get("statistics_stopped_at")
     stats_last = stats_last_step(run)
+    if stopped is not None:
+        said = f"statistics stopped at step {stopped}: "
+        rep.check(label, "inspect says statistics stopped", said in text, text[:800])
+        doctor = subprocess.run([sys.executable, "-m", "tensortap", "doctor", run_dir], capture_output=True,
+                                text=True)
+        rep.check(label, "doctor says statistics stopped first", doctor.stdout.startswith(said),
+                  doctor.stdout[:400] + doctor.stderr[-400:])
     if not killed:
         rep.check(label, "statistics reach the last step or say why not",
                   stats_last == last or (stopped is not None and monitoring.get("resumed_at") is None),
@@ -548,7 +555,7 @@ def main():
     start = time.monotonic()
     figures = []
     if not args.long:
-        args.step_us, args.model = 1000, "mlp"
+        args.step_us, args.model = 500, "mlp"
         for label, fmt, policy in (("npy-keep", "npy", "keep_latest"), ("packed-keep", "packed", "keep_latest"),
                                    ("packed-stop", "packed", "stop_capture")):
             figures.append(run_job(args, rep, label, os.path.join(out, label), fmt=fmt, policy=policy, first=0,

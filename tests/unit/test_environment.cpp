@@ -180,6 +180,40 @@ TEST_CASE("TENSORTAP=off makes every recorder inert: no directory, file, hook or
   }
 }
 
+TEST_CASE("TENSORTAP=off: the README's loop, with record_grads, Tap, dump and ctl, prints only the one line",
+          "[sdk][environment]") {
+  // Issue 71: record_grads() on an inert recorder warned that the
+  // optimizer's parameters were not watched, with advice that was wrong.
+  TempDir root;
+  const std::string dir = root / "off";
+  const Env off("TENSORTAP", "off");
+  torch::nn::Sequential model(torch::nn::Linear(3, 4), tensortap::Tap(), torch::nn::Linear(4, 2));
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  const std::string err = tt_test::stderr_of(root / "stderr", [&] {
+    auto rec = tensortap::watch(*model, Options(dir).every(1).stats_every(1).flight_recorder(2).max_bytes(1 << 20)
+                                            .stall_after(std::chrono::milliseconds(100)));
+    for (std::int64_t s = 0; s < 3; ++s) {
+      rec->step(s);
+      const torch::Tensor loss = model->forward(torch::randn({5, 3})).pow(2).mean();
+      rec->capture("loss", loss);
+      opt.zero_grad();
+      loss.backward();
+      rec->record_grads(opt);
+      opt.step();
+    }
+    rec->dump();
+    rec->flush();
+    rec->close();
+    CHECK(rec->counters().records == 0);
+  });
+  // At most the one documented line (this process may have said it already).
+  std::string rest = err;
+  const std::size_t line = rest.find("tensortap: TENSORTAP=off:");
+  if (line != std::string::npos) rest.erase(line, rest.find('\n', line) + 1 - line);
+  CHECK(rest.empty());
+  CHECK_FALSE(fs::exists(dir));
+}
+
 TEST_CASE("TENSORTAP=off in a fork() child: the child's recorders are inert, the parent's run goes on",
           "[sdk][environment][hostile]") {
   TempDir root;

@@ -49,15 +49,21 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
   store_ = std::make_unique<Store>(std::move(writer), std::make_unique<LinesFile>(dir, "index.jsonl"), failures);
   budget_ = std::make_unique<DiskBudget>(options, placement.run_dir, dir, *store_);
   if (budget_->on()) store_->set_budget(budget_.get());
+  budget_->set_job_step(front_.step);
   if (budget_->on() && options.on_budget() == Budget::KeepLatest) {
     store_->keep_latest(dir, options.max_bytes());
     DiskBudget::GiveUpHooks hooks;
     hooks.plan = [this](std::uint64_t want, std::int64_t from, std::int64_t limit,
                         const std::set<std::int64_t>& kept) { return store_->plan_give_up(want, from, limit, kept); };
     hooks.apply = [this, &failures](std::int64_t below, const std::set<std::int64_t>& kept, bool mark) {
-      // The run says it first: a crash between the two leaves files the
-      // readers hide, never an index line whose file is gone unsaid.
-      if (mark) manifest_.mark_given_up(budget_->state());
+      // The newest records are durable and indexed first, then the run
+      // says it: a crash between any two leaves the newest steps readable
+      // and files the readers hide, never an index line whose file is gone
+      // unsaid.
+      if (mark) {
+        store_->make_durable_before_give_up();
+        manifest_.write_budget(budget_->state());
+      }
       try {
         store_->give_up(below, kept);
       } catch (...) {
@@ -91,6 +97,15 @@ BackEnd::~BackEnd() { stop(); }
 void BackEnd::on_wake() {
   const auto now = std::chrono::steady_clock::now();
   clock_.tick(now);
+  // Statistics stopped or came back: run.json says so while the job runs,
+  // not only at close (a killed job's run still tells).
+  if (budget_->take_monitoring_change()) {
+    try {
+      manifest_.write_budget(budget_->state());
+    } catch (...) {
+      // Said at close again; a full disk is why they stopped.
+    }
+  }
   if (watchdog_)
     if (std::optional<Dump> stall = watchdog_->check(now)) flight_->side_dump(std::move(*stall));
   for (const ControlAnswer& applied : control_->wake(now)) {
@@ -123,8 +138,16 @@ std::string BackEnd::status() const {
   const double ago = clock_.step() < 0 ? 0.0
                                        : std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_.since())
                                              .count();
-  return fmt::format("records {}, bytes {}, dropped {}, {}, last step {:.1f} s ago", store_->records(),
-                     store_->bytes(), front_.dropped() + flight_->dropped(), budget, ago);
+  const std::string stopped = monitoring_stopped();
+  const std::string monitoring = stopped.empty() ? stopped : "; " + stopped;
+  return fmt::format("records {}, bytes {}, dropped {}, {}, last step {:.1f} s ago{}", store_->records(),
+                     store_->bytes(), front_.dropped() + flight_->dropped(), budget, ago, monitoring);
+}
+
+std::string BackEnd::monitoring_stopped() const {
+  if (!budget_->statistics_stopped()) return "";
+  const BudgetState s = budget_->state();
+  return fmt::format("statistics stopped at step {} ({})", s.statistics_stopped_at, s.stopped_reason);
 }
 
 void BackEnd::flush(bool index) {

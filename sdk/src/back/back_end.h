@@ -77,6 +77,9 @@ class BackEnd {
   /// Full-tensor records a disk budget refused.
   std::int64_t budget_refused() const { return budget_->refused(); }
   bool budget_reached() const { return budget_->reached(); }
+  /// Empty while statistics and TensorBoard's events go on; else
+  /// "statistics stopped at step K (<reason>)" (any thread: ctl's answers).
+  std::string monitoring_stopped() const;
   /// tensortap ctl's channel (its `on()` says whether it takes requests).
   ControlChannel& control() const { return *control_; }
 

@@ -136,7 +136,9 @@ void FrontEnd::capture(const std::string& name, const at::Tensor& tensor) {
 }
 
 void FrontEnd::record_grads(const std::unordered_set<const void*>& params, const void* optimizer) {
-  if (inert()) return;
+  // TENSORTAP=off watches nothing: its one line on stderr says so, and a
+  // warning that the optimizer's parameters are not watched would be false.
+  if (inert() || off_) return;
   refuse_on_background_thread("record_grads");
   TENSORTAP_CHECK(!closed(), "record_grads() after close() of run '{}'", placement_.run_dir);
   const std::int64_t step = current_step();
@@ -229,6 +231,7 @@ void FrontEnd::step(std::int64_t step) {
 
 void FrontEnd::steer(std::int64_t step) {
   Steering s = sampling_.steering() != nullptr ? *sampling_.steering() : Steering{};
+  const std::string stopped = back_->monitoring_stopped();
   std::vector<ControlAnswer> answers;
   for (const ControlRequest& r : back_->control().take()) {
     ControlAnswer a;
@@ -286,8 +289,11 @@ void FrontEnd::steer(std::int64_t step) {
       case ControlCommand::Every:
         s.every = r.every;
         s.every_from = step;
+        // "Statistics go on" only while they do: a user left alone with a
+        // long job must not be told so after the budget stopped them.
         a.message = r.every > 0 ? fmt::format("every {} steps from step {}", r.every, step)
-                                : std::string("no full tensors from now (every 0); statistics go on");
+                    : stopped.empty() ? std::string("no full tensors from now (every 0); statistics go on")
+                                      : fmt::format("no full tensors from now (every 0); {}", stopped);
         break;
       case ControlCommand::Pause:
         if (s.paused_from >= 0) {
@@ -295,7 +301,9 @@ void FrontEnd::steer(std::int64_t step) {
           a.step = s.paused_from;
         } else {
           s.paused_from = step;
-          a.message = "full tensors paused; statistics, TensorBoard, the rules and the watchdog go on";
+          a.message = stopped.empty()
+                          ? "full tensors paused; statistics, TensorBoard, the rules and the watchdog go on"
+                          : fmt::format("full tensors paused; the rules and the watchdog go on; {}", stopped);
         }
         break;
       case ControlCommand::Resume:

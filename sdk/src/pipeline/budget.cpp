@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <exception>
 
+#include <fmt/format.h>
+
 #include "sdk/src/pipeline/store.h"
 
 namespace tensortap::detail {
@@ -119,7 +121,9 @@ bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {
   return false;
 }
 
-void DiskBudget::said_reached(std::int64_t step) {
+void DiskBudget::said_reached(std::int64_t record_step) {
+  // The job's step: a record may be of an older one (a dumped step).
+  const std::int64_t step = std::max(job_step(record_step), record_step);
   std::int64_t none = -1;
   if (!reached_at_step_.compare_exchange_strong(none, step, std::memory_order_relaxed)) return;
   std::fprintf(stderr,
@@ -162,15 +166,39 @@ bool DiskBudget::make_room(std::uint64_t need, std::uint64_t want, std::int64_t 
 }
 
 bool DiskBudget::side_files_allowed() {
-  if (!on() || used_ <= max_ + reserve_) return true;
-  if (!said_reserve_) {
-    said_reserve_ = true;
-    std::fprintf(stderr,
-                 "tensortap: warning: run '%s' used its disk budget and its reserve of 5%% (%llu bytes in all): "
-                 "statistics, TensorBoard's events and dumps stop too\n",
-                 run_dir_.c_str(), static_cast<unsigned long long>(max_ + reserve_));
+  if (!on() || used_ <= max_ + reserve_) {
+    if (side_stopped_.load(std::memory_order_relaxed)) {
+      // Room came back (KeepLatest gave steps up, or files went): said.
+      side_stopped_.store(false, std::memory_order_relaxed);
+      resumed_at_.store(job_step(0), std::memory_order_relaxed);
+      monitoring_changed_ = true;
+      std::fprintf(stderr, "tensortap: run '%s': statistics and TensorBoard's events resume at step %lld\n",
+                   run_dir_.c_str(), static_cast<long long>(resumed_at_.load(std::memory_order_relaxed)));
+    }
+    return true;
+  }
+  if (!side_stopped_.load(std::memory_order_relaxed)) {
+    side_stopped_.store(true, std::memory_order_relaxed);
+    stopped_at_.store(job_step(0), std::memory_order_relaxed);
+    resumed_at_.store(-1, std::memory_order_relaxed);
+    monitoring_changed_ = true;
+    if (!said_reserve_) {
+      said_reserve_ = true;
+      std::fprintf(stderr,
+                   "tensortap: warning: run '%s' used its disk budget and its reserve of 5%% (%llu bytes in all) at "
+                   "step %lld: statistics, TensorBoard's events and dumps stop too (run.json's \"monitoring\", "
+                   "tensortap ctl status)\n",
+                   run_dir_.c_str(), static_cast<unsigned long long>(max_ + reserve_),
+                   static_cast<long long>(stopped_at_.load(std::memory_order_relaxed)));
+    }
   }
   return false;
+}
+
+std::string DiskBudget::stopped_reason() const {
+  return fmt::format("the disk budget and its 5% reserve are used ({} bytes, {})", max_ + reserve_,
+                     policy_ == Budget::KeepLatest ? "keep_latest: no older step left to give up"
+                                                   : "stop_capture");
 }
 
 BudgetState DiskBudget::state() const {
@@ -181,6 +209,9 @@ BudgetState DiskBudget::state() const {
   s.refused_records = refused_records_.load(std::memory_order_relaxed);
   s.refused_bytes = refused_bytes_.load(std::memory_order_relaxed);
   s.given_up_below = given_up_below_.load(std::memory_order_relaxed);
+  s.statistics_stopped_at = stopped_at_.load(std::memory_order_relaxed);
+  s.resumed_at = resumed_at_.load(std::memory_order_relaxed);
+  if (s.statistics_stopped_at >= 0) s.stopped_reason = stopped_reason();
   return s;
 }
 

@@ -9,6 +9,7 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <utility>
 
 #include <tensortap/options.h>
 
@@ -31,6 +32,12 @@ struct BudgetState {
   std::int64_t refused_records = 0;
   std::uint64_t refused_bytes = 0;
   std::int64_t given_up_below = -1;
+  /// Statistics and TensorBoard's events stopped (budget and reserve
+  /// used): the job's step then, why, and the step they came back at
+  /// (-1: not since). run.json's "monitoring" (DESIGN section 11).
+  std::int64_t statistics_stopped_at = -1;
+  std::string stopped_reason;
+  std::int64_t resumed_at = -1;
 };
 
 /// Writer thread only, but `reached()` and `refused()` from any thread.
@@ -54,6 +61,14 @@ class DiskBudget {
   /// grow: under the budget and its reserve of 5% (KeepLatest: old steps
   /// make room for them first, at `measure()`).
   bool side_files_allowed();
+  /// Whether statistics are stopped now (any thread): `ctl`'s answers say so.
+  bool statistics_stopped() const { return side_stopped_.load(std::memory_order_relaxed); }
+  /// Whether monitoring stopped or resumed since the last call (writer
+  /// thread): run.json is then rewritten to say so.
+  bool take_monitoring_change() { return std::exchange(monitoring_changed_, false); }
+  /// The job's step (the front end's), which "reached at step" and the
+  /// monitoring marks name: a record's step may be older (a late dump).
+  void set_job_step(std::function<std::int64_t()> step) { job_step_ = std::move(step); }
 
   /// KeepLatest: how steps are given up. `plan` is `Store::plan_give_up`;
   /// `apply(below, kept, mark)` says so durably first when `mark` (run.json's
@@ -81,6 +96,8 @@ class DiskBudget {
   std::uint64_t used() const { return used_; }
   std::int64_t refused() const { return refused_records_.load(std::memory_order_relaxed); }
   BudgetState state() const;
+  /// Why statistics stopped, in words (`ctl status`, run.json).
+  std::string stopped_reason() const;
 
  private:
   const std::uint64_t max_;
@@ -97,6 +114,13 @@ class DiskBudget {
   std::atomic<std::int64_t> refused_records_{0};
   std::atomic<std::uint64_t> refused_bytes_{0};
   bool said_reserve_ = false;
+  std::function<std::int64_t()> job_step_;
+  std::int64_t job_step(std::int64_t fallback) const { return job_step_ ? job_step_() : fallback; }
+  // Monitoring (statistics, TensorBoard's events): stopped now, and when.
+  std::atomic<bool> side_stopped_{false};
+  std::atomic<std::int64_t> stopped_at_{-1};
+  std::atomic<std::int64_t> resumed_at_{-1};
+  bool monitoring_changed_ = false;
 
   // Gives up old steps (before `limit`) until `want` bytes are free, or
   // at least `need`; whether any went.

@@ -215,6 +215,11 @@ std::string run_json(const Options& o, const RunInfo& info) {
         "\"refused_bytes\": {}, \"given_up_below\": {}}},\n",
         b.max_bytes, b.policy == Budget::KeepLatest ? "keep_latest" : "stop_capture", step_or_null(b.reached_at_step),
         b.refused_records, b.refused_bytes, step_or_null(b.given_up_below));
+    if (b.statistics_stopped_at >= 0) {
+      j += fmt::format("  \"monitoring\": {{\"statistics_stopped_at\": {}, \"reason\": ", b.statistics_stopped_at);
+      append_json_string(j, b.stopped_reason);
+      j += fmt::format(", \"resumed_at\": {}}},\n", step_or_null(b.resumed_at));
+    }
   }
   if (info.closed) {
     j += fmt::format("  \"end_time\": \"{}\",\n", info.end_time);
@@ -297,7 +302,7 @@ Dump RunManifest::last_dump(std::size_t limit) const {
   return n > 0 ? info_.dumps[n - 1] : Dump{};
 }
 
-void RunManifest::mark_given_up(const BudgetState& state) {
+void RunManifest::write_budget(const BudgetState& state) {
   std::string json;
   {
     std::lock_guard<std::mutex> lock(mu_);

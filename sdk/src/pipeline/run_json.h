@@ -86,10 +86,12 @@ class RunManifest {
     std::lock_guard<std::mutex> lock(mu_);
     info_.budget = state;
   }
-  /// KeepLatest is about to give up the steps below `state.given_up_below`:
-  /// run.json says so, on disk (file and entry synced), before any file
-  /// goes. Throws `Error`: then nothing may be deleted. Writer thread.
-  void mark_given_up(const BudgetState& state);
+  /// run.json rewritten now with the budget's `state`, on disk (file and
+  /// entry synced): before KeepLatest gives up the steps below
+  /// `state.given_up_below` (then nothing may be deleted if it throws), and
+  /// when monitoring stops or resumes ("monitoring"). Throws `Error`.
+  /// Writer thread.
+  void write_budget(const BudgetState& state);
   /// A copy of the first `limit` dumps (all of them by default).
   std::vector<Dump> dumps(std::size_t limit = std::numeric_limits<std::size_t>::max()) const;
   /// The last of the first `limit` dumps; a default Dump if none.
