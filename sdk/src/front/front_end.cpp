@@ -136,9 +136,7 @@ void FrontEnd::capture(const std::string& name, const at::Tensor& tensor) {
 }
 
 void FrontEnd::record_grads(const std::unordered_set<const void*>& params, const void* optimizer) {
-  // TENSORTAP=off watches nothing: its one line on stderr says so, and a
-  // warning that the optimizer's parameters are not watched would be false.
-  if (inert() || off_) return;
+  if (inert() || off_) return;  // TENSORTAP=off: its one line says all; a warning here would be false
   refuse_on_background_thread("record_grads");
   TENSORTAP_CHECK(!closed(), "record_grads() after close() of run '{}'", placement_.run_dir);
   const std::int64_t step = current_step();
@@ -289,8 +287,7 @@ void FrontEnd::steer(std::int64_t step) {
       case ControlCommand::Every:
         s.every = r.every;
         s.every_from = step;
-        // "Statistics go on" only while they do: a user left alone with a
-        // long job must not be told so after the budget stopped them.
+        // "Statistics go on" only while they do (the budget may have stopped them).
         a.message = r.every > 0 ? fmt::format("every {} steps from step {}", r.every, step)
                     : stopped.empty() ? std::string("no full tensors from now (every 0); statistics go on")
                                       : fmt::format("no full tensors from now (every 0); {}", stopped);
