@@ -64,6 +64,9 @@ KNOWN_OPEN = {
     "dumped steps on disk": "issue 69 (2), (3): dumps within their share, true answers",
     "dump answer listed": "issue 69 (3): true answers",
     "within the bound": "issues 69 (4), 70: control answers and TensorBoard's events outside the budget",
+    # Seen in CI's 2.11 tree after the segment fix (2 of 247 opens, .npy):
+    # an open during a give-up still finds no record; cause not found yet.
+    "a live reader never finds the run empty again": "issue 69 (1): a live reader during a give-up",
 }
 
 
