@@ -182,7 +182,7 @@ import numpy as np
 from . import _doctor_rows as rows_
 from ._base import KINDS, _safe, _warn
 from ._doctor_rows import Rows, ValueMeasure
-from ._files import monitoring_line
+from ._files import has_statistics, monitoring_line
 from ._run import Run
 
 if TYPE_CHECKING:
@@ -940,11 +940,7 @@ def evaluate(run: Run, settings: Optional[Settings] = None) -> Result:
 
 
 def _has_table(run: Run, key: Optional[int]) -> bool:
-    import os
-
-    from ._names import STATS_TABLE
-
-    return os.path.exists(os.path.join(run._dirs[key], STATS_TABLE))
+    return has_statistics(run._dirs[key])
 
 
 def lines(result: Result) -> List[str]:

@@ -9,7 +9,7 @@ import stat
 from typing import Any, Dict, Optional, Set
 
 from ._base import RunError, _is_int64, _json_type, _reason, _safe, _warn
-from ._names import DUMPS, RUN_JSON
+from ._names import DUMPS, RUN_JSON, stats_segment_number
 
 
 def _open_regular(path, follow=True):
@@ -159,6 +159,12 @@ def _dumped_steps(directory, info):
         listed = d.get("steps")
         if isinstance(listed, list):
             steps.update(s for s in listed if _is_int64(s))
+    # The dumps' share (Options::dumps_percent): dumped steps below
+    # "dumps_given_up_below" were given up too, oldest first.
+    budget = info.get("budget") if isinstance(info, dict) else None
+    gone = budget.get("dumps_given_up_below") if isinstance(budget, dict) else None
+    if isinstance(gone, int) and _is_step(gone):
+        steps = {s for s in steps if s >= gone}
     return frozenset(steps)
 
 
@@ -175,6 +181,23 @@ def _given_up_now(directory):
         return k, _dumped_steps(directory, info)
     except (RunError, OSError, ValueError, RecursionError):
         return None
+
+
+def stats_segments(directory):
+    """The statistics segments of the run in `directory`, oldest first: paths
+    of stats.npy and, under Budget::KeepLatest, stats.<n>.npy (DESIGN section
+    11), those that exist (a give-up deletes whole segments, stats.npy too)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    found = sorted((n, name) for name in names for n in [stats_segment_number(name)] if n is not None)
+    return [os.path.join(directory, name) for _, name in found]
+
+
+def has_statistics(directory):
+    """Whether the run in `directory` has a statistics table (a segment of it)."""
+    return bool(stats_segments(directory))
 
 
 def monitoring_line(info: Dict[str, Any]) -> Optional[str]:

@@ -80,9 +80,44 @@ def is_index_segment_name(name: str) -> bool:
     return index_segment_number(name) is not None
 
 
+def numbered_part(name: str, stem: str, ext: str) -> Optional[int]:
+    """n of <stem>.<n>.<ext> (n >= 1, 1 to 9 decimal digits, no leading zero);
+    None for any other name (numbered_part, writers/src/run_dir.cpp)."""
+    head, tail = stem + ".", "." + ext
+    if not (name.startswith(head) and name.endswith(tail)) or len(name) <= len(head) + len(tail):
+        return None
+    digits = name[len(head):len(name) - len(tail)]
+    if not 1 <= len(digits) <= 9 or digits[0] == "0" or any(c not in "0123456789" for c in digits):
+        return None
+    return int(digits)
+
+
+# Files that roll (DESIGN section 11): under Budget::KeepLatest the
+# statistics in segments, stats.npy (segment 0) then stats.<n>.npy, each
+# whole steps; with a budget, one older generation of control.jsonl and
+# dumps.jsonl, control.1.jsonl and dumps.1.jsonl.
+CONTROL_ANSWERS_OLD = "control.1.jsonl"
+DUMPS_OLD = "dumps.1.jsonl"
+
+
+def stats_segment_number(name: str) -> Optional[int]:
+    """n of a statistics segment: 0 for stats.npy, n for stats.<n>.npy; None
+    for any other name."""
+    return 0 if name == STATS_TABLE else numbered_part(name, "stats", "npy")
+
+
+def is_rolled_file_name(name: str) -> bool:
+    """Whether `name` is a statistics segment past the first or an older
+    generation of a lines file, or such a lines file's ballast
+    (is_rolled_file_name, writers/src/run_dir.cpp)."""
+    if name.startswith(".") and name.endswith(".room"):
+        return name[1:-len(".room")] in (CONTROL_ANSWERS_OLD, DUMPS_OLD)
+    return numbered_part(name, "stats", "npy") is not None or name in (CONTROL_ANSWERS_OLD, DUMPS_OLD)
+
+
 def is_run_file_name(name):
     """Whether `name` is one tensortap writes in a run directory (the lock aside)."""
-    if name in RUN_FILE_NAMES or is_events_file_name(name) or is_index_segment_name(name):
+    if name in RUN_FILE_NAMES or is_events_file_name(name) or is_index_segment_name(name) or is_rolled_file_name(name):
         return True
     # A segment's ballast, .index.<n>.jsonl.room.
     return name.startswith(".") and name.endswith(".room") and is_index_segment_name(name[1:-len(".room")])

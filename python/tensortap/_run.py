@@ -12,8 +12,8 @@ from . import _index
 from ._arrays import _read_many, _read_record
 from ._base import KINDS, STATS_FIELDS, RunError, _printable, _warn
 from ._compat import keyword_only
-from ._files import _dumped_steps, _given_up_below, _rank_dumps, _read_json, _read_lines
-from ._names import RUN_JSON, STATS_SERIES, STATS_TABLE
+from ._files import _dumped_steps, _given_up_below, _rank_dumps, _read_json, _read_lines, stats_segments
+from ._names import RUN_JSON, STATS_SERIES
 from ._npy import _read_stats_table
 from ._paths import _find_ranks
 from ._records import _Records, _series_problem
@@ -205,10 +205,7 @@ class Run:
         if rank not in self._dirs:
             raise RunError(f"{self.path}: no rank {rank}")
         d = self._dirs[rank]
-        table_path = os.path.join(d, STATS_TABLE)
-        if not os.path.exists(table_path):
-            raise RunError(f"{d}: no statistics (stats.npy); the run was made without Options::stats_every")
-        table = _read_stats_table(table_path)
+        table = _read_stats_segments(d, self.given_up_below.get(rank))
         series = {}
         series_path = os.path.join(d, STATS_SERIES)
         for lineno, line in _read_lines(series_path):
@@ -338,3 +335,26 @@ class Run:
     def _read(self, rec, mmap):
         """The array of one record of self.records."""
         return _read_record(rec, mmap, self._h5, self._h5_lock)
+
+
+def _read_stats_segments(directory, given_up_below):
+    """The statistics table of the run in `directory`: stats.npy, or under
+    Budget::KeepLatest its segments (stats.npy, stats.<n>.npy) in order, the
+    rows of steps below the marker `given_up_below` left out (their step was
+    given up with its records). A segment given up while it is read is
+    skipped: its steps are below the marker now."""
+    paths = stats_segments(directory)
+    if not paths:
+        raise RunError(f"{directory}: no statistics (stats.npy); the run was made without Options::stats_every")
+    tables = []
+    for path in paths:
+        try:
+            tables.append(_read_stats_table(path))
+        except FileNotFoundError:
+            continue
+    if not tables:
+        raise RunError(f"{directory}: no statistics: every segment was given up while it was read")
+    table = tables[0] if len(tables) == 1 else np.concatenate(tables)
+    if given_up_below is not None:
+        table = table[table["step"] >= given_up_below]
+    return table

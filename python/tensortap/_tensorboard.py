@@ -42,7 +42,7 @@ import numpy as np
 
 from ._base import STATS_FIELDS, RunError, _is_int, _is_int64, _warn
 from ._base import json_string as _json_string
-from ._files import _open_regular, _rank_dumps
+from ._files import _open_regular, _rank_dumps, has_statistics
 from ._names import DUMPS, EVENTS_PREFIX, EVENTS_SUFFIX, STATS_TABLE, is_events_file_name
 from ._safe_write import new_file, open_folders, open_top
 from ._tb_events import (FILE_VERSION, _custom_scalars_value, _event, _histogram_value, _scalar_head, _summary,
@@ -317,7 +317,7 @@ class _Table:
 def _read_table(run: "Run", rank: Optional[int], directory: str) -> Optional[_Table]:
     """The rank's statistics table, or None: no table, no rows, or one
     that cannot be read (said, costing only the statistics)."""
-    if not os.path.exists(os.path.join(directory, STATS_TABLE)):
+    if not has_statistics(directory):
         return None
     try:
         table, series = run.stats_table(rank=rank)

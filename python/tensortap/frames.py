@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Union
 
 import math
-import os
 import threading
 
 import numpy as np
@@ -17,7 +16,7 @@ import numpy as np
 from . import _float8
 from ._arrays import _read_record
 from ._base import KINDS, NUMPY_DTYPES, STATS_FIELDS, RunError, _is_int64
-from ._names import STATS_TABLE
+from ._files import has_statistics
 from ._optional import need
 from ._records import _Record
 
@@ -155,7 +154,7 @@ def stats_frame(run: Run) -> pandas.DataFrame:
 
 
 def _has_stats(run, rank):
-    return os.path.exists(os.path.join(run._dirs[rank], STATS_TABLE))
+    return has_statistics(run._dirs[rank])
 
 
 def _steps_and_records(run, name, kind, rank):

@@ -15,10 +15,10 @@ import numpy as np
 
 from ._base import NUMPY_DTYPES, GivenUpError, RunError, _safe
 from ._ctl_log import summary_lines as ctl_summary_lines
-from ._files import monitoring_line
+from ._files import has_statistics, monitoring_line
 from ._doctor import RULES
 from ._float8 import FORMATS as FORMATS_FLOAT8
-from ._names import DUMPS, INDEX, STATS_SERIES, STATS_TABLE, ballast_name, index_segment_name, index_segment_number
+from ._names import DUMPS, INDEX, STATS_SERIES, ballast_name, index_segment_name, index_segment_number
 from ._optional import progress
 
 if TYPE_CHECKING:
@@ -63,6 +63,14 @@ def _budget_line(b: Dict[str, Any], given_up: Optional[Tuple[int, int, Sequence[
             shown = ", ".join(str(s) for s in kept[:KEPT_LISTED])
             more = f" and {len(kept) - KEPT_LISTED} more" if len(kept) > KEPT_LISTED else ""
             line += f"; step{'s' if len(kept) != 1 else ''} {shown}{more} kept: dumped"
+        # What the marker gave up besides records (DESIGN section 11).
+        gone = [f"{_safe(b[key])} {what}" for key, what in (("stats_rows_given_up", "statistics rows"),
+                                                            ("event_files_given_up", "TensorBoard event files"))
+                if isinstance(b.get(key), int) and b[key] > 0]
+        if isinstance(b.get("dumps_given_up_below"), int):
+            gone.append(f"dumped steps below {b['dumps_given_up_below']} (the dumps' share)")
+        if gone:
+            line += "; given up with them: " + ", ".join(gone)
     elif b.get("given_up_below") is not None:
         line += f", given_up_below {_safe(b['given_up_below'])} ignored: not a step"
     return line
@@ -137,7 +145,7 @@ def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False)
     for r in ranks:
         where = "" if r is None else f"rank {r}: "
         # No stats.npy is a run made without statistics, not a problem.
-        if not os.path.exists(os.path.join(run._dirs[r], STATS_TABLE)):
+        if not has_statistics(run._dirs[r]):
             continue
         try:
             table, series = run.stats_table(rank=r)

@@ -276,7 +276,7 @@ TEST_CASE("KeepLatest says so when a step does not fit whatever it gives up", "[
     CHECK(c.budget_refused > 0);
     CHECK(c.records + c.budget_refused == 6 * 8);
     CHECK_THAT(err, Catch::Contains("does not fit its disk budget of 262144 bytes, and giving up every older step "
-                                    "(dumped steps stay) would not make room"));
+                                    "(dumped steps within their share stay) would not make room"));
     // Said once.
     CHECK(err.find("would not make room") == err.rfind("would not make room"));
     // The last step kept what fitted of it: its first records.
@@ -292,7 +292,7 @@ TEST_CASE("KeepLatest says so when a step does not fit whatever it gives up", "[
   }
 }
 
-TEST_CASE("KeepLatest never gives up a dumped step", "[sdk][budget]") {
+TEST_CASE("KeepLatest keeps dumped steps within their share", "[sdk][budget]") {
   constexpr std::uint64_t kBudget = 2 << 20;
   TempDir dir;
   const std::string run = dir / "run";

@@ -1,5 +1,8 @@
 #include "writers/src/run_dir.h"
 
+#include <optional>
+#include <string_view>
+
 #include <sys/file.h>
 
 #include <fcntl.h>
@@ -63,24 +66,51 @@ bool is_event_file_name(const std::string& name) {
          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string index_segment_name(std::uint32_t n) {
-  return n == 0 ? std::string("index.jsonl") : fmt::format("index.{}.jsonl", n);
+std::string numbered_name(std::string_view stem, std::string_view ext, std::uint32_t n) {
+  return n == 0 ? fmt::format("{}.{}", stem, ext) : fmt::format("{}.{}.{}", stem, n, ext);
 }
+
+std::optional<std::uint32_t> numbered_part(std::string_view name, std::string_view stem, std::string_view ext) {
+  // <stem>.<n>.<ext>, n >= 1 in decimal, no leading zero, 9 digits at most.
+  if (name.size() <= stem.size() + ext.size() + 2 || name.substr(0, stem.size()) != stem ||
+      name[stem.size()] != '.' || name.substr(name.size() - ext.size()) != ext ||
+      name[name.size() - ext.size() - 1] != '.')
+    return std::nullopt;
+  const std::string_view digits = name.substr(stem.size() + 1, name.size() - stem.size() - ext.size() - 2);
+  if (digits.size() > 9 || digits.front() == '0') return std::nullopt;
+  std::uint32_t n = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + static_cast<std::uint32_t>(c - '0');
+  }
+  return n;
+}
+
+namespace {
+
+// `name` without a lines file's ballast dots (.<name>.room), and whether it had them.
+std::string_view without_ballast(std::string_view s, bool& ballast) {
+  ballast = s.size() > 6 && s.front() == '.' && s.substr(s.size() - 5) == ".room";
+  return ballast ? s.substr(1, s.size() - 6) : s;
+}
+
+}  // namespace
+
+std::string index_segment_name(std::uint32_t n) { return numbered_name("index", "jsonl", n); }
 
 bool is_index_segment_name(const std::string& name) {
   // index.<n>.jsonl, or its ballast .index.<n>.jsonl.room.
-  std::string_view s(name);
-  const bool ballast = s.size() > 6 && s.front() == '.' && s.substr(s.size() - 5) == ".room";
-  if (ballast) s = s.substr(1, s.size() - 6);
-  constexpr std::string_view kHead = "index.", kTail = ".jsonl";
-  if (s.size() <= kHead.size() + kTail.size() || s.substr(0, kHead.size()) != kHead ||
-      s.substr(s.size() - kTail.size()) != kTail)
-    return false;
-  const std::string_view digits = s.substr(kHead.size(), s.size() - kHead.size() - kTail.size());
-  if (digits.size() > 9 || digits.front() == '0') return false;
-  for (char c : digits)
-    if (c < '0' || c > '9') return false;
-  return true;
+  bool ballast = false;
+  return numbered_part(without_ballast(name, ballast), "index", "jsonl").has_value();
+}
+
+bool is_rolled_file_name(const std::string& name) {
+  // stats.<n>.npy (no ballast: not a lines file); control.1.jsonl and
+  // dumps.1.jsonl, the one older generation, with their ballasts.
+  bool ballast = false;
+  const std::string_view s = without_ballast(name, ballast);
+  if (!ballast && numbered_part(s, "stats", "npy")) return true;
+  return numbered_part(s, "control", "jsonl") == 1u || numbered_part(s, "dumps", "jsonl") == 1u;
 }
 
 std::vector<std::string> run_files_in(const Dir& dir) {
@@ -88,7 +118,7 @@ std::vector<std::string> run_files_in(const Dir& dir) {
   for (const char* name : kRunFileNames)
     if (dir.exists(name)) found.push_back(name);
   for (const std::string& name : dir.list())
-    if (is_event_file_name(name) || is_index_segment_name(name)) found.push_back(name);
+    if (is_event_file_name(name) || is_index_segment_name(name) || is_rolled_file_name(name)) found.push_back(name);
   return found;
 }
 

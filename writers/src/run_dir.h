@@ -6,7 +6,9 @@
 // locked) for one recorder, and rewriting its run.json safely.
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "writers/src/file.h"
@@ -29,8 +31,17 @@ bool is_event_file_name(const std::string& name);
 /// (`.index.<n>.jsonl.room`); tensortap's names as well.
 std::string index_segment_name(std::uint32_t n);
 bool is_index_segment_name(const std::string& name);
-/// The names of `kRunFileNames`, the event files and the index's segments
-/// that `dir` holds.
+/// Files that roll (DESIGN section 11): under KeepLatest the statistics'
+/// segments `stats.<n>.npy` after `stats.npy`, and with a budget the one
+/// older generation of the control answers and the dumps' lines,
+/// `control.1.jsonl` and `dumps.1.jsonl` (with their ballasts).
+bool is_rolled_file_name(const std::string& name);
+/// `<stem>.<ext>` for n = 0, else `<stem>.<n>.<ext>`; and n of such a name
+/// (n >= 1: decimal, no leading zero, 9 digits at most), none for another.
+std::string numbered_name(std::string_view stem, std::string_view ext, std::uint32_t n);
+std::optional<std::uint32_t> numbered_part(std::string_view name, std::string_view stem, std::string_view ext);
+/// The names of `kRunFileNames`, the event files, the index's segments and
+/// the rolled files that `dir` holds.
 std::vector<std::string> run_files_in(const Dir& dir);
 
 /// A run directory held by one recorder: open (so it stays the same

@@ -2,6 +2,9 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
+#include <exception>
+
 #include <fmt/format.h>
 
 #include "writers/src/check.h"
@@ -9,6 +12,7 @@
 #include "writers/src/json.h"
 #include "writers/src/npy/format.h"
 #include "writers/src/lines_file.h"
+#include "writers/src/run_dir.h"
 
 namespace tensortap::detail {
 namespace {
@@ -57,7 +61,7 @@ void StatsFile::close() noexcept {
 }
 
 void StatsFile::open() {
-  file_ = dir_.open_file("stats.npy", O_RDWR | O_CREAT | O_EXCL);
+  file_ = dir_.open_file(numbered_name("stats", "npy", segment_), O_RDWR | O_CREAT | O_EXCL);
   const std::string h = header(0);
   file_.write_all(h.data(), h.size());
 }
@@ -72,17 +76,59 @@ void StatsFile::append(Kind kind, const std::string& name, std::int64_t step, co
     append_json_string(pending_series_, name);
     pending_series_ += "}\n";
   }
+  // KeepLatest: a full segment ends before a newer step's first row, so
+  // that each holds whole steps (a late row of an older step joins the
+  // segment being written).
+  if (segment_bytes_ > 0 && segment_rows_ > 0 && step > max_step_ &&
+      kHeaderBytes + static_cast<std::uint64_t>(segment_rows_) * sizeof(Row) >= segment_bytes_) {
+    ended_.push_back(Ended{std::move(pending_), pending_rows_, min_step_, max_step_});
+    pending_.clear();
+    pending_rows_ = 0;
+    segment_rows_ = 0;
+  }
+  if (segment_rows_++ == 0) min_step_ = max_step_ = step;
+  min_step_ = std::min(min_step_, step);
+  max_step_ = std::max(max_step_, step);
   const Row row{step, it->second, s};
   pending_.append(reinterpret_cast<const char*>(&row), sizeof row);
   ++pending_rows_;
 }
 
-void StatsFile::flush(bool durable) {
-  if (pending_rows_ == 0 && !durable) return;
-  if (!file_) {
-    if (pending_rows_ == 0) return;
-    open();
+void StatsFile::write_rows(const std::string& bytes, std::int64_t rows) {
+  if (rows == 0) return;
+  if (!file_) open();
+  const std::uint64_t whole = kHeaderBytes + static_cast<std::uint64_t>(rows_) * sizeof(Row);
+  try {
+    file_.pwrite_all(bytes.data(), bytes.size(), whole);
+  } catch (...) {
+    // A short write (disk full) must not leave part of a row that later
+    // rows would be shifted by: cut the file back to its whole rows.
+    // These rows are lost, and the caller counts the error.
+    try {
+      file_.truncate(whole);
+    } catch (...) {
+    }
+    throw;
   }
+  rows_ += rows;
+  const std::string h = header(rows_);
+  file_.pwrite_all(h.data(), h.size(), 0);
+}
+
+void StatsFile::end_segment(std::int64_t min_step, std::int64_t max_step) {
+  if (file_) {
+    segments_.add(StepFiles::Entry{numbered_name("stats", "npy", segment_), min_step, max_step,
+                                   kHeaderBytes + static_cast<std::uint64_t>(rows_) * sizeof(Row), rows_});
+    file_ = File();
+  }
+  rows_ = 0;
+  ++segment_;
+}
+
+std::uint64_t StatsFile::give_up(std::int64_t below) { return segments_.give_up(dir_, below); }
+
+void StatsFile::flush(bool durable) {
+  if (pending_rows_ == 0 && ended_.empty() && (!durable || !file_)) return;
   // The series a row names is on disk before the header counts the row.
   if (!pending_series_.empty()) {
     if (!series_file_) series_file_ = std::make_unique<LinesFile>(dir_, "stats_series.jsonl");
@@ -90,29 +136,31 @@ void StatsFile::flush(bool durable) {
     pending_series_.clear();
   }
   if (series_file_ && durable) series_file_->datasync();
-  if (pending_rows_ > 0) {
-    const std::int64_t rows = pending_rows_;
-    pending_rows_ = 0;
-    const std::string bytes = std::move(pending_);
-    pending_.clear();
-    const std::uint64_t whole = kHeaderBytes + static_cast<std::uint64_t>(rows_) * sizeof(Row);
+  // Segments that ended since the last flush: their last rows, then the
+  // next segment. A failed segment loses its rows (counted by the caller)
+  // and the next still begins.
+  std::exception_ptr first;
+  std::vector<Ended> ended;
+  ended.swap(ended_);
+  for (const Ended& e : ended) {
     try {
-      file_.pwrite_all(bytes.data(), bytes.size(), whole);
+      write_rows(e.bytes, e.rows);
     } catch (...) {
-      // A short write (disk full) must not leave part of a row that later
-      // rows would be shifted by: cut the file back to its whole rows.
-      // These rows are lost, and the caller counts the error.
-      try {
-        file_.truncate(whole);
-      } catch (...) {
-      }
-      throw;
+      if (!first) first = std::current_exception();
     }
-    rows_ += rows;
-    const std::string h = header(rows_);
-    file_.pwrite_all(h.data(), h.size(), 0);
+    end_segment(e.min_step, e.max_step);
   }
-  if (durable) file_.datasync();
+  const std::int64_t rows = pending_rows_;
+  pending_rows_ = 0;
+  const std::string bytes = std::move(pending_);
+  pending_.clear();
+  try {
+    write_rows(bytes, rows);
+    if (durable && file_) file_.datasync();
+  } catch (...) {
+    if (!first) first = std::current_exception();
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace tensortap::detail

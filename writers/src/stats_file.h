@@ -5,11 +5,13 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <tensortap/kinds.h>
 
 #include "writers/src/file.h"
 #include "writers/src/stats_fields.h"
+#include "writers/src/step_files.h"
 
 namespace tensortap::detail {
 
@@ -40,6 +42,11 @@ constexpr std::array<const char*, kStatsFields> kStatsFieldNames = {TENSORTAP_ST
 /// the table in one `np.load`. Rows are appended; the header's row count is
 /// rewritten in place after them, so a reader (or a crash) sees only whole
 /// rows. Created at the first row. Used from the writer thread only.
+///
+/// Under Budget::KeepLatest (`keep_latest`) the table is in segments that
+/// each hold whole steps (DESIGN section 11): `stats.npy` the first, so a
+/// short run still loads in one `np.load`, then `stats.<n>.npy`; a give-up
+/// deletes the segments whose steps are all given up.
 class StatsFile {
  public:
   explicit StatsFile(const Dir& dir);
@@ -55,9 +62,23 @@ class StatsFile {
   std::int64_t rows() const { return rows_ + pending_rows_; }
   /// Closes the files; for after the last flush.
   void close() noexcept;
+  /// Budget::KeepLatest: a segment ends, at a step's end, once it holds
+  /// about `segment_bytes`.
+  void keep_latest(std::uint64_t segment_bytes) { segment_bytes_ = segment_bytes; }
+  /// What a give-up below `below` would free (KeepLatest's complete segments).
+  std::uint64_t bytes_below(std::int64_t below) const { return segments_.bytes_below(below); }
+  /// Rows in segments given up so far.
+  std::int64_t rows_given_up() const { return segments_.items_given_up(); }
+  /// Deletes the complete segments whose steps are all below `below`; the
+  /// bytes freed. Throws (see StepFiles::give_up).
+  std::uint64_t give_up(std::int64_t below);
 
  private:
   void open();
+  // Writes `bytes` (`rows` whole rows) after the rows on disk, then the header.
+  void write_rows(const std::string& bytes, std::int64_t rows);
+  // The current segment is complete: closed and listed for a give-up.
+  void end_segment(std::int64_t min_step, std::int64_t max_step);
   const Dir& dir_;
   File file_;
   std::unique_ptr<LinesFile> series_file_;
@@ -66,6 +87,19 @@ class StatsFile {
   std::string pending_;                                   // row bytes not yet written
   std::string pending_series_;                            // stats_series.jsonl lines not yet written
   std::unordered_map<std::string, std::int64_t> series_;  // kind byte + name -> series
+  // KeepLatest's segments: the size one grows to (0: one table), the
+  // number and steps of the one written, the rows of segments ended in
+  // `pending_` before the next flush (each a whole segment's tail).
+  std::uint64_t segment_bytes_ = 0;
+  std::uint32_t segment_ = 0;
+  std::int64_t segment_rows_ = 0;  // the segment's rows, on disk and pending
+  std::int64_t min_step_ = 0, max_step_ = -1;
+  struct Ended {
+    std::string bytes;
+    std::int64_t rows, min_step, max_step;
+  };
+  std::vector<Ended> ended_;
+  StepFiles segments_;
 };
 
 }  // namespace tensortap::detail

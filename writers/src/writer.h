@@ -92,6 +92,10 @@ class Writer {
   /// writer remembers what each step's records take on disk, so that giving
   /// steps up deletes their files without a walk over the run.
   virtual void keep_latest(std::uint64_t max_bytes) { (void)max_bytes; }
+  /// KeepLatest: the next record begins a new file where records share one
+  /// (packed's segments), so that a dump's steps, which a budget keeps
+  /// longer, do not hold other steps' records with them.
+  virtual void cut() {}
   /// What giving up the steps below a step would free: the smallest `below`
   /// (at most `limit`) whose records, those of the steps in `kept` aside,
   /// take `want` bytes or more, and those bytes; `limit` and all it could

@@ -236,6 +236,12 @@ struct Options {
   /// The policy of `max_bytes` (see `Budget`). `Format::Hdf5` refuses
   /// `Budget::KeepLatest`: a record's rows cannot be given up in place.
   TORCH_ARG(Budget, on_budget) = Budget::StopCapture;
+  /// Under `Budget::KeepLatest`, the percent of `max_bytes` that steps
+  /// flight-recorder dumps wrote may keep below the newest steps (0 to
+  /// 100): past it the oldest dumped steps are given up first, and a dump
+  /// larger than it keeps its newest steps (docs/leaving-it-on.md). The
+  /// newest steps and the statistics have the rest.
+  TORCH_ARG(int, dumps_percent) = 50;
   /// A stall watchdog: when no `step()` comes for this long while the
   /// recorder is open (counted from the first `step()`), the writer thread
   /// dumps the flight recorder (or marks the run) with reason "stall",

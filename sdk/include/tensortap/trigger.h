@@ -276,6 +276,11 @@ struct Dump {
   std::int64_t last_step = -1;
   double stalled_seconds = 0;
   std::vector<std::string> waiting;
+  /// Held steps the dump could not keep, ascending, and why: the disk
+  /// budget refused their records, or (Budget::KeepLatest) the dumps'
+  /// share of it kept newer steps. `steps` lists only steps written.
+  std::vector<std::int64_t> refused_steps;
+  std::string refused_reason;
 };
 
 /// The name `Dump` had before 0.2; it goes in the release after.

@@ -2,7 +2,11 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "sdk/src/cuda/capture.h"
 #include "sdk/src/run/environment.h"
@@ -54,7 +58,7 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
     store_->keep_latest(dir, options.max_bytes());
     DiskBudget::GiveUpHooks hooks;
     hooks.plan = [this](std::uint64_t want, std::int64_t from, std::int64_t limit,
-                        const std::set<std::int64_t>& kept) { return store_->plan_give_up(want, from, limit, kept); };
+                        const std::set<std::int64_t>& kept) { return plan_give_up(want, from, limit, kept); };
     hooks.apply = [this, &failures](std::int64_t below, const std::set<std::int64_t>& kept, bool mark) {
       // The newest records are durable and indexed first, then the run
       // says it: a crash between any two leaves the newest steps readable
@@ -62,19 +66,51 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
       // unsaid.
       if (mark) {
         store_->make_durable_before_give_up();
-        manifest_.write_budget(budget_->state());
+        manifest_.write_budget(budget_state());
       }
+      // One marker for every output: the steps' records, then their
+      // statistics segments and event files. What could not be deleted
+      // stays, counted, and hidden all the same.
+      const auto each = [&failures](auto&& give_up) {
+        try {
+          give_up();
+        } catch (...) {
+          failures.add(nullptr, Failures::current(), 0);
+        }
+      };
+      each([&] { store_->give_up(below, kept); });
+      each([&] { stats_->give_up(below); });
+      if (tensorboard_) each([&] { tensorboard_->give_up(below); });
+    };
+    hooks.side = [this, &failures](std::uint64_t want, std::int64_t limit) {
+      // The smallest step below which the closed files free `want`.
+      const auto freed = [&](std::int64_t below) {
+        return stats_->bytes_below(below) + (tensorboard_ ? tensorboard_->bytes_below(below) : 0);
+      };
+      std::int64_t lo = -1, hi = limit;
+      if (freed(hi) == 0) return std::uint64_t{0};
+      while (hi - lo > 1) {
+        const std::int64_t mid = lo + (hi - lo) / 2;
+        (freed(mid) >= want ? hi : lo) = mid;
+      }
+      std::uint64_t n = 0;
       try {
-        store_->give_up(below, kept);
+        n += stats_->give_up(hi);
+        if (tensorboard_) n += tensorboard_->give_up(hi);
       } catch (...) {
-        // What could not be deleted stays, counted, and hidden all the same.
         failures.add(nullptr, Failures::current(), 0);
       }
+      return n;
     };
     budget_->set_give_up(std::move(hooks));
   }
   stats_ = std::make_unique<StatsFile>(dir);
   if (options.tensorboard()) tensorboard_ = std::make_unique<TensorBoard>(dir, *options.tensorboard());
+  if (budget_->on() && options.on_budget() == Budget::KeepLatest) {
+    // Small enough that a give-up (a 16th of the budget) frees whole files.
+    stats_->keep_latest(std::max<std::uint64_t>(options.max_bytes() / 32, 16384));
+    if (tensorboard_) tensorboard_->keep_latest(std::max<std::uint64_t>(options.max_bytes() / 16, 16384));
+  }
   flight_ = std::make_unique<FlightRecorder>(options, *store_, manifest_, failures);
   flight_->set_tensorboard(tensorboard_.get());
   if (options.stall_after().count() > 0)
@@ -101,7 +137,7 @@ void BackEnd::on_wake() {
   // not only at close (a killed job's run still tells).
   if (budget_->take_monitoring_change()) {
     try {
-      manifest_.write_budget(budget_->state());
+      manifest_.write_budget(budget_state());
     } catch (...) {
       // Said at close again; a full disk is why they stopped.
     }
@@ -124,10 +160,51 @@ std::string BackEnd::request_dump(std::int64_t step) {
   d.step = step;
   d.trigger = "request";
   d.reason = "request";
-  const std::vector<std::int64_t> steps = flight_->side_dump(std::move(d));
+  // Answered once the dump's records are written or refused: it says
+  // which steps it wrote and which it could not keep, and why.
+  const Dump dump = flight_->side_dump(std::move(d));
   if (!flight_->holds()) return "the run is marked (dumps.jsonl); it has no flight recorder";
-  if (steps.empty()) return "the run is marked (dumps.jsonl): the flight recorder held no step";
-  return fmt::format("the flight recorder dumped steps {}..{}", steps.front(), steps.back());
+  std::string refused;
+  if (!dump.refused_steps.empty()) {
+    const std::vector<std::int64_t>& r = dump.refused_steps;
+    const std::size_t shown = std::min<std::size_t>(r.size(), 8);
+    refused = fmt::format("{} step(s) refused ({}{}): {}", r.size(),
+                          fmt::join(r.begin(), r.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+                          shown < r.size() ? ", ..." : "", dump.refused_reason);
+  }
+  if (dump.steps.empty())
+    return refused.empty() ? "the run is marked (dumps.jsonl): the flight recorder held no step"
+                           : "the run is marked (dumps.jsonl): " + refused;
+  return fmt::format("the flight recorder dumped steps {}..{} ({} steps){}", dump.steps.front(), dump.steps.back(),
+                     dump.steps.size(), refused.empty() ? "" : "; " + refused);
+}
+
+Writer::GiveUp BackEnd::plan_give_up(std::uint64_t want, std::int64_t from, std::int64_t limit,
+                                     const std::set<std::int64_t>& kept) const {
+  // What giving up the steps below `below` frees grows with it: the
+  // smallest `below` that frees `want`, found by bisection (each count is
+  // O(steps held), a give-up is rare).
+  const auto freed = [&](std::int64_t below) {
+    std::uint64_t n = store_->plan_give_up(UINT64_MAX, from, below, kept).bytes + stats_->bytes_below(below);
+    if (tensorboard_) n += tensorboard_->bytes_below(below);
+    return n;
+  };
+  limit = std::max(from, limit);
+  if (std::uint64_t all = freed(limit); all < want) return Writer::GiveUp{limit, all};
+  if (std::uint64_t now = freed(from); now >= want) return Writer::GiveUp{from, now};
+  std::int64_t lo = from, hi = limit;  // freed(lo) < want <= freed(hi)
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    (freed(mid) >= want ? hi : lo) = mid;
+  }
+  return Writer::GiveUp{hi, freed(hi)};
+}
+
+BudgetState BackEnd::budget_state() const {
+  BudgetState s = budget_->state();
+  s.stats_rows_given_up = stats_->rows_given_up();
+  s.event_files_given_up = tensorboard_ ? tensorboard_->files_given_up() : 0;
+  return s;
 }
 
 std::string BackEnd::status() const {
@@ -164,7 +241,7 @@ void BackEnd::stop() {
 
 void BackEnd::close(const Counters& counters, const std::string& first_error) {
   flight_->on_close();
-  if (budget_->on()) manifest_.set_budget(budget_->state());
+  if (budget_->on()) manifest_.set_budget(budget_state());
   try {
     manifest_.close(counters, first_error);
   } catch (...) {

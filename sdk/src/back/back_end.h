@@ -89,7 +89,12 @@ class BackEnd {
   // ctl's dump and status, on the writer thread.
   std::string request_dump(std::int64_t step);
   std::string status() const;
-
+  // KeepLatest: what giving up the steps below a step frees, every output
+  // counted (records, statistics segments, event files; Writer::plan_give_up),
+  // and the budget's state with what they gave up.
+  Writer::GiveUp plan_give_up(std::uint64_t want, std::int64_t from, std::int64_t limit,
+                              const std::set<std::int64_t>& kept) const;
+  BudgetState budget_state() const;
 
   Staging& staging_;
   std::unique_ptr<RunDir> run_dir_;

@@ -198,13 +198,22 @@ void WriterThread::store(const Slot& slot, const char* data, InFlight* open) noe
   }
 }
 
+bool WriterThread::side_files(std::int64_t step) {
+  // A late record of a step given up (KeepLatest) adds no row or event:
+  // the readers would hide them.
+  if (budget_ == nullptr) return true;
+  if (!budget_->side_files_allowed() || budget_->below_marker(step)) return false;
+  budget_->side_written(step);
+  return true;
+}
+
 void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
   const Record& record = slot.record;
   const RecordDesc& desc = record.desc;
   const auto statistics_done = [&](const TensorStats& stats) {
     // Past a disk budget and its reserve, statistics and TensorBoard stop
     // too; the rules still see every record.
-    if (record.has_row() && (budget_ == nullptr || budget_->side_files_allowed())) {
+    if (record.has_row() && side_files(desc.step)) {
       stats_.append(desc.kind, desc.name, desc.step, stats);
       stats_rows_.fetch_add(1, std::memory_order_relaxed);
       if (tensorboard_ != nullptr) to_tensorboard([&] { tensorboard_->statistics(desc, stats); });
@@ -253,7 +262,7 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
   // full disk must not silence a rule (a NaN loss that stops training under
   // AfterDump::Throw), nor empty the statistics table and the charts, which
   // are often all that still fits.
-  if (tensorboard_ != nullptr && (budget_ == nullptr || budget_->side_files_allowed())) {
+  if (tensorboard_ != nullptr && side_files(desc.step)) {
     if (open == nullptr) {
       to_tensorboard([&] { tensorboard_->values(desc, data, slot.nbytes); });
     } else {

@@ -80,6 +80,8 @@ class WriterThread {
   void write_slot(const Slot& slot, const char* base);
   // The slot's part of its record's operation; throws.
   void apply(const Slot& slot, const char* data, InFlight* open);
+  // Whether statistics rows and events of `step` are written (a disk budget).
+  bool side_files(std::int64_t step);
   // The slot's part of storing its record; a failure is counted, and the
   // record's statistics and TensorBoard part go on.
   void store(const Slot& slot, const char* data, InFlight* open) noexcept;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -63,33 +64,52 @@ void FlightRecorder::user_dump(std::int64_t step) {
   trigger(std::move(user));
 }
 
-std::vector<std::int64_t> FlightRecorder::trigger(Dump dump, bool applies) {
+Dump FlightRecorder::trigger(Dump dump, bool applies) {
   // After a dump that stopped the flight recorder: a mark, which acts on
   // nothing (capture is halted already; Throw threw for the first).
   if (ring_ && halted()) applies = false;
   if (ring_ && !halted()) {
     const std::int64_t step = dump.step;
     std::vector<HeldRecord> held = ring_->take(step);
-    dump.steps.push_back(step);
+    // The steps held, and the trigger's: its records still to come are
+    // written as they come (the window), not held.
+    std::vector<std::int64_t> steps{step};
     std::vector<const RecordDesc*> descs;
     for (const HeldRecord& r : held) {
-      dump.steps.push_back(r.record.desc.step);
+      steps.push_back(r.record.desc.step);
       descs.push_back(&r.record.desc);
     }
-    std::sort(dump.steps.begin(), dump.steps.end());
-    dump.steps.erase(std::unique(dump.steps.begin(), dump.steps.end()), dump.steps.end());
+    std::sort(steps.begin(), steps.end());
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
     // Two dumps at one step (two rules on one row, under Continue) keep
     // the first's window: its late records still go to disk.
-    window_lo_ = window_hi_ >= dump.steps.front() ? std::min(window_lo_, dump.steps.front()) : dump.steps.front();
-    window_hi_ = std::max(window_hi_, dump.steps.back());
-    // A dumped step stays whatever a disk budget gives up (KeepLatest).
-    store_.keep_steps(dump.steps);
+    window_lo_ = window_hi_ >= steps.front() ? std::min(window_lo_, steps.front()) : steps.front();
+    window_hi_ = std::max(window_hi_, steps.back());
+    // A dumped step stays whatever a disk budget gives up (KeepLatest),
+    // within the dumps' share.
+    store_.keep_steps(steps);
     store_.prepare(descs);
-    for (const HeldRecord& r : held) store_.write_whole(r.record.desc, r.bytes.data(), r.bytes.size());
+    std::set<std::int64_t> held_steps, written;
+    for (const HeldRecord& r : held) {
+      held_steps.insert(r.record.desc.step);
+      if (store_.write_whole(r.record.desc, r.bytes.data(), r.bytes.size())) written.insert(r.record.desc.step);
+    }
+    store_.end_kept();
     // What was dumped is made durable before the run says it was.
     store_.sync(/*force=*/true);
+    // The dump lists only steps it wrote, and says which it could not keep
+    // and why: records the budget refused, or steps the dumps' share gave
+    // up while this dump was written (its oldest, when it is larger).
+    for (std::int64_t s : held_steps)
+      (written.count(s) != 0 && !store_.given_up(s) ? dump.steps : dump.refused_steps).push_back(s);
+    // The trigger's step, none of it held: listed if records of it were
+    // stored already (a sampled step, a capture window), and kept with
+    // them. Its records still to come go through the window, if that step
+    // is captured at all, which the dump cannot know: not listed then.
+    if (held_steps.count(step) == 0 && store_.stored(step) && !store_.given_up(step))
+      dump.steps.insert(std::upper_bound(dump.steps.begin(), dump.steps.end(), step), step);
+    if (!dump.refused_steps.empty()) dump.refused_reason = store_.dump_refusal();
   }
-  std::vector<std::int64_t> written = dump.steps;
   // Without a flight recorder the trigger only marks the run. dumps.jsonl
   // has the dump on disk before step() can see the count and act on it.
   try {
@@ -112,7 +132,7 @@ std::vector<std::int64_t> FlightRecorder::trigger(Dump dump, bool applies) {
     last_applied_.store(static_cast<std::size_t>(n), std::memory_order_relaxed);
     applied_.fetch_add(1, std::memory_order_release);
   }
-  return written;
+  return dump;
 }
 
 void FlightRecorder::on_step() {

@@ -53,8 +53,8 @@ class FlightRecorder {
   /// A dump no rule made: the stall watchdog's, a control request's. It
   /// writes the held steps (a mark once the flight recorder has stopped)
   /// and never applies Options::after_dump: no StopCapture, no Throw.
-  /// Returns the steps it wrote.
-  std::vector<std::int64_t> side_dump(Dump dump) { return trigger(std::move(dump), /*applies=*/false); }
+  /// Returns the dump as written: its steps, and those refused and why.
+  Dump side_dump(Dump dump) { return trigger(std::move(dump), /*applies=*/false); }
   /// `tensortap ctl capture`: the held records of steps [lo, hi] are
   /// written, not held (writer thread, before any of them arrives).
   void store_steps(std::int64_t lo, std::int64_t hi) {
@@ -89,7 +89,7 @@ class FlightRecorder {
   // window for what is still to come of the trigger's step. After a dump
   // that stopped the flight recorder, only marks the run (no steps): a NaN
   // after a rule's firing is still said. `applies`: after_dump acts on it.
-  std::vector<std::int64_t> trigger(Dump dump, bool applies = true);
+  Dump trigger(Dump dump, bool applies = true);
   // After a dump that stops capture: later records are let go.
   bool halted() const { return halts_ && applied_.load(std::memory_order_relaxed) > 0; }
 

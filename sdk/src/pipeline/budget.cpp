@@ -26,15 +26,23 @@ DiskBudget::DiskBudget(const Options& options, std::string run_dir, const Dir& d
       policy_(options.on_budget()),
       run_dir_(std::move(run_dir)),
       dir_(dir),
-      store_(store) {}
+      store_(store),
+      dump_share_(options.max_bytes() / 100 * options.dumps_percent() +
+                  options.max_bytes() % 100 * options.dumps_percent() / 100) {}
 
 void DiskBudget::measure() {
   if (!on()) return;
   rescan();
   // KeepLatest: statistics, TensorBoard's events and the lines files grow
   // between records; old steps make room for them as for records.
-  if (policy_ == Budget::KeepLatest && used_ > max_ && newest_ >= 0)
-    make_room(used_ - max_, used_ - max_ + max_ / 16, newest_);
+  if (policy_ != Budget::KeepLatest || used_ <= max_) return;
+  const std::uint64_t over = used_ - max_;
+  // The steps before the newest full record's make room first, every
+  // output of theirs. If they cannot (full capture paused, or never on),
+  // the oldest statistics segments and event files go, up to the newest
+  // step's: the newest full records stay, whatever follows them.
+  if (newest_ >= 0 && make_room(over, over + max_ / 16, newest_)) return;
+  if (side_newest_ > newest_) make_side_room(over + max_ / 16);
 }
 
 void DiskBudget::rescan() {
@@ -77,34 +85,45 @@ bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {
   used_ = std::max(used_, written());
   if (used_ + need > max_ && !reached_.load(std::memory_order_relaxed)) rescan();
   if (policy_ == Budget::KeepLatest) {
-    // A late record of a step given up (not a dumped one) would only be hidden.
-    if (given_up(step)) {
+    // A dump's records refused are counted apart too (dump_records_refused).
+    const bool dumped = kept_.count(step) != 0;
+    const auto refuse_it = [&] {
       refuse(nbytes);
+      if (dumped) dump_refused_.fetch_add(1, std::memory_order_relaxed);
       return false;
-    }
+    };
+    // A late record of a step given up (not a dumped one) would only be hidden.
+    if (given_up(step)) return refuse_it();
     newest_ = std::max(newest_, step);
+    // A dumped step's records count against the dumps' share: the oldest
+    // dumped steps go first, this one too if the dump is larger than it.
+    if (kept_.count(step) != 0) {
+      kept_bytes_[step] += need;
+      kept_total_ += need;
+      fit_dumps();
+      if (given_up(step)) return refuse_it();
+    }
     if (used_ + need > max_) {
       said_reached(step);
       // A sixteenth of the budget more than needed: a give-up (run.json
       // rewritten, files deleted) once in many records, not at each.
       const std::uint64_t over = used_ + need - max_;
-      make_room(over, over + max_ / 16, newest_);
+      // Older steps first; then the oldest statistics segments and event
+      // files, which newer steps' statistics would take in turn.
+      if (!make_room(over, over + max_ / 16, newest_)) make_side_room(over + max_ / 16);
     }
     // A late record of a step just given up (a dumped step stays).
-    if (given_up(step)) {
-      refuse(nbytes);
-      return false;
-    }
+    if (given_up(step)) return refuse_it();
     if (used_ + need <= max_) {
       used_ += need;
       return true;
     }
-    refuse(nbytes);
+    refuse_it();
     if (!said_no_room_ && !give_up_failed_) {
       said_no_room_ = true;
       std::fprintf(stderr,
                    "tensortap: warning: run '%s': a record of step %lld (%llu bytes) does not fit its disk budget of "
-                   "%llu bytes, and giving up every older step (dumped steps stay) would not make room (%llu bytes in "
+                   "%llu bytes, and giving up every older step (dumped steps within their share stay) would not make room (%llu bytes in "
                    "use: this step's records, the index, the directories, statistics and lines files); such records "
                    "are refused (Counters::budget_refused)\n",
                    run_dir_.c_str(), static_cast<long long>(step), static_cast<unsigned long long>(nbytes),
@@ -130,7 +149,7 @@ void DiskBudget::said_reached(std::int64_t record_step) {
                policy_ == Budget::KeepLatest
                    ? "tensortap: warning: run '%s' reached its disk budget of %llu bytes (Options::max_bytes) at step "
                      "%lld: the oldest steps are given up to make room (Budget::KeepLatest; run.json's "
-                     "\"given_up_below\"); dumped steps stay\n"
+                     "\"given_up_below\"); dumped steps stay within their share (Options::dumps_percent)\n"
                    : "tensortap: warning: run '%s' reached its disk budget of %llu bytes (Options::max_bytes) at step "
                      "%lld: full tensors stop (Budget::StopCapture); statistics, TensorBoard and the rules go on within "
                      "5%% more\n",
@@ -163,6 +182,53 @@ bool DiskBudget::make_room(std::uint64_t need, std::uint64_t want, std::int64_t 
   }
   rescan();
   return true;
+}
+
+bool DiskBudget::make_side_room(std::uint64_t want) {
+  if (!give_up_hooks_.side || give_up_failed_ || side_newest_ < 0) return false;
+  // The files being written (the newest step's) stay.
+  const std::uint64_t freed = give_up_hooks_.side(want, side_newest_);
+  if (freed > 0) rescan();
+  return freed > 0;
+}
+
+void DiskBudget::fit_dumps() {
+  bool gone = false;
+  const std::int64_t marked = given_up_below_.load(std::memory_order_relaxed);
+  while (kept_total_ > dump_share_ && !kept_.empty()) {
+    const std::int64_t oldest = *kept_.begin();
+    kept_.erase(kept_.begin());
+    const auto it = kept_bytes_.find(oldest);
+    if (it != kept_bytes_.end()) {
+      kept_total_ -= it->second;
+      kept_bytes_.erase(it);
+    }
+    dumps_given_up_below_.store(std::max(dumps_given_up_below_.load(std::memory_order_relaxed), oldest + 1),
+                                std::memory_order_relaxed);
+    gone = gone || oldest < marked;
+  }
+  if (!gone || !give_up_hooks_.apply || give_up_failed_) return;
+  // Dumped steps below the marker are given up now: run.json says so
+  // first (the readers hide them), then their files go.
+  try {
+    give_up_hooks_.apply(marked, kept_, /*mark=*/true);
+  } catch (const std::exception& e) {
+    give_up_failed_ = true;
+    std::fprintf(stderr,
+                 "tensortap: warning: run '%s' cannot give up old dumped steps (Budget::KeepLatest): run.json could "
+                 "not say so first (%s); records that do not fit its disk budget are refused from now on\n",
+                 run_dir_.c_str(), e.what());
+    return;
+  }
+  rescan();
+}
+
+std::string DiskBudget::dump_refusal() const {
+  if (policy_ == Budget::StopCapture)
+    return fmt::format("the disk budget of {} bytes is reached (stop_capture)", max_);
+  return fmt::format("beyond the dumps' share of the disk budget ({} bytes, Options::dumps_percent) or the budget "
+                     "itself",
+                     dump_share_);
 }
 
 bool DiskBudget::side_files_allowed() {
@@ -209,6 +275,8 @@ BudgetState DiskBudget::state() const {
   s.refused_records = refused_records_.load(std::memory_order_relaxed);
   s.refused_bytes = refused_bytes_.load(std::memory_order_relaxed);
   s.given_up_below = given_up_below_.load(std::memory_order_relaxed);
+  s.dumps_given_up_below = dumps_given_up_below_.load(std::memory_order_relaxed);
+  s.dump_records_refused = dump_refused_.load(std::memory_order_relaxed);
   s.statistics_stopped_at = stopped_at_.load(std::memory_order_relaxed);
   s.resumed_at = resumed_at_.load(std::memory_order_relaxed);
   if (s.statistics_stopped_at >= 0) s.stopped_reason = stopped_reason();

@@ -4,9 +4,11 @@
 // apparent size of this rank's run directory, every file tensortap writes
 // counted, kept under the budget by the writer thread.
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -32,6 +34,13 @@ struct BudgetState {
   std::int64_t refused_records = 0;
   std::uint64_t refused_bytes = 0;
   std::int64_t given_up_below = -1;
+  /// KeepLatest: dumped steps below this were given up too (the dumps'
+  /// share, oldest first); what the statistics segments and event files
+  /// given up held (DESIGN section 11).
+  std::int64_t dumps_given_up_below = -1;
+  std::int64_t dump_records_refused = 0;  // of refused_records: a dump's beyond the share
+  std::int64_t stats_rows_given_up = 0;
+  std::int64_t event_files_given_up = 0;
   /// Statistics and TensorBoard's events stopped (budget and reserve
   /// used): the job's step then, why, and the step they came back at
   /// (-1: not since). run.json's "monitoring" (DESIGN section 11).
@@ -61,6 +70,8 @@ class DiskBudget {
   /// grow: under the budget and its reserve of 5% (KeepLatest: old steps
   /// make room for them first, at `measure()`).
   bool side_files_allowed();
+  /// A statistics row or event of `step` is written (writer thread).
+  void side_written(std::int64_t step) { side_newest_ = std::max(side_newest_, step); }
   /// Whether statistics are stopped now (any thread): `ctl`'s answers say so.
   bool statistics_stopped() const { return side_stopped_.load(std::memory_order_relaxed); }
   /// Whether monitoring stopped or resumed since the last call (writer
@@ -80,15 +91,29 @@ class DiskBudget {
                                  const std::set<std::int64_t>& kept)>
         plan;
     std::function<void(std::int64_t below, const std::set<std::int64_t>& kept, bool mark)> apply;
+    /// Gives up the oldest statistics segments and event files, of steps
+    /// before `limit`, until `want` bytes are free (or all of them); the
+    /// bytes freed. No marker: their steps' full records stay.
+    std::function<std::uint64_t(std::uint64_t want, std::int64_t limit)> side;
   };
   void set_give_up(GiveUpHooks hooks) { give_up_hooks_ = std::move(hooks); }
-  /// A step a flight-recorder dump writes: never given up.
-  void keep_step(std::int64_t step) { kept_.insert(step); }
+  /// A step a flight-recorder dump writes: kept while the dumps' share
+  /// (Options::dumps_percent of the budget) holds it; the oldest dumped
+  /// steps are given up first.
+  void keep_step(std::int64_t step) {
+    if (step >= dumps_given_up_below_.load(std::memory_order_relaxed)) kept_.insert(step);
+  }
+  /// Why a dumped step's records were refused, in words (a dump's answer).
+  std::string dump_refusal() const;
   /// KeepLatest: whether `step`'s records are given up (below the marker,
   /// not dumped): their files go, and their index lines need not be written.
   bool given_up(std::int64_t step) const {
     return step < given_up_below_.load(std::memory_order_relaxed) && kept_.count(step) == 0;
   }
+
+  /// KeepLatest: whether `step` is below the marker (its statistics rows
+  /// and events, which no dump keeps, need not be written).
+  bool below_marker(std::int64_t step) const { return step < given_up_below_.load(std::memory_order_relaxed); }
 
   /// Whether the budget stopped full capture (the front end asks at step()).
   bool reached() const { return reached_.load(std::memory_order_relaxed); }
@@ -141,6 +166,20 @@ class DiskBudget {
   std::set<std::int64_t> kept_;
   bool give_up_failed_ = false;
   bool said_no_room_ = false;
+  // The dumps' share: its bytes, what the kept steps took (by step), and
+  // the dumped steps given up (below this).
+  const std::uint64_t dump_share_;
+  std::map<std::int64_t, std::uint64_t> kept_bytes_;
+  std::uint64_t kept_total_ = 0;
+  std::atomic<std::int64_t> dumps_given_up_below_{-1};
+  std::atomic<std::int64_t> dump_refused_{0};
+  // The newest step of a statistics row or event written (KeepLatest).
+  std::int64_t side_newest_ = -1;
+  // Gives up the oldest statistics segments and event files (no marker)
+  // until `want` bytes are free; whether any went.
+  bool make_side_room(std::uint64_t want);
+  // Gives up the oldest dumped steps until the dumps fit their share.
+  void fit_dumps();
 };
 
 }  // namespace tensortap::detail

@@ -82,6 +82,12 @@ void append_dump_json(std::string& j, const Dump& d) {
     }
     j += "]";
   }
+  if (!d.refused_steps.empty()) {
+    j += ", \"refused_steps\": ";
+    append_json_ints(j, d.refused_steps);
+    j += ", \"refused_reason\": ";
+    append_json_string(j, d.refused_reason);
+  }
   // Dumps no rule made have no tensor and no trigger.
   if (d.trigger != "user" && d.trigger != "stall" && d.trigger != "request") {
     j += fmt::format(", \"kind\": \"{}\", \"name\": ", kind_name(d.kind));
@@ -176,8 +182,9 @@ std::string run_json(const Options& o, const RunInfo& info) {
   }
   if (o.format() == Format::Packed)
     j += fmt::format(",\n    \"packed\": {{\"segment_bytes\": {}}}", o.packed().segment_bytes());
-  j += fmt::format(",\n    \"max_bytes\": {},\n    \"on_budget\": \"{}\",\n    \"stall_after_ms\": {}", o.max_bytes(),
-                   o.on_budget() == Budget::KeepLatest ? "keep_latest" : "stop_capture", o.stall_after().count());
+  j += fmt::format(",\n    \"max_bytes\": {},\n    \"on_budget\": \"{}\",\n    \"dumps_percent\": {},\n    \"stall_after_ms\": {}",
+                   o.max_bytes(), o.on_budget() == Budget::KeepLatest ? "keep_latest" : "stop_capture",
+                   o.dumps_percent(), o.stall_after().count());
   j += "\n  },\n  \"options_from_env\": ";
   if (info.options_from_env)
     append_json_string(j, *info.options_from_env);
@@ -212,9 +219,15 @@ std::string run_json(const Options& o, const RunInfo& info) {
     const auto step_or_null = [](std::int64_t s) { return s < 0 ? std::string("null") : std::to_string(s); };
     j += fmt::format(
         "  \"budget\": {{\"max_bytes\": {}, \"policy\": \"{}\", \"reached_at_step\": {}, \"refused_records\": {}, "
-        "\"refused_bytes\": {}, \"given_up_below\": {}}},\n",
+        "\"refused_bytes\": {}, \"given_up_below\": {}",
         b.max_bytes, b.policy == Budget::KeepLatest ? "keep_latest" : "stop_capture", step_or_null(b.reached_at_step),
         b.refused_records, b.refused_bytes, step_or_null(b.given_up_below));
+    // KeepLatest's give-ups of dumped steps, statistics and events (DESIGN section 11).
+    if (b.dumps_given_up_below >= 0) j += fmt::format(", \"dumps_given_up_below\": {}", b.dumps_given_up_below);
+    if (b.dump_records_refused > 0) j += fmt::format(", \"dump_records_refused\": {}", b.dump_records_refused);
+    if (b.stats_rows_given_up > 0) j += fmt::format(", \"stats_rows_given_up\": {}", b.stats_rows_given_up);
+    if (b.event_files_given_up > 0) j += fmt::format(", \"event_files_given_up\": {}", b.event_files_given_up);
+    j += "},\n";
     if (b.statistics_stopped_at >= 0) {
       j += fmt::format("  \"monitoring\": {{\"statistics_stopped_at\": {}, \"reason\": ", b.statistics_stopped_at);
       append_json_string(j, b.stopped_reason);

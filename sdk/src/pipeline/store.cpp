@@ -60,18 +60,21 @@ void Store::written(const RecordDesc& record, const std::string& location) {
   if (budget_ == nullptr || !budget_->given_up(record.step))
     append_index_line(pending_index_, record, location);
   pending_.push_back(Pending{pending_index_.size(), static_cast<std::int64_t>(record.nbytes), record.step});
+  if (recent_steps_.insert(record.step).second && recent_steps_.size() > 64) recent_steps_.erase(recent_steps_.begin());
 }
 
-void Store::write_whole(const RecordDesc& record, const char* data, std::size_t nbytes) noexcept {
+bool Store::write_whole(const RecordDesc& record, const char* data, std::size_t nbytes) noexcept {
   try {
     auto sink = begin(record);
     sink->append(data, nbytes);
     written(record, sink->finish());
+    return true;
   } catch (const BudgetRefused&) {
     // Counted by the budget; not a failure.
   } catch (...) {
     failures_.add(record, Failures::current());
   }
+  return false;
 }
 
 void Store::sync(bool force) noexcept {

@@ -33,8 +33,9 @@ class Store {
   std::unique_ptr<RecordSink> begin(const RecordDesc& record);
   /// A record is complete at `location`: its index line waits for `sync()`.
   void written(const RecordDesc& record, const std::string& location);
-  /// Writes a whole record; a failure is the record's, reported.
-  void write_whole(const RecordDesc& record, const char* data, std::size_t nbytes) noexcept;
+  /// Writes a whole record; a failure is the record's, reported. Whether
+  /// it was written (not refused by a disk budget, not failed).
+  bool write_whole(const RecordDesc& record, const char* data, std::size_t nbytes) noexcept;
   /// Writes the index lines of what is durable; with `force`, makes all of
   /// it durable first (see `Writer::sync`). Reports failures.
   void sync(bool force) noexcept;
@@ -55,11 +56,24 @@ class Store {
   /// which must outlive the store) of about max_bytes/64, so that the lines
   /// of steps given up go with their segment.
   void keep_latest(const Dir& dir, std::uint64_t max_bytes);
-  /// Steps a flight-recorder dump writes: a disk budget never gives them up.
+  /// Steps a flight-recorder dump writes: a disk budget keeps them within
+  /// the dumps' share. Their records begin a file of their own (packed),
+  /// which the caller ends with `end_kept()` once they are written.
   void keep_steps(const std::vector<std::int64_t>& steps) {
-    if (budget_ != nullptr)
-      for (std::int64_t s : steps) budget_->keep_step(s);
+    if (budget_ == nullptr) return;
+    for (std::int64_t s : steps) budget_->keep_step(s);
+    writer_->cut();
   }
+  void end_kept() {
+    if (budget_ != nullptr) writer_->cut();
+  }
+  /// KeepLatest: whether `step`'s records are given up (DiskBudget::given_up).
+  bool given_up(std::int64_t step) const { return budget_ != nullptr && budget_->given_up(step); }
+  /// Whether a record of `step`, one of the last steps written, is written
+  /// (a dump's trigger step).
+  bool stored(std::int64_t step) const { return recent_steps_.count(step) != 0; }
+  /// Why a dumped step's records were refused (DiskBudget::dump_refusal).
+  std::string dump_refusal() const { return budget_ != nullptr ? budget_->dump_refusal() : std::string(); }
   /// See `Writer::plan_give_up`.
   Writer::GiveUp plan_give_up(std::uint64_t want, std::int64_t from, std::int64_t limit,
                               const std::set<std::int64_t>& kept) const {
@@ -116,6 +130,8 @@ class Store {
   };
   IndexSegment segment_;
   std::vector<IndexSegment> old_segments_;
+  // The last steps records were written of (a few: stored()).
+  std::set<std::int64_t> recent_steps_;
   std::atomic<std::int64_t> records_{0};
   std::atomic<std::int64_t> bytes_{0};
 };

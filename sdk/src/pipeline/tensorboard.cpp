@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 #include <tensortap/kinds.h>
@@ -207,7 +208,7 @@ void for_each_suffix(const std::array<bool, kStatsFields>& written, bool nonfini
 }  // namespace
 
 TensorBoard::TensorBoard(const Dir& dir, const TensorBoardOptions& options)
-    : file_(std::make_unique<EventFile>(dir)), histograms_every_(options.histograms_every()) {
+    : dir_(dir), file_(std::make_unique<EventFile>(dir)), histograms_every_(options.histograms_every()) {
   for (const std::string& name : options.stats()) {
     const std::size_t i = field_index(name);
     if (i < written_.size()) written_[i] = true;  // Settings refused any other name
@@ -223,8 +224,44 @@ void TensorBoard::chart(std::size_t category, const std::string& name) {
 }
 
 void TensorBoard::append(std::int64_t step, const std::string& event) {
+  std::exception_ptr rolled;
+  if (file_bytes_ > 0 && max_step_ >= 0 && step > max_step_ && file_->size() + file_->buffered() >= file_bytes_) {
+    try {
+      roll();
+    } catch (...) {
+      rolled = std::current_exception();
+    }
+  }
   file_->append(event);
   last_step_ = std::max(last_step_, step);
+  if (max_step_ < 0) min_step_ = step;
+  min_step_ = std::min(min_step_, step);
+  max_step_ = std::max(max_step_, step);
+  if (rolled) std::rethrow_exception(rolled);
+}
+
+void TensorBoard::roll() {
+  // The next file first: if it cannot be made (a full disk), the events
+  // stay in this one.
+  auto next = std::make_unique<EventFile>(dir_, file_->seconds());
+  std::exception_ptr first;
+  try {
+    write_layout();
+    file_->flush(/*durable=*/false);
+  } catch (...) {
+    first = std::current_exception();
+  }
+  try {
+    file_->close();
+  } catch (...) {
+    if (!first) first = std::current_exception();
+  }
+  files_.add(StepFiles::Entry{file_->name(), min_step_, max_step_, file_->size() + file_->buffered(), 0});
+  file_ = std::move(next);
+  max_step_ = -1;
+  // The custom scalars layout again in the new file: the old one may go.
+  layout_due_ = !charted_[kScalars].empty() || !charted_[kNorms].empty() || !charted_[kStds].empty();
+  if (first) std::rethrow_exception(first);
 }
 
 void TensorBoard::write_layout() {

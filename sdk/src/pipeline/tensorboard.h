@@ -13,6 +13,7 @@
 #include "writers/src/dtypes.h"
 #include "writers/src/file.h"
 #include "writers/src/stats_file.h"
+#include "writers/src/step_files.h"
 #include "writers/src/writer.h"
 
 namespace tensortap::detail {
@@ -78,8 +79,19 @@ class TensorBoard {
   /// Writes the events so far (see `EventFile::flush`). Throws `Error`.
   void flush(bool durable);
   void close();
+  /// Budget::KeepLatest: a new event file begins, at a step's first event,
+  /// once one holds about `file_bytes` (TensorBoard reads a directory's
+  /// files as one run); a give-up deletes the files whose steps are all
+  /// given up. Throws (see StepFiles::give_up).
+  void keep_latest(std::uint64_t file_bytes) { file_bytes_ = file_bytes; }
+  std::uint64_t bytes_below(std::int64_t below) const { return files_.bytes_below(below); }
+  std::uint64_t give_up(std::int64_t below) { return files_.give_up(dir_, below); }
+  std::int64_t files_given_up() const { return files_.given_up(); }
 
  private:
+  // Ends the event file for the next (KeepLatest); throws after the roll
+  // if the old file's last events could not be written.
+  void roll();
   bool histogram_step(std::int64_t step) const;
   void scalar(const RecordDesc& desc, double value);
   // The tag scheme (DESIGN sections 8 and 9) gives a 0-d tensor named
@@ -95,7 +107,13 @@ class TensorBoard {
   void write_layout();
   // Appends an event at `step`, keeping the highest step written.
   void append(std::int64_t step, const std::string& event);
+  const Dir& dir_;
   std::unique_ptr<EventFile> file_;
+  // KeepLatest: the size a file grows to (0: one file), the steps of the
+  // file written, the files before it.
+  std::uint64_t file_bytes_ = 0;
+  std::int64_t min_step_ = 0, max_step_ = -1;
+  StepFiles files_;
   const std::int64_t histograms_every_;
   // The statistics written (TensorBoardOptions::stats), by the schema's
   // index, and whether their NaN/Inf counts go as one `nonfinite` tag.

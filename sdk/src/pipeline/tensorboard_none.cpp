@@ -16,8 +16,8 @@ HistogramAccumulator::~HistogramAccumulator() = default;
 void HistogramAccumulator::add(const void*, std::size_t) {}
 double HistogramAccumulator::count() const { return 0; }
 
-TensorBoard::TensorBoard(const Dir&, const TensorBoardOptions& options)
-    : histograms_every_(options.histograms_every()) {
+TensorBoard::TensorBoard(const Dir& dir, const TensorBoardOptions& options)
+    : dir_(dir), histograms_every_(options.histograms_every()) {
   fail("this tensortap was built without TensorBoard event files");
 }
 TensorBoard::~TensorBoard() = default;
@@ -29,5 +29,6 @@ void TensorBoard::histogram_done(const RecordDesc&, const HistogramAccumulator&)
 void TensorBoard::text(std::int64_t, const std::string&, const std::string&) {}
 void TensorBoard::flush(bool) {}
 void TensorBoard::close() {}
+void TensorBoard::roll() {}
 
 }  // namespace tensortap::detail

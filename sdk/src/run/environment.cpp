@@ -196,6 +196,7 @@ void apply(Options& o, const Setting& s) {
   else if (k == "max_bytes") o.max_bytes(s.size());
   else if (k == "on_budget")
     o.on_budget(s.one_of<Budget>({{"stop_capture", Budget::StopCapture}, {"keep_latest", Budget::KeepLatest}}));
+  else if (k == "dumps_percent") o.dumps_percent(static_cast<int>(std::min<std::int64_t>(s.integer(), 1000)));
   else if (k == "stall_after") o.stall_after(s.duration());
   else if (k == "dump_on") s.bad("dump_on cannot be set here: set in code (Options::dump_on(Trigger))");
   else s.bad("an unknown key");

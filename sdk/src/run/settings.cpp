@@ -85,6 +85,8 @@ void validate(const Options& o) {
                   h.chunk_bytes(), kMaxChunkBytes);
   TENSORTAP_CHECK(h.flush_every() >= 0, "Hdf5Options::flush_every({}) must be 0 (sized from the records) or more",
                   h.flush_every());
+  TENSORTAP_CHECK(o.dumps_percent() >= 0 && o.dumps_percent() <= 100,
+                  "Options::dumps_percent({}) must be a percent of max_bytes, 0 to 100", o.dumps_percent());
   TENSORTAP_CHECK(!(o.max_bytes() > 0 && o.on_budget() == Budget::KeepLatest && o.format() == Format::Hdf5),
                   "Options::on_budget(Budget::KeepLatest) with Format::Hdf5: a record's rows in tensors.h5 cannot be "
                   "given up in place; use Budget::StopCapture, or Format::Npy or Format::Packed");

@@ -195,7 +195,7 @@ std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
   if (!open_) {
     open_ = open_segment();
     end_ = 0;
-  } else if (end_ > 0 && (align_up(end_) + size > (keep_latest_ ? cap_ : options_.segment_bytes()) ||
+  } else if (end_ > 0 && (cut_ || align_up(end_) + size > (keep_latest_ ? cap_ : options_.segment_bytes()) ||
                           (keep_latest_ && meta.step > open_->max_step && end_ >= cap_ / 2))) {
     // What could fail goes first, before the next segment exists: on a full
     // disk the record fails here, as every one after it will, and no new
@@ -211,6 +211,7 @@ std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
     end_ = 0;
     close_retired();
   }
+  cut_ = false;
   const std::uint64_t offset = align_up(end_);
   open_->put(offset, header_.data(), header_.size());
   end_ = offset + size;

@@ -42,6 +42,7 @@ class PackedWriter final : public Writer {
   /// step boundary once past half of that, so that giving steps up frees
   /// whole segments, soon after their last step goes.
   void keep_latest(std::uint64_t max_bytes) override;
+  void cut() override { cut_ = keep_latest_; }
   GiveUp plan_give_up(std::uint64_t want, std::int64_t from, std::int64_t limit,
                       const std::set<std::int64_t>& kept) const override;
   std::uint64_t give_up(std::int64_t below, const std::set<std::int64_t>& kept) override;
@@ -122,6 +123,7 @@ class PackedWriter final : public Writer {
   // Budget::KeepLatest: the most a segment holds, and the segments closed
   // (what giving up steps may delete), oldest first.
   bool keep_latest_ = false;
+  bool cut_ = false;  // the next record begins a segment (cut())
   std::uint64_t cap_ = 0;
   struct Closed {
     std::string rel;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -34,12 +35,13 @@ std::string event_file_name(std::int64_t unix_seconds, const std::string& host, 
   return fmt::format("events.out.tfevents.{:010d}.{}.{}.tensortap", unix_seconds, h, pid);
 }
 
-EventFile::EventFile(const Dir& dir) {
+EventFile::EventFile(const Dir& dir, std::int64_t after_seconds) {
   const double now = wall_seconds();
-  const std::string name = event_file_name(static_cast<std::int64_t>(now), host_name(), ::getpid());
+  seconds_ = std::max(static_cast<std::int64_t>(now), after_seconds + 1);
+  name_ = event_file_name(seconds_, host_name(), ::getpid());
   // O_EXCL with Dir's O_NOFOLLOW: a file or link already there is refused,
   // never followed or appended to.
-  file_ = dir.open_file(name, O_WRONLY | O_CREAT | O_EXCL | O_APPEND);
+  file_ = dir.open_file(name_, O_WRONLY | O_CREAT | O_EXCL | O_APPEND);
   append(tb::file_version_event(now));
   flush(/*durable=*/false);
 }

@@ -20,8 +20,10 @@ std::string event_file_name(std::int64_t unix_seconds, const std::string& host, 
 class EventFile {
  public:
   /// Creates the file (exclusively, never through a link) and writes its
-  /// first event. Throws `Error` naming the path.
-  explicit EventFile(const Dir& dir);
+  /// first event. Throws `Error` naming the path. A file that follows
+  /// another (a roll) names a second after `after_seconds` at least, so
+  /// that the names sort in the order written, as TensorBoard reads them.
+  explicit EventFile(const Dir& dir, std::int64_t after_seconds = -1);
   EventFile(const EventFile&) = delete;
   EventFile& operator=(const EventFile&) = delete;
 
@@ -33,11 +35,17 @@ class EventFile {
   /// Closes the file, reporting what close() says. Throws `Error`.
   void close();
   std::string path() const { return file_.path(); }
-  /// Bytes on disk.
+  /// Its name in the run directory, and the seconds the name holds.
+  const std::string& name() const { return name_; }
+  std::int64_t seconds() const { return seconds_; }
+  /// Bytes on disk, and buffered.
   std::uint64_t size() const { return size_; }
+  std::uint64_t buffered() const { return pending_.size(); }
 
  private:
   File file_;
+  std::string name_;
+  std::int64_t seconds_ = 0;
   std::string pending_;
   std::uint64_t size_ = 0;
 };
