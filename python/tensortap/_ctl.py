@@ -403,6 +403,10 @@ class _Channel:
         """Reads what control.jsonl gained; True once the answer is there."""
         assert self.answers is not None
         try:
+            # control.jsonl rolls to control.1.jsonl past its size (DESIGN
+            # section 11): once the name holds a new file, the old one (this
+            # descriptor) is read to its end, then the new one from the top.
+            rolled = self._rolled()
             size = os.fstat(self.answers).st_size
             if size < self.offset:  # cut short (a new run over this one): read again from the top
                 self.offset, self.partial, self.skipping = 0, b"", False
@@ -417,9 +421,28 @@ class _Channel:
                 if found is not None:
                     self._take(found)
                     return True
+            if rolled and self.offset >= size:
+                new = os.open(CONTROL_ANSWERS, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                              dir_fd=self.fd)
+                if not stat.S_ISREG(os.fstat(new).st_mode):
+                    os.close(new)
+                    return False
+                os.close(self.answers)
+                self.answers, self.offset, self.partial, self.skipping = new, 0, b"", False
+                return self._answered()
         except OSError:
             pass  # read again at the next poll
         return False
+
+    def _rolled(self) -> bool:
+        """Whether control.jsonl is now another file than the one read."""
+        assert self.answers is not None
+        try:
+            st = os.stat(CONTROL_ANSWERS, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            return False
+        mine = os.fstat(self.answers)
+        return (st.st_ino, st.st_dev) != (mine.st_ino, mine.st_dev)
 
     def _lines(self, chunk: bytes) -> Optional[Dict[str, Any]]:
         lines = (self.partial + chunk).split(b"\n")

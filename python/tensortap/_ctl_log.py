@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Deque, List, Optional, Tuple
 
 from ._base import RunError, _safe, _warn
 from ._files import _open_regular
-from ._names import CONTROL_ANSWERS
+from ._names import CONTROL_ANSWERS, CONTROL_ANSWERS_OLD
 
 if TYPE_CHECKING:
     from ._run import Run
@@ -70,12 +70,22 @@ def _is_answer(raw: bytes) -> bool:
 
 
 def read_log(directory: str) -> Optional[ControlLog]:
-    """The counts of `directory`'s control.jsonl; None when it has none (a
-    run of a recorder without ctl) or it cannot be read (a RunWarning)."""
-    path = os.path.join(directory, CONTROL_ANSWERS)
-    if not os.path.lexists(path):
+    """The counts of `directory`'s control answers, control.1.jsonl (the older
+    generation, once control.jsonl rolled) then control.jsonl; None when it has
+    none (a run of a recorder without ctl) or they cannot be read (a RunWarning)."""
+    paths = [p for p in (os.path.join(directory, n) for n in (CONTROL_ANSWERS_OLD, CONTROL_ANSWERS))
+             if os.path.lexists(p)]
+    if not paths:
         return None
     log = ControlLog()
+    for path in paths:
+        if not _read_into(log, path):
+            return None
+    return log
+
+
+def _read_into(log: ControlLog, path: str) -> bool:
+    """Counts the answers of one file into `log`; False (said) if it cannot be read."""
     try:
         with _open_regular(path, follow=False) as f:
             partial, skipping = b"", False
@@ -97,10 +107,12 @@ def read_log(directory: str) -> Optional[ControlLog]:
             # torn by a crash): counted only when it is whole.
             if partial.strip() and not skipping and _is_answer(partial):
                 log.count(partial)
+    except FileNotFoundError:
+        return True  # rolled away meanwhile: its answers are older ones
     except (RunError, OSError) as e:
         _warn(f"{_safe(e)}; its control requests are not read")
-        return None
-    return log
+        return False
+    return True
 
 
 def logs(run: Run) -> List[Tuple[Optional[int], ControlLog]]:

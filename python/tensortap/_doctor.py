@@ -180,7 +180,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, 
 import numpy as np
 
 from . import _doctor_rows as rows_
-from ._base import KINDS, _safe, _warn
+from ._base import KINDS, RunError, _safe, _warn
 from ._doctor_rows import Rows, ValueMeasure
 from ._files import has_statistics, monitoring_line
 from ._run import Run
@@ -1019,6 +1019,21 @@ def _monitoring_lines(run: Run) -> List[str]:
             out.append(f"{where}{line} (the rules saw no step after {m['statistics_stopped_at']})")
         elif line:
             out.append(("" if rank is None else f"rank {rank}: ") + line)
+    # Budget::KeepLatest gave up the oldest statistics (DESIGN section 11):
+    # the rules saw the steps kept, from the first row on.
+    for rank, info in sorted(run.infos.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+        budget = info.get("budget")
+        gone = budget.get("stats_rows_given_up") if isinstance(budget, dict) else None
+        if not isinstance(gone, int) or gone <= 0 or not _has_table(run, rank):
+            continue
+        try:
+            table, _ = run.stats_table(rank=rank)
+        except RunError:
+            continue
+        if len(table):
+            where = "" if rank is None else f"rank {rank}: "
+            out.append(f"{where}the rules saw steps {int(table['step'].min())}..{int(table['step'].max())}: "
+                       f"{gone} older statistics rows were given up (Budget::KeepLatest)")
     return out
 
 

@@ -9,7 +9,7 @@ import stat
 from typing import Any, Dict, Optional, Set
 
 from ._base import RunError, _is_int64, _json_type, _reason, _safe, _warn
-from ._names import DUMPS, RUN_JSON, stats_segment_number
+from ._names import DUMPS, DUMPS_OLD, RUN_JSON, stats_segment_number
 
 
 def _open_regular(path, follow=True):
@@ -89,16 +89,24 @@ def _rank_dumps(directory, info, warn=_warn):
     followed out of the run. `warn(message)` says what was skipped (a
     RunWarning unless told)."""
     lines_path = os.path.join(directory, DUMPS)
-    if info.get("closed", False) is not True and os.path.lexists(lines_path):
+    # With a disk budget dumps.jsonl rolls to dumps.1.jsonl (DESIGN section
+    # 11): the older generation first.
+    old_path = os.path.join(directory, DUMPS_OLD)
+    if info.get("closed", False) is not True and (os.path.lexists(lines_path) or os.path.lexists(old_path)):
         out = []
-        try:
-            for lineno, d in _read_lines(lines_path, follow=False, warn=warn):
-                if not isinstance(d, dict):
-                    warn(f"{lines_path}:{lineno}: skipped: {_json_type(d)}, not an object")
-                    continue
-                out.append(d)
-        except (RunError, OSError) as e:
-            warn(f"{e}; its dumps are not read")
+        for path in (old_path, lines_path):
+            if not os.path.lexists(path):
+                continue
+            try:
+                for lineno, d in _read_lines(path, follow=False, warn=warn):
+                    if not isinstance(d, dict):
+                        warn(f"{path}:{lineno}: skipped: {_json_type(d)}, not an object")
+                        continue
+                    out.append(d)
+            except FileNotFoundError:
+                continue  # rolled away while read: older dumps
+            except (RunError, OSError) as e:
+                warn(f"{e}; its dumps are not read")
         return out
     dumps = info.get("dumps", [])
     where = os.path.join(directory, RUN_JSON)

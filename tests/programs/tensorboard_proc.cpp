@@ -10,6 +10,11 @@
 //       STEPS/2 - 1, without flush() (printing "half"), and after the last
 //       step and flush() (printing "flushed"); then closes. The test reads
 //       the events while it waits, or kills it with SIGKILL.
+//   tensorboard_proc keep_npy|keep_packed DIR STEPS
+//       issue 70's case: every step, four 16 KiB tensors and a 0-d loss,
+//       statistics every step, histograms every step, a 1 MiB budget under
+//       Budget::KeepLatest (events roll; statistics in segments); prints
+//       "records R errors E refused B".
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -35,12 +40,33 @@ void wait_for_line(const char* said) {
 
 int main(int argc, char** argv) {
   if (argc != 4) {
-    std::fprintf(stderr, "usage: tensorboard_proc run|live DIR STEPS\n");
+    std::fprintf(stderr, "usage: tensorboard_proc run|live|keep_npy|keep_packed DIR STEPS\n");
     return 2;
   }
   const std::string mode = argv[1], dir = argv[2];
   const int64_t steps = std::atoll(argv[3]);
   const bool live = mode == "live";
+  if (mode == "keep_npy" || mode == "keep_packed") {
+    tensortap::Recorder rec{tensortap::Options(dir)
+                                .format(mode == "keep_npy" ? tensortap::Format::Npy : tensortap::Format::Packed)
+                                .every(1)
+                                .stats_every(1)
+                                .max_bytes(1 << 20)
+                                .on_budget(tensortap::Budget::KeepLatest)
+                                .tensorboard(tensortap::TensorBoardOptions().histograms_every(1))
+                                .overwrite(true)};
+    for (int64_t step = 0; step < steps; ++step) {
+      rec.step(step);
+      for (int k = 0; k < 4; ++k)
+        rec.capture("t" + std::to_string(k), torch::randn({4096}) * static_cast<double>(step + k + 1));
+      rec.capture("loss", torch::tensor(1.0 / static_cast<double>(step + 1)));
+    }
+    rec.close();
+    const tensortap::Counters c = rec.counters();
+    std::printf("records %lld errors %lld refused %lld\n", static_cast<long long>(c.records),
+                static_cast<long long>(c.errors), static_cast<long long>(c.budget_refused));
+    return 0;
+  }
   const auto [data, labels] = demo::make_task();
   demo::Mlp model(demo::kInputs, 32, 16, demo::kClasses);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));

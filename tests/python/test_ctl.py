@@ -144,12 +144,15 @@ def ctl(*args):
 
 
 def answers(run):
-    """control.jsonl's answers, in order."""
+    """The answers in order: control.1.jsonl (once control.jsonl rolled), then control.jsonl."""
     out = []
-    with open(os.path.join(run, "control.jsonl"), "rb") as f:
-        for raw in f.read().split(b"\n"):
-            with contextlib.suppress(ValueError):
-                out.append(json.loads(raw))
+    for name in ("control.1.jsonl", "control.jsonl"):
+        if not os.path.exists(os.path.join(run, name)):
+            continue
+        with open(os.path.join(run, name), "rb") as f:
+            for raw in f.read().split(b"\n"):
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(raw))
     return out
 
 

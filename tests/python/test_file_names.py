@@ -56,6 +56,14 @@ NOT_INDEX_SEGMENTS = ("index.0.jsonl", "index.01.jsonl", "index.00.jsonl", "inde
                       ".index.1.jsonl.room.tmp", "..index.1.jsonl.room", ".index.jsonl.room.room")
 
 
+# Rolled files (is_rolled_file_name, writers/src/run_dir.cpp), and names like them.
+ROLLED = ["stats.1.npy", "stats.2.npy", "stats.999999999.npy", "control.1.jsonl", "dumps.1.jsonl",
+          ".control.1.jsonl.room", ".dumps.1.jsonl.room"]
+NOT_ROLLED = ["stats.0.npy", "stats.01.npy", "stats..npy", "stats.x.npy", "stats.1000000000.npy", ".stats.1.npy.room",
+              "control.2.jsonl", "dumps.2.jsonl", "control.0.jsonl", "dumps.01.jsonl", "stats.1.npy.tmp",
+              "xstats.1.npy", "stats.1.npyx", ".control.2.jsonl.room"]
+
+
 class FileNamesTest(unittest.TestCase):
     def test_writers_and_reader_list_the_same_names(self):
         self.assertEqual(sorted(writers_names()), sorted(_names.RUN_FILE_NAMES))
@@ -98,6 +106,19 @@ class FileNamesTest(unittest.TestCase):
         for name in INDEX_SEGMENTS:
             if not name.startswith("."):
                 self.assertEqual(_names.index_segment_name(_names.index_segment_number(name)), name)
+
+    def test_rolled_files_are_tensortaps(self):
+        # DESIGN section 11: statistics segments stats.<n>.npy (no ballast),
+        # the one older generation of control.jsonl and dumps.jsonl (with
+        # their ballasts); the same samples as tests/unit/test_budget_outputs.cpp.
+        for name in ROLLED:
+            self.assertTrue(_names.is_rolled_file_name(name), name)
+            self.assertTrue(_names.is_run_file_name(name), name)
+        for name in NOT_ROLLED:
+            self.assertFalse(_names.is_rolled_file_name(name), name)
+            self.assertFalse(_names.is_run_file_name(name), name)
+        self.assertEqual([_names.stats_segment_number(n) for n in ("stats.npy", "stats.1.npy", "stats.12.npy")],
+                         [0, 1, 12])
 
     def test_runs_written_by_the_suite_hold_only_those_names(self):
         roots = [r for r in os.environ.get("TT_RUN_ROOTS", "").split(os.pathsep) if r]

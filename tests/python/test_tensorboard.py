@@ -173,6 +173,55 @@ class TwoRanks(unittest.TestCase):
         self.assertEqual(counts["files"], 2)
 
 
+class KeepLatestEvents(unittest.TestCase):
+    """Issue 70: under Budget::KeepLatest the events roll to new files and go
+    with their steps (one marker for every output), so a 1 MiB budget with
+    histograms every step keeps its newest step, refuses nothing, and
+    TensorBoard's own reader (EventAccumulator, over the folder) reads the
+    files as one run with the newest steps' scalars and histograms."""
+
+    STEPS = 150
+
+    def check(self, fmt):
+        run_dir = fresh(f"keep_{fmt}")
+        out = subprocess.run([PROC, f"keep_{fmt}", run_dir, str(self.STEPS)], capture_output=True, text=True,
+                             timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertTrue(out.stdout.strip().endswith("errors 0 refused 0"), out.stdout + out.stderr)
+        last = self.STEPS - 1
+        files = [n for n in os.listdir(run_dir) if n.startswith("events.out.tfevents.")]
+        self.assertGreaterEqual(len(files), 2, files)
+        with tensortap.open(run_dir) as run:
+            self.assertEqual(max(r["step"] for r in run.records), last)
+            self.assertEqual(len([r for r in run.records if r["step"] == last]), 5)
+            k = run.given_up_below[None]
+            budget = run.infos[None]["budget"]
+            self.assertGreater(budget.get("stats_rows_given_up", 0), 0, budget)
+            self.assertGreater(budget.get("event_files_given_up", 0), 0, budget)
+            frame = run.stats_frame()
+            self.assertEqual(int(frame["step"].max()), last)
+            self.assertGreaterEqual(int(frame["step"].min()), k)  # rows below the marker hidden
+        event_accumulator = tb_check.tensorboard()[0]
+        acc = event_accumulator.EventAccumulator(run_dir, size_guidance={event_accumulator.SCALARS: 0,
+                                                                         event_accumulator.HISTOGRAMS: 0})
+        acc.Reload()
+        loss = [e.step for e in acc.Scalars("tensor/loss")]
+        self.assertEqual(max(loss), last)
+        self.assertEqual(sorted(loss)[-10:], list(range(last - 9, last + 1)))
+        hist = [e.step for e in acc.Histograms("tensor/t0")]
+        self.assertEqual(max(hist), last)
+        norms = [e.step for e in acc.Scalars("tensor/t3/norm")]
+        self.assertEqual(max(norms), last)
+        print(f"keep_latest {fmt}: {len(files)} event files kept, marker {k}, tensor/loss steps "
+              f"{min(loss)}..{max(loss)} ({len(loss)})")
+
+    def test_npy(self):
+        self.check("npy")
+
+    def test_packed(self):
+        self.check("packed")
+
+
 class LiveEvents(unittest.TestCase):
     def wait_for_step(self, run, step):
         start = time.monotonic()

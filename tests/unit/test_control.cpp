@@ -80,12 +80,20 @@ std::string body(const TempDir& dir, const std::string& id, const std::string& c
 
 // The answer line to `id`, waiting up to `seconds` while `tick` (a step, say)
 // runs every 50 ms.
+// The answers of both generations, control.1.jsonl (once control.jsonl rolled) first.
+std::vector<std::string> answer_lines(const TempDir& dir) {
+  std::vector<std::string> out;
+  for (const char* name : {"control.1.jsonl", "control.jsonl"})
+    if (std::filesystem::exists(dir / name))
+      for (std::string& line : tt_test::read_lines(dir / name)) out.push_back(std::move(line));
+  return out;
+}
+
 std::string answer(const TempDir& dir, const std::string& id, double seconds, const std::function<void()>& tick = {}) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   for (;;) {
-    if (std::filesystem::exists(dir / "control.jsonl"))
-      for (const std::string& line : tt_test::read_lines(dir / "control.jsonl"))
-        if (line.find("{\"id\": \"" + id + "\"") == 0) return line;
+    for (const std::string& line : answer_lines(dir))
+      if (line.find("{\"id\": \"" + id + "\"") == 0) return line;
     if (std::chrono::steady_clock::now() >= until) return "";
     if (tick) tick();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -102,9 +110,7 @@ std::vector<std::int64_t> index_steps(const TempDir& dir) {
   return steps;
 }
 
-std::size_t answers(const TempDir& dir) {
-  return std::filesystem::exists(dir / "control.jsonl") ? tt_test::read_lines(dir / "control.jsonl").size() : 0;
-}
+std::size_t answers(const TempDir& dir) { return answer_lines(dir).size(); }
 
 }  // namespace
 

@@ -125,20 +125,40 @@ void StatsFile::end_segment(std::int64_t min_step, std::int64_t max_step) {
   ++segment_;
 }
 
-std::uint64_t StatsFile::give_up(std::int64_t below) { return segments_.give_up(dir_, below); }
+std::uint64_t StatsFile::bytes_below(std::int64_t below) const {
+  // Segments ended since the last flush count too: give_up() writes them first.
+  std::uint64_t bytes = segments_.bytes_below(below);
+  std::int64_t rows = rows_;
+  for (const Ended& e : ended_) {
+    if (e.max_step < below) bytes += kHeaderBytes + static_cast<std::uint64_t>(rows + e.rows) * sizeof(Row);
+    rows = 0;
+  }
+  return bytes;
+}
 
-void StatsFile::flush(bool durable) {
-  if (pending_rows_ == 0 && ended_.empty() && (!durable || !file_)) return;
-  // The series a row names is on disk before the header counts the row.
-  if (!pending_series_.empty()) {
+std::uint64_t StatsFile::give_up(std::int64_t below) {
+  // A batch of many steps ends segments before its flush: they are written
+  // (and listed) first, so that their steps can go.
+  std::exception_ptr first;
+  try {
+    write_ended();
+  } catch (...) {
+    first = std::current_exception();
+  }
+  const std::uint64_t freed = segments_.give_up(dir_, below);
+  if (first) std::rethrow_exception(first);
+  return freed;
+}
+
+void StatsFile::write_ended() {
+  if (!pending_series_.empty() && !ended_.empty()) {
+    // The series a row names is on disk before the header counts the row.
     if (!series_file_) series_file_ = std::make_unique<LinesFile>(dir_, "stats_series.jsonl");
     series_file_->append(pending_series_);
     pending_series_.clear();
   }
-  if (series_file_ && durable) series_file_->datasync();
-  // Segments that ended since the last flush: their last rows, then the
-  // next segment. A failed segment loses its rows (counted by the caller)
-  // and the next still begins.
+  // A failed segment loses its rows (counted by the caller) and the next
+  // still begins.
   std::exception_ptr first;
   std::vector<Ended> ended;
   ended.swap(ended_);
@@ -149,6 +169,25 @@ void StatsFile::flush(bool durable) {
       if (!first) first = std::current_exception();
     }
     end_segment(e.min_step, e.max_step);
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+void StatsFile::flush(bool durable) {
+  if (pending_rows_ == 0 && ended_.empty() && (!durable || !file_)) return;
+  // The series a row names is on disk before the header counts the row.
+  if (!pending_series_.empty()) {
+    if (!series_file_) series_file_ = std::make_unique<LinesFile>(dir_, "stats_series.jsonl");
+    series_file_->append(pending_series_);
+    pending_series_.clear();
+  }
+  if (series_file_ && durable) series_file_->datasync();
+  // Segments that ended since the last flush: their last rows, then the next.
+  std::exception_ptr first;
+  try {
+    write_ended();
+  } catch (...) {
+    first = std::current_exception();
   }
   const std::int64_t rows = pending_rows_;
   pending_rows_ = 0;

@@ -66,7 +66,7 @@ class StatsFile {
   /// about `segment_bytes`.
   void keep_latest(std::uint64_t segment_bytes) { segment_bytes_ = segment_bytes; }
   /// What a give-up below `below` would free (KeepLatest's complete segments).
-  std::uint64_t bytes_below(std::int64_t below) const { return segments_.bytes_below(below); }
+  std::uint64_t bytes_below(std::int64_t below) const;
   /// Rows in segments given up so far.
   std::int64_t rows_given_up() const { return segments_.items_given_up(); }
   /// Deletes the complete segments whose steps are all below `below`; the
@@ -77,6 +77,8 @@ class StatsFile {
   void open();
   // Writes `bytes` (`rows` whole rows) after the rows on disk, then the header.
   void write_rows(const std::string& bytes, std::int64_t rows);
+  // Writes the segments ended since the last flush, closing and listing each.
+  void write_ended();
   // The current segment is complete: closed and listed for a give-up.
   void end_segment(std::int64_t min_step, std::int64_t max_step);
   const Dir& dir_;

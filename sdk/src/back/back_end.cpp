@@ -119,6 +119,11 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
   hooks.step = front_.step;
   hooks.dump = [this](std::int64_t step) { return request_dump(step); };
   hooks.status = [this] { return status(); };
+  // The lines files that grow with requests and dumps roll (DESIGN section 11).
+  if (budget_->on()) {
+    hooks.roll_bytes = budget_->lines_roll_bytes();
+    manifest_.roll_dumps_at(hooks.roll_bytes);
+  }
   control_ = std::make_unique<ControlChannel>(dir, manifest_.run_id(), std::move(hooks));
   thread_ = std::make_unique<WriterThread>(staging, *store_, *stats_, *flight_, failures, tensorboard_.get(),
                                            budget_->on() ? budget_.get() : nullptr, [this] { on_wake(); });

@@ -92,6 +92,8 @@ void ControlChannel::open(const Dir& run) {
         ::unlinkat(control_.fd(), name.c_str(), AT_REMOVEDIR);
     }
     answers_ = run.open_file("control.jsonl", O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st {};
+    if (::fstat(answers_.fd(), &st) == 0) answers_size_ = static_cast<std::uint64_t>(st.st_size);
   } catch (const std::exception& e) {
     off(e.what());
   }
@@ -162,9 +164,18 @@ void ControlChannel::write(const ControlAnswer& a) {
   line += ", \"message\": ";
   append_json_string(line, a.message);
   line += "}\n";
+  // Past its size, control.jsonl becomes control.1.jsonl (the older one
+  // goes) and a new one begins: a flood of requests cannot grow the run
+  // without bound. ctl reads on in the new file once the name moved.
+  if (answers_size_ > 0 && answers_size_ + line.size() > hooks_.roll_bytes) {
+    run_.rename("control.jsonl", "control.1.jsonl");
+    answers_ = run_.open_file("control.jsonl", O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+    answers_size_ = 0;
+  }
   // One write of a whole line to a file opened O_APPEND: two recorders
   // never share a run, and ctl reads only whole lines.
   answers_.write_all(line.data(), line.size());
+  answers_size_ += line.size();
 }
 
 void ControlChannel::poll(std::chrono::steady_clock::time_point) {

@@ -52,6 +52,9 @@ class ControlChannel {
     std::function<std::string(std::int64_t step)> dump;
     /// The status line's text after "ok at step <s>: ".
     std::function<std::string()> status;
+    /// control.jsonl rolls to control.1.jsonl past this size (DESIGN
+    /// section 11: a 64th of a disk budget, 64 KiB at least; 1 MiB without).
+    std::uint64_t roll_bytes = 1 << 20;
   };
 
   /// Makes `control/` (0700) in `run` or takes the one there if it is the
@@ -100,6 +103,7 @@ class ControlChannel {
   std::string off_why_;  // "" while on
   Dir control_;
   File answers_;
+  std::uint64_t answers_size_ = 0;
   File heartbeat_;
   std::int64_t beats_ = 0;
   std::chrono::steady_clock::time_point last_poll_{}, last_beat_{};

@@ -17,6 +17,8 @@ namespace {
 // What a record adds besides its bytes: its .npy header (64 to a few
 // hundred bytes), alignment, its index line.
 constexpr std::uint64_t kRecordOverhead = 512;
+// run.json at its most: its options, counters and the last 1,000 dumps.
+constexpr std::uint64_t kRunJsonAtMost = 160 << 10;
 
 }  // namespace
 
@@ -52,10 +54,24 @@ void DiskBudget::rescan() {
   // their sizes, and the directories' own. What lies below (npy/, packed/)
   // the writer counts as it writes, without a walk over millions of files.
   std::uint64_t top = 0;
+  std::uint64_t rolling = 0, listed = 0;
   for (const std::string& name : dir.list()) {
     struct stat st {};
     if (::fstatat(dir.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) top += static_cast<std::uint64_t>(st.st_size);
+    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) continue;
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    top += size;
+    if (is_rolling_lines_file(name)) rolling += size;
+    if (name == "run.json") listed = size;
+  }
+  // StopCapture: what grows with requests and dumps after full capture
+  // stopped counts at its most from the start: the lines files that roll
+  // (control answers, dumps' lines: two generations each) and run.json
+  // (its list of the last 1,000 dumps), so that a flood cannot spend the
+  // statistics' reserve. (KeepLatest gives old steps up for them.)
+  if (policy_ == Budget::StopCapture) {
+    top += 4 * lines_roll_bytes() - std::min(rolling, 4 * lines_roll_bytes());
+    top += kRunJsonAtMost - std::min(listed, kRunJsonAtMost);
   }
   struct stat self {};
   if (::fstat(dir.fd(), &self) == 0) top += static_cast<std::uint64_t>(self.st_size);
@@ -73,6 +89,10 @@ std::uint64_t DiskBudget::written() const {
 void DiskBudget::refuse(std::uint64_t nbytes) {
   refused_records_.fetch_add(1, std::memory_order_relaxed);
   refused_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
+}
+
+bool is_rolling_lines_file(const std::string& name) {
+  return name == "control.jsonl" || name == "control.1.jsonl" || name == "dumps.jsonl" || name == "dumps.1.jsonl";
 }
 
 bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {

@@ -49,6 +49,10 @@ struct BudgetState {
   std::int64_t resumed_at = -1;
 };
 
+/// Whether `name` is one of the lines files that roll (control answers and
+/// dumps' lines, either generation).
+bool is_rolling_lines_file(const std::string& name);
+
 /// Writer thread only, but `reached()` and `refused()` from any thread.
 class DiskBudget {
  public:
@@ -57,6 +61,10 @@ class DiskBudget {
   DiskBudget(const Options& options, std::string run_dir, const Dir& dir, const Store& store);
 
   bool on() const { return max_ != 0; }
+  /// Where control.jsonl and dumps.jsonl roll (DESIGN section 11): a 64th
+  /// of the budget, 64 KiB at least. Each keeps one older generation, and
+  /// the budget counts the four files at their most from the start.
+  std::uint64_t lines_roll_bytes() const { return std::max<std::uint64_t>(max_ / 64, 64 << 10); }
   /// At a batch's start: the run directory's size as it is now (the files
   /// at its top by their sizes, and what the writer holds below them).
   void measure();

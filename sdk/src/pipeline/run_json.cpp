@@ -193,12 +193,16 @@ std::string run_json(const Options& o, const RunInfo& info) {
   j += ",\n";
   j += fmt::format("  \"rank\": {},\n  \"world_size\": {},\n", info.rank, info.world_size);
   j += fmt::format("  \"start_time\": \"{}\",\n", info.start_time);
+  // The last kListedDumps dumps, and how many came before them: run.json
+  // keeps its size whatever the number of dumps (DESIGN section 11).
+  const std::size_t omitted = info.dumps.size() > kListedDumps ? info.dumps.size() - kListedDumps : 0;
   j += "  \"dumps\": [";
-  for (std::size_t i = 0; i < info.dumps.size(); ++i) {
-    j += i ? ",\n    " : "\n    ";
+  for (std::size_t i = omitted; i < info.dumps.size(); ++i) {
+    j += i > omitted ? ",\n    " : "\n    ";
     append_dump_json(j, info.dumps[i]);
   }
   j += info.dumps.empty() ? "],\n" : "\n  ],\n";
+  if (omitted > 0) j += fmt::format("  \"dumps_omitted\": {},\n", omitted);
   if (!info.aliases.empty()) {
     // {"tok.weight": ["lm_head.weight"]}: one tensor, recorded once.
     j += "  \"aliases\": {";
@@ -283,19 +287,31 @@ void RunManifest::add_dump(const Dump& dump) {
     }
   }
   lines += line;
+  // run.json lists the last kListedDumps: what close() needs follows them.
+  listed_bytes_.push_back(line.size() + 8);
+  run_json_need_ += listed_bytes_.back();
+  if (listed_bytes_.size() > kListedDumps) {
+    run_json_need_ -= listed_bytes_.front();
+    listed_bytes_.pop_front();
+  }
   // The files outside the lock: dumps() (Recorder::dumps(), on the training
   // thread) never waits for the disk. Only the writer thread gets here.
   //
   // close() lists every dump in run.json: its blocks grow ahead of that
   // text, doubling (so a reservation once in many dumps), so that close()
   // can still rewrite it in place on a full disk.
-  run_json_need_ += line.size() + 8;
   if (run_json_need_ > run_json_room_) {
     run_json_room_ = 2 * run_json_need_;
     reserve_run_json(*dir_, run_json_room_);
   }
   // Created at the first dump, exclusively: RunDir removed or refused any
   // file of that name when the run opened.
+  // With a disk budget it rolls to dumps.1.jsonl, one older generation kept.
+  if (dumps_file_ && roll_bytes_ > 0 && dumps_file_->size() > 0 && dumps_file_->size() + lines.size() > roll_bytes_) {
+    // Renamed while open (a failed rename leaves the file as it was).
+    dir_->rename("dumps.jsonl", "dumps.1.jsonl");
+    dumps_file_.reset();
+  }
   if (!dumps_file_) dumps_file_ = std::make_unique<LinesFile>(*dir_, "dumps.jsonl");
   dumps_file_->append(lines);
   appended_ = total;

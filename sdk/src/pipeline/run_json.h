@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -66,6 +67,9 @@ void append_dump_json(std::string& out, const Dump& dump);
 /// costs the same at the thousandth as at the first, where rewriting
 /// run.json with every dump so far grew with the run. run.json's reserved
 /// blocks grow with the dumps, so that close() still fits on a full disk.
+/// How many dumps run.json lists (the last ones; "dumps_omitted" counts the rest).
+constexpr std::size_t kListedDumps = 1000;
+
 class RunManifest {
  public:
   /// `options` and `dir` must outlive it.
@@ -92,6 +96,8 @@ class RunManifest {
   /// when monitoring stops or resumes ("monitoring"). Throws `Error`.
   /// Writer thread.
   void write_budget(const BudgetState& state);
+  /// With a disk budget: dumps.jsonl rolls to dumps.1.jsonl past `bytes`.
+  void roll_dumps_at(std::uint64_t bytes) { roll_bytes_ = bytes; }
   /// A copy of the first `limit` dumps (all of them by default).
   std::vector<Dump> dumps(std::size_t limit = std::numeric_limits<std::size_t>::max()) const;
   /// The last of the first `limit` dumps; a default Dump if none.
@@ -121,6 +127,10 @@ class RunManifest {
   // most. Set by open(), then the writer thread's like the file.
   std::uint64_t run_json_room_ = 0;
   std::uint64_t run_json_need_ = 0;
+  // The sizes of the dumps run.json lists (the last kListedDumps), and
+  // where dumps.jsonl rolls (0: never).
+  std::deque<std::size_t> listed_bytes_;
+  std::uint64_t roll_bytes_ = 0;
 };
 
 }  // namespace tensortap::detail
