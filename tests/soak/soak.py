@@ -54,6 +54,8 @@ REQUESTS = 200
 STEPS = 2000
 EVERY = 20  # soak_job's cadence
 # check name -> the open issue it waits on (empty: none).
+# The job's warnings on stderr, by run label (said with a failed check).
+JOB_WARNINGS = {}
 KNOWN_OPEN = {
     # Seen in CI's 2.11 tree after the segment fix (2 of 247 opens, .npy):
     # an open during a give-up still finds no record; cause not found yet.
@@ -442,7 +444,8 @@ def check_run(rep, label, run_dir, *, fmt, policy, killed, last, seen_before_kil
             # refused and counted apart (dump_records_refused).
             refused = budget.get("refused_records", 0) - budget.get("dump_records_refused", 0)
             rep.check(label, "nothing refused under keep_latest", refused == 0,
-                      f"{refused} records refused besides dumps' beyond their share: {budget}")
+                      f"{refused} records refused besides dumps' beyond their share: {budget}; the job's warnings: "
+                      f"{JOB_WARNINGS.get(label, [])[:4]}")
     else:
         rep.check(label, "a killed run shows a step", bool(steps),
                   f"no record shown; run.json given_up_below {run.given_up_below}, {len(os.listdir(run_dir))} files")
@@ -505,6 +508,7 @@ def run_job(args, rep, label, run_dir, *, fmt, policy, first, steps, kill_after=
             break
         time.sleep(0.01)
     out, err = job.communicate()
+    JOB_WARNINGS[label] = [line for line in err.splitlines() if "warning" in line]
     open(stop_file, "w").close()
     client.wait(timeout=60)
     ctl_lines = [json.loads(line) for line in open(answers_file)]

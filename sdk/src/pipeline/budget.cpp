@@ -105,8 +105,10 @@ bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {
   used_ = std::max(used_, written());
   if (used_ + need > max_ && !reached_.load(std::memory_order_relaxed)) rescan();
   if (policy_ == Budget::KeepLatest) {
-    // A dump's records refused are counted apart too (dump_records_refused).
-    const bool dumped = kept_.count(step) != 0;
+    // A dump's records refused are counted apart too (dump_records_refused),
+    // a dumped step's given up with the share's oldest (the rest of its
+    // records, which come late) among them.
+    const bool dumped = kept_.count(step) != 0 || step < dumps_given_up_below_.load(std::memory_order_relaxed);
     const auto refuse_it = [&] {
       refuse(nbytes);
       if (dumped) dump_refused_.fetch_add(1, std::memory_order_relaxed);
@@ -120,7 +122,7 @@ bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {
     if (kept_.count(step) != 0) {
       kept_bytes_[step] += need;
       kept_total_ += need;
-      fit_dumps();
+      fit_dumps(dump_share_);
       if (given_up(step)) return refuse_it();
     }
     if (used_ + need > max_) {
@@ -131,6 +133,12 @@ bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {
       // Older steps first; then the oldest statistics segments and event
       // files, which newer steps' statistics would take in turn.
       if (!make_room(over, over + max_ / 16, newest_)) make_side_room(over + max_ / 16);
+      // Last, a newer step that still does not fit next to the dumps takes
+      // room from the oldest dumped steps (older than it), within their share.
+      if (used_ + need > max_ && !dumped && kept_total_ > 0) {
+        const std::uint64_t short_by = used_ + need - max_;
+        fit_dumps(kept_total_ > short_by ? kept_total_ - short_by : 0, step);
+      }
     }
     // A late record of a step just given up (a dumped step stays).
     if (given_up(step)) return refuse_it();
@@ -212,10 +220,10 @@ bool DiskBudget::make_side_room(std::uint64_t want) {
   return freed > 0;
 }
 
-void DiskBudget::fit_dumps() {
+void DiskBudget::fit_dumps(std::uint64_t share, std::int64_t before) {
   bool gone = false;
   const std::int64_t marked = given_up_below_.load(std::memory_order_relaxed);
-  while (kept_total_ > dump_share_ && !kept_.empty()) {
+  while (kept_total_ > share && !kept_.empty() && *kept_.begin() < before) {
     const std::int64_t oldest = *kept_.begin();
     kept_.erase(kept_.begin());
     const auto it = kept_bytes_.find(oldest);

@@ -186,8 +186,9 @@ class DiskBudget {
   // Gives up the oldest statistics segments and event files (no marker)
   // until `want` bytes are free; whether any went.
   bool make_side_room(std::uint64_t want);
-  // Gives up the oldest dumped steps until the dumps fit their share.
-  void fit_dumps();
+  // Gives up the oldest dumped steps (before `before`) until the dumps
+  // take `share` bytes at most.
+  void fit_dumps(std::uint64_t share, std::int64_t before = INT64_MAX);
 };
 
 }  // namespace tensortap::detail
