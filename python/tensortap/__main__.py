@@ -117,8 +117,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--steps", metavar="A..B", help="compare the steps A to B only (A.., ..B, or one step N)")
     p.add_argument("--kinds", metavar="LIST", help="compare these kinds only, comma-separated (activation, "
                    "activation_grad, param, buffer, grad, tensor)")
-    p.add_argument("--exclude", metavar="REGEX", help="leave out the names this regular expression finds "
-                   "(Python's re.search)")
+    p.add_argument("--exclude", metavar="REGEX", help="leave out the names this pattern finds (the recorder's "
+                   "ECMAScript syntax, in linear time)")
     p.add_argument("--common-only", action="store_true",
                    help="compare the records both runs hold; those on one side only do not fail")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained page: the summary, the error by "
@@ -262,19 +262,15 @@ def _tensorboard(args):
 
 def _diff(args):
     import contextlib
-    import re
-
     from ._diff import Options, esc, run_command
     from ._diff_align import Selection, parse_kinds, parse_steps
+    from ._pattern import Pattern
 
     try:
         steps = parse_steps(args.steps) if args.steps is not None else (None, None)
         kinds = parse_kinds(args.kinds) if args.kinds is not None else None
         if args.exclude is not None:
-            try:
-                re.compile(args.exclude)
-            except re.error as e:
-                raise ValueError(f"--exclude {args.exclude!r} is not a regular expression: {e}") from None
+            Pattern(args.exclude, "--exclude")  # PatternError (a ValueError) names it
         if args.floor is None and (args.factor is not None or args.ulps is not None):
             raise ValueError("--factor and --ulps go with --floor A2")
         opts = Options(args.rtol, args.atol, 10.0 if args.factor is None else args.factor,

@@ -22,12 +22,12 @@ hand-edited index) counts once, as its last line, as the reader does.
 
 from __future__ import annotations
 
-import re
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ._base import KINDS
+from ._pattern import Pattern
 
 # Keys (with a position folded in) stay below this; above it, the codes are
 # made denser (steps, then groups), and past that a separate order array is
@@ -41,13 +41,15 @@ ITER_CHUNK = 1 << 14
 
 class Selection:
     """The records a diff looks at: steps lo..hi (inclusive, None: open),
-    kinds (None: all), names not matching `exclude` (re.search)."""
+    kinds (None: all), names `exclude` does not find (the recorder's ECMAScript
+    grammar, _pattern.Pattern)."""
 
     def __init__(self, steps: Tuple[Optional[int], Optional[int]] = (None, None),
                  kinds: Optional[Sequence[str]] = None, exclude: Optional[str] = None) -> None:
         self.lo, self.hi = steps
         self.kinds = None if kinds is None else frozenset(kinds)
-        self.exclude = None if exclude is None else re.compile(exclude)
+        # The recorder's grammar, in linear time (Python's re backtracks).
+        self.exclude = None if exclude is None else Pattern(exclude, "exclude")
 
     @property
     def everything(self) -> bool:
@@ -58,7 +60,7 @@ class Selection:
         if self.everything:
             return None
         meta_ok = np.array([(self.kinds is None or m[0] in self.kinds)
-                            and (self.exclude is None or self.exclude.search(m[1]) is None)
+                            and (self.exclude is None or not self.exclude.search(m[1]))
                             for m in index.metas], dtype=bool)
         out = meta_ok[index.meta] if len(index.metas) else np.zeros(len(index), dtype=bool)
         if self.lo is not None:

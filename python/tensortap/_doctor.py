@@ -15,7 +15,8 @@ holds a NaN or an infinity, or no element, is no evaluation of any rule but
 exploding_tensor (it is exploding_tensor's). RMS = norm / sqrt(numel).
 
 Selection. A rule looks at the tensors of its `kinds` whose name its
-`include` finds: a Python regular expression searched anywhere in the name,
+`include` finds: a pattern in the recorder's ECMAScript syntax (the live
+rules' matcher, _pattern.Pattern, in linear time) searched anywhere in the name,
 ASCII letters matched without regard to case (re.search with re.IGNORECASE
 | re.ASCII; in C++, an ECMAScript search with icase). A name it does not
 find is never judged. "" finds every name. Repeats (`name#1`) are names of their
@@ -183,6 +184,7 @@ from . import _doctor_rows as rows_
 from ._base import KINDS, RunError, _safe, _warn
 from ._doctor_rows import Rows, ValueMeasure
 from ._files import has_statistics, monitoring_line
+from ._pattern import Pattern, PatternError
 from ._run import Run
 
 if TYPE_CHECKING:
@@ -292,9 +294,11 @@ def _parse(rule: str, param: str, kind: str, value: Any) -> Any:
                 raise bad(f"; {unknown[0]!r} is not a kind" if unknown else "; a kind given twice")
             return frozenset(kinds)
         if kind == "regex":
+            # The live rules' matcher, in linear time (a user's pattern must
+            # not hang the doctor: Python's re backtracks).
             try:
-                return re.compile(value, _FLAGS)
-            except re.error as e:
+                return Pattern(value, "include", ignore_case=True)
+            except PatternError as e:
                 raise bad(f"; {e}") from None
         if not value:
             raise bad()
@@ -420,10 +424,10 @@ class _Rank:
         counts = np.diff(np.r_[rows.starts, len(rows)]) if len(rows) else np.zeros(0, np.int64)
         self.pos = np.arange(len(rows)) - np.repeat(rows.starts, counts)  # a row's place in its series
 
-    def series_mask(self, kinds: Iterable[str], include: "re.Pattern[str]") -> np.ndarray:
+    def series_mask(self, kinds: Iterable[str], include: Pattern) -> np.ndarray:
         """Per series: whether the rule judges it."""
         kinds = set(kinds)
-        return np.array([k in kinds and include.search(n) is not None for k, n in self.rows.keys], dtype=bool)
+        return np.array([k in kinds and include.search(n) for k, n in self.rows.keys], dtype=bool)
 
     def rows_of(self, mask: np.ndarray, clean: bool = True) -> np.ndarray:
         """Indices of the rows of the series in `mask` (clean rows only, by default)."""
@@ -442,7 +446,7 @@ class _Verdict:
         self.why = ""
 
 
-def _selection_problem(r: _Rank, kinds: Iterable[str], include: "re.Pattern[str]", hint: str = "") -> str:
+def _selection_problem(r: _Rank, kinds: Iterable[str], include: Pattern, hint: str = "") -> str:
     kinds = sorted(set(kinds), key=KINDS.index)
     present = {k for k, _ in r.rows.keys}
     if not present & set(kinds):
@@ -792,7 +796,7 @@ def _poor_weight_initialization(r: _Rank, p: Dict[str, Any], v: _Verdict) -> Non
 
 def _weight_update_ratio(r: _Rank, p: Dict[str, Any], v: _Verdict, run: Run) -> None:
     include = p["include"]
-    names = [n for n in run.names("param") if include.search(n) is not None]
+    names = [n for n in run.names("param") if include.search(n)]
     grads = _grad_rows(r)
     pairs: List[Tuple[str, int, int, float]] = []  # name, s, s', r
     recorded = False
