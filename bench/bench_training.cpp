@@ -3,7 +3,14 @@
 // every gradient and activation on every step, against the naive synchronous
 // C++ way in the same run (bench/peer_python.py is the Python way).
 //
-//   bench_training [--reps N] [--scale F] [--threads T] [--json PATH] [--only mlp|cnn] [--mode MODE]
+//   bench_training [--reps N] [--scale F] [--threads T] [--json PATH] [--only mlp|cnn] [--mode MODE] [--settings]
+//
+// --settings measures what each leave-it-on setting costs (issue 71; the
+// figures of docs/leaving-it-on.md): off, every 10th step in full,
+// statistics every step (no full tensors), the docs' leave-it-on line
+// (every 100 of gradients and activations, statistics every step, a flight
+// recorder of 20) and everything every step (every kind in full and its
+// statistics), as ratios to off in the same run.
 //
 // Every run builds the model from the same seed and trains on the same fixed
 // batches for the same steps; runs of the different modes are interleaved
@@ -42,8 +49,11 @@ namespace {
 
 // Stats: statistics of every parameter gradient at every step, no full
 // tensors (issue "Statistics and a NaN flight recorder": target 3%).
-enum class Mode { Off, Every100, All, Stats, StatsTriggers, Naive };
-constexpr Mode kModes[] = {Mode::Off, Mode::Every100, Mode::All, Mode::Stats, Mode::StatsTriggers, Mode::Naive};
+enum class Mode { Off, Every100, All, Stats, StatsTriggers, Naive, Every10, StatsEvery1, LeaveOn, Everything };
+const std::vector<Mode> kOverheadModes{Mode::Off,  Mode::Every100,      Mode::All,
+                                       Mode::Stats, Mode::StatsTriggers, Mode::Naive};
+const std::vector<Mode> kSettingModes{Mode::Off, Mode::Every10, Mode::StatsEvery1, Mode::LeaveOn, Mode::Everything};
+std::vector<Mode> kModes = kOverheadModes;  // --settings: kSettingModes
 
 const char* mode_name(Mode m) {
   switch (m) {
@@ -53,6 +63,10 @@ const char* mode_name(Mode m) {
     case Mode::Stats: return "stats";
     case Mode::StatsTriggers: return "stats_triggers";
     case Mode::Naive: return "naive_cpp";
+    case Mode::Every10: return "every10";
+    case Mode::StatsEvery1: return "stats_every1";
+    case Mode::LeaveOn: return "leave_on_line";
+    case Mode::Everything: return "everything";
   }
   return "?";
 }
@@ -155,6 +169,18 @@ Timing train(const Plan& plan, Mode mode, const bench::Batches& batches, const s
             .dump_on(tensortap::Trigger::non_finite())
             .dump_on(tensortap::Trigger::norm_jump(1e6, 20))
             .dump_on(tensortap::Trigger::when([](const tensortap::TensorSummary& st) { return st.max > 1e30; })));
+  // The leave-it-on settings (--settings).
+  if (mode == Mode::Every10) rec = tensortap::watch(*model, tensortap::Options(dir).every(10));
+  if (mode == Mode::StatsEvery1) rec = tensortap::watch(*model, tensortap::Options(dir).every(0).stats_every(1));
+  if (mode == Mode::LeaveOn)
+    rec = tensortap::watch(*model, tensortap::Options(dir)
+                                       .every(100)
+                                       .kinds({tensortap::Kind::Grad, tensortap::Kind::Activation})
+                                       .stats_every(1)
+                                       .flight_recorder(20));
+  if (mode == Mode::Everything)
+    rec = tensortap::watch(*model,
+                           tensortap::Options(dir).every(1).stats_every(1).kinds(tensortap::KindSet::all()));
   bench::Probe probe;
   if (mode == Mode::Naive) {
     peer = std::make_unique<NaivePeer>(dir, *model);
@@ -164,7 +190,8 @@ Timing train(const Plan& plan, Mode mode, const bench::Batches& batches, const s
   // Staging memory is touched once, then reused for the whole run: the
   // "all" mode warms up until it has gone through both buffers, so the
   // figure is the steady state (the first touch is BM_CaptureSampledCold).
-  const std::int64_t warmup = mode == Mode::All ? plan.warmup + plan.staging_warmup : plan.warmup;
+  const std::int64_t warmup =
+      mode == Mode::All || mode == Mode::Everything ? plan.warmup + plan.staging_warmup : plan.warmup;
   using Clock = std::chrono::steady_clock;
   Clock::time_point t0;
   double thread0 = 0, process0 = 0;
@@ -243,8 +270,14 @@ int main(int argc, char** argv) {
   double scale = 1.0;
   int threads = 1;
   std::string json_path, only, only_mode;  // --only, --mode: one model, one mode (for profiling)
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--reps") == 0)
+  for (int i = 1; i < argc; i += 2) {
+    if (std::strcmp(argv[i], "--settings") == 0) {
+      kModes = kSettingModes;
+      --i;  // a flag: no value
+    } else if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_training: %s needs a value\n", argv[i]);
+      return 2;
+    } else if (std::strcmp(argv[i], "--reps") == 0)
       reps = std::atoi(argv[i + 1]);
     else if (std::strcmp(argv[i], "--scale") == 0)
       scale = std::atof(argv[i + 1]);
@@ -259,7 +292,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(
           stderr,
-          "usage: bench_training [--reps N] [--scale F] [--threads T] [--json PATH] [--only mlp|cnn] [--mode MODE]\n");
+          "usage: bench_training [--reps N] [--scale F] [--threads T] [--json PATH] [--only mlp|cnn] [--mode MODE] "
+          "[--settings]\n");
       return 2;
     }
   }
@@ -294,8 +328,8 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < reps; ++rep) {
     for (const Plan& plan : plans) {
       if (!only.empty() && plan.model != only) continue;
-      for (std::size_t k = 0; k < std::size(kModes); ++k) {
-        const Mode mode = kModes[(k + static_cast<std::size_t>(rep)) % std::size(kModes)];
+      for (std::size_t k = 0; k < kModes.size(); ++k) {
+        const Mode mode = kModes[(k + static_cast<std::size_t>(rep)) % kModes.size()];
         if (!only_mode.empty() && only_mode != mode_name(mode) && mode != Mode::Off) continue;
         Result& r = results[plan.model][mode];
         const std::string dir = fmt::format("{}/run{}", scratch.path, run_id++);

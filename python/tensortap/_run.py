@@ -13,7 +13,7 @@ from ._arrays import _read_many, _read_record
 from ._base import KINDS, STATS_FIELDS, RunError, _printable, _warn
 from ._compat import keyword_only
 from ._files import _dumped_steps, _given_up_below, _rank_dumps, _read_json, _read_lines, stats_segments
-from ._names import RUN_JSON, STATS_SERIES
+from ._names import RUN_JSON, STATS_SERIES, STATS_TABLE
 from ._npy import _read_stats_table
 from ._paths import _find_ranks
 from ._records import _Records, _series_problem
@@ -337,6 +337,10 @@ class Run:
         return _read_record(rec, mmap, self._h5, self._h5_lock)
 
 
+# The recorder's statistics header: rows follow it (writers/src/stats_file.cpp).
+_STATS_HEADER_BYTES = 512
+
+
 def _read_stats_segments(directory, given_up_below):
     """The statistics table of the run in `directory`: stats.npy, or under
     Budget::KeepLatest its segments (stats.npy, stats.<n>.npy) in order, the
@@ -347,13 +351,19 @@ def _read_stats_segments(directory, given_up_below):
     if not paths:
         raise RunError(f"{directory}: no statistics (stats.npy); the run was made without Options::stats_every")
     tables = []
-    for path in paths:
+    for i, path in enumerate(paths):
         try:
+            # The newest segment shorter than its header is one being made
+            # (or one a crash cut there): it holds no row yet.
+            if (i == len(paths) - 1 and os.path.basename(path) != STATS_TABLE
+                    and os.stat(path).st_size < _STATS_HEADER_BYTES):
+                continue
             tables.append(_read_stats_table(path))
         except FileNotFoundError:
             continue
     if not tables:
-        raise RunError(f"{directory}: no statistics: every segment was given up while it was read")
+        raise RunError(f"{directory}: no statistics rows yet (the first segment kept is being made, or every "
+                       "segment was given up while it was read)")
     table = tables[0] if len(tables) == 1 else np.concatenate(tables)
     if given_up_below is not None:
         table = table[table["step"] >= given_up_below]

@@ -43,7 +43,7 @@ void DiskBudget::measure() {
   // output of theirs. If they cannot (full capture paused, or never on),
   // the oldest statistics segments and event files go, up to the newest
   // step's: the newest full records stay, whatever follows them.
-  if (newest_ >= 0 && make_room(over, over + max_ / 16, newest_)) return;
+  if (newest_ >= 0 && make_room(over, over + max_ / 16, keep_from())) return;
   if (side_newest_ > newest_) make_side_room(over + max_ / 16);
 }
 
@@ -132,7 +132,12 @@ bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {
       const std::uint64_t over = used_ + need - max_;
       // Older steps first; then the oldest statistics segments and event
       // files, which newer steps' statistics would take in turn.
-      if (!make_room(over, over + max_ / 16, newest_)) make_side_room(over + max_ / 16);
+      // The newest step written stays if older ones make room; if they
+      // cannot (a step near the budget's size), it goes too, so that this
+      // newer step's records are not refused.
+      const std::int64_t keep = keep_from();
+      if (!make_room(over, over + max_ / 16, keep) && !(keep < newest_ && make_room(over, over + max_ / 16, newest_)))
+        make_side_room(over + max_ / 16);
       // Last, a newer step that still does not fit next to the dumps takes
       // room from the oldest dumped steps (older than it), within their share.
       if (used_ + need > max_ && !dumped && kept_total_ > 0) {
@@ -210,6 +215,15 @@ bool DiskBudget::make_room(std::uint64_t need, std::uint64_t want, std::int64_t 
   }
   rescan();
   return true;
+}
+
+std::int64_t DiskBudget::keep_from() const {
+  // The newest step with a record written stays until a newer one has its
+  // own: a give-up at a step's first record would otherwise leave no step
+  // to show (a reader opening the run then, or a job killed then, would find
+  // it empty) until that record's line is durable.
+  const std::int64_t written = store_.newest_written();
+  return written >= 0 ? std::min(newest_, written) : newest_;
 }
 
 bool DiskBudget::make_side_room(std::uint64_t want) {

@@ -183,6 +183,9 @@ class DiskBudget {
   std::atomic<std::int64_t> dump_refused_{0};
   // The newest step of a statistics row or event written (KeepLatest).
   std::int64_t side_newest_ = -1;
+  // The step below which make_room() may give steps up: the newest step
+  // admitted, or the newest with a record written if that is older.
+  std::int64_t keep_from() const;
   // Gives up the oldest statistics segments and event files (no marker)
   // until `want` bytes are free; whether any went.
   bool make_side_room(std::uint64_t want);

@@ -72,6 +72,8 @@ class Store {
   /// Whether a record of `step`, one of the last steps written, is written
   /// (a dump's trigger step).
   bool stored(std::int64_t step) const { return recent_steps_.count(step) != 0; }
+  /// The newest step a record was written of (-1: none yet).
+  std::int64_t newest_written() const { return recent_steps_.empty() ? -1 : *recent_steps_.rbegin(); }
   /// Why a dumped step's records were refused (DiskBudget::dump_refusal).
   std::string dump_refusal() const { return budget_ != nullptr ? budget_->dump_refusal() : std::string(); }
   /// See `Writer::plan_give_up`.
