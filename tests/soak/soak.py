@@ -50,6 +50,10 @@ from tensortap import __main__ as cli
 from tensortap import _ctl
 
 BUDGET = 1 << 20
+# The long mode's CNN captures about 1 MB a step in full: its budget holds
+# eight, since a budget that holds fewer than two whole steps cannot keep
+# one while the next is written (a live reader then finds the run empty).
+LONG_BUDGET = 8 << 20
 REQUESTS = 200
 STEPS = 2000
 EVERY = 20  # soak_job's cadence
@@ -586,7 +590,8 @@ def main():
                 break
             first = reached + 1
     else:
-        args.step_us, args.model = 2000, "cnn"
+        global BUDGET
+        args.step_us, args.model, BUDGET = 2000, "cnn", LONG_BUDGET
         n = 0
         while time.monotonic() - start < args.minutes * 60 or n < 20:
             fmt = ("npy", "packed")[n % 2]

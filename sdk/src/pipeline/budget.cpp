@@ -235,6 +235,11 @@ bool DiskBudget::make_side_room(std::uint64_t want) {
 }
 
 void DiskBudget::fit_dumps(std::uint64_t share, std::int64_t before) {
+  // The newest step with a record written stays (until a newer one has its
+  // own), as in make_room(): a run that shows only dumped steps would
+  // otherwise show none between this give-up and the next record's line.
+  const std::int64_t written = store_.newest_written();
+  if (written >= 0) before = std::min(before, written);
   bool gone = false;
   const std::int64_t marked = given_up_below_.load(std::memory_order_relaxed);
   while (kept_total_ > share && !kept_.empty() && *kept_.begin() < before) {
