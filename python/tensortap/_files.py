@@ -167,9 +167,14 @@ def _dumped_steps(directory, info):
         listed = d.get("steps")
         if isinstance(listed, list):
             steps.update(s for s in listed if _is_int64(s))
+    budget = info.get("budget") if isinstance(info, dict) else None
+    # The dumped steps below the marker that stay, as run.json said them with
+    # the marker: a dump whose line is not written yet keeps them too.
+    kept = budget.get("kept_steps") if isinstance(budget, dict) else None
+    if isinstance(kept, list):
+        steps.update(s for s in kept if _is_int64(s))
     # The dumps' share (Options::dumps_percent): dumped steps below
     # "dumps_given_up_below" were given up too, oldest first.
-    budget = info.get("budget") if isinstance(info, dict) else None
     gone = budget.get("dumps_given_up_below") if isinstance(budget, dict) else None
     if isinstance(gone, int) and _is_step(gone):
         steps = {s for s in steps if s >= gone}

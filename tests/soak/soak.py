@@ -253,6 +253,7 @@ class LiveReader:
         self.run_dir = run_dir
         self.opens = self.read = self.given_up = self.empty_after_seen = 0
         self.newest = -1  # the newest step an open showed
+        self.first_empty = None
         self.errors = []
 
     def once(self):
@@ -270,6 +271,13 @@ class LiveReader:
             if not records:
                 if self.newest >= 0:
                     self.empty_after_seen += 1
+                    if self.first_empty is None:  # what the open saw, for the failure's message
+                        try:
+                            names = sorted(n for n in os.listdir(self.run_dir) if n.startswith(("index", "dumps")))
+                        except OSError:
+                            names = []
+                        self.first_empty = (f"marker {run.given_up_below}, hidden {run.given_up_records}, "
+                                            f"files {names}, dumps {[d.get('steps') for d in run.dumps][-3:]}")
                 return
             self.newest = max(self.newest, max(r["step"] for r in records))
             for rec in records[-40:]:
@@ -529,7 +537,7 @@ def run_job(args, rep, label, run_dir, *, fmt, policy, first, steps, kill_after=
     if policy == "keep_latest":
         rep.check(label, "a live reader never finds the run empty again", reader.empty_after_seen == 0,
                   f"{reader.empty_after_seen} of {reader.opens} opens showed no record after one had shown "
-                  f"step {reader.newest}")
+                  f"step {reader.newest}; the first such open saw {reader.first_empty}")
     no_answer = [c for c in ctl_lines if c["line"].endswith("no answer")]
     if not killed:
         rep.check(label, "every request answered", not no_answer, f"{len(no_answer)} of {len(ctl_lines)}: "

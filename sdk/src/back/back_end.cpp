@@ -209,6 +209,7 @@ BudgetState BackEnd::budget_state() const {
   BudgetState s = budget_->state();
   s.stats_rows_given_up = stats_->rows_given_up();
   s.event_files_given_up = tensorboard_ ? tensorboard_->files_given_up() : 0;
+  s.kept_below = budget_->kept_below();
   return s;
 }
 

@@ -314,6 +314,16 @@ std::string DiskBudget::stopped_reason() const {
                                                    : "stop_capture");
 }
 
+std::vector<std::int64_t> DiskBudget::kept_below() const {
+  std::vector<std::int64_t> out;
+  const std::int64_t marked = given_up_below_.load(std::memory_order_relaxed);
+  for (std::int64_t k : kept_) {
+    if (k >= marked) break;
+    out.push_back(k);
+  }
+  return out;
+}
+
 BudgetState DiskBudget::state() const {
   BudgetState s;
   s.max_bytes = max_;

@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <tensortap/options.h>
 
@@ -39,6 +40,10 @@ struct BudgetState {
   /// given up held (DESIGN section 11).
   std::int64_t dumps_given_up_below = -1;
   std::int64_t dump_records_refused = 0;  // of refused_records: a dump's beyond the share
+  /// The dumped steps below the marker that stay: run.json says them with
+  /// the marker, so that a reader keeps them before their dump's line is
+  /// written (a give-up while a dump writes its older held steps).
+  std::vector<std::int64_t> kept_below;
   std::int64_t stats_rows_given_up = 0;
   std::int64_t event_files_given_up = 0;
   /// Statistics and TensorBoard's events stopped (budget and reserve
@@ -128,7 +133,10 @@ class DiskBudget {
   /// Bytes used as of the last `measure()` and admissions since (writer thread).
   std::uint64_t used() const { return used_; }
   std::int64_t refused() const { return refused_records_.load(std::memory_order_relaxed); }
+  /// The counters and marks; any thread (`kept_below` is left empty).
   BudgetState state() const;
+  /// The dumped steps below the marker that stay (writer thread).
+  std::vector<std::int64_t> kept_below() const;
   /// Why statistics stopped, in words (`ctl status`, run.json).
   std::string stopped_reason() const;
 

@@ -228,6 +228,10 @@ std::string run_json(const Options& o, const RunInfo& info) {
         b.refused_records, b.refused_bytes, step_or_null(b.given_up_below));
     // KeepLatest's give-ups of dumped steps, statistics and events (DESIGN section 11).
     if (b.dumps_given_up_below >= 0) j += fmt::format(", \"dumps_given_up_below\": {}", b.dumps_given_up_below);
+    if (!b.kept_below.empty()) {
+      j += ", \"kept_steps\": ";
+      append_json_ints(j, b.kept_below);
+    }
     if (b.dump_records_refused > 0) j += fmt::format(", \"dump_records_refused\": {}", b.dump_records_refused);
     if (b.stats_rows_given_up > 0) j += fmt::format(", \"stats_rows_given_up\": {}", b.stats_rows_given_up);
     if (b.event_files_given_up > 0) j += fmt::format(", \"event_files_given_up\": {}", b.event_files_given_up);
