@@ -177,6 +177,7 @@ def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False)
                 cause += "; waiting: " + "; ".join(_safe(w) for w in waiting)
         steps = dump.get("steps")
         span = f"steps {_safe(steps[0])}..{_safe(steps[-1])}" if isinstance(steps, list) and steps else "no steps"
+        span += _dump_fate(run, dump)
         print(f"  {where}flight recorder dump at step {_safe(dump.get('step', '?'))} "
               f"({_safe(dump.get('reason', '?'))}{cause}): {span}", file=out)
     for line in ctl_summary_lines(run):
@@ -186,6 +187,27 @@ def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False)
         # shlex: the line can be pasted into a shell whatever the path holds.
         print(f"  run tensortap doctor {shlex.quote(_safe(run.path))} for the training health rules", file=out)
     return problems
+
+
+def _dump_fate(run: Run, dump: Dict[str, Any]) -> str:
+    """What became of a dump's steps since (DESIGN section 11): those the
+    dumps' share gave up later (below the rank's marker and its
+    "dumps_given_up_below"), and the held steps it could not keep."""
+    out = ""
+    steps = [s for s in dump.get("steps") or [] if isinstance(s, int) and not isinstance(s, bool)]
+    rank = dump.get("rank")
+    k = run.given_up_below.get(rank)
+    budget = run.infos.get(rank, {}).get("budget")
+    gone_below = budget.get("dumps_given_up_below") if isinstance(budget, dict) else None
+    if k is not None and isinstance(gone_below, int) and not isinstance(gone_below, bool):
+        gone = [s for s in steps if s < k and s < gone_below]
+        if gone:
+            out += (f" ({len(gone)} of them given up since: the dumps' share, given_up_below {k}, "
+                    f"dumps_given_up_below {gone_below})")
+    refused = dump.get("refused_steps")
+    if isinstance(refused, list) and refused:
+        out += f"; {len(refused)} held step{'s' if len(refused) != 1 else ''} refused: {_safe(dump.get('refused_reason', '?'))}"
+    return out
 
 
 def live_health_line(run: Run, dumps: Sequence[Dict[str, Any]]) -> str:
