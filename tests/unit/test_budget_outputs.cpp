@@ -2,13 +2,16 @@
 // 11): statistics given up under KeepLatest when they alone pass the budget,
 // and a flood of control requests and dumps that neither grows the run past
 // its bound nor stops the statistics, under both policies.
+#include <stdio.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
@@ -25,15 +28,19 @@ using tt_test::TempDir;
 
 namespace {
 
-// `du -sb`; with `skip`, without what lies in that folder of `path` (in
-// one walk: the writer takes requests out of control/ meanwhile).
+// `du -sb`; with `skip`, without that folder of `path` (the budget does
+// not count control/, ctl's requests; in one walk: the writer takes
+// requests out of it meanwhile).
 std::uint64_t du_sb(const std::string& path, const std::string& skip = "") {
   std::uint64_t total = 0;
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) total += static_cast<std::uint64_t>(st.st_size);
   for (auto it = fs::recursive_directory_iterator(path); it != fs::recursive_directory_iterator(); ++it) {
     // Not into `skip`: its entries come and go while it is walked.
-    if (!skip.empty() && it->path() == fs::path(path) / skip) it.disable_recursion_pending();
+    if (!skip.empty() && it->path() == fs::path(path) / skip) {
+      it.disable_recursion_pending();
+      continue;
+    }
     if (::lstat(it->path().c_str(), &st) == 0) total += static_cast<std::uint64_t>(st.st_size);
   }
   return total;
@@ -193,4 +200,64 @@ TEST_CASE("rolled file names: stats.<n>.npy, control.1.jsonl, dumps.1.jsonl, not
     CHECK_FALSE(is_rolled_file_name(name));
   CHECK(tensortap::detail::numbered_name("stats", "npy", 0) == "stats.npy");
   CHECK(tensortap::detail::numbered_name("stats", "npy", 3) == "stats.3.npy");
+}
+
+TEST_CASE("KeepLatest: a dump inside a capture window counts its step's records in the dumps' share",
+          "[sdk][budget]") {
+  // Seen in the soak (CI, 2.11): `ctl capture` stores a window's steps in
+  // full; a dump at one of them kept that step, its records written before
+  // the dump and never counted in the share. Such steps piled up until the
+  // newest step's records were refused.
+  constexpr std::uint64_t kBudget = 2 << 20;
+  constexpr int kNames = 4;  // 64 KiB each: a step is a quarter of the share
+  TempDir dir;
+  const std::string run = dir / "run";
+  tensortap::Counters c;
+  std::size_t dumps = 0;
+  tt_test::stderr_of(dir / "stderr", [&] {
+    tensortap::Recorder rec{Options(run)
+                                .format(GENERATE(tensortap::Format::Npy, tensortap::Format::Packed))
+                                .flight_recorder(2)
+                                .after_dump(tensortap::AfterDump::Continue)
+                                .max_bytes(kBudget)
+                                .on_budget(tensortap::Budget::KeepLatest)};
+    std::int64_t s = 0;
+    rec.step(s);
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    std::ofstream(run + "/control/.c1.tmp")
+        << fmt::format(R"({{"id": "c1", "run": "{}", "command": "capture", "expires": {:.3f}, "steps": 100000}})",
+                       run_id_of(run), now + 60);
+    REQUIRE(::rename((run + "/control/.c1.tmp").c_str(), (run + "/control/c1.json").c_str()) == 0);
+    // In effect from the step after the writer thread took it (within a second).
+    for (int i = 0; i < 100 && !fs::exists(run + "/control.jsonl"); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      rec.step(++s);
+    }
+    REQUIRE(fs::exists(run + "/control.jsonl"));
+    const std::int64_t first = ++s;
+    for (; s < first + 120; ++s) {
+      rec.step(s);
+      for (int k = 0; k < kNames; ++k)
+        rec.capture("t" + std::to_string(k), torch::full({16384}, static_cast<float>(s * kNames + k)));
+      // The window stored this step's records; the dump keeps the step.
+      rec.flush();
+      if (s % 5 == 0) rec.dump();
+      rec.flush();
+    }
+    rec.close();
+    dumps = rec.dumps().size();
+    c = rec.counters();
+  });
+  CAPTURE(tt_test::read_file(dir / "stderr"));
+  CHECK(dumps == 24);
+  // The newest steps are never refused for the dumps' sake.
+  CHECK(c.budget_refused == 0);
+  CHECK(c.errors == 0);
+  CHECK(du_sb(run, "control") <= kBudget);
+  // The dumped steps kept below the marker: what the share holds, at most.
+  const std::string json = tt_test::read_file(run + "/run.json");
+  INFO(json);
+  const std::size_t at = json.find("\"kept_steps\": [");
+  const std::string kept = at == std::string::npos ? "" : json.substr(at, json.find(']', at) - at);
+  CHECK(std::count(kept.begin(), kept.end(), ',') + 1 <= 4);
 }

@@ -96,6 +96,14 @@ class Writer {
   /// (packed's segments), so that a dump's steps, which a budget keeps
   /// longer, do not hold other steps' records with them.
   virtual void cut() {}
+  /// KeepLatest: the bytes on disk that keeping `step` holds back from a
+  /// give-up (its files; packed: every segment whose steps span it), so
+  /// that a step kept after some of its records were written (a dump's
+  /// trigger step, inside a capture window) counts them in the dumps' share.
+  virtual std::uint64_t bytes_held_by(std::int64_t step) const {
+    (void)step;
+    return 0;
+  }
   /// What giving up the steps below a step would free: the smallest `below`
   /// (at most `limit`) whose records, those of the steps in `kept` aside,
   /// take `want` bytes or more, and those bytes; `limit` and all it could

@@ -59,6 +59,11 @@ void DiskBudget::rescan() {
     struct stat st {};
     if (::fstatat(dir.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) continue;
+    // control/ holds the requests other processes (tensortap ctl) write:
+    // its size is theirs, unbounded by anything tensortap does (a flood of
+    // 4,000 waiting requests grows it by 136 KiB, and ext4 never shrinks a
+    // directory), so it would spend the statistics' reserve at random.
+    if (name == "control" && S_ISDIR(st.st_mode)) continue;
     const auto size = static_cast<std::uint64_t>(st.st_size);
     top += size;
     if (is_rolling_lines_file(name)) rolling += size;
@@ -232,6 +237,21 @@ bool DiskBudget::make_side_room(std::uint64_t want) {
   const std::uint64_t freed = give_up_hooks_.side(want, side_newest_);
   if (freed > 0) rescan();
   return freed > 0;
+}
+
+void DiskBudget::keep_steps(const std::vector<std::int64_t>& steps) {
+  for (std::int64_t step : steps) {
+    if (step < dumps_given_up_below_.load(std::memory_order_relaxed) || !kept_.insert(step).second) continue;
+    // Records written before the dump (a sampled step, a capture window)
+    // stay with it: uncounted, they would hold the share's room past it
+    // and leave none for the newest steps (seen in the soak: two such
+    // steps and the newest one filled a 1 MiB budget).
+    if (const std::uint64_t held = store_.writer().bytes_held_by(step); held > 0) {
+      kept_bytes_[step] += held;
+      kept_total_ += held;
+    }
+  }
+  if (policy_ == Budget::KeepLatest) fit_dumps(dump_share_);
 }
 
 void DiskBudget::fit_dumps(std::uint64_t share, std::int64_t before) {

@@ -110,12 +110,11 @@ class DiskBudget {
     std::function<std::uint64_t(std::uint64_t want, std::int64_t limit)> side;
   };
   void set_give_up(GiveUpHooks hooks) { give_up_hooks_ = std::move(hooks); }
-  /// A step a flight-recorder dump writes: kept while the dumps' share
-  /// (Options::dumps_percent of the budget) holds it; the oldest dumped
-  /// steps are given up first.
-  void keep_step(std::int64_t step) {
-    if (step >= dumps_given_up_below_.load(std::memory_order_relaxed)) kept_.insert(step);
-  }
+  /// The steps a flight-recorder dump writes: kept while the dumps' share
+  /// (Options::dumps_percent of the budget) holds them; the oldest dumped
+  /// steps are given up first. What a step holds on disk already (its
+  /// trigger step's records, a capture window's) counts in the share.
+  void keep_steps(const std::vector<std::int64_t>& steps);
   /// Why a dumped step's records were refused, in words (a dump's answer).
   std::string dump_refusal() const;
   /// KeepLatest: whether `step`'s records are given up (below the marker,

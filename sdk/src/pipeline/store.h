@@ -61,7 +61,7 @@ class Store {
   /// which the caller ends with `end_kept()` once they are written.
   void keep_steps(const std::vector<std::int64_t>& steps) {
     if (budget_ == nullptr) return;
-    for (std::int64_t s : steps) budget_->keep_step(s);
+    budget_->keep_steps(steps);
     writer_->cut();
   }
   void end_kept() {

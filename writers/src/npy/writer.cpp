@@ -93,6 +93,13 @@ void NpyWriter::finished(std::int64_t step, std::string rel, std::uint64_t bytes
   if (keep_latest_) steps_[step].push_back(StepFile{std::move(rel), bytes});
 }
 
+std::uint64_t NpyWriter::bytes_held_by(std::int64_t step) const {
+  std::uint64_t n = 0;
+  if (auto it = steps_.find(step); it != steps_.end())
+    for (const StepFile& k : it->second) n += k.bytes;
+  return n;
+}
+
 Writer::GiveUp NpyWriter::plan_give_up(std::uint64_t want, std::int64_t from, std::int64_t limit,
                                        const std::set<std::int64_t>& kept) const {
   // Oldest step first, up to what is wanted: as long as the steps given up.

@@ -19,6 +19,7 @@ class NpyWriter final : public Writer {
   std::unique_ptr<RecordSink> begin(const RecordDesc& meta) override;
   void close() override {}
   std::uint64_t disk_bytes() const override { return bytes_; }
+  std::uint64_t bytes_held_by(std::int64_t step) const override;
   void keep_latest(std::uint64_t max_bytes) override {
     (void)max_bytes;
     keep_latest_ = true;

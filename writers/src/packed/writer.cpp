@@ -133,6 +133,18 @@ bool PackedWriter::holds_kept(const Closed& c, const std::set<std::int64_t>& kep
   return it != kept.end() && *it <= c.max_step;
 }
 
+std::uint64_t PackedWriter::bytes_held_by(std::int64_t step) const {
+  // A segment is held whole by any kept step its records span (holds_kept):
+  // the closed ones by their size, those still open by what they hold.
+  std::uint64_t n = 0;
+  for (const Closed& c : closed_)
+    if (c.min_step <= step && step <= c.max_step) n += c.size;
+  for (const auto& s : retiring_)
+    if (s->min_step <= step && step <= s->max_step) n += s->size;
+  if (open_ && open_->min_step <= step && step <= open_->max_step) n += end_;
+  return n;
+}
+
 Writer::GiveUp PackedWriter::plan_give_up(std::uint64_t want, std::int64_t from, std::int64_t limit,
                                           const std::set<std::int64_t>& kept) const {
   // The closed segments by their last step: giving up the steps below

@@ -38,6 +38,7 @@ class PackedWriter final : public Writer {
   std::size_t durable_after_failure() noexcept override;
   /// Every segment's reserved bytes (what its file grows to).
   std::uint64_t disk_bytes() const override { return rolled_bytes_ + end_; }
+  std::uint64_t bytes_held_by(std::int64_t step) const override;
   /// Under KeepLatest a segment holds at most max_bytes/8 and ends at a
   /// step boundary once past half of that, so that giving steps up frees
   /// whole segments, soon after their last step goes.
