@@ -5,7 +5,7 @@
     python3 -m tensortap tensorboard RUN_DIR [--logdir DIR] [--histograms-every 100] [--stats mean,std,...|all]
     python3 -m tensortap diff RUN_A RUN_B [--rtol R] [--atol A] [--floor A2 [--factor F] [--ulps U]]
                               [--steps A..B] [--kinds a,b] [--exclude REGEX] [--common-only] [--html OUT.html]
-    python3 -m tensortap doctor RUN_DIR [--rules a,b] [--set RULE.PARAM=VALUE ...] [--json]
+    python3 -m tensortap doctor RUN_DIR [--rules a,b] [--set RULE.PARAM=VALUE ...] [--json] [--all]
     python3 -m tensortap ctl RUN_DIR dump | capture --steps N [--kinds a,b] [--include PATTERN] | every N
                                  | pause | resume | status   [--rank R] [--timeout S]
 
@@ -52,10 +52,14 @@ exactly); 1: some differ, are unreadable, or are on one side only (unless
 doctor evaluates the training health rules (smdebug's built-in rules:
 vanishing_gradient, exploding_tensor, dead_relu, ...; tensortap/_doctor.py
 defines each) over a run's statistics, or over statistics computed from its
-full records where it has none: one line per finding, "<rule>: <kind> <name>
-steps <first>..<last>: <message>", a line per rule it could not evaluate,
-and "N findings". Exit status 0: no finding; 1: findings; 2: bad input, or
-no rule could be evaluated.
+full records where it has none: first "likely cause: <a finding's line>",
+then one line per group (one rule and kind on tensors whose episodes
+overlap), causes before consequences (docs/health.md), "<rule>: <n> <kind>s
+(<first name> ... <last name>) steps <first>..<last>: <what>" (a group of
+one: "<rule>: <kind> <name> steps <first>..<last>: <message>"); --all: a
+line per finding instead; a line per rule it could not evaluate, and "N
+findings" (groups, or findings under --all). Exit status 0: no finding; 1:
+findings; 2: bad input, or no rule could be evaluated.
 
 ctl steers a job while it trains (tensortap/_ctl.py, docs/leaving-it-on.md):
 it writes a request into each addressed rank's control/ and prints one line
@@ -130,6 +134,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="a rule's parameter, e.g. dead_relu.threshold=0.9 (repeatable; docs/health.md lists them)")
     p.add_argument("--json", action="store_true", help="one JSON object per line: the findings, then the rules "
                    "not evaluated")
+    p.add_argument("--all", action="store_true", help="a line per tensor and episode instead of a line per group "
+                   "(a rule on tensors whose episodes overlap) and the likely cause")
     _ctl_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "ctl":
@@ -323,7 +329,8 @@ def _doctor(args):
         print(f"tensortap: {_safe(e)}", file=sys.stderr)
         return 2
     result = _command("doctor", lambda: run_command(args.run, args.rules, args.set, args.json,
-                                                    lambda note: print(f"tensortap: {note}", file=sys.stderr)))
+                                                    lambda note: print(f"tensortap: {note}", file=sys.stderr),
+                                                    every=args.all))
     if result is None:
         return 2
     lines, status = result

@@ -175,12 +175,14 @@ import json
 import math
 import numbers
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import _doctor_groups as groups_
 from . import _doctor_rows as rows_
+from . import _doctor_taps as taps_
 from ._base import KINDS, RunError, _safe, _warn
 from ._doctor_rows import Rows, ValueMeasure
 from ._files import has_statistics, monitoring_line
@@ -192,7 +194,7 @@ if TYPE_CHECKING:
 
     import pandas
 
-COLUMNS = ("rank", "rule", "kind", "name", "first_step", "last_step", "value", "threshold", "message")
+COLUMNS = ("rank", "rule", "kind", "name", "first_step", "last_step", "value", "threshold", "message", "group")
 
 RULES = ("vanishing_gradient", "exploding_tensor", "all_zero", "unchanged_tensor", "loss_not_decreasing",
          "dead_relu", "saturated_activation", "tensor_variance", "poor_weight_initialization",
@@ -336,6 +338,8 @@ class Finding:
     value: float
     threshold: float
     message: str
+    group: int = -1
+    """The place of its group in the output (tensortap/_doctor_groups.py): 0 holds the likely cause."""
 
     def line(self, ranks: bool) -> str:
         """The command's line: `<rule>: <kind> <name>[ rank <r>] steps <first>..<last>: <message>`."""
@@ -362,19 +366,14 @@ class Result:
     """{rank: "statistics" | "records"}: where each rank's rows came from."""
     ranks: bool
     """Whether the run has several ranks (the lines name them)."""
+    groups: List[List[Finding]] = field(default_factory=list)
+    """The findings grouped, causes first (tensortap/_doctor_groups.py); `findings` is them in this order."""
+    positions: groups_.Position = field(default_factory=dict)
+    """(rank, kind, name) -> its place in the model, for the order."""
 
 
-def _num(x: float) -> str:
-    """A number in three significant digits, exponents unpadded: 3e-9, 1.5e+4 as 1.5e4."""
-    if not math.isfinite(x):
-        return str(x)
-    s = f"{x:.3g}"
-    m = re.fullmatch(r"(-?[\d.]+)e([+-])0*(\d+)", s)
-    return s if m is None else f"{m.group(1)}e{'-' if m.group(2) == '-' else ''}{m.group(3)}"
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.3g}%"
+_num = groups_.num
+_pct = groups_.pct
 
 
 # -- episodes -----------------------------------------------------------------
@@ -423,6 +422,16 @@ class _Rank:
         self.clean = (self.nonfinite == 0) & (c["numel"] > 0)
         counts = np.diff(np.r_[rows.starts, len(rows)]) if len(rows) else np.zeros(0, np.int64)
         self.pos = np.arange(len(rows)) - np.repeat(rows.starts, counts)  # a row's place in its series
+        self.taps: Dict[str, str] = {}
+        """run.json's declared nonlinearities of the rank (tensortap/_doctor_taps.py)."""
+
+    def by_function(self, include: Pattern, functions: Tuple[str, ...]) -> np.ndarray:
+        """Per series: an activation the rule judges as one of `functions`:
+        declared so, or found by `include` and not declared as another."""
+        named = self.series_mask(("activation",), include)
+        other = np.array([taps_.function_of(n, self.taps) not in (None,) + functions for _, n in self.rows.keys],
+                         dtype=bool)
+        return (named & ~other) | taps_.declared_mask(self.rows, self.taps, functions)
 
     def series_mask(self, kinds: Iterable[str], include: Pattern) -> np.ndarray:
         """Per series: whether the rule judges it."""
@@ -655,32 +664,44 @@ _INPUT = re.compile(r"_input(#\d+)?$", _FLAGS)
 def _dead_relu(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
     # A ReLU's input (`relu1_input`) is matched by "relu" too, but its zeros
     # say nothing about dead units: only outputs are judged.
-    mask = r.series_mask(("activation",), p["include"]) & \
+    mask = r.by_function(p["include"], (taps_.RELU,)) & \
         np.array([_INPUT.search(n) is None for _, n in r.rows.keys], dtype=bool)
+    # Neither declared nor named: a tap whose statistics are a ReLU's output's
+    # is judged too, the inference said in its findings.
+    notes = taps_.inferred_relus(r.rows, taps_.candidates_for_inference(r.rows, mask, r.taps), r.clean)
+    mask[list(notes)] = True
     idx = r.rows_of(mask)
     if not len(idx):
-        v.why = _selection_problem(r, ("activation",), p["include"], "name the ReLU's taps so (e.g. relu1)")
+        v.why = _selection_problem(r, ("activation",), p["include"], "name the ReLU's taps so (e.g. relu1), or "
+                                   "declare their nonlinearity (run.json \"taps\")")
         return
     c = r.rows.cols
     frac = c["zeros"][idx] / c["numel"][idx]
     thr = p["threshold"]
-    _streak_rule(r, v, "dead_relu", idx, frac > thr, frac, p["patience"], True, thr,
-                 lambda x, i: f"{_pct(x)} of values zero, above {_pct(thr)}")
+
+    def say(x: float, i: int) -> str:
+        note = notes.get(int(r.rows.series[i]))
+        return f"{_pct(x)} of values zero, above {_pct(thr)}" + (f" {note}" if note else "")
+
+    _streak_rule(r, v, "dead_relu", idx, frac > thr, frac, p["patience"], True, thr, say)
 
 
 
 
-def saturation_bounds(name: str, derivative: float) -> Tuple[bool, bool, float]:
-    """(sigmoid?, an input?, the bound on the judged value) of a selected activation."""
-    sigmoid = "sigmoid" in name.lower()
+def saturation_bounds(name: str, derivative: float, function: Optional[str] = None) -> Tuple[bool, bool, float]:
+    """(sigmoid?, an input?, the bound on the judged value) of a selected
+    activation; `function` the tap's declared one ("tanh", "sigmoid"), else
+    the name tells."""
+    sigmoid = function == "sigmoid" if function is not None else "sigmoid" in name.lower()
     is_input = _INPUT.search(name) is not None
     t = math.sqrt(1.0 - derivative)
     return sigmoid, is_input, (2 * math.atanh(t) if sigmoid else math.atanh(t)) if is_input else t
 
 
-def saturation_measure(name: str, derivative: float) -> Callable[[np.ndarray], float]:
+def saturation_measure(name: str, derivative: float, function: Optional[str] = None
+                       ) -> Callable[[np.ndarray], float]:
     """The exact saturated fraction of a record's values (all finite)."""
-    sigmoid, is_input, a = saturation_bounds(name, derivative)
+    sigmoid, is_input, a = saturation_bounds(name, derivative, function)
 
     def fraction(x: np.ndarray) -> float:
         judged = 2 * x - 1 if sigmoid and not is_input else x
@@ -690,11 +711,11 @@ def saturation_measure(name: str, derivative: float) -> Callable[[np.ndarray], f
 
 
 def _saturated_activation(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
-    mask = r.series_mask(("activation",), p["include"])
+    mask = r.by_function(p["include"], taps_.SATURATING)
     idx = r.rows_of(mask)
     if not len(idx):
         v.why = _selection_problem(r, ("activation",), p["include"], "name the taps so (e.g. tanh1, and tanh1_input "
-                                   "for its input)")
+                                   "for its input), or declare their nonlinearity (run.json \"taps\")")
         return
     c = r.rows.cols
     exact = r.rows.source == "records"
@@ -705,7 +726,8 @@ def _saturated_activation(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
         if exact and r.rows.measure is not None:
             frac[at] = r.rows.measure[rows]
             continue
-        sigmoid, is_input, a = saturation_bounds(r.rows.keys[sid][1], p["derivative"])
+        name = r.rows.keys[sid][1]
+        sigmoid, is_input, a = saturation_bounds(name, p["derivative"], taps_.saturating_function(name, r.taps))
         ms = (c["norm"][rows] ** 2) / c["numel"][rows]
         lo, hi = c["min"][rows], c["max"][rows]
         if sigmoid and not is_input:
@@ -768,17 +790,38 @@ def _tensor_variance(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
         v.findings.append(_finding(r, "tensor_variance", int(sub[a]), int(sub[b]), x, threshold, msg))
 
 
-def _poor_weight_initialization(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
-    mask = r.series_mask(("activation",), p["include"])
+def _first_step_spread(r: _Rank, mask: np.ndarray) -> Tuple[int, np.ndarray, np.ndarray]:
+    """(the first step with a row of `mask`'s series, its rows there with std > 0, their std)."""
     idx = r.rows_of(mask)
     if not len(idx):
-        v.why = _selection_problem(r, ("activation",), p["include"], "tap the inputs of the nonlinearities as "
-                                   "<name>_input (e.g. relu1_input)")
-        return
+        return -1, idx, np.zeros(0)
     first = int(r.rows.step[idx].min())
     at = idx[r.rows.step[idx] == first]
     std = r.rows.cols["std"][at]
-    at, std = at[std > 0], std[std > 0]
+    return first, at[std > 0], std[std > 0]
+
+
+def _poor_weight_initialization(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
+    first, at, std = _first_step_spread(r, r.series_mask(("activation",), p["include"]))
+    tail = ""
+    if len(at) < 2:
+        # Without the inputs tapped by the convention, the outputs of the
+        # nonlinearities declared (run.json "taps") or inferred as ReLUs: a
+        # ReLU's output scales with its input's (ReLU is positively
+        # homogeneous), and a tanh's or sigmoid's collapses with a tiny input.
+        outputs = taps_.declared_mask(r.rows, r.taps, (taps_.RELU,) + taps_.SATURATING) & \
+            np.array([not taps_.is_input(n) for _, n in r.rows.keys], dtype=bool)
+        outputs[list(taps_.inferred_relus(r.rows, taps_.candidates_for_inference(r.rows, outputs, r.taps),
+                                          r.clean))] = True
+        f2, at2, std2 = _first_step_spread(r, outputs)
+        if len(at2) >= 2:
+            first, at, std = f2, at2, std2
+            tail = " (the nonlinearities' outputs: declared, or ReLUs inferred)"
+    if first < 0:
+        v.why = _selection_problem(r, ("activation",), p["include"], "tap the inputs of the nonlinearities as "
+                                   "<name>_input (e.g. relu1_input), or declare their nonlinearity (run.json "
+                                   "\"taps\")")
+        return
     if len(at) < 2:
         v.why = (f"needs two activations matching {p['include'].pattern!r} with std > 0 at its first step "
                  f"({first}); there {'is' if len(at) == 1 else 'are'} {len(at)}")
@@ -791,7 +834,7 @@ def _poor_weight_initialization(r: _Rank, p: Dict[str, Any], v: _Verdict) -> Non
         v.findings.append(Finding(
             r.rows.rank, "poor_weight_initialization", None, None, first, first, ratio, p["threshold"],
             f"std spans {_num(float(std[lo]))} ({_safe(names[0])}) to {_num(float(std[hi]))} ({_safe(names[1])}) "
-            f"across {len(at)} activations: {_num(ratio)}x, above {_num(p['threshold'])}x"))
+            f"across {len(at)} activations{tail}: {_num(ratio)}x, above {_num(p['threshold'])}x"))
 
 
 def _weight_update_ratio(r: _Rank, p: Dict[str, Any], v: _Verdict, run: Run) -> None:
@@ -900,19 +943,26 @@ def evaluate(run: Run, settings: Optional[Settings] = None) -> Result:
     has_table = {k: _has_table(run, k) for k in keys}
     sat = chosen["saturated_activation"]
 
+    declared = taps_.declared_any(run)
+
     def measure_of(kind: str, name: str) -> ValueMeasure:
-        if "saturated_activation" in chosen.rules and kind == "activation" and sat["include"].search(name):
-            return saturation_measure(name, sat["derivative"])
+        function = taps_.function_of(name, declared)
+        if "saturated_activation" in chosen.rules and kind == "activation" and \
+                (function in taps_.SATURATING or function is None and sat["include"].search(name)):
+            return saturation_measure(name, sat["derivative"], taps_.saturating_function(name, declared))
         return None
 
     from_records = {k: _rank_number(run, k) for k in keys if not has_table[k]}
     computed = rows_.from_records(run, from_records, measure_of) if from_records else {}
     verdicts: Dict[str, List[_Verdict]] = {rule: [] for rule in chosen.rules}
     sources: Dict[int, str] = {}
+    where: groups_.Position = {}
     for k in keys:
         rows = computed[k] if k in computed else rows_.from_table(run, k, _rank_number(run, k))
         sources[rows.rank] = rows.source
+        where.update(groups_.positions(rows))
         r = _Rank(rows)
+        r.taps = taps_.declared(run, k)
         for rule in chosen.rules:
             if rule == "stalled_training":
                 continue
@@ -936,22 +986,20 @@ def evaluate(run: Run, settings: Optional[Settings] = None) -> Result:
             findings += v.findings
         if not any(v.evaluated for v in vs):
             not_evaluated[rule] = next((v.why for v in vs if v.why), "nothing to judge")
-    order = {rule: i for i, rule in enumerate(RULES)}
-    kind_order = {k: i for i, k in enumerate(KINDS)}
-    findings.sort(key=lambda f: (f.rank, f.first_step, order[f.rule], kind_order.get(f.kind or "", -1),
-                                 f.name or "", f.last_step))
-    return Result(findings, not_evaluated, sources, bool(run.ranks))
+    groups = groups_.arrange(findings, where)
+    return Result([f for g in groups for f in g], not_evaluated, sources, bool(run.ranks), groups, where)
 
 
 def _has_table(run: Run, key: Optional[int]) -> bool:
     return has_statistics(run._dirs[key])
 
 
-def lines(result: Result) -> List[str]:
-    """The command's output: findings, rules not evaluated, the count."""
-    out = [f.line(result.ranks) for f in result.findings]
+def lines(result: Result, every: bool = False) -> List[str]:
+    """The command's output: the likely cause and a line per group (`every`:
+    a line per finding), rules not evaluated, the count (of the lines above)."""
+    out = groups_.lines(result.groups, result.positions, result.ranks, every)
     out += [f"{rule}: not evaluated: {why}" for rule, why in result.not_evaluated.items()]
-    n = len(result.findings)
+    n = len(result.findings) if every else len(result.groups)
     out.append(f"{n} finding{'' if n == 1 else 's'}")
     return out
 
@@ -992,6 +1040,7 @@ def doctor(run: Union[Run, str, "os.PathLike[str]"], rules: Optional[Iterable[st
         "value": pd.Series([f.value for f in result.findings], dtype="float64"),
         "threshold": pd.Series([f.threshold for f in result.findings], dtype="float64"),
         "message": pd.Series([f.message for f in result.findings], dtype=object),
+        "group": pd.Series([f.group for f in result.findings], dtype="int64"),
     }, columns=list(COLUMNS))
     frame.attrs["not_evaluated"] = dict(result.not_evaluated)
     frame.attrs["statistics"] = dict(result.sources)
@@ -1042,7 +1091,7 @@ def _monitoring_lines(run: Run) -> List[str]:
 
 
 def run_command(path: str, rules: Optional[str], sets: Sequence[str], as_json: bool,
-                say: Callable[[str], None]) -> Tuple[List[str], int]:
+                say: Callable[[str], None], every: bool = False) -> Tuple[List[str], int]:
     """`tensortap doctor`: (the lines to print, the exit status). `say` gets
     the one note for stderr (statistics computed from records). ValueError:
     bad input (exit 2); RunError, OSError: a run that cannot be read."""
@@ -1056,6 +1105,6 @@ def run_command(path: str, rules: Optional[str], sets: Sequence[str], as_json: b
             ", ".join(map(str, computed)) + ")"
         say(f"no statistics table (stats.npy){where}: the rules use statistics computed from the full records, "
             "with the recorder's definitions (Options::stats_every records them every step)")
-    out = json_lines(result) if as_json else stopped + lines(result)
+    out = json_lines(result) if as_json else stopped + lines(result, every)
     status = 2 if len(result.not_evaluated) == len(settings.rules) else 1 if result.findings else 0
     return out, status

@@ -281,7 +281,8 @@ class RulesTest(Runs):
         self.assertIn("(relu2_input) to 100 (relu3_input)", frame.message[0])
         status, lines, _ = self.command(self.run_dir(rows([1.0, 0.01, 100.0]), name="c"), "--rules",
                                         "poor_weight_initialization")
-        self.assertTrue(lines[0].startswith("poor_weight_initialization: - - steps 0..0: std spans 0.01"), lines)
+        self.assertTrue(lines[1].startswith("poor_weight_initialization: - - steps 0..0: std spans 0.01"), lines)
+        self.assertEqual(lines[0], "likely cause: " + lines[1])
         self.assertEqual(self.findings(self.run_dir(rows([1.0, 0.3, 2.0]), name="ok"),
                                        "poor_weight_initialization")[1], [])
         frame, _ = self.findings(self.run_dir(rows([1.0]), name="one"), "poor_weight_initialization")
@@ -313,7 +314,7 @@ class RulesTest(Runs):
         dumps = [{"step": 7, "reason": "stall", "steps": [], "last_step": 7, "stalled_seconds": 612.5},
                  {"step": 9, "reason": "request", "steps": []}]
         path = self.run_dir([(0, "tensor", "loss", stat([1.0]))], dumps=dumps, options={"stall_after_ms": 600000})
-        status, lines, _ = self.command(path, "--rules", "stalled_training")
+        status, lines, _ = self.command(path, "--rules", "stalled_training", "--all")
         self.assertEqual(lines, ["stalled_training: - - steps 7..7: no step() for 612 s after step 7 "
                                  "(stall_after 600 s)", "1 finding"])
         self.assertEqual(status, 1)
@@ -337,17 +338,26 @@ class CommandTest(Runs):
 
     def test_lines_and_exit_statuses(self):
         path = self.planted()
-        status, lines, err = self.command(path, "--rules", "dead_relu,vanishing_gradient,stalled_training")
+        status, lines, err = self.command(path, "--rules", "dead_relu,vanishing_gradient,stalled_training", "--all")
         self.assertEqual(status, 1)
+        # Per tensor, in the model's order (relu1 is written first each step).
         self.assertEqual(lines, [
-            "dead_relu: activation aten::add/relu steps 0..4: 100% of values zero, above 95%",
             "dead_relu: activation relu1 steps 0..4: 99% of values zero, above 95%",
+            "dead_relu: activation aten::add/relu steps 0..4: 100% of values zero, above 95%",
             "stalled_training: not evaluated: the run was recorded without stall_after (Options::stall_after)",
             "2 findings"])
         self.assertEqual(err, "")
+        # By default: the likely cause, then one line for the two (their episodes overlap).
+        status, grouped, _ = self.command(path, "--rules", "dead_relu,vanishing_gradient,stalled_training")
+        self.assertEqual((status, grouped), (1, [
+            "likely cause: dead_relu: activation relu1 steps 0..4: 99% of values zero, above 95%",
+            "dead_relu: 2 activations (relu1 ... aten::add/relu) steps 0..4: 99%..100% of values zero, above 95%",
+            "stalled_training: not evaluated: the run was recorded without stall_after (Options::stall_after)",
+            "1 finding"]))
         # The message is what follows "steps <first>..<last>: ", colons in the name or not.
         frame = tensortap.doctor(path, rules=["dead_relu"])
         self.assertEqual(list(frame.message), [ln.split(" steps 0..4: ", 1)[1] for ln in lines[:2]])
+        self.assertEqual(list(frame.group), [0, 0])
         status, lines, _ = self.command(path, "--rules", "vanishing_gradient")
         self.assertEqual((status, lines), (0, ["0 findings"]))
         status, lines, _ = self.command(path, "--rules", "dead_relu", "--set", "dead_relu.include=^relu")
@@ -390,8 +400,9 @@ class CommandTest(Runs):
         self.assertEqual(status, 1)
         objects = [json.loads(ln) for ln in lines]
         self.assertEqual(list(objects[0]), list(D.COLUMNS))
-        self.assertEqual(objects[0]["name"], "aten::add/relu")
-        self.assertEqual((objects[0]["rank"], objects[0]["value"], objects[0]["threshold"]), (0, 1.0, 0.95))
+        self.assertEqual(objects[1]["name"], "aten::add/relu")
+        self.assertEqual((objects[1]["rank"], objects[1]["value"], objects[1]["threshold"], objects[1]["group"]),
+                         (0, 1.0, 0.95, 0))
         self.assertEqual(objects[-1], {"rule": "stalled_training", "not_evaluated": "the run was recorded without "
                                        "stall_after (Options::stall_after)"})
         self.assertEqual(len(objects), 3)
@@ -402,8 +413,8 @@ class CommandTest(Runs):
             self.run_dir(rows, name="ranks", rank=r, world=2)
         path = os.path.join(self.tmp, "ranks")
         status, lines, _ = self.command(path, "--rules", "dead_relu")
-        self.assertEqual(lines, ["dead_relu: activation relu1 rank 1 steps 0..3: 100% of values zero, above 95%",
-                                 "1 finding"])
+        line = "dead_relu: activation relu1 rank 1 steps 0..3: 100% of values zero, above 95%"
+        self.assertEqual(lines, ["likely cause: " + line, line, "1 finding"])
         frame = tensortap.doctor(path, rules=["dead_relu"])
         self.assertEqual(list(frame.columns), list(D.COLUMNS))
         self.assertEqual(list(frame["rank"]), [1])
@@ -414,9 +425,11 @@ class CommandTest(Runs):
         self.assertEqual(list(frame.columns), list(D.COLUMNS))
         self.assertEqual([str(frame[c].dtype) for c in ("rank", "first_step", "last_step", "value", "threshold")],
                          ["int64", "int64", "int64", "float64", "float64"])
-        # relu1 (99% zero) is below 99.5%; the other is all zero (all_zero too).
-        self.assertEqual(list(zip(frame.rule, frame.name)), [("all_zero", "aten::add/relu"),
-                                                              ("dead_relu", "aten::add/relu")])
+        # relu1 (99% zero) is below 99.5%; the other is all zero (all_zero too):
+        # the dead unit first, its zeros' consequence after.
+        self.assertEqual(list(zip(frame.rule, frame.name)), [("dead_relu", "aten::add/relu"),
+                                                              ("all_zero", "aten::add/relu")])
+        self.assertEqual(list(frame.group), [0, 1])
         self.assertEqual(frame.attrs["statistics"], {0: "statistics"})
         self.assertEqual(set(frame.attrs["not_evaluated"]), {"loss_not_decreasing", "saturated_activation",
                                                              "poor_weight_initialization", "weight_update_ratio",
