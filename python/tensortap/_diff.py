@@ -89,7 +89,10 @@ from . import _float8
 from ._arrays import _given_up
 from ._base import NUMPY_DTYPES, GivenUpError, RunError, _safe
 from ._diff_align import Alignment, Selection
-from ._diff_values import UNIT_ROUNDOFF, PairStats, compare_quietly, is_float, ulps_within
+from ._diff_dropout import SAYS as DROPOUT, masks_differ
+from ._diff_dtype import coarser, judge
+from ._diff_floor import Floors, check_all, disagreement, disagreement_line, envelope, spread
+from ._diff_values import UNIT_ROUNDOFF, PairStats, compare_quietly, is_float
 from ._npy import _cached_header, _read_npy
 from ._files import _open_regular
 from ._packed import _packed_layout
@@ -271,17 +274,25 @@ def _empty_row(rank: int, kind: str, name: str, step: int, status: str) -> Dict[
     return {"rank": rank, "kind": kind, "name": name, "step": step, "status": status, "max_abs": math.nan,
             "max_rel": math.nan, "max_ulp": math.nan, "n_bad": None, "cosine": math.nan, "rel_norm": math.nan,
             "floor_rel_norm": math.nan, "_a": -1, "_b": -1, "_detail": "", "_floor": False, "_u": math.nan,
-            "_a_zero": False}
+            "_a_zero": False, "_spread": math.nan, "_dtype_a": None, "_dtype_b": None}
 
 
 class _Comparer:
     """Reads and compares the aligned pairs of two runs (and A2)."""
 
-    def __init__(self, a: _Side, b: _Side, a2: Optional[_Side], opts: Options, full: bool) -> None:
-        self.a, self.b, self.a2 = a, b, a2
+    def __init__(self, a: _Side, b: _Side, floors: Sequence[_Side], opts: Options, full: bool) -> None:
+        self.a, self.b = a, b
+        self.a2 = floors[0] if floors else None  # the first floor run
         self.opts = opts
         self.full = full
-        self.align = Alignment(a.index, b.index, None if a2 is None else a2.index, opts.select)
+        self.align = Alignment(a.index, b.index, None if self.a2 is None else self.a2.index, opts.select)
+        self.floors = Floors(a, floors, self.align) if floors else None
+
+    def close(self) -> None:
+        self.a.close()
+        self.b.close()
+        if self.floors is not None:
+            self.floors.close()
 
     def rows(self) -> Iterator[Dict[str, Any]]:
         """A row per record of A in A's index order, then one per record only
@@ -291,7 +302,7 @@ class _Comparer:
         for pb in self.align.b_only_positions():
             kind, name, _, _, _ = self.b.meta(pb)
             row = _empty_row(self.b.rank(pb), kind, name, self.b.step(pb), "only_b")
-            row["_b"] = pb
+            row["_b"], row["_dtype_b"] = pb, self.b.meta(pb)[2]
             yield row
 
     def pair(self, pa: int, full: Optional[bool] = None) -> Dict[str, Any]:
@@ -301,11 +312,12 @@ class _Comparer:
         kind, name, dtype, shape, _ = self.a.meta(pa)
         pb = int(self.align.match_b[pa])
         row = _empty_row(self.a.rank(pa), kind, name, self.a.step(pa), "only_a" if pb < 0 else "equal")
-        row["_a"], row["_b"] = pa, pb
+        row["_a"], row["_b"], row["_dtype_a"] = pa, pb, dtype
         if pb < 0:
             return row
         _, _, dtype_b, shape_b, _ = self.b.meta(pb)
-        if dtype_b != dtype or shape_b != shape:
+        row["_dtype_b"] = dtype_b
+        if shape_b != shape or (dtype_b != dtype and coarser(dtype, dtype_b) is None):
             row["status"] = "mismatch"
             row["_detail"] = f"A {esc(dtype)} {list(shape)}, B {esc(dtype_b)} {list(shape_b)}"
             return row
@@ -316,27 +328,30 @@ class _Comparer:
             row["status"] = "unreadable"
             row["_detail"] = esc(e)
             return row
+        xs2: List[np.ndarray] = []
+        if self.floors is not None:
+            xs2, why = self.floors.read(pa, x)
+            if why:
+                row["_detail"] = why
+        # Two dtypes, or a float32 quantity carried in a float64: judged at
+        # the coarser precision (tensortap/_diff_dtype.py).
+        x, y, xs2, judged = judge(x, y, xs2, dtype, dtype_b)
         if x.dtype.kind != y.dtype.kind or x.dtype.itemsize != y.dtype.itemsize:
             row["status"] = "unreadable"
             row["_detail"] = f"A holds {x.dtype}, B holds {y.dtype} for the index's {esc(dtype)}"
             return row
-        x2 = None
-        if self.a2 is not None and self.align.match_a2 is not None and self.align.match_a2[pa] >= 0:
-            try:
-                x2 = self.a2.read(int(self.align.match_a2[pa]))
-            except RunError as e:
-                row["_detail"] = f"no floor: {esc(e)}"
-            if x2 is not None and (x2.dtype.kind != x.dtype.kind or x2.dtype.itemsize != x.dtype.itemsize):
-                row["_detail"] = f"no floor: A2 holds {x2.dtype}"
-                x2 = None
-        ulp_dtype = dtype if is_float(dtype) or x.dtype.kind not in "fc" else x.dtype.name
+        x2 = xs2[0] if xs2 else None
+        ulp_dtype = judged or (dtype if is_float(dtype) or x.dtype.kind not in "fc" else x.dtype.name)
         opts = self.opts
         st = compare_quietly(x, y, ulp_dtype, opts.rtol, opts.atol, x2, full=full)
         if not full and st.n_bad:
             # Not equal: what its description prints, every statistic.
             st = compare_quietly(x, y, ulp_dtype, opts.rtol, opts.atol, x2, full=True)
-        del x, y
+        lo = envelope(st, x, xs2[1:], ulp_dtype) if len(xs2) > 1 else math.nan
+        del x, y, xs2
         self._fill(row, st, x2 is not None, ulp_dtype)
+        if not math.isnan(lo):
+            row["_spread"] = spread(row, lo)
         return row
 
     def _fill(self, row: Dict[str, Any], st: PairStats, floor: bool, dtype: str) -> None:
@@ -359,74 +374,6 @@ class _Comparer:
             row["status"] = "differ"
 
 
-# -- A2, checked before it is used --------------------------------------------
-
-
-def _check_floor(cmp: _Comparer) -> Optional[str]:
-    """Refuses (ValueError) an A2 that is not A's program perturbed by at
-    most `ulps`; returns a note when A2's parameters are A's bit for bit."""
-    a, a2, align = cmp.a, cmp.a2, cmp.align
-    assert a2 is not None and align.match_a2 is not None
-    if align.a2_outside is not None:
-        i = align.a2_outside
-        kind, name, _, _, _ = a2.meta(i)
-        raise ValueError(f"--floor: A2 is not A perturbed: its {_where(kind, name, a2.step(i), a2.rank(i))} "
-                         "is not in A (A2 must record what A records)")
-    # Shapes and dtypes of every pair, compared through codes of the metas.
-    sig: Dict[Tuple[str, Tuple[int, ...]], int] = {}
-    sig_a = np.array([sig.setdefault((m[2], m[3]), len(sig)) for m in a.index.metas] or [0], dtype=np.int64)
-    sig_2 = np.array([sig.setdefault((m[2], m[3]), len(sig)) for m in a2.index.metas] or [0], dtype=np.int64)
-    has = np.flatnonzero(align.match_a2 >= 0)
-    if has.size:
-        differs = sig_a[a.index.meta[has]] != sig_2[a2.index.meta[align.match_a2[has]]]
-        if differs.any():
-            i = int(has[np.flatnonzero(differs)[0]])
-            j = int(align.match_a2[i])
-            kind, name, dtype, shape, _ = a.meta(i)
-            _, _, dtype2, shape2, _ = a2.meta(j)
-            raise ValueError(f"--floor: A2 is not A perturbed: {_where(kind, name, a.step(i), a.rank(i))} is "
-                             f"{esc(dtype)} {list(shape)} in A, {esc(dtype2)} {list(shape2)} in A2")
-    # A's initial parameters, A2's within `ulps` of them.
-    params = [i for i, m in enumerate(a.index.metas) if m[0] == "param"]
-    at0 = np.flatnonzero(np.isin(a.index.meta, params) & (a.index.step == 0)) if params else np.zeros(0, np.int64)
-    at0 = at0[align_last(align, at0)]
-    if at0.size == 0:
-        raise ValueError("--floor: A has no param records at step 0, which the floor needs to prove that A2 is A "
-                         "perturbed: record kind param (C++: Options::kinds; Python: "
-                         "tensortap.torch.watch(kinds=...))")
-    identical = True
-    for i in at0.tolist():
-        kind, name, dtype, _, _ = a.meta(i)
-        where = _where(kind, name, 0, a.rank(i))
-        j = int(align.match_a2[i])
-        if j < 0:
-            raise ValueError(f"--floor: A2 has no {where}: it must record A's initial parameters")
-        try:
-            x, x2 = a.read(i), a2.read(j)
-        except RunError as e:
-            raise ValueError(f"--floor: {where}: {esc(e)}") from None
-        ulp_dtype = dtype if is_float(dtype) or x.dtype.kind not in "fc" else x.dtype.name
-        ok, why = ulps_within(x, x2, ulp_dtype, cmp.opts.ulps)
-        if not ok:
-            raise ValueError(f"--floor: A2 is not A perturbed by at most {cmp.opts.ulps} ulp(s): {where}: "
-                             f"{esc(why)} (tensortap.torch.perturb(model, ulps, seed) before the first step; "
-                             "--ulps to allow more)")
-        if identical:
-            identical = bool(np.array_equal(np.asarray(x).view(np.uint8), np.asarray(x2).view(np.uint8)))
-    if identical:
-        return ("floor: A2's step-0 parameters are A's bit for bit (not perturbed?): the floor is the rounding "
-                "allowance alone")
-    return None
-
-
-def align_last(align: Alignment, positions: np.ndarray) -> np.ndarray:
-    """Which of `positions` (of A) are their key's last record (a record
-    indexed twice counts as its last line)."""
-    if positions.size == 0:
-        return np.zeros(0, dtype=bool)
-    return align.keep_all[positions]
-
-
 def _where(kind: str, name: str, step: int, rank: int, ranks: bool = True) -> str:
     return f"{kind} {esc(name)} step {step}" + (f" rank {rank}" if ranks and rank else "")
 
@@ -445,6 +392,12 @@ class Tally:
         self.status = np.zeros(n, dtype=np.uint8)
         self.floor = cmp.a2 is not None
         self.frn = np.full(n, np.nan, dtype=np.float32) if self.floor else None
+        # Several floor runs: how far apart they are at each record (_diff_floor.spread).
+        several = cmp.floors is not None and len(cmp.floors.sides) > 1
+        self.spread = np.full(n, np.nan, dtype=np.float32) if several else None
+        # Records A and B hold in two dtypes: {(A's, B's): [count, the first row]}.
+        self.dtypes: Dict[Tuple[str, str], List[Any]] = {}
+        self._dropout: Optional[bool] = None
         self.listed = listed
         self.counts = {s: 0 for s in ("equal", "noise", "differ", "mismatch", "unreadable", "only_a", "only_b")}
         self.first: Optional[Dict[str, Any]] = None
@@ -481,6 +434,11 @@ class Tally:
             # floor_rel_norm of inf or 0, a ratio to nothing: it is left out
             # of the step's median and of the uninformative records.
             self.frn[pa] = row["floor_rel_norm"]
+            if self.spread is not None:
+                self.spread[pa] = row["_spread"]
+        if row["_dtype_b"] != row["_dtype_a"] and status != "mismatch":
+            seen = self.dtypes.setdefault((row["_dtype_a"], row["_dtype_b"]), [0, row])
+            seen[0] += 1
         if self.floor and not row["_floor"] and status not in ("mismatch", "unreadable"):
             self.n_without_floor += 1
             if len(self.without_floor) < self.listed:
@@ -528,6 +486,16 @@ class Tally:
         return {"rank": r["rank"], "kind": r["kind"], "name": r["name"], "step": r["step"],
                 "arises": self.arises(r["_a"])}
 
+    def dropout(self) -> bool:
+        """Whether the first divergence is two dropout masks (_diff_dropout)."""
+        if self._dropout is None:
+            self._dropout = self.first is not None and masks_differ(self.cmp, self.first["_a"])
+        return self._dropout
+
+    def floor_disagrees(self) -> Optional[Dict[str, Any]]:
+        """Where the floor runs first disagree (_diff_floor.disagreement), or None."""
+        return disagreement(self)
+
     def arises(self, pa: int) -> str:
         """Where the first divergence (A's record `pa`) arises, read from the
         statuses of the records of its rank around it (DESIGN.md section 10)."""
@@ -550,8 +518,11 @@ class Tally:
             k, n, _, _, _ = a.meta(i)
             return f"{k} {esc(n)}"
 
-        def between(phase: str) -> str:
-            before = here[(here < pa) & np.isin(here_status, _AGREE)]
+        def between(phase: str, among: Optional[Tuple[str, ...]] = None) -> str:
+            agree = (here < pa) & np.isin(here_status, _AGREE)
+            if among is not None:
+                agree &= np.isin(here_kind, among)
+            before = here[agree]
             if before.size:
                 return f"in the {phase} between {label(int(before[-1]))} and {kind} {esc(name)}"
             return f"in the {phase} before {kind} {esc(name)}"
@@ -568,7 +539,10 @@ class Tally:
                         "forward)")
         activations_differ = bool((diverging & (here_kind == "activation")).any())
         if kind == "activation":
-            return between("forward")
+            # The step's parameters and buffers come before its forward in A's
+            # order but are no part of it: the model's last buffer agreeing says
+            # nothing of where the forward went wrong (issue 74, item 5).
+            return between("forward", ("activation", "tensor"))
         if kind == "tensor":
             ahead = here[here < pa]
             ahead_kind = kinds[index.meta[ahead]]
@@ -648,7 +622,8 @@ class Tally:
         if first is not None:
             arises = self.arises(first["_a"])
             where = _where(first["kind"], first["name"], first["step"], first["rank"], self.ranks)
-            lines.append(f"first divergence: {where}: arises {arises}; {_what(first, first['_detail'])}")
+            said = f"{DROPOUT}; " if self.dropout() else ""
+            lines.append(f"first divergence: {where}: arises {arises}; {said}{_what(first, first['_detail'])}")
             pa = first["_a"]
             agreeing = np.flatnonzero(np.isin(self.status[:pa], _AGREE))
             if agreeing.size:
@@ -663,9 +638,13 @@ class Tally:
             lines.extend("  " + self.describe(r) for r in self.differing)
             if differ > len(self.differing):
                 lines.append(f"  ... and {differ - len(self.differing)} more")
+        for (dtype_a, dtype_b), (n, row) in self.dtypes.items():
+            judged = coarser(dtype_a, dtype_b)
+            lines.append(f"dtype {esc(dtype_a)} vs {esc(dtype_b)} (A's vs B's, judged as {judged}): {n} "
+                         f"record{'s' if n != 1 else ''}, e.g. {self.where(row)}")
         if self.floor:
             if self.note:
-                lines.append(self.note)
+                lines.extend(self.note.splitlines())
             if self.n_without_floor:
                 lines.append(f"without floor ({self.n_without_floor}: not in A2, judged by --rtol/--atol):")
                 lines.extend("  " + self.where(r) for r in self.without_floor)
@@ -675,6 +654,9 @@ class Tally:
             if k is not None:
                 lines.append(f"floor saturated from step {k}: the median floor_rel_norm passes {SATURATED:g}; "
                              "differences after it are no longer resolved")
+            disagree = self.floor_disagrees()
+            if disagree is not None:
+                lines.append(disagreement_line(disagree, self.ranks))
             useless = self.uninformative()
             if useless:
                 e = useless[0]
@@ -736,6 +718,9 @@ def _what(row: Dict[str, Any], detail: str) -> str:
     text += f", cosine {_num(row['cosine'], 9)}, rel_norm {_num(row['rel_norm'])}"
     if not math.isnan(row.get("floor_rel_norm", math.nan)):
         text += f", floor_rel_norm {_num(row['floor_rel_norm'])}"
+    dtype_a, dtype_b = row.get("_dtype_a"), row.get("_dtype_b")
+    if dtype_a and dtype_b and dtype_a != dtype_b:
+        text += f", dtype {esc(dtype_a)} vs {esc(dtype_b)}"
     if status == "noise":
         text += " (noise)"
     return text
@@ -747,10 +732,10 @@ def _what(row: Dict[str, Any], detail: str) -> str:
 class _Session:
     """Runs opened (and closed) for one diff."""
 
-    def __init__(self, a: PathOrRun, b: PathOrRun, floor: Optional[PathOrRun]) -> None:
+    def __init__(self, a: PathOrRun, b: PathOrRun, floor: Union[None, PathOrRun, Sequence[PathOrRun]]) -> None:
         self.opened: List[Any] = []
         self.runs: List[Any] = []
-        for what, run in (("a", a), ("b", b), ("floor", floor)):
+        for what, run in (("a", a), ("b", b)) + tuple(("floor", f) for f in floor_list(floor) or [None]):
             if run is None:
                 self.runs.append(None)
                 continue
@@ -767,12 +752,24 @@ class _Session:
             r.close()
 
 
+def floor_list(floor: Union[None, PathOrRun, Sequence[PathOrRun]]) -> List[PathOrRun]:
+    """The floor runs a `floor=` argument names: one, a list or tuple, or none."""
+    if floor is None:
+        return []
+    if isinstance(floor, (list, tuple)):
+        if not floor:
+            raise ValueError("tensortap.diff: floor is an empty list (None: no floor)")
+        return list(floor)
+    return [floor]
+
+
 def _comparer(runs: Sequence[Any], opts: Options, full: bool) -> Tuple[_Comparer, Optional[str]]:
     a = _Side(runs[0], "A")
     b = _Side(runs[1], "B")
-    a2 = None if runs[2] is None else _Side(runs[2], "A2")
-    cmp = _Comparer(a, b, a2, opts, full)
-    note = _check_floor(cmp) if a2 is not None else None
+    given = [r for r in runs[2:] if r is not None]
+    floors = [_Side(r, "A2" if len(given) == 1 else f"A2 #{k + 1}") for k, r in enumerate(given)]
+    cmp = _Comparer(a, b, floors, opts, full)
+    note = check_all(cmp.floors, opts.ulps) if cmp.floors is not None else None
     return cmp, note
 
 
@@ -780,7 +777,8 @@ def run_command(runs: Sequence[Any], opts: Options, common_only: bool = False,
                 on_row: Optional[Callable[[Dict[str, Any]], None]] = None) -> Tuple[List[str], int, Tally]:
     """What `tensortap diff` prints and its exit status (0 agree, 1 differ),
     streaming: each pair is compared, tallied and dropped (`on_row`, the
-    page's, sees each row first). `runs`: A, B and A2 (or None), open."""
+    page's, sees each row first). `runs`: A, B and the floor runs A2, A2',
+    ... (none, or None), open."""
     cmp, note = _comparer(runs, opts, full=on_row is not None)
     tally = Tally(cmp)
     tally.note = note
@@ -794,13 +792,12 @@ def run_command(runs: Sequence[Any], opts: Options, common_only: bool = False,
                 tally.add(row)
             lines = tally.lines(common_only)
     finally:
-        for side in (cmp.a, cmp.b, cmp.a2):
-            if side is not None:
-                side.close()
+        cmp.close()
     return lines, 1 if tally.failed(common_only) else 0, tally
 
 
-def diff(a: PathOrRun, b: PathOrRun, rtol: float = 0.0, atol: float = 0.0, *, floor: Optional[PathOrRun] = None,
+def diff(a: PathOrRun, b: PathOrRun, rtol: float = 0.0, atol: float = 0.0, *,
+         floor: Union[None, PathOrRun, Sequence[PathOrRun]] = None,
          factor: float = 10.0, ulps: int = 1, steps: Tuple[Optional[int], Optional[int]] = (None, None),
          kinds: Optional[Sequence[str]] = None, exclude: Optional[str] = None) -> "pandas.DataFrame":
     """Compares run `a` (the reference) with run `b`: a pandas DataFrame, one
@@ -809,26 +806,34 @@ def diff(a: PathOrRun, b: PathOrRun, rtol: float = 0.0, atol: float = 0.0, *, fl
     order, then the records only B has.
 
     floor: A2, A's program run with its initial parameters perturbed
-    (tensortap.torch.perturb): a record that differs from A no more than
+    (tensortap.torch.perturb), or a list of them (seeds 0, 1, 2: their
+    envelope is the floor): a record that differs from A no more than
     `factor` times A2 does is "noise"; A2's step-0 params must be within
     `ulps` of A's (ValueError otherwise). steps (lo, hi), kinds and exclude
     (a regular expression searched in names) choose the records compared.
 
     attrs: "first_divergence" ({"rank", "kind", "name", "step", "arises"} of
     the first differing record, or None), "details" (by row: what a mismatch
-    or an unreadable record is), "rtol", "atol"; with a floor also "factor",
-    "ulps", "floor_saturated_step" (or None), "uninformative" (a list of
-    {"rank", "kind", "name", "step"}) and "without_floor" (a count). The rules
-    are tensortap._diff's."""
+    or an unreadable record is), "dtypes" (by row: (A's dtype, B's) where they
+    differ), "dropout_masks_differ" (the first divergence is two dropout
+    masks over the same values), "rtol", "atol"; with a floor also "factor", "ulps",
+    "floor_saturated_step" (or None), "uninformative" (a list of {"rank",
+    "kind", "name", "step"}), "without_floor" (a count),
+    "floor_disagrees_step" (the first step where the floor runs disagree by
+    more than `factor`, or None) and "floor_disagrees" ({"rank", "kind",
+    "name", "step", "ratio"} or None). The rules are tensortap._diff's."""
     import pandas as pd
 
     opts = Options(rtol, atol, factor, ulps, Selection(steps, kinds, exclude))
     columns: Dict[str, List[Any]] = {c: [] for c in COLUMNS}
     details: Dict[int, str] = {}
+    dtypes: Dict[int, Tuple[str, str]] = {}
 
     def keep(row: Dict[str, Any]) -> None:
         if row["_detail"]:
             details[len(columns["rank"])] = row["_detail"]
+        if row["_dtype_a"] and row["_dtype_b"] and row["_dtype_a"] != row["_dtype_b"]:
+            dtypes[len(columns["rank"])] = (row["_dtype_a"], row["_dtype_b"])
         for c in COLUMNS:
             columns[c].append(row[c])
 
@@ -837,17 +842,22 @@ def diff(a: PathOrRun, b: PathOrRun, rtol: float = 0.0, atol: float = 0.0, *, fl
         first = tally.first_divergence()
         saturated = tally.saturated_step()
         useless = tally.uninformative()
+        disagree = tally.floor_disagrees()
     df = pd.DataFrame(columns, columns=list(COLUMNS))
     # Not compared (mismatch, unreadable, one side only): <NA>, not a count.
     df["n_bad"] = df["n_bad"].astype("Int64")
     df.attrs["first_divergence"] = first
     df.attrs["details"] = details
+    df.attrs["dtypes"] = dtypes
+    df.attrs["dropout_masks_differ"] = tally.dropout()
     df.attrs["rtol"], df.attrs["atol"] = opts.rtol, opts.atol
     if floor is not None:
         df.attrs["factor"], df.attrs["ulps"] = opts.factor, opts.ulps
         df.attrs["floor_saturated_step"] = saturated
         df.attrs["uninformative"] = useless
         df.attrs["without_floor"] = tally.n_without_floor
+        df.attrs["floor_disagrees_step"] = None if disagree is None else disagree["step"]
+        df.attrs["floor_disagrees"] = disagree
     return df
 
 
