@@ -12,7 +12,7 @@ cause before those that name its consequences:
        an update or an initialization out of range, set by the program
     1  exploding_tensor: a non-finite value's first appearance
     2  dead_relu, saturated_activation: units that stopped passing a signal
-    3  vanishing_gradient, all_zero, weight_update_ratio below `small`:
+    3  vanishing_gradient, all_zero; then (3.5) weight_update_ratio below `small`:
        what reaches the parameters (or does not) when units are dead or
        saturated; a too-small update is a vanishing gradient's effect
     4  unchanged_tensor: a parameter that stopped moving
@@ -23,11 +23,14 @@ then by first step (the earliest episode), then by rank, then by position in
 the model (`positions`), then by the rules' order in RULES, kind and name.
 
 Groups. One rule and one kind on many tensors at once is one problem: a
-group is the findings of one rule, kind, rank and threshold (an update ratio
-above `large` and one below `small` are two problems) whose steps overlap,
-directly or through another member; its steps are their union. Findings
-about the whole model (kind None) are groups of one. Groups are ordered by
-their first member; a group's members by the same key.
+group is a set of tensors of one rank, rule and kind (and, for
+weight_update_ratio, one side: above `large` and below `small` are two
+problems, in two tiers) linked by episodes that overlap in steps, directly
+or through another tensor of the group; every episode of its tensors is its
+member, its steps their union. A group of one finding prints that finding's
+line; one tensor with several episodes, that line's form over their union
+with "(<k> episodes)". Findings about the whole model (kind None) are groups
+of one. Groups are ordered by their first member; members by the same key.
 """
 
 from __future__ import annotations
@@ -67,9 +70,9 @@ def pct(x: float) -> str:
     return f"{100 * x:.3g}%"
 
 
-def tier(f: Finding) -> int:
+def tier(f: Finding) -> float:
     if f.rule == "weight_update_ratio" and f.value < f.threshold:
-        return 3  # too small an update: a gradient that vanished, not a rate set too high
+        return 3.5  # too small an update: a gradient that vanished (tier 3's), not a rate set too high
     return _TIERS.get(f.rule, 5)
 
 
@@ -121,25 +124,14 @@ def arrange(findings: Sequence[Finding], where: Position) -> List[List[Finding]]
     """The findings in groups, groups and members in order (module
     docstring); sets each finding's `group` to its group's place."""
     buckets: Dict[Tuple, List[Finding]] = {}
-    alone: List[List[Finding]] = []
+    groups: List[List[Finding]] = []
     for f in findings:
         if f.kind is None or f.name is None:
-            alone.append([f])
+            groups.append([f])
         else:
-            buckets.setdefault((f.rank, f.rule, f.kind, f.threshold), []).append(f)
-    groups = alone
+            buckets.setdefault((f.rank, f.rule, f.kind, tier(f)), []).append(f)
     for members in buckets.values():
-        members.sort(key=lambda f: (f.first_step, f.last_step))
-        current: List[Finding] = []
-        end = 0
-        for f in members:
-            if current and f.first_step > end:
-                groups.append(current)
-                current = []
-            end = f.last_step if not current else max(end, f.last_step)
-            current.append(f)
-        if current:
-            groups.append(current)
+        groups += _tensors_together(members)
     for g in groups:
         g.sort(key=lambda f: _key(f, where))
     groups.sort(key=lambda g: _key(g[0], where))
@@ -147,6 +139,37 @@ def arrange(findings: Sequence[Finding], where: Position) -> List[List[Finding]]
         for f in g:
             f.group = i
     return groups
+
+
+def _tensors_together(members: List[Finding]) -> List[List[Finding]]:
+    """The findings of one rule and kind in groups of tensors: two tensors
+    are in one group when an episode of one overlaps an episode of the
+    other, directly or through a third; a tensor's every episode is in its
+    group (a layer that dies twice is one problem, not two)."""
+    parent: Dict[str, str] = {}
+
+    def root(n: str) -> str:
+        while parent.setdefault(n, n) != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    # A sweep over the episodes by first step: each one that starts before
+    # the running end of the current cluster joins its tensor to it.
+    ordered = sorted(members, key=lambda f: (f.first_step, f.last_step))
+    end, head = None, ""
+    for f in ordered:
+        name = f.name or ""
+        if end is not None and f.first_step <= end:
+            parent[root(name)] = root(head)
+            end = max(end, f.last_step)
+        else:
+            end, head = f.last_step, name
+            root(name)
+    out: Dict[str, List[Finding]] = {}
+    for f in ordered:
+        out.setdefault(root(f.name or ""), []).append(f)
+    return list(out.values())
 
 
 def _span(values: Sequence[float], fmt) -> str:
@@ -175,8 +198,11 @@ def _what(members: List[Finding]) -> str:
         tail = f.message.split(" of values saturated", 1)[-1]
         return f"{how}{_span(values, pct)} of values saturated{tail}"
     if rule == "tensor_variance":
-        return (f"std {_span(values, num)}x the median of its last evaluations "
-                f"({'above' if thr > 1 else 'below'} {num(thr)}x)")
+        # Above `factor` and below 1/`factor` are one rule's two sides.
+        sides = sorted({m.threshold for m in members})
+        bound = f"above {num(thr)}x" if sides == [thr] and thr > 1 else f"below {num(thr)}x" if sides == [thr] \
+            else f"outside {num(sides[0])}x..{num(sides[-1])}x"
+        return f"std {_span(values, num)}x the median of its last evaluations ({bound})"
     if rule == "weight_update_ratio":
         return f"update ratio {_span(values, num)} a step, {'above' if f.value > thr else 'below'} {num(thr)}"
     if rule == "exploding_tensor" and thr == 0:
@@ -195,11 +221,15 @@ def group_line(members: List[Finding], ranks: bool) -> str:
         names.setdefault(m.name or "-", None)
     ordered = list(names)
     n = len(ordered)
-    inside = _safe(ordered[0]) if n == 1 else f"{_safe(ordered[0])} ... {_safe(ordered[-1])}"
     where = f" rank {f.rank}" if ranks else ""
     first = min(m.first_step for m in members)
     last = max(m.last_step for m in members)
-    return f"{f.rule}: {n} {f.kind}{'' if n == 1 else 's'} ({inside}){where} steps {first}..{last}: {_what(members)}"
+    if n == 1:
+        # One tensor, several episodes: its own line's form, over their union.
+        return (f"{f.rule}: {f.kind} {_safe(ordered[0])}{where} steps {first}..{last}: {_what(members)} "
+                f"({len(members)} episodes)")
+    return f"{f.rule}: {n} {f.kind}s ({_safe(ordered[0])} ... {_safe(ordered[-1])}){where} steps {first}..{last}: " \
+        f"{_what(members)}"
 
 
 def by_place(members: List[Finding], where: Position) -> List[Finding]:

@@ -105,7 +105,8 @@ class RunWriter:
     two never write into one run at once."""
 
     def __init__(self, path: str, options: Dict[str, Any], overwrite: bool = False,
-                 torch_version: str = "?", rank: Optional[int] = None, world_size: Optional[int] = None):
+                 torch_version: str = "?", rank: Optional[int] = None, world_size: Optional[int] = None,
+                 taps: Optional[Dict[str, str]] = None):
         if not isinstance(path, (str, os.PathLike)) or str(path) == "":
             raise RunError(f"the run directory must be a non-empty path, not {path!r}")
         if rank is None or world_size is None:
@@ -135,6 +136,10 @@ class RunWriter:
                 "format_version": FORMAT_VERSION, "tensortap_version": __version__, "torch_version": torch_version,
                 "writer": "python", "options": dict(options, dir=self.root, format="npy", overwrite=overwrite),
                 "rank": rank, "world_size": world_size, "start_time": _utc_now(), "dumps": []}
+            if taps:
+                # A tap's nonlinearity (DESIGN section 11): what the doctor's
+                # rules judge it as, whatever its name.
+                self._info["taps"] = dict(taps)
             self._write_run_json(closed=False)
             fd = create_new(self._dir, INDEX, os.path.join(self.path, INDEX), append=True)
             self._index = os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape")

@@ -123,6 +123,25 @@ def watch(model: Any, dir: Union[str, "os.PathLike[str]"], every: int = 1, kinds
                     steps=steps, start=start, stop=stop, capture_eval=capture_eval)
 
 
+# A module type's nonlinearity, as run.json's "taps" spells it (DESIGN
+# section 11): the doctor judges these taps by it, whatever their names.
+# By type name, so that no torch class is imported for it.
+_NONLINEARITIES = {"ReLU": "relu", "ReLU6": "relu6", "LeakyReLU": "leaky_relu", "PReLU": "prelu", "RReLU": "rrelu",
+                   "Tanh": "tanh", "Sigmoid": "sigmoid", "Hardtanh": "hardtanh", "Hardsigmoid": "hardsigmoid",
+                   "GELU": "gelu", "SiLU": "silu", "ELU": "elu", "SELU": "selu", "CELU": "celu", "Mish": "mish",
+                   "Softplus": "softplus", "Softsign": "softsign", "Tanhshrink": "tanhshrink",
+                   "LogSigmoid": "logsigmoid", "Hardswish": "hardswish"}
+
+
+def nonlinearity(module: Any) -> Optional[str]:
+    """The nonlinearity of a torch.nn activation module (torch.nn.ReLU:
+    "relu"), or None for any other module, a subclass of one included: its
+    forward may be anything."""
+    cls = type(module)
+    name = _NONLINEARITIES.get(cls.__name__)
+    return name if name is not None and cls.__module__.startswith("torch.nn.") else None
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -221,10 +240,12 @@ class Recorder:
         _refuse_one_name("parameters", [(n, self._renamed(n)) for n, _ in model.named_parameters()])
         _refuse_one_name("buffers", [(n, self._renamed(n)) for n, _ in model.named_buffers()])
         hookable = self._forward_hookable(model, named, taps, kinds)
+        functions = {n: f for n, f in ((n, nonlinearity(named[p])) for p, n in hookable) if f is not None} \
+            if self._kinds & _ACTIVATION_KINDS else {}
         self._writer = RunWriter(os.fspath(dir),
                                  default_options(every, sorted(self._kinds, key=KINDS.index), start=start, stop=stop,
                                                  steps=step_list, capture_eval=capture_eval),
-                                 overwrite=overwrite, torch_version=torch.__version__)
+                                 overwrite=overwrite, torch_version=torch.__version__, taps=functions)
         try:
             if "grad" in self._kinds:
                 self._unhooked = list(self._params)
