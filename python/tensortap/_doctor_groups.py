@@ -70,6 +70,11 @@ def pct(x: float) -> str:
     return f"{100 * x:.3g}%"
 
 
+def rule_tier(rule: str) -> float:
+    """The rule's tier (module docstring); weight_update_ratio's, above `large`."""
+    return _TIERS.get(rule, 5)
+
+
 def tier(f: Finding) -> float:
     if f.rule == "weight_update_ratio" and f.value < f.threshold:
         return 3.5  # too small an update: a gradient that vanished (tier 3's), not a rate set too high

@@ -21,6 +21,7 @@ import numpy as np
 
 from ._base import STATS_FIELDS, RunError, _safe
 from ._doctor import COLUMNS, RULES, Finding, Result, Settings, evaluate, saturation_bounds
+from ._doctor_taps import declared_any, saturating_function
 from ._doctor_rows import param_records, statistics
 from ._page import _legend_outside, _Page, _pyplot, _text
 
@@ -109,6 +110,10 @@ def _body(page: _Page, found: Findings, result: Result) -> str:
            f"(<code>tensortap doctor</code>, every rule with its defaults; {judged} evaluated), on {source}"
            + (": no rule could be evaluated" if not judged else ": none found a problem" if not n else "") + ".</p>"]
     if n:
+        # The doctor's order: the likely cause first, causes before their
+        # consequences (docs/health.md), as `tensortap doctor` prints them.
+        out.append(f"<p>Likely cause: <code>{html.escape(_safe(result.findings[0].line(result.ranks)))}</code>"
+                   f"{'' if len(result.groups) < 2 else f' (the findings fall in {len(result.groups)} groups)'}</p>")
         shown = result.findings[:MAX_LISTED]
         head = "<tr><th>rule</th><th>tensor</th>" + ("<th>rank</th>" if result.ranks else "") + \
             "<th>steps</th><th>finding</th></tr>"
@@ -252,7 +257,8 @@ def _measure(run: Run, rule: str, cols: Dict[str, np.ndarray], rank: int, kind: 
             return steps, cols["zeros"] / numel, "fraction of values zero", fs[0].threshold
         if rule == "saturated_activation":
             derivative = Settings()["saturated_activation"]["derivative"]
-            sigmoid, is_input, a = saturation_bounds(name, derivative)
+            sigmoid, is_input, a = saturation_bounds(name, derivative,
+                                                     saturating_function(name, declared_any(run)))
             ms = cols["norm"] ** 2 / numel
             # A sigmoid's output is judged as 2y - 1: its mean square from y's.
             judged = 4 * ms - 4 * cols["mean"] + 1 if sigmoid and not is_input else ms

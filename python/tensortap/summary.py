@@ -17,6 +17,7 @@ from ._base import NUMPY_DTYPES, GivenUpError, RunError, _safe
 from ._ctl_log import summary_lines as ctl_summary_lines
 from ._files import has_statistics, monitoring_line
 from ._doctor import RULES
+from ._doctor_groups import rule_tier
 from ._float8 import FORMATS as FORMATS_FLOAT8
 from ._names import DUMPS, INDEX, STATS_SERIES, ballast_name, index_segment_name, index_segment_number
 from ._optional import progress
@@ -218,12 +219,18 @@ def live_health_line(run: Run, dumps: Sequence[Dict[str, Any]]) -> str:
     is not taken for a verdict when none was. `dumps`: run.dumps, read once
     (each read warns again about a damaged dump)."""
     fired: Dict[str, int] = {}
+    first: Dict[str, int] = {}
     for d in dumps:
         reason = d.get("reason")
         if isinstance(reason, str) and reason in RULES:
             fired[reason] = fired.get(reason, 0) + 1
+            step = d.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                first[reason] = min(first.get(reason, step), step)
     if fired:
-        order = sorted(fired, key=lambda r: (-fired[r], RULES.index(r)))
+        # The doctor's order (docs/health.md): rules that name a cause before
+        # those that name its consequences, then the earliest firing.
+        order = sorted(fired, key=lambda r: (rule_tier(r), first.get(r, 0), RULES.index(r)))
         return (f"health rules fired live: {sum(fired.values())} ("
                 + ", ".join(f"{r} {fired[r]}" for r in order) + ")")
     on = set()
