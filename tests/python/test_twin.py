@@ -269,6 +269,26 @@ class RealModels(TwinCase):
 
 
 @unittest.skipIf(torch is None, NO_TORCH)
+class Taps(TwinCase):
+    def test_the_modules_nonlinearities_and_the_doctor_reads_them(self):
+        # Names with no "relu" in them (a Sequential's indices): run.json's
+        # "taps" tells the doctor which module is a ReLU (issue 75 (3)).
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.Tanh())
+        with torch.no_grad():
+            model[0].bias.fill_(-50.0)  # every unit of the ReLU below zero: dead
+        run = self.run_dir()
+        with ttt.watch(model, run, kinds=["activation"]) as rec:
+            for s in range(4):
+                rec.step(s)
+                model(torch.randn(16, 4))
+        with open(os.path.join(run, "run.json")) as f:
+            self.assertEqual(json.load(f)["taps"], {"1": "relu", "3": "tanh"})
+        frame = tensortap.doctor(run, rules=["dead_relu"])
+        self.assertEqual(list(frame.name), ["1"])
+        self.assertNotIn("inferred", frame.message[0])
+
+
+@unittest.skipIf(torch is None, NO_TORCH)
 class UnsetStop(TwinCase):
     def test_null_written_and_both_read(self):
         run = self.run_dir()
