@@ -156,13 +156,22 @@ stalled_training (no parameters):
 
 overfit (a validation series) is not among them yet.
 
-Output. Findings in order of rank, first_step, rule (the order above), kind,
-name. A rule not evaluated (no tensor it could judge, on any rank) is named
-with why, and is no finding. doctor() returns a pandas DataFrame with the
-columns COLUMNS and attrs["not_evaluated"] = {rule: why}; `tensortap doctor`
-prints one line per finding, `<rule>: <kind> <name>[ rank <r>] steps
-<first>..<last>: <message>`, then `<rule>: not evaluated: <why>` lines, then
-`N findings`; --json one object per line instead, without the count.
+Which activations dead_relu, saturated_activation and
+poor_weight_initialization judge: besides `include`, the taps run.json's
+"taps" declares as their function, and for dead_relu a ReLU inferred from
+the statistics (tensortap/_doctor_taps.py).
+
+Output. Findings causes first, in groups (tensortap/_doctor_groups.py: the
+rule's tier, first_step, rank, place in the model); a group is one rule and
+kind on tensors whose episodes overlap. A rule not evaluated (no tensor it
+could judge, on any rank) is named with why, and is no finding. doctor()
+returns a pandas DataFrame with the columns COLUMNS (`group`: the group's
+place) and attrs["not_evaluated"] = {rule: why}; `tensortap doctor` prints
+`likely cause: <a finding's line>`, one line per group (a group of one: its
+finding's `<rule>: <kind> <name>[ rank <r>] steps <first>..<last>:
+<message>`), then `<rule>: not evaluated: <why>` lines, then `N findings`
+(groups); --all a line per finding instead of the likely cause and the
+groups; --json one object per finding instead, without the count.
 
 Cost: one pass over each rank's statistics rows, vectorized, and over the
 full param records for weight_update_ratio (one record and its predecessor
