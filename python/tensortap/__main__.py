@@ -3,8 +3,9 @@
     python3 -m tensortap inspect RUN_DIR [--check]
     python3 -m tensortap report RUN_DIR [-o report.html] [--steps 0,100,200] [--histograms 6]
     python3 -m tensortap tensorboard RUN_DIR [--logdir DIR] [--histograms-every 100] [--stats mean,std,...|all]
-    python3 -m tensortap diff RUN_A RUN_B [--rtol R] [--atol A] [--floor A2 [--factor F] [--ulps U]]
+    python3 -m tensortap diff RUN_A RUN_B [--rtol R] [--atol A] [--floor A2 ... [--factor F] [--ulps U]]
                               [--steps A..B] [--kinds a,b] [--exclude REGEX] [--common-only] [--html OUT.html]
+                              [--json]
     python3 -m tensortap doctor RUN_DIR [--rules a,b] [--set RULE.PARAM=VALUE ...] [--json] [--all]
     python3 -m tensortap ctl RUN_DIR dump | capture --steps N [--kinds a,b] [--include PATTERN] | every N
                                  | pause | resume | status   [--rank R] [--timeout S]
@@ -43,7 +44,9 @@ differ, the records on one side only, and last "compared N, differ D, only
 in A X, only in B Y". --floor A2 (A's program with its initial weights
 perturbed by tensortap.torch.perturb) makes a record that differs from A no
 more than --factor times A2 does "noise", an agreement (", noise K" in the
-last line). --steps, --kinds and --exclude choose the records compared. It
+last line); --floor given several times (seeds 0, 1, 2) makes the envelope
+of the floor runs the floor, and says where they disagree. --json prints an
+object per record (with both runs' dtypes) and one for the comparison. --steps, --kinds and --exclude choose the records compared. It
 streams: a few bytes per record beyond the runs' indexes. Exit status 0:
 every record is on both sides and agrees within tolerance (default:
 exactly); 1: some differ, are unreadable, or are on one side only (unless
@@ -72,7 +75,7 @@ line; 2: bad input.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import argparse
 import signal
@@ -113,9 +116,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("b", metavar="RUN_B", help="the run compared with it")
     p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance: |a-b| <= atol + rtol*|a| (default 0)")
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
-    p.add_argument("--floor", metavar="A2", help="A's program again, its initial parameters moved by "
-                   "tensortap.torch.perturb: a record of B that differs from A no more than --factor times A2 "
-                   "does is noise, an agreement")
+    p.add_argument("--floor", metavar="A2", action="append", help="A's program again, its initial parameters "
+                   "moved by tensortap.torch.perturb: a record of B that differs from A no more than --factor times "
+                   "A2 does is noise, an agreement; repeat it for several seeds (the largest of their floors counts)")
     p.add_argument("--factor", type=float, help="the floor's factor (default 10)")
     p.add_argument("--ulps", type=int, help="A2's step-0 params must be within this many ulps of A's (default 1)")
     p.add_argument("--steps", metavar="A..B", help="compare the steps A to B only (A.., ..B, or one step N)")
@@ -127,6 +130,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="compare the records both runs hold; those on one side only do not fail")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained page: the summary, the error by "
                    "name and step for every kind, and a view of the records that differ most")
+    p.add_argument("--json", action="store_true", help="one JSON object per line: a record each (with both runs' "
+                   "dtypes), then the comparison's (first_divergence, floor_disagrees_step, the counts)")
     p = sub.add_parser("doctor", help="name what is wrong with a training run (health rules)")
     p.add_argument("run", help="the run directory")
     p.add_argument("--rules", metavar="LIST", help="evaluate these rules only, comma-separated (default: all)")
@@ -294,18 +299,25 @@ def _diff(args):
 
     def compare():
         with contextlib.ExitStack() as stack:
-            runs = [stack.enter_context(Run(path)) if path is not None else None
-                    for path in (args.a, args.b, args.floor)]
+            floors = args.floor or []
+            runs = [stack.enter_context(Run(path)) for path in [args.a, args.b] + floors]
             rows = None
             if args.html:
                 from .diff_page import Collector
 
-                rows = Collector(floor=args.floor is not None)
-            lines, status, tally = run_command(runs, opts, args.common_only, on_row=rows)
+                rows = Collector(floor=bool(floors))
+            on_row: Optional[Callable[[Dict[str, Any]], None]] = rows
+            if args.json:
+                from ._diff_json import printer, summary_line
+
+                on_row = printer(print, rows)
+            lines, status, tally = run_command(runs, opts, args.common_only, on_row=on_row)
             if rows is not None:
                 from .diff_page import write_diff_page
 
-                write_diff_page(args.html, tally, rows, lines, (args.a, args.b, args.floor), opts)
+                write_diff_page(args.html, tally, rows, lines, (args.a, args.b, floors or None), opts)
+            if args.json:
+                lines = [summary_line(tally, status)]
         return lines, status
 
     result = _command("comparison", work)
@@ -315,7 +327,7 @@ def _diff(args):
     for line in lines:
         print(line)
     if args.html:
-        print(f"tensortap: wrote {esc(args.html)}")
+        print(f"tensortap: wrote {esc(args.html)}", file=sys.stderr if args.json else sys.stdout)
     return status
 
 

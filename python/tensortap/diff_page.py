@@ -90,19 +90,25 @@ class _DiffPage(_Page):
 
 
 def write_diff_page(out_path: Union[str, "os.PathLike[str]"], tally: Tally, rows: Collector,
-                    lines: Sequence[str], paths: Tuple[str, str, Optional[str]], opts: Options) -> str:
+                    lines: Sequence[str], paths: Tuple[str, str, Union[None, str, Sequence[str]]],
+                    opts: Options) -> str:
     """Writes the page of `tensortap diff --html`; `rows` collected the
     command's rows (every statistic), `lines` what it printed, `paths` A, B
-    and A2."""
-    a, b, a2 = paths
+    and the floor run A2 (or a list of them, or None)."""
+    a, b, given = paths
+    a2 = [] if given is None else [given] if isinstance(given, str) else list(given)
     page = _DiffPage(f"tensortap diff: {esc(a)} against {esc(b)}")
-    floor = a2 is not None
+    floor = bool(a2)
     tol = "exact" if opts.rtol == 0 and opts.atol == 0 else f"rtol {opts.rtol:g}, atol {opts.atol:g}"
+    named = ", ".join(f"<code>{html.escape(esc(p))}</code>" for p in a2)
+    what = "A2 (the floor)" if len(a2) == 1 else "the floor runs (the largest of their floors counts)"
     runs = (f"A (the reference): <code>{html.escape(esc(a))}</code><br>B: <code>{html.escape(esc(b))}</code><br>"
-            + (f"A2 (the floor): <code>{html.escape(esc(a2))}</code>, factor {opts.factor:g}<br>" if floor else "")
+            + (f"{what}: {named}, factor {opts.factor:g}<br>" if floor else "")
             + f"tolerance: {tol}")
-    first = next((line for line in lines if line.startswith("first divergence: ")), None)
-    lead = f'<p class="first">{html.escape(first)}</p>' if first else ""
+    # What the reader should see before the rest: the first divergence, and
+    # a floor that disagrees with itself (it is not to be trusted blindly).
+    leads = [line for line in lines if line.startswith(("first divergence: ", "floors disagree from step "))]
+    lead = "".join(f'<p class="first">{html.escape(line)}</p>' for line in leads)
     page.section("Summary", f"<p>{runs}</p>{lead}<pre class=\"summary\">{html.escape(chr(10).join(lines))}</pre>")
     try:
         page.section("Error by name and step", _heatmaps(page, rows.cells, tally, floor, opts.factor))
@@ -119,9 +125,7 @@ def write_diff_page(out_path: Union[str, "os.PathLike[str]"], tally: Tally, rows
     except Exception as e:  # noqa: BLE001 - reported in the page
         page.section("The records that differ most", _failed(e))
     finally:
-        for side in (tally.cmp.a, tally.cmp.b, tally.cmp.a2):
-            if side is not None:
-                side.close()
+        tally.cmp.close()
     differing = rows.table
     if differing:
         cells = "".join(f"<tr><td>{html.escape(r['status'])}</td><td>{html.escape(_describe(r, tally))}</td></tr>"
@@ -129,8 +133,10 @@ def write_diff_page(out_path: Union[str, "os.PathLike[str]"], tally: Tally, rows
         more = f"<p>... and {rows.n_table - len(differing)} more.</p>" if rows.n_table > len(differing) else ""
         page.section("Records that differ or are on one side only",
                      f"<table><tr><th>status</th><th>record</th></tr>{cells}</table>{more}")
-    page.data = _jsonable({"a": a, "b": b, "floor": a2, "rtol": opts.rtol, "atol": opts.atol,
+    disagree = tally.floor_disagrees() if floor else None
+    page.data = _jsonable({"a": a, "b": b, "floor": given, "rtol": opts.rtol, "atol": opts.atol,
                            "factor": opts.factor if floor else None, "first_divergence": tally.first_divergence(),
+                           "floor_disagrees_step": None if disagree is None else disagree["step"],
                            "rows": [{k: r[k] for k in ("rank", "kind", "name", "step", "status", "rel_norm")}
                                     for r in differing]})
     return _write_page(page.render(), out_path)
