@@ -46,7 +46,8 @@ perturbed by tensortap.torch.perturb) makes a record that differs from A no
 more than --factor times A2 does "noise", an agreement (", noise K" in the
 last line); --floor given several times (seeds 0, 1, 2) makes the envelope
 of the floor runs the floor, and says where they disagree. --json prints an
-object per record (with both runs' dtypes) and one for the comparison. --steps, --kinds and --exclude choose the records compared. It
+object per record (with both runs' dtypes) and one for the comparison.
+--steps, --kinds and --exclude choose the records compared. It
 streams: a few bytes per record beyond the runs' indexes. Exit status 0:
 every record is on both sides and agrees within tolerance (default:
 exactly); 1: some differ, are unreadable, or are on one side only (unless

@@ -16,8 +16,9 @@ The rules, element by element (a "bad" element is one beyond tolerance):
   differenced as integers (exact above 2^53).
 - A complex value compares as its real and imaginary parts, each by the
   float rules; it is bad when either part is.
-- A shape or dtype (the index's, the tensor's own) that differs is a
-  "mismatch": no value is compared, and it counts as a difference.
+- A shape or dtype (the index's) that differs is a "mismatch": no value is
+  compared, a difference; but two floating dtypes of one family are judged
+  at the coarser precision (tensortap/_diff_dtype.py).
 - A record that cannot be read (a missing or damaged file, one that holds
   another shape or dtype than its index line says) is "unreadable": it
   counts as a difference, and the comparison goes on.
@@ -44,7 +45,9 @@ not equal is "noise" (an agreement) when
 its dtype, and no NaN or infinity of A and B disagrees; an integer or bool
 record when at most factor times as many elements differ as A2 has
 differing. floor_rel_norm = ||a - a2|| / ||a|| (NaN without a floor). A
-record A2 lacks is judged by the tolerance ("without floor"). A2 is refused
+record A2 lacks is judged by the tolerance ("without floor"). Several floor
+runs: their envelope is the floor (tensortap/_diff_floor.py); records in two
+dtypes, dropout masks: tensortap/_diff_dtype.py, _diff_dropout.py. A2 is refused
 (ValueError, exit 2) unless every record of A2 is one of A's with its shape
 and dtype, and A's step-0 `param` records, which A must have, are A2's within
 `ulps` ulps.
