@@ -23,7 +23,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ._diff_values import UNIT_ROUNDOFF
+from ._diff_values import BLOCK, UNIT_ROUNDOFF
 
 # The dtypes that can be rounded into one another, by family.
 _REAL = ("float64", "float32", "float16", "bfloat16")
@@ -63,10 +63,17 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
 
 def _float32_exact(x: np.ndarray) -> bool:
     """Whether every value of a float64 array is a float32 value (NaN and
-    infinities included)."""
+    infinities included). In blocks, stopping at the first that is not: a
+    large record (memory-mapped) is not copied whole, and a float64 record
+    of float64 values costs one block."""
+    flat = np.asarray(x).reshape(-1)
     with np.errstate(over="ignore", invalid="ignore"):
-        back = np.asarray(x).astype(np.float32).astype(np.float64)
-    return bool(np.all((back == x) | np.isnan(x)))
+        for i in range(0, flat.size, BLOCK):
+            part = flat[i:i + BLOCK]
+            back = part.astype(np.float32).astype(np.float64)
+            if not np.all((back == part) | np.isnan(part)):
+                return False
+    return True
 
 
 def judge(x: np.ndarray, y: np.ndarray, floors: List[np.ndarray], dtype_a: str, dtype_b: str
