@@ -165,8 +165,9 @@ def check(a: "_Side", a2: "_Side", match: np.ndarray, outside: Optional[int], ke
 
     if outside is not None:
         kind, name, _, _, _ = a2.meta(outside)
-        raise ValueError(f"--floor: {what} is not A perturbed: its {_where(kind, name, a2.step(outside), a2.rank(outside))}"
-                         f" is not in A ({what} must record what A records)")
+        where = _where(kind, name, a2.step(outside), a2.rank(outside))
+        raise ValueError(f"--floor: {what} is not A perturbed: its {where} is not in A ({what} must record what A "
+                         "records)")
     # Shapes and dtypes of every pair, compared through codes of the metas.
     sig: Dict[Tuple[str, Tuple[int, ...]], int] = {}
     sig_a = np.array([sig.setdefault((m[2], m[3]), len(sig)) for m in a.index.metas] or [0], dtype=np.int64)
