@@ -18,9 +18,10 @@ struct MlpImpl : torch::nn::Module {
 
   MlpImpl(int64_t in, int64_t h1, int64_t h2, int64_t out) {
     fc1 = register_module("fc1", torch::nn::Linear(in, h1));
-    hidden1 = register_module("hidden1", tensortap::Tap());
+    // A ReLU's output: the health rules (dead_relu) judge it so, whatever its name.
+    hidden1 = register_module("hidden1", tensortap::Tap(tensortap::Nonlinearity::ReLU));
     fc2 = register_module("fc2", torch::nn::Linear(h1, h2));
-    hidden2 = register_module("hidden2", tensortap::Tap());
+    hidden2 = register_module("hidden2", tensortap::Tap(tensortap::Nonlinearity::ReLU));
     fc3 = register_module("fc3", torch::nn::Linear(h2, out));
   }
 

@@ -42,6 +42,12 @@ class TapPointAccess {
 /// The part of `TapPoint::tap_output` that runs on a step that captures.
 at::Tensor tap_capture(const TapBinding& binding, at::Tensor out, const std::string& suffix);
 
+/// What a module's output is, by its type: one of LibTorch's activation
+/// modules (a `Tapped<M>` of one derives from it), or `None`.
+Nonlinearity module_nonlinearity(const torch::nn::Module& m);
+/// run.json's word for `n` ("relu", "tanh", ...; "" for `None`).
+const char* nonlinearity_word(Nonlinearity n);
+
 /// `inner`, run through a tap point: what `tap_sequential()` puts in a
 /// Sequential's list of modules in place of a child. `inner` if it is one.
 torch::nn::AnyModule make_sequential_tap(torch::nn::AnyModule inner);

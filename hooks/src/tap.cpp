@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <torch/nn/modules/activation.h>
 #include <torch/version.h>
 
 #include <tensortap/error.h>
@@ -167,7 +168,7 @@ void TapPointAccess::unbind(TapPoint& point, const TapBinding* binding) noexcept
 
 TapPoint::TapPoint() = default;
 
-TapPoint::TapPoint(const TapPoint&) {}
+TapPoint::TapPoint(const TapPoint& other) : nonlinearity_(other.nonlinearity_) {}
 
 TapPoint::~TapPoint() = default;
 
@@ -235,7 +236,44 @@ void TapImpl::pretty_print(std::ostream& stream) const { stream << "tensortap::T
 
 torch::nn::AnyModule detail::make_sequential_tap(torch::nn::AnyModule inner) {
   if (dynamic_cast<TapPoint*>(inner.ptr().get()) != nullptr) return inner;  // already one
-  return torch::nn::AnyModule(std::make_shared<SequentialTapImpl>(std::move(inner)));
+  // A child that is an activation module says what its output is.
+  const Nonlinearity after = module_nonlinearity(*inner.ptr());
+  auto tap = std::make_shared<SequentialTapImpl>(std::move(inner));
+  tap->set_nonlinearity(after);
+  return torch::nn::AnyModule(std::move(tap));
+}
+
+Nonlinearity detail::module_nonlinearity(const torch::nn::Module& m) {
+  using namespace torch::nn;  // NOLINT(google-build-using-namespace): the list reads as LibTorch's names
+  if (dynamic_cast<const ReLUImpl*>(&m)) return Nonlinearity::ReLU;
+  if (dynamic_cast<const ReLU6Impl*>(&m)) return Nonlinearity::ReLU6;
+  if (dynamic_cast<const LeakyReLUImpl*>(&m)) return Nonlinearity::LeakyReLU;
+  if (dynamic_cast<const ELUImpl*>(&m)) return Nonlinearity::ELU;
+  if (dynamic_cast<const GELUImpl*>(&m)) return Nonlinearity::GELU;
+  if (dynamic_cast<const SiLUImpl*>(&m)) return Nonlinearity::SiLU;
+  if (dynamic_cast<const SoftplusImpl*>(&m)) return Nonlinearity::Softplus;
+  if (dynamic_cast<const TanhImpl*>(&m)) return Nonlinearity::Tanh;
+  if (dynamic_cast<const SigmoidImpl*>(&m)) return Nonlinearity::Sigmoid;
+  if (dynamic_cast<const HardtanhImpl*>(&m)) return Nonlinearity::Hardtanh;
+  return Nonlinearity::None;
+}
+
+const char* detail::nonlinearity_word(Nonlinearity n) {
+  // torch.nn.functional's names: what the twin writes for the same modules.
+  switch (n) {
+    case Nonlinearity::None: return "";
+    case Nonlinearity::ReLU: return "relu";
+    case Nonlinearity::ReLU6: return "relu6";
+    case Nonlinearity::LeakyReLU: return "leaky_relu";
+    case Nonlinearity::ELU: return "elu";
+    case Nonlinearity::GELU: return "gelu";
+    case Nonlinearity::SiLU: return "silu";
+    case Nonlinearity::Softplus: return "softplus";
+    case Nonlinearity::Tanh: return "tanh";
+    case Nonlinearity::Sigmoid: return "sigmoid";
+    case Nonlinearity::Hardtanh: return "hardtanh";
+  }
+  return "";
 }
 
 void tap_sequential(torch::nn::SequentialImpl& seq) {

@@ -80,6 +80,8 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& front, c
     std::shared_ptr<torch::nn::Module> owner;
     TapPoint* point;
     std::string name;
+    // What flows through it: declared, or said by the module's type.
+    Nonlinearity after;
   };
   std::vector<Point> points;
   if (want_taps) {
@@ -92,7 +94,11 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& front, c
       // The watched module itself (`watch(*tapped_net)`) has no path: its
       // output is recorded under the prefix, or as "root".
       std::string name = path.empty() ? (prefix.empty() ? std::string(kRootTapName) : prefix) : full_name(prefix, path);
-      if (front->selected(name)) points.push_back({owner, &point, std::move(name)});
+      if (!front->selected(name)) return;
+      const Nonlinearity after = point.nonlinearity() != Nonlinearity::None
+                                     ? point.nonlinearity()
+                                     : module_nonlinearity(*owner);
+      points.push_back({owner, &point, std::move(name), after});
     };
     for (const auto& [path, ptr] : modules) {
       torch::nn::Module& m = ptr ? *ptr : module;
@@ -168,6 +174,11 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& front, c
   watch_tensors(front, std::move(params), std::move(buffers), std::move(tap_claims));
   for (const auto& [name, others] : point_aliases)
     if (!others.empty()) front->add_aliases(name, others);
+  // run.json's "taps", which the health rules read, live and offline.
+  std::vector<std::pair<std::string, std::string>> nonlinear;
+  for (const Point& p : points)
+    if (p.after != Nonlinearity::None) nonlinear.emplace_back(p.name, nonlinearity_word(p.after));
+  if (!nonlinear.empty()) front->add_taps(nonlinear);
   if (want_taps) {
     auto taps = std::make_shared<TapWatcher>(front->options().capture_ops() && kinds.contains(Kind::Activation));
     for (Point& p : points) taps->add(p.owner, *p.point, std::make_shared<TapBinding>(TapBinding{front, p.name}));

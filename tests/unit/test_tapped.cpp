@@ -673,3 +673,61 @@ TEST_CASE("a Tapped<M> that is the watched module itself is bound: 'root', or th
     CHECK(tt_test::index_lines_with(dir.path + "/d", "\"net\"").size() == 1);
   }
 }
+
+namespace {
+
+// A Tap declared a ReLU's output under a name no rule's pattern finds, a
+// Tapped<Sigmoid>, and an instrumented Sequential whose child is a Tanh.
+struct DeclaredNetImpl : nn::Module {
+  nn::Linear fc{nullptr};
+  tensortap::Tap hidden{nullptr}, plain{nullptr};
+  tensortap::Tapped<nn::Sigmoid> gate{nullptr};
+  nn::Sequential head{nullptr};
+  DeclaredNetImpl() {
+    fc = register_module("fc", nn::Linear(8, 8));
+    hidden = register_module("hidden", tensortap::Tap(tensortap::Nonlinearity::ReLU));
+    plain = register_module("plain", tensortap::Tap());
+    gate = register_module("gate", tensortap::Tapped<nn::Sigmoid>());
+    head = register_module("head", nn::Sequential(nn::Linear(8, 8), nn::Tanh()));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    // Every unit dead: the ReLU's input far below zero.
+    const torch::Tensor h = hidden(torch::relu(fc(x) - 100));
+    return head->forward(gate(plain(h)));
+  }
+};
+TORCH_MODULE(DeclaredNet);
+
+}  // namespace
+
+TEST_CASE("a tap's declared nonlinearity: run.json's taps, and the live rules judge it whatever its name",
+          "[hooks][tap]") {
+  TempDir dir;
+  const std::string run = dir / "run";
+  // With the rule's own include, or one the user narrowed.
+  const bool own_include = GENERATE(true, false);
+  DeclaredNet net;
+  std::vector<tensortap::Dump> dumps;
+  {
+    auto rec = tensortap::watch(*net, Options(run)
+                                          .every(1000)
+                                          .stats_every(1)
+                                          .tap_sequential("head")
+                                          .dump_on(own_include ? tensortap::Trigger::dead_relu()
+                                                               : tensortap::Trigger::dead_relu().include("fc")));
+    for (std::int64_t s = 0; s < 6; ++s) {
+      rec->step(s);
+      net->forward(torch::randn({4, 8})).sum().backward();
+    }
+    rec->close();
+    dumps = rec->dumps();
+  }
+  const std::string json = tt_test::read_file(run + "/run.json");
+  CHECK_THAT(json, Catch::Contains(R"("taps": {"hidden": "relu", "gate": "sigmoid", "head.1": "tanh"})"));
+  std::vector<std::string> fired;
+  for (const auto& d : dumps) fired.push_back(d.trigger + " " + d.name);
+  if (own_include)
+    CHECK(fired == std::vector<std::string>{"dead_relu hidden"});
+  else
+    CHECK(fired.empty());
+}

@@ -32,6 +32,15 @@ struct TapBindings;
 class TapPointAccess;
 }  // namespace detail
 
+/// The nonlinearity whose output flows through a tap point. The health
+/// rules judge a tap by it (dead_relu: a ReLU's; saturated_activation: a
+/// tanh's or a sigmoid's), live and in `tensortap doctor` (run.json's
+/// "taps"), whatever the tap's name. A `Tapped<M>` of one of LibTorch's
+/// activation modules, or an instrumented `Sequential`'s child that is
+/// one, says it by its type; a `Tap` says it where it is made:
+/// `tensortap::Tap(tensortap::Nonlinearity::ReLU)`.
+enum class Nonlinearity { None, ReLU, ReLU6, LeakyReLU, ELU, GELU, SiLU, Softplus, Tanh, Sigmoid, Hardtanh };
+
 /// A place in a model whose output a recorder captures: kind `activation`,
 /// and through a hook on it, `activation_grad`. `Tap`, `Tapped<M>` and the
 /// children of an instrumented `Sequential` are tap points; `watch()` binds
@@ -46,6 +55,12 @@ class TapPoint {
   TapPoint(const TapPoint&);
   TapPoint& operator=(const TapPoint&) { return *this; }
   virtual ~TapPoint();
+
+  /// Says what flows through this point (see `Nonlinearity`); before
+  /// `watch()`, which reads it. `None` (the default): the module's type
+  /// says it, if it is one of LibTorch's activation modules, or nothing.
+  void set_nonlinearity(Nonlinearity n) { nonlinearity_ = n; }
+  Nonlinearity nonlinearity() const { return nonlinearity_; }
 
  protected:
   /// Captures `out` for each bound recorder whose step is sampled (and,
@@ -79,6 +94,7 @@ class TapPoint {
   std::mutex lists_mu_;
   // The current list (last) and replaced ones not yet freed.
   std::vector<std::unique_ptr<const detail::TapBindings>> lists_;
+  Nonlinearity nonlinearity_ = Nonlinearity::None;
 };
 
 /// An identity module that marks a tap point: what flows through it is
@@ -91,7 +107,8 @@ class TapPoint {
 /// ```
 /// struct NetImpl : torch::nn::Module {
 ///   torch::nn::Linear fc1{784, 128}, fc2{128, 10};
-///   tensortap::Tap hidden;   // captured as "hidden"
+///   // captured as "hidden"; a ReLU's output, which the health rules judge
+///   tensortap::Tap hidden{tensortap::Nonlinearity::ReLU};
 ///   NetImpl() {
 ///     register_module("fc1", fc1);
 ///     register_module("hidden", hidden);
@@ -105,6 +122,8 @@ class TapPoint {
 class TapImpl : public torch::nn::Cloneable<TapImpl>, public TapPoint {
  public:
   TapImpl() = default;
+  /// A tap on the output of `after` (`set_nonlinearity`).
+  explicit TapImpl(Nonlinearity after) { set_nonlinearity(after); }
   /// A clone is not bound to any recorder.
   TapImpl(const TapImpl& other);
   /// Used by `clone()` into an existing module: the target keeps its own

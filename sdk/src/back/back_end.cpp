@@ -147,6 +147,15 @@ void BackEnd::on_wake() {
       // Said at close again; a full disk is why they stopped.
     }
   }
+  // Taps declared since (watch()): run.json says them while the job runs,
+  // so that the doctor reads them in a killed job's run too.
+  if (manifest_.take_taps_change()) {
+    try {
+      manifest_.rewrite();
+    } catch (...) {
+      // Said at close again.
+    }
+  }
   if (watchdog_)
     if (std::optional<Dump> stall = watchdog_->check(now)) flight_->side_dump(std::move(*stall));
   for (const ControlAnswer& applied : control_->wake(now)) {

@@ -53,6 +53,12 @@ class BackEnd {
   void add_aliases(const std::string& name, const std::vector<std::string>& others) {
     manifest_.add_aliases(name, others);
   }
+  /// The taps' declared nonlinearities: run.json's "taps" (rewritten by
+  /// the writer thread at its next wake) and the live health rules.
+  void add_taps(const std::vector<std::pair<std::string, std::string>>& taps) {
+    manifest_.add_taps(taps);
+    flight_->declare_taps(taps);
+  }
   FlightRecorder& flight() { return *flight_; }
   const FlightRecorder& flight() const { return *flight_; }
   /// The copier, or null without CUDA (build or device).

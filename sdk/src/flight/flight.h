@@ -55,6 +55,9 @@ class FlightRecorder {
   /// and never applies Options::after_dump: no StopCapture, no Throw.
   /// Returns the dump as written: its steps, and those refused and why.
   Dump side_dump(Dump dump) { return trigger(std::move(dump), /*applies=*/false); }
+  /// The nonlinearities the taps declare (watch(), any thread): the
+  /// health rules judge those taps by them.
+  void declare_taps(const std::vector<std::pair<std::string, std::string>>& taps) { triggers_.declare_taps(taps); }
   /// `tensortap ctl capture`: the held records of steps [lo, hi] are
   /// written, not held (writer thread, before any of them arrives).
   void store_steps(std::int64_t lo, std::int64_t hi) {

@@ -32,10 +32,7 @@ bool judges_kind(const Trigger& t, Kind k) {
 
 // The saturated fraction's lower bound from a row (the doctor's
 // saturation_bounds and its statistics branch).
-double saturated_fraction(const TensorSummary& s, double derivative) {
-  std::string lower = s.name;
-  for (char& c : lower) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-  const bool sigmoid = lower.find("sigmoid") != std::string::npos;
+double saturated_fraction(const TensorSummary& s, double derivative, bool sigmoid) {
   const bool input = is_input_tap(s.name);
   const double t = std::sqrt(1.0 - derivative);
   const double a = input ? (sigmoid ? 2 * std::atanh(t) : std::atanh(t)) : t;
@@ -103,7 +100,35 @@ bool HealthRule::Streak::update(bool cond, double measure, std::int64_t patience
   return true;
 }
 
-HealthRule::HealthRule(const Trigger& t) : t_(t), include_(t.include(), "include", /*ignore_case=*/true) {}
+void DeclaredTaps::add(const std::vector<std::pair<std::string, std::string>>& taps) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [name, word] : taps) words_[name] = word;
+}
+
+std::string DeclaredTaps::of(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = words_.find(name);
+  return it == words_.end() ? std::string() : it->second;
+}
+
+namespace {
+
+// The rule's own include, as its factory sets it.
+std::string default_include(Type type) {
+  switch (type) {
+    case Type::DeadRelu: return Trigger::dead_relu().include();
+    case Type::SaturatedActivation: return Trigger::saturated_activation().include();
+    default: return "";
+  }
+}
+
+}  // namespace
+
+HealthRule::HealthRule(const Trigger& t, const DeclaredTaps& taps)
+    : t_(t),
+      taps_(taps),
+      default_include_(!t.include().empty() && t.include() == default_include(t.type())),
+      include_(t.include(), "include", /*ignore_case=*/true) {}
 
 bool HealthRule::finds(const std::string& name) const { return include_.empty() || include_.search(name); }
 
@@ -114,6 +139,18 @@ HealthRule::Series& HealthRule::series(const TensorSummary& s, const std::string
   if (fresh) {
     Series& ser = it->second;
     ser.found = finds(s.name);
+    // A tap's declared nonlinearity (a Tap's, or its module's type): judged
+    // whatever its name, as `tensortap doctor` judges run.json's "taps".
+    const std::string word = t_.type() == Type::DeadRelu || t_.type() == Type::SaturatedActivation
+                                 ? taps_.of(s.name)
+                                 : std::string();
+    if (default_include_ && !word.empty()) {
+      if (t_.type() == Type::DeadRelu) ser.found = ser.found || word == "relu" || word == "relu6";
+      if (t_.type() == Type::SaturatedActivation) ser.found = ser.found || word == "tanh" || word == "sigmoid";
+    }
+    std::string lower = s.name;
+    for (char& c : lower) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    ser.sigmoid = word == "sigmoid" || (word.empty() && lower.find("sigmoid") != std::string::npos);
     ser.selected = ser.found && judges_kind(t_, s.kind);
     if (t_.type() == Type::DeadRelu && is_input_tap(s.name)) ser.selected = false;
     if (t_.type() == Type::LossNotDecreasing) ser.selected = s.kind == Kind::Tensor && s.name == t_.name();
@@ -184,7 +221,7 @@ std::optional<Dump> HealthRule::evaluate(const TensorSummary& s, const std::stri
       return std::nullopt;
     }
     case Type::SaturatedActivation: {
-      const double f = saturated_fraction(s, t_.derivative());
+      const double f = saturated_fraction(s, t_.derivative(), ser.sigmoid);
       if (ser.streak.update(f > t_.threshold(), f, patience, true)) return fire(s, ser.streak.extreme, t_.threshold());
       return std::nullopt;
     }

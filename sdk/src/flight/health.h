@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -14,6 +15,19 @@
 
 namespace tensortap::detail {
 
+/// The nonlinearities the taps declare (run.json's "taps"): added by
+/// watch() on the training thread, read by the rules on the writer thread.
+class DeclaredTaps {
+ public:
+  void add(const std::vector<std::pair<std::string, std::string>>& taps);
+  /// The word a tap named `name` declared ("relu", "tanh", ...), or "".
+  std::string of(const std::string& name) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::string> words_;
+};
+
 /// One training health rule (`Trigger::vanishing_gradient()` and the rest)
 /// evaluated live, on the writer thread, row by row of statistics: the
 /// definitions of python/tensortap/_doctor.py's docstring, which `tensortap
@@ -25,7 +39,10 @@ namespace tensortap::detail {
 class HealthRule {
  public:
   /// `t` is a health rule with valid parameters (validate_triggers).
-  explicit HealthRule(const Trigger& t);
+  /// `taps` must outlive it: dead_relu and saturated_activation judge the
+  /// taps it declares a ReLU's, or a tanh's or sigmoid's, output, besides
+  /// those their `include` finds (unless the user set `include`).
+  HealthRule(const Trigger& t, const DeclaredTaps& taps);
 
   /// Judges one statistics row; a firing as a dump without steps (reason and
   /// trigger the rule's name, the tensor, `value` its measure, `threshold`).
@@ -46,7 +63,8 @@ class HealthRule {
   };
   // What a rule keeps of one tensor (kind and name).
   struct Series {
-    bool found = false;     // its name is one `include` finds
+    bool found = false;     // its name is one `include` finds (or a declared tap the rule judges)
+    bool sigmoid = false;   // saturated_activation: a sigmoid's, by its name or declared
     bool selected = false;  // found, and of a kind the rule judges
     std::int64_t rows = 0;  // rows seen (a param's first is its initialization)
     Streak streak;
@@ -73,6 +91,9 @@ class HealthRule {
   std::optional<Dump> initialization(const TensorSummary& s, const Series& ser);
 
   Trigger t_;
+  const DeclaredTaps& taps_;
+  // Whether `include` is the rule's own: declared taps are judged then.
+  bool default_include_ = false;
   // The project's automaton, not std::regex: linear in the name, no
   // recursion a long name could overflow the writer thread's stack with.
   Pattern include_;

@@ -122,7 +122,7 @@ void validate_triggers(const Options& o) {
 Triggers::Triggers(const Options& options) {
   for (const Trigger& t : options.dump_on()) {
     rules_.push_back({t, {}, -1, false, false, nullptr});
-    if (t.is_health_rule()) rules_.back().health = std::make_unique<HealthRule>(t);
+    if (t.is_health_rule()) rules_.back().health = std::make_unique<HealthRule>(t, taps_);
   }
   if (rules_.empty() && options.flight_recorder() > 0)
     rules_.push_back({Trigger::non_finite(), {}, -1, false, false, nullptr});

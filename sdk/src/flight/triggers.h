@@ -11,9 +11,9 @@
 #include <tensortap/options.h>
 #include <tensortap/trigger.h>
 
-namespace tensortap::detail {
+#include "sdk/src/flight/health.h"
 
-class HealthRule;
+namespace tensortap::detail {
 
 /// The run's dump rules (Options::dump_on), evaluated on the writer thread
 /// against each tensor's statistics. Keeps each rule's history: the last
@@ -36,6 +36,8 @@ class Triggers {
   /// then each health rule that fires (each opens an episode of its own).
   /// A predicate that throws stops its rule: `error` says so.
   std::vector<Dump> evaluate(const TensorSummary& s, bool only_non_finite, std::string& error);
+  /// What the taps watch() bound declare (run.json's "taps"); any thread.
+  void declare_taps(const std::vector<std::pair<std::string, std::string>>& taps) { taps_.add(taps); }
 
  private:
   struct Rule {
@@ -51,6 +53,8 @@ class Triggers {
   // Whether `rule` fires on `value` of the series `key`, against its history;
   // records the median in `median`. Adds `value` to the history.
   static bool jumps(Rule& rule, const std::string& key, double value, double& median);
+  // Before rules_: their health rules read it.
+  DeclaredTaps taps_;
   std::vector<Rule> rules_;
   bool non_finite_ = false;
 };

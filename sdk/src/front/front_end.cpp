@@ -40,20 +40,13 @@ Options from_environment(Options o, bool off, std::optional<std::string>& text) 
   return settle(std::move(o));
 }
 
-// Where an inert recorder (TENSORTAP=off) says it writes: nowhere, and the
-// options' directory.
-Placement off_placement(const Options& o) {
-  Placement p;
-  p.run_dir = o.dir();
-  return p;
-}
-
 }  // namespace
 
 FrontEnd::FrontEnd(Options options)
     : off_(tensortap_off() && off_said()),
       options_(from_environment(std::move(options), off_, options_from_env_)),
-      placement_(off_ ? off_placement(options_) : place(options_, options_from_env_)),
+      // An inert recorder (TENSORTAP=off) writes nowhere; it says the options' directory.
+      placement_(off_ ? Placement{0, 1, options_.dir(), "", std::nullopt} : place(options_, options_from_env_)),
       sampling_(options_),
       failures_(std::make_unique<Failures>()),
       // Heap memory: the CUDA engine moves it to pinned memory once, from
@@ -163,8 +156,12 @@ void FrontEnd::record_grads(const std::unordered_set<const void*>& params, const
   for (auto& w : watchers_) w->record_grads(params, step);
 }
 
+// What watch() found, for run.json (and the live rules: the taps).
 void FrontEnd::add_aliases(const std::string& name, const std::vector<std::string>& others) {
   if (capturing() && !inert()) back_->add_aliases(name, others);
+}
+void FrontEnd::add_taps(const std::vector<std::pair<std::string, std::string>>& taps) {
+  if (capturing() && !inert()) back_->add_taps(taps);
 }
 
 void FrontEnd::hook_failed(std::exception_ptr error) noexcept {

@@ -110,6 +110,9 @@ class FrontEnd {
   /// One tensor watch() found under several names (tied weights): recorded
   /// under `name` only, the others listed in run.json's "aliases".
   void add_aliases(const std::string& name, const std::vector<std::string>& others);
+  /// The tap points watch() bound that declare a nonlinearity (name, word):
+  /// run.json's "taps", and the live health rules.
+  void add_taps(const std::vector<std::pair<std::string, std::string>>& taps);
   void push_scope(const std::string& name) {
     if (!inert()) names_.push_scope(name);
   }

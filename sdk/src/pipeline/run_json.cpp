@@ -218,6 +218,17 @@ std::string run_json(const Options& o, const RunInfo& info) {
     }
     j += "},\n";
   }
+  if (!info.taps.empty()) {
+    // {"hidden1": "relu"}: what the health rules judge the tap by.
+    j += "  \"taps\": {";
+    for (std::size_t i = 0; i < info.taps.size(); ++i) {
+      j += i ? ", " : "";
+      append_json_string(j, info.taps[i].first);
+      j += ": ";
+      append_json_string(j, info.taps[i].second);
+    }
+    j += "},\n";
+  }
   if (info.budget) {
     const BudgetState& b = *info.budget;
     const auto step_or_null = [](std::int64_t s) { return s < 0 ? std::string("null") : std::to_string(s); };
@@ -358,6 +369,37 @@ void RunManifest::add_aliases(const std::string& name, const std::vector<std::st
   }
   if (bytes > kCloseBytes / 2) return;
   info_.aliases.emplace_back(name, others);
+}
+
+void RunManifest::add_taps(const std::vector<std::pair<std::string, std::string>>& taps) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Bounded as the aliases are (a model of ten thousand taps says the first).
+  std::size_t bytes = 0;
+  for (const auto& [n, w] : info_.taps) bytes += n.size() + w.size() + 8;
+  for (const auto& [name, word] : taps) {
+    if (bytes > kCloseBytes / 4) break;
+    const auto same = [&](const auto& t) { return t.first == name; };
+    if (std::find_if(info_.taps.begin(), info_.taps.end(), same) != info_.taps.end()) continue;
+    info_.taps.emplace_back(name, word);
+    bytes += name.size() + word.size() + 8;
+  }
+  taps_changed_.store(true);
+}
+
+void RunManifest::rewrite() {
+  if (dir_ == nullptr) return;
+  std::string json;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    json = run_json(options_, info_);
+  }
+  // What close() writes grows with what this one says.
+  run_json_need_ = std::max<std::uint64_t>(run_json_need_, json.size() + kCloseBytes);
+  run_json_room_ = std::max(run_json_room_, write_run_json(*dir_, json, /*durable=*/true));
+  if (run_json_need_ > run_json_room_) {
+    run_json_room_ = 2 * run_json_need_;
+    reserve_run_json(*dir_, run_json_room_);
+  }
 }
 
 void RunManifest::close(const Counters& counters, const std::string& first_error) {

@@ -6,6 +6,7 @@
 // sdk renders them because it knows Options, Counters and Dump; writers/
 // writes the bytes (write_run_json() and LinesFile).
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -50,6 +51,8 @@ struct RunInfo {
   /// Tensors watched under several names (tied weights): the name its
   /// records are written under, and its other names.
   std::vector<std::pair<std::string, std::vector<std::string>>> aliases;
+  /// The taps that declare a nonlinearity: name, word ("taps").
+  std::vector<std::pair<std::string, std::string>> taps;
 };
 
 /// The whole text of run.json for a run with `options` (DESIGN section 3).
@@ -85,6 +88,14 @@ class RunManifest {
   /// One tensor watched under several names: written under `name`, also
   /// known as `others` (run.json's "aliases", at close).
   void add_aliases(const std::string& name, const std::vector<std::string>& others);
+  /// Taps that declare a nonlinearity (run.json's "taps"): kept, and said
+  /// at the writer thread's next `rewrite()` (any thread).
+  void add_taps(const std::vector<std::pair<std::string, std::string>>& taps);
+  /// Whether taps were added since the last call (writer thread).
+  bool take_taps_change() { return taps_changed_.exchange(false); }
+  /// run.json rewritten now with what it knows, on disk. Throws `Error`.
+  /// Writer thread.
+  void rewrite();
   /// The disk budget's state, for run.json's "budget" at close.
   void set_budget(const BudgetState& state) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -118,6 +129,7 @@ class RunManifest {
   const Dir* dir_ = nullptr;
   mutable std::mutex mu_;
   RunInfo info_;
+  std::atomic<bool> taps_changed_{false};
   // dumps.jsonl, from the first dump on, and how many of info_.dumps it
   // has. Not under mu_: only add_dump() (one thread) and then close() use
   // them.
