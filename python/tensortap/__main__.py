@@ -1,4 +1,7 @@
-"""python3 -m tensortap: summarize a run, check it, write a report page, or export it to TensorBoard.
+"""python3 -m tensortap: six commands on a run directory. inspect summarizes a run and checks its files;
+report writes its HTML page; tensorboard exports it as TensorBoard event files; diff compares two runs
+record by record; doctor names what is wrong with the training (the health rules); ctl steers a job while
+it trains.
 
     python3 -m tensortap inspect RUN_DIR [--check]
     python3 -m tensortap report RUN_DIR [-o report.html] [--steps 0,100,200] [--histograms 6]
@@ -91,7 +94,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # `tensortap inspect RUN | head` ends quietly, like any other command.
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    parser = argparse.ArgumentParser(prog="tensortap", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tensortap", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="summarize a run directory")
     p.add_argument("run", help="the run directory")

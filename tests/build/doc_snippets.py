@@ -18,7 +18,10 @@ Two jobs, one set of rules:
       a heading; Python blocks parse, and the names they take from the
       reader exist; README.md is at most 300 lines, shows
       find_package(tensortap) within its first 150, and links every page of
-      docs/.
+      docs/; and the tables doc_tables.py holds to their sources
+      (docs/options.md to options.h, docs/health.md to the doctor's
+      PARAMETERS, CHANGELOG.md to the deprecated names, bench/README.md's
+      length, `tensortap --help`).
 
 A C++ block is compiled as a function body unless the HTML comment on the
 line before its fence says otherwise:
@@ -290,6 +293,10 @@ def check(root: Path, python: str) -> List[str]:
         if page.name != "README.md" and f"docs/{page.name}" not in "\n".join(readme):
             errors.append(f"README.md: no link to docs/{page.name}")
     check_links(root, errors)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import doc_tables  # noqa: E402
+
+    doc_tables.check_all(root, python, errors)
     helps: Dict[str, str] = {}
     counts = {"compiled": 0, "from": 0, "not compiled": 0, "commands": 0, "python": 0}
     for path in pages(root):
