@@ -1,5 +1,5 @@
-# The fmt tensortap compiles against must be the fmt it links (issue 17,
-# item 1). PyTorch's wheels install fmt headers of their own in
+# The fmt tensortap compiles against must be the fmt it links: a header of
+# one version and a library of another fail at link or at run time. PyTorch's wheels install fmt headers of their own in
 # torch/include/fmt (a header-only fmt of another major version, used
 # privately by libtorch, which exports none of its symbols). That folder is
 # in the `torch` target's include directories, and so on every command line

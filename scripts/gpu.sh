@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 35: the [gpu] tests (plain, then under
+# The checks that need a GPU: the [gpu] tests (plain, then under
 # compute-sanitizer), the GPU benchmarks, the demo end to end on the GPU and a
 # profile of one step.
 #
@@ -144,7 +144,7 @@ build() {
     "$PYTHON" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "devices", torch.cuda.device_count())'
     cmake --version | head -1
     "${CXX:-c++}" --version | head -1
-    # Recent wheels ship fmt headers of their own (issue 17): say so.
+    # Recent wheels ship fmt headers of their own (cmake/fmt.cmake keeps them out): say so.
     if [ -d "$(torch_py)/include/fmt" ]; then echo "torch ships fmt headers: $(torch_py)/include/fmt"; fi
   } >"$RESULTS/build_machine.txt" 2>&1
   local args=(-DTENSORTAP_WITH_HDF5=OFF -DTENSORTAP_BUILD_TESTS=ON -DTENSORTAP_BUILD_BENCH=ON

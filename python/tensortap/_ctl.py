@@ -1,5 +1,5 @@
-"""`tensortap ctl RUN <command>`: control of a running job (DESIGN section
-10; the protocol in docs/leaving-it-on.md, the recorder's side in
+"""`tensortap ctl RUN <command>`: control of a running job
+(docs/design.md#leaving-it-on; the protocol in docs/leaving-it-on.md, the recorder's side in
 sdk/src/back/control.*).
 
 Each rank directory has its own channel. ctl writes a request, one JSON
@@ -403,8 +403,8 @@ class _Channel:
         """Reads what control.jsonl gained; True once the answer is there."""
         assert self.answers is not None
         try:
-            # control.jsonl rolls to control.1.jsonl past its size (DESIGN
-            # section 11): once the name holds a new file, the old one (this
+            # control.jsonl rolls to control.1.jsonl past its size
+            # (docs/design.md#leaving-it-on): once the name holds a new file, the old one (this
             # descriptor) is read to its end, then the new one from the top.
             rolled = self._rolled()
             size = os.fstat(self.answers).st_size

@@ -1,4 +1,4 @@
-"""Two runs side by side (DESIGN.md sections 9 and 10): `tensortap.diff(a, b)`
+"""Two runs side by side (docs/design.md#two-runs-side-by-side): `tensortap.diff(a, b)`
 and `tensortap diff A B`. A port check: does the C++ model compute what the
 Python one did, and if not, where does it first differ, and is the
 difference more than rounding?
@@ -113,7 +113,7 @@ _AGREE = (1, 2)
 _DIVERGE = (3, 4)          # where the first divergence may be
 _DIFFERENCES = ("differ", "mismatch", "unreadable")
 
-# The floor's findings (DESIGN.md section 10).
+# The floor's findings (docs/diff.md).
 SATURATED = 1e-3      # the median floor_rel_norm of a step past which differences are not resolved
 UNINFORMATIVE = 0.1   # a series whose floor_rel_norm is this at its first step is rounding noise itself
 
@@ -501,7 +501,7 @@ class Tally:
 
     def arises(self, pa: int) -> str:
         """Where the first divergence (A's record `pa`) arises, read from the
-        statuses of the records of its rank around it (DESIGN.md section 10)."""
+        statuses of the records of its rank around it (docs/diff.md)."""
         a = self.cmp.a
         index = a.index
         kinds = np.array([m[0] for m in index.metas] or ["tensor"])
@@ -544,7 +544,7 @@ class Tally:
         if kind == "activation":
             # The step's parameters and buffers come before its forward in A's
             # order but are no part of it: the model's last buffer agreeing says
-            # nothing of where the forward went wrong (issue 74, item 5).
+            # nothing of where the forward went wrong.
             return between("forward", ("activation", "tensor"))
         if kind == "tensor":
             ahead = here[here < pa]

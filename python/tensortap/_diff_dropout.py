@@ -1,4 +1,4 @@
-"""Whether a first divergence is dropout's (issue 74, item 4).
+"""Whether a first divergence is dropout's: masks drawn differently on the two sides.
 
 A port seeded once before its model is made draws the model's initial
 weights from its own generator (or loads them: tensortap::load_params), so

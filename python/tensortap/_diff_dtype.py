@@ -1,4 +1,4 @@
-"""The precision a pair of records is judged at (issue 74, item 3).
+"""The precision a pair of records is judged at (a port may record another dtype).
 
 A port may hold a quantity in another dtype than its original: C++'s
 `torch::nn::utils::clip_grad_norm_` returns a double where Python's returns

@@ -1,4 +1,4 @@
-"""Several floor runs (issue 74, item 1): `--floor A2 --floor A2' ...`.
+"""Several floor runs, since one A2 can mislead: `--floor A2 --floor A2' ...`.
 
 One A2 is one sample of how far rounding moves the model. A one-ulp change
 can flip something discrete in one run (a max-pool or ReLU tie) and not in

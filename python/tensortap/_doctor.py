@@ -1,4 +1,4 @@
-"""Training health rules (DESIGN.md section 10): `tensortap doctor RUN` and
+"""Training health rules (docs/design.md#health-rules): `tensortap doctor RUN` and
 `tensortap.doctor(run)` name what is wrong with a run, rule by rule, the
 tensor and the steps: SageMaker Debugger's (smdebug's) built-in rules for
 deep learning, on tensortap's statistics. This docstring is the rules'
@@ -1081,7 +1081,7 @@ def _monitoring_lines(run: Run) -> List[str]:
             out.append(f"{where}{line} (the rules saw no step after {m['statistics_stopped_at']})")
         elif line:
             out.append(("" if rank is None else f"rank {rank}: ") + line)
-    # Budget::KeepLatest gave up the oldest statistics (DESIGN section 11):
+    # Budget::KeepLatest gave up the oldest statistics (docs/design.md#leaving-it-on):
     # the rules saw the steps kept, from the first row on.
     for rank, info in sorted(run.infos.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
         budget = info.get("budget")

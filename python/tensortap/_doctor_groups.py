@@ -1,5 +1,6 @@
 """The doctor's findings in the order a reader should meet them, and grouped
-(DESIGN.md section 11, issue 75 (1), (2)); docs/health.md explains the order.
+(docs/design.md#health-rules: a reader meets the cause before its
+consequences, and one line a problem); docs/health.md explains the order.
 
 Order. One problem shows up in many rules: a learning rate too high makes
 the update ratio too large, then non-finite values, then dead units, zero

@@ -3,8 +3,8 @@ from its stats.npy, or computed from its full records where it has none,
 with the recorder's definitions; and the pass over full `param` records that
 weight_update_ratio needs.
 
-A row is the recorder's statistics of one tensor at one step (DESIGN.md
-section 7, `TensorSummary`): min, max, mean, std (population), norm (L2)
+A row is the recorder's statistics of one tensor at one step (docs/design.md#statistics,
+`TensorSummary`): min, max, mean, std (population), norm (L2)
 over the finite values, and the counts nan, posinf, neginf, zeros, numel
 over all. Computed here from a record as sdk/src/pipeline/stats.cpp does: in
 float64, a complex value as its magnitude, bool and integers as numbers, the

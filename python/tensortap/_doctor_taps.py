@@ -1,6 +1,6 @@
 """Which activations are a nonlinearity's output, for the doctor's
 dead_relu, saturated_activation and poor_weight_initialization
-(tensortap/_doctor.py), beyond the naming convention (issue 75 (3)).
+(tensortap/_doctor.py), beyond the naming convention (a ReLU named `fc1` is still a ReLU).
 
 Three sources, the first that speaks wins for a tap:
 

@@ -89,8 +89,8 @@ def _rank_dumps(directory, info, warn=_warn):
     followed out of the run. `warn(message)` says what was skipped (a
     RunWarning unless told)."""
     lines_path = os.path.join(directory, DUMPS)
-    # With a disk budget dumps.jsonl rolls to dumps.1.jsonl (DESIGN section
-    # 11): the older generation first.
+    # With a disk budget dumps.jsonl rolls to dumps.1.jsonl
+    # (docs/design.md#leaving-it-on): the older generation first.
     old_path = os.path.join(directory, DUMPS_OLD)
     if info.get("closed", False) is not True and (os.path.lexists(lines_path) or os.path.lexists(old_path)):
         out = []
@@ -198,8 +198,8 @@ def _given_up_now(directory):
 
 def stats_segments(directory):
     """The statistics segments of the run in `directory`, oldest first: paths
-    of stats.npy and, under Budget::KeepLatest, stats.<n>.npy (DESIGN section
-    11), those that exist (a give-up deletes whole segments, stats.npy too)."""
+    of stats.npy and, under Budget::KeepLatest, stats.<n>.npy
+    (docs/design.md#leaving-it-on), those that exist (a give-up deletes whole segments, stats.npy too)."""
     try:
         names = os.listdir(directory)
     except OSError:
@@ -214,7 +214,7 @@ def has_statistics(directory):
 
 
 def monitoring_line(info: Dict[str, Any]) -> Optional[str]:
-    """run.json's "monitoring" (DESIGN section 11) in words: when and why
+    """run.json's "monitoring" (docs/design.md#runjson) in words: when and why
     statistics and TensorBoard's events stopped, and when they came back;
     None while they never stopped."""
     m = info.get("monitoring")

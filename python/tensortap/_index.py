@@ -541,7 +541,7 @@ def read(dirs, markers: Optional[Dict[Optional[int], Marker]] = None):
     # A live run under KeepLatest may roll to a new segment and give up the
     # listed ones while they are read: the newest lines are then in a
     # segment listed after. Read those too, so that an open never shows the
-    # run emptier than it was (issue 69).
+    # run emptier than it was (a live reader saw an empty run otherwise).
     listed = len(parts)
     while len(parts) - listed < _LATE_SEGMENTS:
         known = {path for path, _ in parts}

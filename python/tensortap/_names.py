@@ -47,7 +47,7 @@ def is_events_file_name(name):
             and name.endswith(EVENTS_SUFFIX))
 
 
-# The index's segments (Budget::KeepLatest, DESIGN.md section 10): index.jsonl
+# The index's segments (Budget::KeepLatest, docs/design.md#the-run-directory): index.jsonl
 # is segment 0, the writer goes on in index.<n>.jsonl, n = 1, 2, ... in
 # decimal (1 to 9 digits, no leading zero), and deletes a segment all of
 # whose steps it gave up (index.jsonl too). Each may keep its ballast,
@@ -92,7 +92,7 @@ def numbered_part(name: str, stem: str, ext: str) -> Optional[int]:
     return int(digits)
 
 
-# Files that roll (DESIGN section 11): under Budget::KeepLatest the
+# Files that roll (docs/design.md#leaving-it-on): under Budget::KeepLatest the
 # statistics in segments, stats.npy (segment 0) then stats.<n>.npy, each
 # whole steps; with a budget, one older generation of control.jsonl and
 # dumps.jsonl, control.1.jsonl and dumps.1.jsonl.

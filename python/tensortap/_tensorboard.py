@@ -80,7 +80,7 @@ def written_fields(stats) -> Tuple[List[str], bool]:
 SCALARS_CATEGORY = "tensortap: 0-d tensors (loss, learning rate)"
 NORMS_CATEGORY = "tensortap: gradient norms"
 STDS_CATEGORY = "tensortap: activations' std"
-# A chart of more lines than this is a solid block (issue 58: 36 gradient
+# A chart of more lines than this is a solid block (36 gradient
 # norms in one colour); past it a module's series go on in further charts.
 SERIES_PER_CHART = 16
 # What Python's re.escape escapes (3.7 on), written out so that the export
@@ -247,7 +247,7 @@ def _key(value) -> str:
 def _say_tag_collisions(scalars, statistics, where, suffixes):
     """Warns once per pair where a 0-d tensor's tag (`tensor/x/norm`) is one a
     tensor's statistic has (the norm of `x`; `suffixes`: the statistics'
-    tags written): the tag scheme is fixed (DESIGN sections 8 and 9), so the
+    tags written): the tag scheme is fixed (docs/design.md#tensorboard), so the
     two charts mix. As the recorder says it."""
     for name in sorted(scalars):
         base, slash, field = name.rpartition("/")

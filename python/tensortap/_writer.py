@@ -1,5 +1,5 @@
 """A run directory written from Python, in the layout the C++ recorder writes
-(DESIGN.md section 3): `.npy` records under npy/<kind>/<name>/<step>.npy,
+(docs/design.md#the-run-directory): `.npy` records under npy/<kind>/<name>/<step>.npy,
 index.jsonl, run.json and the writer's lock. The Python twin
 (tensortap.torch) records through it; it needs only NumPy.
 
@@ -137,7 +137,7 @@ class RunWriter:
                 "writer": "python", "options": dict(options, dir=self.root, format="npy", overwrite=overwrite),
                 "rank": rank, "world_size": world_size, "start_time": _utc_now(), "dumps": []}
             if taps:
-                # A tap's nonlinearity (DESIGN section 11): what the doctor's
+                # A tap's nonlinearity (docs/design.md#runjson): what the doctor's
                 # rules judge it as, whatever its name.
                 self._info["taps"] = dict(taps)
             self._write_run_json(closed=False)

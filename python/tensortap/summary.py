@@ -45,7 +45,7 @@ KEPT_LISTED = 8
 
 
 def _budget_line(b: Dict[str, Any], given_up: Optional[Tuple[int, int, Sequence[int]]] = None) -> str:
-    """run.json's "budget" (Options::max_bytes, DESIGN section 10) in words.
+    """run.json's "budget" (Options::max_bytes, docs/design.md#leaving-it-on) in words.
     `given_up`: (k, records hidden, the dumped steps below k still shown) of
     the rank's marker "given_up_below" as the reader took it (Run.given_up_below,
     Run.given_up_records); None where it has none or refused it."""
@@ -64,7 +64,7 @@ def _budget_line(b: Dict[str, Any], given_up: Optional[Tuple[int, int, Sequence[
             shown = ", ".join(str(s) for s in kept[:KEPT_LISTED])
             more = f" and {len(kept) - KEPT_LISTED} more" if len(kept) > KEPT_LISTED else ""
             line += f"; step{'s' if len(kept) != 1 else ''} {shown}{more} kept: dumped"
-        # What the marker gave up besides records (DESIGN section 11).
+        # What the marker gave up besides records (docs/design.md#leaving-it-on).
         gone = [f"{_safe(b[key])} {what}" for key, what in (("stats_rows_given_up", "statistics rows"),
                                                             ("event_files_given_up", "TensorBoard event files"))
                 if isinstance(b.get(key), int) and b[key] > 0]
@@ -191,7 +191,7 @@ def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False)
 
 
 def _dump_fate(run: Run, dump: Dict[str, Any]) -> str:
-    """What became of a dump's steps since (DESIGN section 11): those the
+    """What became of a dump's steps since (docs/design.md#leaving-it-on): those the
     dumps' share gave up later (below the rank's marker and its
     "dumps_given_up_below"), and the held steps it could not keep."""
     out = ""

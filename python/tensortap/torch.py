@@ -13,8 +13,8 @@ compared record by record (`tensortap diff`, `tensortap.diff`).
         opt.step(); opt.zero_grad()
     rec.close()                           # or: with ttt.watch(...) as rec:
 
-What it records, as the C++ side does for the same model (DESIGN.md
-sections 9 and 10); by default every kind but "param":
+What it records, as the C++ side does for the same model (docs/design.md#two-runs-side-by-side);
+by default every kind but "param":
 - "param" and "buffer": `named_parameters()` and `named_buffers()` when a
   sampled step begins (step());
 - "grad": each parameter's gradient, the sum of the step's backward passes
@@ -123,8 +123,8 @@ def watch(model: Any, dir: Union[str, "os.PathLike[str]"], every: int = 1, kinds
                     steps=steps, start=start, stop=stop, capture_eval=capture_eval)
 
 
-# A module type's nonlinearity, as run.json's "taps" spells it (DESIGN
-# section 11): the doctor judges these taps by it, whatever their names.
+# A module type's nonlinearity, as run.json's "taps" spells it
+# (docs/design.md#runjson): the doctor judges these taps by it, whatever their names.
 # By type name, so that no torch class is imported for it.
 _NONLINEARITIES = {"ReLU": "relu", "ReLU6": "relu6", "LeakyReLU": "leaky_relu", "PReLU": "prelu", "RReLU": "rrelu",
                    "Tanh": "tanh", "Sigmoid": "sigmoid", "Hardtanh": "hardtanh", "Hardsigmoid": "hardsigmoid",
