@@ -80,18 +80,17 @@ builds a DataFrame, a row per record.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-import unicodedata
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _float8
 from ._arrays import _given_up
-from ._base import NUMPY_DTYPES, GivenUpError, RunError, _safe
+from ._base import NUMPY_DTYPES, GivenUpError, RunError
 from ._diff_align import Alignment, Selection
+from ._diff_text import SATURATED, UNINFORMATIVE, _num, _where, esc  # noqa: F401 - diff_page and __main__ import them from here
 from ._diff_dropout import SAYS as DROPOUT, masks_differ
 from ._diff_dtype import coarser, judge
 from ._diff_floor import Floors, check_all, disagreement, disagreement_line, envelope, spread
@@ -113,36 +112,11 @@ _AGREE = (1, 2)
 _DIVERGE = (3, 4)          # where the first divergence may be
 _DIFFERENCES = ("differ", "mismatch", "unreadable")
 
-# The floor's findings (docs/diff.md).
-SATURATED = 1e-3      # the median floor_rel_norm of a step past which differences are not resolved
-UNINFORMATIVE = 0.1   # a series whose floor_rel_norm is this at its first step is rounding noise itself
 
 PathOrRun = Union[str, "os.PathLike[str]", Any]
 
 
 # -- text -------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=4096)
-def esc(value: Any) -> str:
-    """`value` as text safe for a terminal or a page: control characters as
-    _safe shows them, and format characters too (bidi overrides such as
-    U+202E, which would reorder the rest of a line, zero-width ones, line
-    and paragraph separators) as \\uXXXX."""
-    text = _safe(value)
-    if text.isascii():
-        return text
-    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cf", "Zl", "Zp") else c for c in text)
-
-
-def _num(v: Any, digits: int = 4) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if isinstance(v, float) and math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    if isinstance(v, float) and v == int(v) and abs(v) < 1e15:
-        return str(int(v))
-    return f"{v:.{digits}g}"
 
 
 # -- options ----------------------------------------------------------------
@@ -375,10 +349,6 @@ class _Comparer:
             row["status"] = "noise"
         else:
             row["status"] = "differ"
-
-
-def _where(kind: str, name: str, step: int, rank: int, ranks: bool = True) -> str:
-    return f"{kind} {esc(name)} step {step}" + (f" rank {rank}" if ranks and rank else "")
 
 
 # -- the summary ------------------------------------------------------------

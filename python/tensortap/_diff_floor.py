@@ -32,6 +32,7 @@ import numpy as np
 
 from ._base import RunError
 from ._diff_align import Alignment
+from ._diff_text import UNINFORMATIVE, _num, _where, esc
 from ._diff_values import PairStats, _norm_le, compare_quietly, is_float, ulps_within
 
 if TYPE_CHECKING:
@@ -60,8 +61,6 @@ class Floors:
     def read(self, pa: int, x: np.ndarray) -> Tuple[List[np.ndarray], str]:
         """The floor runs' arrays of A's record `pa` (those that have it, in a
         dtype A's array has), and why one could not be used ("" if none)."""
-        from ._diff import esc
-
         out: List[np.ndarray] = []
         why = ""
         for side, match in zip(self.sides, self.matches):
@@ -105,8 +104,6 @@ def spread(row: Dict[str, Any], lo: float) -> float:
     """How far a record's floor runs are apart: the largest floor_rel_norm
     over the smallest, each at least 4u; NaN where it says nothing (one
     floor, no floor_rel_norm, or floors that are rounding noise in A)."""
-    from ._diff import UNINFORMATIVE
-
     hi, u = row["floor_rel_norm"], row["_u"]
     if math.isnan(lo) or math.isnan(hi) or math.isnan(u) or lo >= UNINFORMATIVE:
         return math.nan
@@ -143,8 +140,6 @@ def disagreement(tally: "Tally") -> Optional[Dict[str, Any]]:
 
 
 def disagreement_line(found: Dict[str, Any], ranks: bool) -> str:
-    from ._diff import _num, esc
-
     rank = f" rank {found['rank']}" if ranks and found["rank"] else ""
     return (f"floors disagree from step {found['step']}: {found['kind']} {esc(found['name'])}{rank} "
             f"({_num(found['ratio'])}): the floor runs differ from A by more than --factor times each other "
@@ -161,8 +156,6 @@ def check(a: "_Side", a2: "_Side", match: np.ndarray, outside: Optional[int], ke
     `match`: A2's position of each of A's records (-1: none); `outside`: an
     A2 record A does not have; `keep_all`: A's records that are their key's
     last line; `what`: how the messages name this A2."""
-    from ._diff import _where, esc
-
     if outside is not None:
         kind, name, _, _, _ = a2.meta(outside)
         where = _where(kind, name, a2.step(outside), a2.rank(outside))
@@ -217,8 +210,6 @@ def check(a: "_Side", a2: "_Side", match: np.ndarray, outside: Optional[int], ke
 
 def check_all(floors: Floors, ulps: int) -> Optional[str]:
     """check() for each floor run; the notes, one a line (None: none)."""
-    from ._diff import esc
-
     several = len(floors.sides) > 1
     notes = []
     for k, (side, match, outside) in enumerate(zip(floors.sides, floors.matches, floors.outside)):
