@@ -5,6 +5,9 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -12,6 +15,7 @@
 
 #include <tensortap/tensortap.h>
 
+#include "sdk/src/pipeline/option_table.h"
 #include "sdk/src/run/environment.h"
 #include "tests/support/helpers.h"
 
@@ -263,4 +267,83 @@ TEST_CASE("TENSORTAP_CUDA_STATS: arena or tensor, anything else refused by name 
              Catch::Contains("TENSORTAP_CUDA_STATS=fast: expected arena or tensor"));
   // Nothing made: the refusal comes before the run directory.
   CHECK_FALSE(std::filesystem::exists(dir / "run"));
+}
+
+namespace {
+
+// The setters options.h declares (and format.h, for Hdf5Options and
+// PackedOptions): Options' TORCH_ARGs and members returning Options&, and
+// the fields of the option structs it holds as "Struct::name"; deprecated
+// ones left out (CHANGELOG.md lists them). every(Kind, n) is "every(kind)".
+std::set<std::string> header_setters() {
+  std::set<std::string> out;
+  const std::regex open(R"(^struct (?:\[\[[^\]]*\]\] )?(\w+) \{)");
+  const std::regex arg(R"(^\s*TORCH_ARG\([^,]+(?:<[^>]*>)?[^,]*,\s*(\w+)\))");
+  const std::regex member(R"(^\s*Options& (\w+)\(([^)]*))");
+  for (const char* header : {"/sdk/include/tensortap/options.h", "/writers/include/tensortap/format.h"}) {
+    std::istringstream lines(tt_test::read_file(std::string(TT_SOURCE_DIR) + header));
+    std::string line, current, previous;
+    for (; std::getline(lines, line); previous = line) {
+      std::smatch m;
+      if (std::regex_search(line, m, open)) current = m[1];
+      if (line == "};") current.clear();
+      const bool deprecated = previous.find("[[deprecated") != std::string::npos ||
+                              line.find("[[deprecated") != std::string::npos;
+      if (current.empty() || deprecated) continue;
+      const bool kept = current == "Options" || current == "Hdf5Options" || current == "PackedOptions" ||
+                        current == "TensorBoardOptions";
+      if (!kept) continue;
+      const std::string prefix = current == "Options" ? "" : current + "::";
+      if (std::regex_search(line, m, arg)) out.insert(prefix + m[1].str());
+      if (current == "Options" && std::regex_search(line, m, member))
+        out.insert(m[1].str() == "every" && m[2].str().find("Kind") != std::string::npos ? "every(kind)" : m[1].str());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the option table has a row for every setter of options.h, and docs/options.md one for each", "[sdk][environment]") {
+  const std::set<std::string> declared = header_setters();
+  // The parse found the settings (a header reshaped would find none).
+  REQUIRE(declared.count("dir") == 1);
+  REQUIRE(declared.count("every(kind)") == 1);
+  REQUIRE(declared.count("Hdf5Options::deflate") == 1);
+  REQUIRE(declared.count("TensorBoardOptions::stats") == 1);
+  std::set<std::string> table;
+  for (const auto& row : tensortap::detail::option_table()) table.insert(row.setter);
+  // A setter added to options.h without its row (or a row left behind) fails here.
+  CHECK(declared == table);
+  const std::string page = tt_test::read_file(std::string(TT_SOURCE_DIR) + "/docs/options.md");
+  for (const auto& row : tensortap::detail::option_table()) {
+    CAPTURE(row.setter, row.env_key);
+    // Each setting's row names its setter, `Options::every(kind, n)` or
+    // `Hdf5Options::deflate(level)`, and its key, if it has one.
+    std::string setter = row.setter;
+    if (setter.find("::") == std::string::npos) setter = "Options::" + setter;
+    setter = setter == "Options::every(kind)" ? "`Options::every(kind," : "`" + setter + "(";
+    CHECK(page.find(setter) != std::string::npos);
+    if (*row.env_key != '\0' && row.from_text != nullptr)
+      CHECK(page.find(std::string("`") + row.env_key + "`") != std::string::npos);
+  }
+}
+
+TEST_CASE("every key of the option table is one TENSORTAP_OPTIONS takes, and says so in run.json", "[sdk][environment]") {
+  // Each settable key, set from text to a value it takes, reaches its setter.
+  for (const auto& row : tensortap::detail::option_table()) {
+    if (*row.env_key == '\0' || row.from_text == nullptr) continue;
+    std::string key = row.env_key;
+    if (key == "every.<kind>") key = "every.grad";
+    CAPTURE(key);
+    CHECK(tensortap::detail::option_row(key) == &row);
+  }
+  CHECK(tensortap::detail::option_row("every.nothing") != nullptr);  // the kind is checked when set
+  CHECK_THAT(error_of([] {
+               Options o("x");
+               apply_options_text(o, "every.nothing=3");
+             }),
+             Catch::Contains("'nothing' is not a kind"));
+  CHECK(tensortap::detail::option_row("hdf5") == nullptr);
+  CHECK(tensortap::detail::option_row("dump_onx") == nullptr);
 }

@@ -5,68 +5,15 @@
 
 #include <fmt/format.h>
 
-#include "sdk/src/pipeline/trigger_params.h"
+#include "sdk/src/pipeline/option_table.h"
 #include "writers/src/json.h"
 #include "writers/src/versions.h"
 
 namespace tensortap::detail {
 namespace {
 
-const char* format_name(Format f) {
-  switch (f) {
-    case Format::Npy: return "npy";
-    case Format::Hdf5: return "hdf5";
-    case Format::Packed: return "packed";
-  }
-  return "?";
-}
-const char* overflow_name(Overflow o) { return o == Overflow::Block ? "block" : "drop_newest"; }
-const char* after_dump_name(AfterDump a) {
-  return a == AfterDump::Continue ? "continue" : a == AfterDump::Throw ? "throw" : "stop_capture";
-}
-
 // A double as JSON: NaN and infinities, which JSON lacks, as null.
 std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
-
-// A health rule's parameters, each under the name `--set` gives it.
-void append_health_params(std::string& j, const Trigger& t) {
-  const std::uint32_t has = trigger_params(t.type());
-  if (has & kParamKinds) {
-    j += ", \"kinds\": [";
-    bool first = true;
-    for (Kind k : kAllKinds)
-      if (t.kinds().contains(k)) {
-        j += fmt::format("{}\"{}\"", first ? "" : ", ", kind_name(k));
-        first = false;
-      }
-    j += "]";
-  }
-  if (has & kParamInclude) {
-    j += ", \"include\": ";
-    append_json_string(j, t.include());
-  }
-  if (has & kParamName) {
-    j += ", \"name\": ";
-    append_json_string(j, t.name());
-  }
-  const auto number = [&](TriggerParam p, double v) {
-    if (has & p) j += fmt::format(", \"{}\": {}", trigger_param_name(p), json_number(v));
-  };
-  number(kParamThreshold, t.threshold());
-  number(kParamBound, t.bound());
-  number(kParamFactor, t.factor());
-  number(kParamMinDecrease, t.min_decrease());
-  number(kParamMinProgress, t.min_progress());
-  number(kParamDerivative, t.derivative());
-  number(kParamLarge, t.large());
-  number(kParamSmall, t.small());
-  const auto count = [&](TriggerParam p, std::int64_t v) {
-    if (has & p) j += fmt::format(", \"{}\": {}", trigger_param_name(p), v);
-  };
-  count(kParamPatience, t.patience());
-  count(kParamNumSteps, t.num_steps());
-  count(kParamWindow, t.window());
-}
 
 }  // namespace
 
@@ -112,80 +59,10 @@ std::string run_json(const Options& o, const RunInfo& info) {
   append_json_string(j, info.run_id);
   j += ",\n";
   j += fmt::format("  \"torch_version\": \"{}\",\n", kTorchVersion);
-  j += "  \"options\": {\n    \"dir\": ";
-  append_json_string(j, o.dir());
-  j += fmt::format(",\n    \"format\": \"{}\",\n    \"every\": {},\n    \"start\": {},\n    \"stop\": {},\n",
-                   format_name(o.format()), o.every(), o.start(),
-                   // Unset is null (issue 57); readers accept the -1 of older runs too.
-                   o.stop() ? std::to_string(*o.stop()) : std::string("null"));
-  j += "    \"include\": ";
-  append_json_string(j, o.include());
-  j += ",\n    \"exclude\": ";
-  append_json_string(j, o.exclude());
-  j += ",\n    \"kinds\": [";
-  bool first = true;
-  for (Kind k : kAllKinds) {
-    if (!o.kinds().contains(k)) continue;
-    j += fmt::format("{}\"{}\"", first ? "" : ", ", kind_name(k));
-    first = false;
-  }
-  j += "],\n    \"every_by_kind\": {";
-  first = true;
-  for (Kind k : kAllKinds) {
-    j += fmt::format("{}\"{}\": {}", first ? "" : ", ", kind_name(k), o.every(k));
-    first = false;
-  }
-  j += "},\n    \"steps\": ";
-  append_json_ints(j, o.steps());
-  j += ",\n    \"ranks\": ";
-  append_json_ints(j, o.ranks());
-  j += fmt::format(",\n    \"capture_eval\": {},\n    \"grad_per_backward\": {},\n    \"capture_ops\": {}",
-                   o.capture_eval() ? "true" : "false", o.grad_per_backward() ? "true" : "false",
-                   o.capture_ops() ? "true" : "false");
-  j += fmt::format(",\n    \"on_error\": \"{}\"", o.on_error() == OnError::Stop ? "stop" : "continue");
-  j += ",\n    \"tap_sequential\": ";
-  append_json_string(j, o.tap_sequential());
-  j += fmt::format(",\n    \"buffer_bytes\": {},\n    \"overflow\": \"{}\",\n    \"overwrite\": {}", o.buffer_bytes(),
-                   overflow_name(o.overflow()), o.overwrite() ? "true" : "false");
-  j += fmt::format(
-      ",\n    \"stats_every\": {},\n    \"flight_recorder\": {},\n    \"flight_recorder_bytes\": {},\n    "
-      "\"after_dump\": \"{}\"",
-      o.stats_every(), o.flight_recorder(), o.flight_recorder_bytes(), after_dump_name(o.after_dump()));
-  if (o.tensorboard()) {
-    j += fmt::format(",\n    \"tensorboard\": {{\"histograms_every\": {}, \"stats\": [", o.tensorboard()->histograms_every());
-    for (std::size_t i = 0; i < o.tensorboard()->stats().size(); ++i) {
-      if (i) j += ", ";
-      append_json_string(j, o.tensorboard()->stats()[i]);
-    }
-    j += "]}";
-  } else
-    j += ",\n    \"tensorboard\": null";
-  j += ",\n    \"dump_on\": [";
-  for (std::size_t i = 0; i < o.dump_on().size(); ++i) {
-    const Trigger& t = o.dump_on()[i];
-    j += fmt::format("{}{{\"kind\": \"{}\"", i ? ", " : "", t.type_name());
-    if (t.type() == Trigger::Type::Spike) {
-      j += ", \"name\": ";
-      append_json_string(j, t.name());
-    }
-    if (t.is_health_rule())
-      append_health_params(j, t);
-    else if (t.window() > 0)
-      j += fmt::format(", \"factor\": {}, \"window\": {}", t.factor(), t.window());
-    j += fmt::format(", \"cooldown\": {}}}", t.cooldown());
-  }
-  j += "]";
-  if (o.format() == Format::Hdf5) {
-    const Hdf5Options& h = o.hdf5();
-    j += fmt::format(",\n    \"hdf5\": {{\"deflate\": {}, \"shuffle\": {}, \"chunk_bytes\": {}, \"flush_every\": {}}}",
-                     h.deflate(), h.shuffle() ? "true" : "false", h.chunk_bytes(), h.flush_every());
-  }
-  if (o.format() == Format::Packed)
-    j += fmt::format(",\n    \"packed\": {{\"segment_bytes\": {}}}", o.packed().segment_bytes());
-  j += fmt::format(",\n    \"max_bytes\": {},\n    \"on_budget\": \"{}\",\n    \"dumps_percent\": {},\n    \"stall_after_ms\": {}",
-                   o.max_bytes(), o.on_budget() == Budget::KeepLatest ? "keep_latest" : "stop_capture",
-                   o.dumps_percent(), o.stall_after().count());
-  j += "\n  },\n  \"options_from_env\": ";
+  // Every setting, by the option table (pipeline/option_table.h).
+  j += "  \"options\": ";
+  append_options_json(j, o, 4);
+  j += ",\n  \"options_from_env\": ";
   if (info.options_from_env)
     append_json_string(j, *info.options_from_env);
   else
