@@ -17,7 +17,7 @@ struct Listeners {
 };
 
 // Leaked, never destroyed: a recorder held in a static lets go of its
-// listeners when it closes at exit (issue 57).
+// listeners when it closes at exit (a static destroyed first would crash it).
 Listeners& listeners() {
   static Listeners* const l = new Listeners;
   return *l;

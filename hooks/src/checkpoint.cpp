@@ -38,7 +38,7 @@ std::string shape_of(const torch::Tensor& t) {
 
 // Reads what Module::load would (parameters, buffers, then each child's
 // archive), except that a stateless child with no entry is skipped, and
-// sets nothing: every name, shape and dtype is checked first (round 4: a
+// sets nothing: every name, shape and dtype is checked first (once, a
 // checkpoint of Linear(3, 2) loaded into a Linear(4, 5) changed its weight
 // to [2, 3], and a refused load had overwritten the submodules before the
 // one refused). Modules' own load() overrides are not called: LibTorch's
@@ -83,7 +83,7 @@ void read_into(torch::nn::Module& m, torch::serialize::InputArchive& archive, co
 // Whether `path` is a zip archive written by Python's torch.save() of a
 // plain object (a state_dict): its data.pkl beside no constants.pkl, where
 // torch::save (a TorchScript archive) writes both. LibTorch calls it
-// "corrupted" (issue 55).
+// "corrupted", which sends the user the wrong way.
 bool is_python_pickle(const std::string& path) {
   try {
     caffe2::serialize::PyTorchStreamReader reader(path);

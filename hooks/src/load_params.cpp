@@ -1,5 +1,5 @@
 // tensortap::load_params: a module's parameters and buffers from a run's
-// `param` and `buffer` records at a step (issue 55), the way a C++ port
+// `param` and `buffer` records at a step, the way a C++ port
 // starts from the Python model's weights.
 #include <tensortap/checkpoint.h>
 

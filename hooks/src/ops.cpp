@@ -72,7 +72,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 }
 
 // Leaked, never destroyed: a recorder held in a static lets go of op
-// capture when it closes at exit (issue 57).
+// capture when it closes at exit (a static destroyed first would crash it).
 std::mutex& ops_mutex() {
   static std::mutex* const mu = new std::mutex;
   return *mu;

@@ -105,7 +105,7 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& front, c
       auto* point = dynamic_cast<TapPoint*>(&m);
       if (point != nullptr && ptr) add(ptr, *point, path);
       if (point != nullptr && !ptr && front->selected(prefix.empty() ? kRootTapName : prefix)) {
-        // The root was silently left unbound (issue 47). Binding keeps a
+        // The root was once silently left unbound. Binding keeps a
         // weak owner so that close() unbinds only a module still alive: a
         // root that no shared_ptr holds (a TappedImpl on the stack; a
         // Tapped<M> holder always does) cannot be bound safely, and says so.
@@ -143,7 +143,7 @@ void attach(torch::nn::Module& module, const std::shared_ptr<FrontEnd>& front, c
   // Tapped<Linear>): bound once, under its first name in named_modules()
   // order, as PyTorch's named_modules() (and so the Python twin) keeps it;
   // the others are its aliases in run.json, as tied parameters' are. It was
-  // recorded under every name at every call (issue 58).
+  // recorded under every name at every call: one output, several records.
   std::vector<std::pair<std::string, std::vector<std::string>>> point_aliases;
   {
     std::unordered_map<const TapPoint*, std::size_t> first;

@@ -283,7 +283,7 @@ std::uint64_t write_run_json(const Dir& dir, const std::string& json, bool durab
     // in the blocks reserved when it was written. Less safe against a crash
     // mid-write, but the alternative is a run.json that never says the run
     // closed. At open there is no old file: the full disk is the error to
-    // report, not the missing file (round 4: it said ENOENT).
+    // report, not the missing file (ENOENT would mislead).
     if (!dir.exists("run.json")) throw;
     File f = dir.open_file("run.json", O_WRONLY);
     f.pwrite_all(json.data(), json.size(), 0);

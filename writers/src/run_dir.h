@@ -31,7 +31,7 @@ bool is_event_file_name(const std::string& name);
 /// (`.index.<n>.jsonl.room`); tensortap's names as well.
 std::string index_segment_name(std::uint32_t n);
 bool is_index_segment_name(const std::string& name);
-/// Files that roll (DESIGN section 11): under KeepLatest the statistics'
+/// Files that roll (docs/design.md, "Leaving it on"): under KeepLatest the statistics'
 /// segments `stats.<n>.npy` after `stats.npy`, and with a budget the one
 /// older generation of the control answers and the dumps' lines,
 /// `control.1.jsonl` and `dumps.1.jsonl` (with their ballasts).

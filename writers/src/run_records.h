@@ -17,7 +17,7 @@
 
 namespace tensortap::detail {
 
-/// One line of index.jsonl (DESIGN sections 3 and 7).
+/// One line of index.jsonl (docs/design.md#the-index).
 struct IndexRecord {
   std::int64_t step = 0;
   Kind kind = Kind::Tensor;

@@ -31,7 +31,7 @@ constexpr int kStatsRealFields = 0 TENSORTAP_STATS_FIELDS(TENSORTAP_ONE_, TENSOR
 
 /// Magnitudes whose squares neither overflow nor vanish, even summed over
 /// 2^60 elements. Every path sums values beyond them scaled by a power of
-/// two (round 4: five finite float64 values of 1e300 gave std NaN and norm
+/// two (unscaled, five finite float64 values of 1e300 gave std NaN and norm
 /// inf, five of 1e-310 norm 0), the exponent of the largest magnitude, so
 /// the three paths agree at the extremes too.
 constexpr double kStatsSafeHigh = 0x1p450;

@@ -32,7 +32,7 @@ constexpr std::size_t kHeaderBytes = 512;
 
 std::string header(std::int64_t rows) {
   // Leaked, never destroyed: close() of a recorder held in a static runs at
-  // exit, possibly after this table's destructor would have run (issue 57).
+  // exit, possibly after this table's destructor would have run.
   static const std::vector<NpyField>* const fields = new std::vector<NpyField>([] {
     const std::string i8 = npy_descr(Element::I64), f8 = npy_descr(Element::F64);
     std::vector<NpyField> f{{"step", i8}, {"series", i8}};

@@ -44,7 +44,7 @@ constexpr std::array<const char*, kStatsFields> kStatsFieldNames = {TENSORTAP_ST
 /// rows. Created at the first row. Used from the writer thread only.
 ///
 /// Under Budget::KeepLatest (`keep_latest`) the table is in segments that
-/// each hold whole steps (DESIGN section 11): `stats.npy` the first, so a
+/// each hold whole steps (docs/design.md#statistics): `stats.npy` the first, so a
 /// short run still loads in one `np.load`, then `stats.<n>.npy`; a give-up
 /// deletes the segments whose steps are all given up.
 class StatsFile {

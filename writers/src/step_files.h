@@ -9,7 +9,7 @@
 namespace tensortap::detail {
 
 /// Files of a run directory that each hold whole steps and are complete
-/// (statistics segments, rolled TensorBoard event files; DESIGN section 11):
+/// (statistics segments, rolled TensorBoard event files; docs/design.md, "Leaving it on"):
 /// under Budget::KeepLatest, a give-up of the steps below k deletes every
 /// such file whose steps are all below k. Writer thread only.
 class StepFiles {

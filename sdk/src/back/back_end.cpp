@@ -119,7 +119,7 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
   hooks.step = front_.step;
   hooks.dump = [this](std::int64_t step) { return request_dump(step); };
   hooks.status = [this] { return status(); };
-  // The lines files that grow with requests and dumps roll (DESIGN section 11).
+  // The lines files that grow with requests and dumps roll (docs/design.md, "Leaving it on").
   if (budget_->on()) {
     hooks.roll_bytes = budget_->lines_roll_bytes();
     manifest_.roll_dumps_at(hooks.roll_bytes);

@@ -31,8 +31,8 @@ struct ControlAnswer {
   std::string include;
 };
 
-/// The control channel of one rank's run (`tensortap ctl`, DESIGN section
-/// 10; the protocol in docs/leaving-it-on.md): requests are files in
+/// The control channel of one rank's run (`tensortap ctl`; the
+/// protocol in docs/leaving-it-on.md): requests are files in
 /// `<run>/control/`, answered by lines of `<run>/control.jsonl`; a
 /// heartbeat in `<run>/control.heartbeat` says the recorder is alive.
 ///
@@ -52,8 +52,8 @@ class ControlChannel {
     std::function<std::string(std::int64_t step)> dump;
     /// The status line's text after "ok at step <s>: ".
     std::function<std::string()> status;
-    /// control.jsonl rolls to control.1.jsonl past this size (DESIGN
-    /// section 11: a 64th of a disk budget, 64 KiB at least; 1 MiB without).
+    /// control.jsonl rolls to control.1.jsonl past this size (docs/design.md,
+    /// "Leaving it on": a 64th of a disk budget, 64 KiB at least; 1 MiB without).
     std::uint64_t roll_bytes = 1 << 20;
   };
 

@@ -6,7 +6,7 @@
 // and its current stream and gives a `Source`; a benchmark built without
 // CUDA LibTorch (bench/bench_cuda_host.cpp, against the fake runtime) gives
 // its own, so that what a capture costs the host (allocations, locks,
-// runtime calls, instructions) is counted without a GPU (issue 44).
+// runtime calls, instructions) is counted without a GPU (bench/cuda_host_counts.sh).
 //
 // A Source provides:
 //   bool byte_copy() const;          // a plain copy of its bytes is the stored form

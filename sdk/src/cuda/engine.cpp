@@ -171,7 +171,8 @@ void CudaEngine::open_device(Device& d, int device) {
 bool CudaEngine::place(Device& d, Snapshot& snap, std::optional<RingAllocator::Region>& region) {
   // The arena bounds what snapshots hold; the number of records in flight
   // is not bounded: a step with more captures than the event pool holds
-  // creates events rather than waiting for copies (issue 17).
+  // creates events rather than waiting for copies (a wait there would
+  // stall the training thread).
   if (snap.nbytes == 0) return true;
   if (align_up(snap.nbytes, kAlign) > d.ring.capacity()) {
     // The caller allocates it, within the byte budget: several fit when

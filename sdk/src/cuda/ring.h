@@ -52,7 +52,7 @@ class RingAllocator {
   // Regions not reclaimed yet, in allocation order (freed ones stay while an
   // older one is live): a circular buffer that grows by doubling and never
   // shrinks, so a steady state of regions allocates nothing (a deque took a
-  // block every 21 regions: issue 44's counts).
+  // block every 21 regions, in the fake runtime's counts).
   class Slots {
    public:
     bool empty() const { return size_ == 0; }

@@ -308,7 +308,7 @@ void Snapshotter::check_room(Kind kind, const std::string& name, std::int64_t st
   // More than the whole file system holds (an expanded view of 2^40
   // elements) is counted like a full disk, under Options::on_error, as a
   // Tap's record is: README's "Errors" promises that a capture the disk has
-  // no room for is counted, not thrown (issue 57 reversed round 4's throw).
+  // no room for is counted, not thrown (an earlier version threw).
   if (nbytes > total)
     throw NoRoom(fmt::format("cannot capture '{}' (kind {}, step {}): its {} bytes ({}) are more than the run "
                              "directory's whole file system holds ({} bytes): {} (errno {})",

@@ -1,6 +1,6 @@
 #pragma once
 
-// A disk budget (Options::max_bytes, on_budget; DESIGN section 10): the
+// A disk budget (Options::max_bytes, on_budget; docs/leaving-it-on.md): the
 // apparent size of this rank's run directory, every file tensortap writes
 // counted, kept under the budget by the writer thread.
 
@@ -37,7 +37,7 @@ struct BudgetState {
   std::int64_t given_up_below = -1;
   /// KeepLatest: dumped steps below this were given up too (the dumps'
   /// share, oldest first); what the statistics segments and event files
-  /// given up held (DESIGN section 11).
+  /// given up held (docs/design.md, "Leaving it on").
   std::int64_t dumps_given_up_below = -1;
   std::int64_t dump_records_refused = 0;  // of refused_records: a dump's beyond the share
   /// The dumped steps below the marker that stay: run.json says them with
@@ -48,7 +48,7 @@ struct BudgetState {
   std::int64_t event_files_given_up = 0;
   /// Statistics and TensorBoard's events stopped (budget and reserve
   /// used): the job's step then, why, and the step they came back at
-  /// (-1: not since). run.json's "monitoring" (DESIGN section 11).
+  /// (-1: not since). run.json's "monitoring" (docs/design.md#runjson).
   std::int64_t statistics_stopped_at = -1;
   std::string stopped_reason;
   std::int64_t resumed_at = -1;
@@ -66,7 +66,7 @@ class DiskBudget {
   DiskBudget(const Options& options, std::string run_dir, const Dir& dir, const Store& store);
 
   bool on() const { return max_ != 0; }
-  /// Where control.jsonl and dumps.jsonl roll (DESIGN section 11): a 64th
+  /// Where control.jsonl and dumps.jsonl roll (docs/design.md, "Leaving it on"): a 64th
   /// of the budget, 64 KiB at least. Each keeps one older generation, and
   /// the budget counts the four files at their most from the start.
   std::uint64_t lines_roll_bytes() const { return std::max<std::uint64_t>(max_ / 64, 64 << 10); }

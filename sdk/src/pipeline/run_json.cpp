@@ -71,7 +71,7 @@ std::string run_json(const Options& o, const RunInfo& info) {
   j += fmt::format("  \"rank\": {},\n  \"world_size\": {},\n", info.rank, info.world_size);
   j += fmt::format("  \"start_time\": \"{}\",\n", info.start_time);
   // The last kListedDumps dumps, and how many came before them: run.json
-  // keeps its size whatever the number of dumps (DESIGN section 11).
+  // keeps its size whatever the number of dumps (docs/design.md#runjson).
   const std::size_t omitted = info.dumps.size() > kListedDumps ? info.dumps.size() - kListedDumps : 0;
   j += "  \"dumps\": [";
   for (std::size_t i = omitted; i < info.dumps.size(); ++i) {
@@ -114,7 +114,7 @@ std::string run_json(const Options& o, const RunInfo& info) {
         "\"refused_bytes\": {}, \"given_up_below\": {}",
         b.max_bytes, b.policy == Budget::KeepLatest ? "keep_latest" : "stop_capture", step_or_null(b.reached_at_step),
         b.refused_records, b.refused_bytes, step_or_null(b.given_up_below));
-    // KeepLatest's give-ups of dumped steps, statistics and events (DESIGN section 11).
+    // KeepLatest's give-ups of dumped steps, statistics and events (docs/design.md#runjson).
     if (b.dumps_given_up_below >= 0) j += fmt::format(", \"dumps_given_up_below\": {}", b.dumps_given_up_below);
     if (!b.kept_below.empty()) {
       j += ", \"kept_steps\": ";

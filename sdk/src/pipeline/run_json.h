@@ -55,7 +55,7 @@ struct RunInfo {
   std::vector<std::pair<std::string, std::string>> taps;
 };
 
-/// The whole text of run.json for a run with `options` (DESIGN section 3).
+/// The whole text of run.json for a run with `options` (docs/design.md#runjson).
 std::string run_json(const Options& options, const RunInfo& info);
 
 /// Appends `dump` as one JSON object, without a newline: an entry of

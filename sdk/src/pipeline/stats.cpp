@@ -36,7 +36,7 @@ double value_of(std::complex<double> v) {
   return std::abs(v);
 }
 
-// scan()'s sums for a chunk of extreme magnitudes (round 4: five finite
+// scan()'s sums for a chunk of extreme magnitudes (unscaled, five finite
 // float64 values of 1e300 gave std NaN and norm inf, five of 1e-310 norm 0):
 // every value scaled by 2^-e, e the exponent of the largest, so the sums
 // hold 1 at most per element; m2 and sumsq stay in those units (Part::exp).

@@ -88,7 +88,7 @@ class Store {
   /// Before a give-up moves the marker (the budget has already raised it):
   /// every record written so far at a step kept is made durable and its
   /// index line written and synced, so that a crash after the marker moved
-  /// still shows the newest steps (issue 69). Reports failures.
+  /// still shows the newest steps. Reports failures.
   void make_durable_before_give_up() noexcept;
   std::int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
 

@@ -28,7 +28,7 @@ double wall_seconds() {
 // Fixed, so one pass over the values bins them (a record in chunks too) and
 // every step's histogram of a tensor has the same buckets. Leaked, never
 // destroyed: a recorder held in a static closes at exit, possibly after
-// this table's destructor would have run (issue 57).
+// this table's destructor would have run.
 const std::vector<double>& bucket_limits() {
   static const std::vector<double>* const limits = new std::vector<double>([] {
     std::vector<double> pos;
@@ -133,7 +133,7 @@ class Buckets {
 
  private:
   // Never destroyed, as bucket_limits(): a recorder held in a static closes
-  // at exit, after a function-local static made later is gone (issue 57),
+  // at exit, after a function-local static made later is gone,
   // and its writer thread still fills histograms then.
   static const PositiveCount& positive_count() {
     static const PositiveCount* const count = new PositiveCount;

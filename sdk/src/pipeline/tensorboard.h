@@ -94,7 +94,7 @@ class TensorBoard {
   void roll();
   bool histogram_step(std::int64_t step) const;
   void scalar(const RecordDesc& desc, double value);
-  // The tag scheme (DESIGN sections 8 and 9) gives a 0-d tensor named
+  // The tag scheme (docs/design.md#tensorboard) gives a 0-d tensor named
   // "x/norm" the tag of the norm statistic of tensor "x": the two charts
   // mix. The tags stay; each such pair is said once on stderr, naming both.
   void check_tag_of_scalar(const std::string& name);

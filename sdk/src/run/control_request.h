@@ -7,7 +7,7 @@
 
 namespace tensortap::detail {
 
-/// What `tensortap ctl` can ask of a running recorder (DESIGN section 10).
+/// What `tensortap ctl` can ask of a running recorder (docs/leaving-it-on.md).
 enum class ControlCommand { Dump, Capture, Every, Pause, Resume, Status };
 
 /// The name `ctl` and control.jsonl use: "dump", "capture", ...

@@ -1,6 +1,6 @@
 #pragma once
 
-// Settings from the environment (DESIGN section 10), read when a recorder is
+// Settings from the environment (docs/leaving-it-on.md), read when a recorder is
 // made: `TENSORTAP=off` makes it inert, `TENSORTAP_OPTIONS` overrides the
 // options the code set, key by key. Both are parsed strictly: a value or a
 // key they do not understand is refused by name, never ignored.
@@ -26,7 +26,7 @@ bool tensortap_off();
 /// value that does not parse, or `dump_on` (set in code).
 void apply_options_text(Options& options, const std::string& text);
 
-/// `TENSORTAP_CUDA_STATS` (issue 64): how a statistics-only capture of a
+/// `TENSORTAP_CUDA_STATS`: how a statistics-only capture of a
 /// CUDA tensor reaches the engine. "arena": the fused kernels write the ten
 /// numbers into the engine's device arena (no allocation, no copy on the
 /// device); "tensor": into a tensor of LibTorch's caching allocator, which

@@ -103,7 +103,7 @@ Placement place(const Options& o, const std::optional<std::string>& options_from
   p.options_from_env = options_from_env;
   p.world_size = o.world_size() ? *o.world_size() : env_int("WORLD_SIZE", 1);
   // LOCAL_RANK only stands in for an unset RANK: read, and checked, only
-  // then (round 4: LOCAL_RANK=zz refused a recorder whose RANK was valid).
+  // then (else LOCAL_RANK=zz would refuse a recorder whose RANK is valid).
   if (o.rank()) {
     p.rank = *o.rank();
   } else {

@@ -20,7 +20,7 @@ namespace tensortap::detail {
 
 /// Writes every record into one `tensors.h5` in SWMR mode.
 ///
-/// Layout (DESIGN section 3): a group `/<kind>/<encoded name>` per series,
+/// Layout (docs/design.md#hdf5): a group `/<kind>/<encoded name>` per series,
 /// holding `data` [n, *shape] (every axis unlimited, chunked), `steps` [n]
 /// int64 (-1 in a row not yet finished) and, for tensors of rank >= 1,
 /// `shapes` [n, rank] int64. A record whose shape differs from earlier ones

@@ -200,7 +200,7 @@ std::unique_ptr<RecordSink> PackedWriter::begin(const RecordDesc& meta) {
   // After a failed flush (a full disk) the records already gathered go out
   // first, or this one is refused now: the buffer would otherwise keep
   // taking records the disk cannot hold, and their index lines would crowd
-  // out the room kept for those that can (issue 57).
+  // out the room kept for those that can.
   if (open_ && open_->stalled) open_->flush();
   npy_header_into(header_, meta.dtype.element, meta.shape);
   const std::uint64_t size = header_.size() + meta.nbytes;
