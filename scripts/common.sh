@@ -3,10 +3,12 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-# Debian packages tensortap builds, tests and demos with.
+# Debian packages tensortap builds, tests and demos with (python3-dev: the
+# headers tensortap._engine, the C++ recorder for Python, builds against).
 CORE_PACKAGES="cmake g++ make ninja-build ccache libtorch-dev libfmt-dev catch2 libbenchmark-dev
   libhdf5-dev python3 python3-numpy python3-h5py python3-matplotlib python3-pip python3-setuptools libgloo-dev
-  python3-pandas python3-xarray python3-dask python3-tqdm libprotobuf-dev protobuf-compiler"
+  python3-pandas python3-xarray python3-dask python3-tqdm libprotobuf-dev protobuf-compiler
+  python3-dev"
 
 # What only the tests need: a real browser that renders `tensortap report`'s
 # page (tests/python/test_analysis.py); mypy, which checks the reader's

@@ -36,6 +36,10 @@ read, naming the step and run.json's marker; open the run again.
 call that passes it by position still works, with a DeprecationWarning.
 """
 
+# tensortap._engine, the C++ recorder for Python, is built into a build
+# tree's python/tensortap/: found there when that folder is on sys.path.
+__path__ = __import__("pkgutil").extend_path(__path__, __name__)
+
 # NUMPY_DTYPES is public too, though not in __all__.
 from ._base import KINDS, NUMPY_DTYPES, STATS_FIELDS, GivenUpError, RunError, RunWarning  # noqa: F401
 from ._run import Run, open

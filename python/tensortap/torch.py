@@ -85,6 +85,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import numpy as np
 
 from ._base import KINDS, RunError
+from . import _native
 from ._writer import RunWriter, default_options
 
 # KINDS' order. "buffer" is in, unlike C++'s default: a BatchNorm's running
@@ -108,7 +109,7 @@ def _torch():
 def watch(model: Any, dir: Union[str, "os.PathLike[str]"], every: int = 1, kinds: Iterable[str] = DEFAULT_KINDS,
           modules: Optional[Iterable[str]] = None, rename: Optional[Dict[str, str]] = None, overwrite: bool = False,
           steps: Optional[Iterable[int]] = None, start: int = 0, stop: Optional[int] = None,
-          capture_eval: bool = False) -> "Recorder":
+          capture_eval: bool = False, engine: Optional[str] = None, **options: Any) -> "Recorder":
     """Records `model` (a torch.nn.Module) into the run directory `dir`;
     see the module's documentation. Returns the Recorder.
 
@@ -118,9 +119,15 @@ def watch(model: Any, dir: Union[str, "os.PathLike[str]"], every: int = 1, kinds
     paths whose outputs are activations (None: every leaf module); rename:
     {module path: name on disk}; capture_eval: record eval-mode forwards as
     `eval/<name>`. Every argument is checked before the run directory is
-    made: a refused watch() leaves nothing behind."""
+    made: a refused watch() leaves nothing behind.
+
+    engine: "native", the C++ recorder (tensortap._engine, built by the
+    LibTorch 2.x tree), or "python", this module's own writer (no build);
+    None: native where the extension imports. `options`: under the native
+    engine, any other setting by its TENSORTAP_OPTIONS key (format="packed",
+    stats_every=1, max_bytes="2M", ...: docs/options.md)."""
     return Recorder(model, dir, every=every, kinds=kinds, modules=modules, rename=rename, overwrite=overwrite,
-                    steps=steps, start=start, stop=stop, capture_eval=capture_eval)
+                    steps=steps, start=start, stop=stop, capture_eval=capture_eval, engine=engine, **options)
 
 
 # A module type's nonlinearity, as run.json's "taps" spells it
@@ -166,8 +173,12 @@ class Recorder:
                  kinds: Iterable[str] = DEFAULT_KINDS, modules: Optional[Iterable[str]] = None,
                  rename: Optional[Dict[str, str]] = None, overwrite: bool = False,
                  steps: Optional[Iterable[int]] = None, start: int = 0, stop: Optional[int] = None,
-                 capture_eval: bool = False) -> None:
+                 capture_eval: bool = False, engine: Optional[str] = None, **options: Any) -> None:
         torch = _torch()
+        self._native = _native.choose(engine) == "native"
+        if options and not self._native:
+            raise ValueError(f"tensortap.torch.watch: {sorted(options)[0]}=... is a setting of the native engine "
+                             "(engine='native'); the Python writer takes only watch()'s own arguments")
         self._torch = torch
         # Everything is checked before RunWriter makes the directory: a
         # refused watch() leaves no empty run behind.
@@ -231,7 +242,7 @@ class Recorder:
         self._checked_optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._checked_ids: set = set()
         self._handles: List[Any] = []
-        self._writer: Optional[RunWriter] = None
+        self._writer: Optional[Union[RunWriter, _native.NativeWriter]] = None
         self._params = [(self._renamed(n), p) for n, p in model.named_parameters()]
         self._buffers = [(self._renamed(n), b) for n, b in model.named_buffers()]
         taps = [(p, self._renamed(p) or "root") for p in chosen]
@@ -242,10 +253,16 @@ class Recorder:
         hookable = self._forward_hookable(model, named, taps, kinds)
         functions = {n: f for n, f in ((n, nonlinearity(named[p])) for p, n in hookable) if f is not None} \
             if self._kinds & _ACTIVATION_KINDS else {}
-        self._writer = RunWriter(os.fspath(dir),
-                                 default_options(every, sorted(self._kinds, key=KINDS.index), start=start, stop=stop,
-                                                 steps=step_list, capture_eval=capture_eval),
-                                 overwrite=overwrite, torch_version=torch.__version__, taps=functions)
+        ordered = sorted(self._kinds, key=KINDS.index)
+        if self._native:
+            self._writer = _native.NativeWriter(
+                os.fspath(dir), _native.options_of(every, ordered, start, stop, step_list, capture_eval, overwrite,
+                                                   options), functions)
+        else:
+            self._writer = RunWriter(os.fspath(dir),
+                                     default_options(every, ordered, start=start, stop=stop, steps=step_list,
+                                                     capture_eval=capture_eval),
+                                     overwrite=overwrite, torch_version=torch.__version__, taps=functions)
         try:
             if "grad" in self._kinds:
                 self._unhooked = list(self._params)
@@ -303,8 +320,9 @@ class Recorder:
     # -- names and steps --------------------------------------------------
 
     @property
-    def _w(self) -> RunWriter:
+    def _w(self) -> Any:
         # Set in __init__ before any hook is registered: never None where used.
+        # A RunWriter, or under engine="native" a NativeWriter.
         assert self._writer is not None
         return self._writer
 
@@ -316,7 +334,11 @@ class Recorder:
                 best = p
         return path if best is None else self._rename[best] + path[len(best):]
 
-    def _sampled(self) -> bool:
+    def _sampled(self, kind: Optional[str] = None) -> bool:
+        # The native engine decides (full tensors, statistics, the flight
+        # recorder's steps, tensortap ctl's windows), for `kind` or any.
+        if self._native:
+            return bool(self._w.active(kind))
         # As the C++ Sampling::full_bits: within [start, stop), then the
         # listed steps if any, else every `every`-th step counted from start.
         step = self._step
@@ -335,6 +357,11 @@ class Recorder:
 
     def _write(self, kind: str, name: str, step: int, tensor) -> None:
         torch = self._torch
+        if self._native:
+            # As it is: the C++ side stores every dtype and layout, and moves
+            # a CUDA tensor with its copier, not this thread.
+            self._w.record(kind, name, step, tensor.detach())
+            return
         t = tensor.detach()
         if t.layout != torch.strided:
             t = t.to_dense()
@@ -372,7 +399,7 @@ class Recorder:
     def _grad_hook(self, name: str):
         def hook(grad):
             with self._mu:
-                if self._w.closed or not self._sampled():
+                if self._w.closed or not self._sampled("grad"):
                     return None
                 step = self._step
                 if self._taken.get(name) == step:
@@ -473,14 +500,16 @@ class Recorder:
             self._end_step()
             self._step = step
             self._repeats.clear()
+            if self._native:
+                self._w.step(step)
             if self._unhooked:
                 self._hook_unfrozen()
             if not self._sampled():
                 return
-            if "param" in self._kinds:
+            if "param" in self._kinds and self._sampled("param"):
                 for name, p in self._params:
                     self._write("param", name, step, p)
-            if "buffer" in self._kinds:
+            if "buffer" in self._kinds and self._sampled("buffer"):
                 for name, b in self._buffers:
                     if b is not None:
                         self._write("buffer", name, step, b)
@@ -497,7 +526,7 @@ class Recorder:
         with self._mu:
             if self._w.closed:
                 raise RunError(f"the run {self._w.path} is closed: {name!r} not recorded")
-            if kind in self._kinds and self._sampled():
+            if kind in self._kinds and self._sampled(kind):
                 self._write(kind, self._repeat(kind, name), self._step, tensor)
 
     def record_grads(self, optimizer: Any) -> None:
@@ -521,7 +550,7 @@ class Recorder:
                 raise RunError("tensortap.torch: record_grads() before the first step(): call rec.step(s) at "
                                "the start of each iteration")
             self._check_optimizer(optimizer, held)
-            if "grad" not in self._kinds or not self._sampled():
+            if "grad" not in self._kinds or not self._sampled("grad"):
                 return
             step = self._step
             for name, p in self._params:
@@ -561,6 +590,25 @@ class Recorder:
                 self._handles.clear()
                 self._unhooked = []
                 self._writer.close()
+
+    def flush(self) -> None:
+        """Waits until every record taken so far is on disk and indexed
+        (the Python writer writes each at once: nothing to wait for)."""
+        if self._native:
+            self._w.flush()
+
+    def dump(self) -> None:
+        """The flight recorder's held steps written now (engine="native",
+        with flight_recorder=k)."""
+        if not self._native:
+            raise RunError("tensortap.torch: dump() needs the native engine's flight recorder (engine='native', "
+                           "flight_recorder=k)")
+        self._w.dump()
+
+    @property
+    def engine(self) -> str:
+        """"native" or "python"."""
+        return "native" if self._native else "python"
 
     @property
     def path(self) -> str:

@@ -255,7 +255,7 @@ const std::vector<OptionRow> kRows = {
 
 }  // namespace
 
-void OptionText::bad(const std::string& why) const { fail("TENSORTAP_OPTIONS: {}={}: {}", key, value, why); }
+void OptionText::bad(const std::string& why) const { fail("{}: {}={}: {}", source, key, value, why); }
 
 std::int64_t OptionText::integer() const {
   return static_cast<std::int64_t>(unsigned_int(*this, value, "a non-negative integer"));

@@ -20,6 +20,8 @@ namespace tensortap::detail {
 /// Each refuses what it does not understand, naming the key and the value.
 struct OptionText {
   std::string key, value;
+  /// Where it came from, as the messages name it.
+  std::string source = "TENSORTAP_OPTIONS";
 
   [[noreturn]] void bad(const std::string& why) const;
   /// A non-negative integer (at most 2^63 - 1).
