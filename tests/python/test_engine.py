@@ -1,7 +1,7 @@
 """tensortap.torch.watch(..., engine="native"): the C++ recorder
 (tensortap._engine) behind the twin's hooks, on the CPU. The same Python
 program recorded by both engines gives the same records bit for bit
-(`tensortap diff` exits 0: exact); packed, statistics, the flight
+(`tensortap diff` exits 0: exact); packed, HDF5, statistics, the flight
 recorder, the disk budget and TENSORTAP_OPTIONS work through it; a
 DataLoader's worker processes (fork) neither hang nor write; a setting it
 does not know is refused by name.
@@ -111,6 +111,22 @@ class Parity(EngineCase):
         train(packed, "native", steps=3, format="packed")
         self.assertTrue(os.path.isdir(os.path.join(packed, "packed")))
         out = diff(py, packed)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+
+
+    def test_hdf5_through_the_native_engine_reads_the_same(self):
+        try:
+            import h5py  # noqa: F401
+        except ImportError:
+            self.skipTest("no h5py: an HDF5 run cannot be read here")
+        py, h5 = self.path("py"), self.path("h5")
+        train(py, "python", steps=3)
+        try:
+            train(h5, "native", steps=3, format="hdf5")
+        except RuntimeError as e:  # a build without HDF5 says so
+            self.skipTest(str(e))
+        self.assertTrue(os.path.isfile(os.path.join(h5, "tensors.h5")))
+        out = diff(py, h5)
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
 
 
