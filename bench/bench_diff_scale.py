@@ -103,7 +103,7 @@ def command(argv):
 
 
 def has_floor():
-    import tensortap._diff as d
+    import tensortap._diff.compare as d
 
     return hasattr(d, "run_command")
 
@@ -197,7 +197,7 @@ sys.path.insert(0, sys.argv[1])
 mode, a, b = sys.argv[2], sys.argv[3], sys.argv[4]
 import numpy as np, pandas
 import tensortap
-from tensortap import _diff
+from tensortap._diff import compare as _diff
 
 def status(field):
     with open("/proc/self/status") as f:
@@ -240,7 +240,7 @@ if mode in ("command", "time"):
         lines, rc = _diff.summary_lines(rows, details)
     last = lines[-1]
 elif mode == "html":
-    from tensortap import diff_page
+    from tensortap._pages import diff as diff_page
     rows = diff_page.Collector(floor=False)
     lines, rc, tally = _diff.run_command(runs + [None], _diff.Options(), on_row=rows)
     diff_page.write_diff_page(a + ".html", tally, rows, lines, (a, b, None), _diff.Options())

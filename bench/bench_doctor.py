@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-from tensortap import _doctor  # noqa: E402
+from tensortap._doctor import rules as _doctor  # noqa: E402
 from tensortap import STATS_FIELDS  # noqa: E402
 from tensortap._writer import RunWriter, default_options  # noqa: E402
 

@@ -88,7 +88,7 @@ import warnings
 
 from ._base import STATS_FIELDS, RunError, RunWarning, _safe
 from ._run import Run
-from .summary import check, summarize
+from ._views.summary import check, summarize
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     # `tensortap inspect RUN | head` ends quietly, like any other command.
@@ -148,7 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _ctl_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "ctl":
-        from . import _ctl
+        from ._ctl import client as _ctl
 
         return _ctl.main(args, print, lambda line: print(line, file=sys.stderr))
     if args.command == "doctor":
@@ -181,7 +181,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _ctl_parser(sub):
-    from ._ctl import COMMANDS, MAX_TIMEOUT_S
+    from ._ctl.client import COMMANDS, MAX_TIMEOUT_S
 
     p = sub.add_parser("ctl", help="steer a running job: dump, capture, every, pause, resume, status")
     p.add_argument("run", help="the run directory, or a distributed run's root (every rank)")
@@ -202,7 +202,7 @@ def _ctl_parser(sub):
 
 
 def _report(args):
-    from .report import write_report
+    from ._pages.report import write_report
 
     steps = None
     if args.steps:
@@ -248,7 +248,7 @@ def _command(what, work):
 
 
 def _tensorboard(args):
-    from ._tensorboard import export_tensorboard
+    from ._tensorboard.export import export_tensorboard
 
     if args.histograms_every < 0:
         print(f"tensortap: --histograms-every wants an integer >= 0 (0: no histograms), not {args.histograms_every}",
@@ -277,8 +277,8 @@ def _tensorboard(args):
 
 def _diff(args):
     import contextlib
-    from ._diff import Options, esc, run_command
-    from ._diff_align import Selection, parse_kinds, parse_steps
+    from ._diff.compare import Options, esc, run_command
+    from ._diff.align import Selection, parse_kinds, parse_steps
     from ._pattern import Pattern
 
     try:
@@ -307,17 +307,17 @@ def _diff(args):
             runs = [stack.enter_context(Run(path)) for path in [args.a, args.b] + floors]
             rows = None
             if args.html:
-                from .diff_page import Collector
+                from ._pages.diff import Collector
 
                 rows = Collector(floor=bool(floors))
             on_row: Optional[Callable[[Dict[str, Any]], None]] = rows
             if args.json:
-                from ._diff_json import printer, summary_line
+                from ._diff.jsonout import printer, summary_line
 
                 on_row = printer(print, rows)
             lines, status, tally = run_command(runs, opts, args.common_only, on_row=on_row)
             if rows is not None:
-                from .diff_page import write_diff_page
+                from ._pages.diff import write_diff_page
 
                 write_diff_page(args.html, tally, rows, lines, (args.a, args.b, floors or None), opts)
             if args.json:
@@ -336,7 +336,7 @@ def _diff(args):
 
 
 def _doctor(args):
-    from ._doctor import Settings, run_command
+    from ._doctor.rules import Settings, run_command
 
     try:
         # Bad rules and parameters first: exit 2 before any reading.
@@ -356,7 +356,7 @@ def _doctor(args):
 
 
 def _doctor_sets(items):
-    from ._doctor import parse_sets
+    from ._doctor.rules import parse_sets
 
     return parse_sets(items)
 

@@ -4,8 +4,10 @@ for one release after they changed."""
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import warnings
+from types import ModuleType
 from typing import Any, Callable, TypeVar
 
 from ._base import _short
@@ -40,3 +42,14 @@ def keyword_only(method: F) -> F:
         return method(*args[:len(positional)], **given, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def moved_module(old: str, new: str) -> ModuleType:
+    """The module `new`, for the stub left at `old` when a module became
+    private: the stub puts it in sys.modules under its old name, so an old
+    import gets every name it had (and a patch of one patches the module that
+    uses it). The warning comes once, from the first import."""
+    warnings.warn(f"{old} is private now ({new}) and will be removed in the next release; "
+                  "use tensortap's own names (tensortap.open, Run, diff, doctor) or `python -m tensortap`",
+                  DeprecationWarning, stacklevel=3)
+    return importlib.import_module(new)

@@ -160,7 +160,7 @@ class Run:
         lazy=True, a dask array of the same shape, one chunk per record, read
         (memory-mapped where the format allows) only when computed."""
         if lazy:
-            from . import frames
+            from ._views import frames
 
             return frames.lazy_series(self, name, kind, rank)
         by_rank = self._lookup(name, kind)
@@ -243,7 +243,7 @@ class Run:
     def index_frame(self) -> pandas.DataFrame:
         """A pandas.DataFrame of the index, one row per record: step, kind, name,
         dtype, shape, bytes, rank, file, dataset and row (HDF5)."""
-        from . import frames
+        from ._views import frames
 
         return frames.index_frame(self)
 
@@ -252,7 +252,7 @@ class Run:
         name, min, max, mean, std, norm, nan, posinf, neginf, zeros, numel; kind
         and name categorical. One kind's frame is ready for
         df.pivot(index="step", columns="name", values="norm")."""
-        from . import frames
+        from ._views import frames
 
         return frames.stats_frame(self)
 
@@ -262,7 +262,7 @@ class Run:
         over a shared "step" coordinate, a "rank" dimension on multi-rank runs,
         the tensortap dtype and original name in each variable's attrs;
         dask-backed with lazy=True."""
-        from . import frames
+        from ._views import frames
 
         return frames.to_xarray(self, kind, names, lazy)
 
@@ -279,7 +279,7 @@ class Run:
         (writers/src/tensorboard/EVENTS.md). Into the run directory, refused
         (RunError) where the recorder wrote events already; or into
         logdir/<the run's folder name>/ (rank<r>/ per rank)."""
-        from ._tensorboard import export_tensorboard
+        from ._tensorboard.export import export_tensorboard
 
         return export_tensorboard(self, logdir, histograms_every, stats)
 

@@ -106,31 +106,112 @@ def problems(root=ROOT):
                     yield f"{rel}: includes <{name}>, a public header of a part {part}/ may not use"
 
 
+# The reader (python/tensortap) in floors too (ARCHITECTURE.md). The face,
+# __init__ (the public names), __main__ (the command), torch.py
+# (tensortap.torch) and the stubs left at old public-looking paths, may
+# import anything. The core, every other top-level module, imports no
+# feature folder at module level (a call may import one: Run.to_xarray()
+# imports _views.frames when called), so `import tensortap` costs only the
+# reader. A feature folder uses the core and the folders it names here; the
+# pages come last: only __main__ (and their old paths' stubs) import them.
+PY_FACE = {"__init__", "__main__", "torch"}
+PY_STUBS = {"report": "_pages", "diff_page": "_pages", "summary": "_views", "frames": "_views"}
+PY_FEATURES = {"_ctl": set(), "_diff": set(), "_doctor": set(), "_tensorboard": set(), "_twin": set(),
+               "_views": {"_doctor", "_ctl"}, "_pages": {"_doctor", "_ctl", "_diff", "_views"}}
+
+
+def python_modules(package):
+    """{dotted name inside the package: (path, is a package's __init__)}."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(package).with_suffix("").parts
+        if rel[-1] == "__init__" and len(rel) > 1:
+            found[".".join(rel[:-1])] = (path, True)
+        else:
+            found[".".join(rel)] = (path, False)
+    return found
+
+
+def python_imports(package, modules, name):
+    """(target module, at module level) for each relative import of `name`,
+    without those under `if TYPE_CHECKING:` (never run)."""
+    import ast
+    path, is_package = modules[name]
+    tree = ast.parse(path.read_text())
+    skip, lazy = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for n in ast.walk(node))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lazy.update(id(n) for n in ast.walk(node))
+    # The package a relative import starts from: a module's own, or a
+    # package's own name for its __init__.
+    here = name.split(".") if is_package else name.split(".")[:-1]
+    if name == "__init__":
+        here = []
+    for node in ast.walk(tree):
+        if id(node) in skip or not isinstance(node, ast.ImportFrom) or node.level == 0:
+            continue
+        base = here[:len(here) - (node.level - 1)] if node.level > 1 else here
+        stem = base + (node.module.split(".") if node.module else [])
+        # `from .pkg import mod` imports pkg.mod (and pkg on the way): one edge, to pkg.mod.
+        targets = [".".join(stem + [a.name]) for a in node.names if ".".join(stem + [a.name]) in modules]
+        if not targets and node.module:
+            targets = [".".join(stem)]
+        for target in targets:
+            if target == "":
+                target = "__init__"
+            elif target not in modules:
+                continue  # a name from tensortap itself, or tensortap._engine (built elsewhere)
+            yield target, id(node) not in lazy
+
+
+def python_floor_problems(root):
+    package = root / "python" / "tensortap"
+    modules = python_modules(package)
+    public = set()
+    init = (package / "__init__.py").read_text()
+    import ast
+    for node in ast.walk(ast.parse(init)):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+            public = set(ast.literal_eval(node.value))
+    for folder in sorted(p for p in package.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        if folder.name in public or not folder.name.startswith("_"):
+            yield (f"python/tensortap/{folder.name}/: a package would shadow tensortap.{folder.name} "
+                   "or look public: a feature folder's name starts with _")
+        elif folder.name not in PY_FEATURES:
+            yield f"python/tensortap/{folder.name}/: not a feature folder check_layers.py knows ({', '.join(PY_FEATURES)})"
+    for name in sorted(modules):
+        top = name.split(".")[0]
+        rel = modules[name][0].relative_to(root).as_posix()
+        for target, module_level in python_imports(package, modules, name):
+            to = target.split(".")[0]
+            if to == top:
+                continue
+            if to == "_pages" and name != "__main__" and PY_STUBS.get(name) != "_pages":
+                yield f"{rel}: imports {target}: nothing imports the pages but __main__"
+            elif to in ("__main__",) or (to in PY_STUBS and name not in PY_FACE):
+                yield f"{rel}: imports {target}: the face is imported by nobody inside the package"
+            elif top in PY_FACE or top in PY_STUBS or to not in PY_FEATURES:
+                continue
+            elif top in PY_FEATURES:
+                if to not in PY_FEATURES[top]:
+                    yield (f"{rel}: imports {target}: {top}/ may use the core"
+                           + (f" and {', '.join(sorted(PY_FEATURES[top]))}" if PY_FEATURES[top] else ""))
+            elif module_level:
+                yield f"{rel}: imports {target} at module level: the core imports a feature folder only when called"
+
+
 def python_import_circles(root):
     """Circles among the reader's modules (python/tensortap), counting lazy
     imports inside functions, but not those under `if TYPE_CHECKING:`: a
     module that reaches up to one that imports it hides an order only the
     first call decides."""
-    import ast
     package = root / "python" / "tensortap"
-    graph = {}
-    for path in sorted(package.glob("*.py")):
-        name = path.stem
-        tree = ast.parse(path.read_text())
-        skip = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                skip.update(id(n) for n in ast.walk(node))
-        edges = set()
-        for node in ast.walk(tree):
-            if id(node) in skip or not isinstance(node, ast.ImportFrom) or node.level != 1:
-                continue
-            if node.module:
-                edges.add(node.module.split(".")[0])
-            else:
-                edges.update(a.name for a in node.names)
-        # `from . import X` of a name __init__ defines is an edge to __init__.
-        graph[name] = {e if (package / f"{e}.py").exists() else "__init__" for e in edges} - {name}
+    modules = python_modules(package)
+    graph = {name: {t for t, _ in python_imports(package, modules, name)} - {name} for name in modules}
     found = []
     seen_circles = set()
 
@@ -171,11 +252,40 @@ def self_test():
     missing = [e for e in expected if not any(f.startswith(e) for f in found)]
     if clean or missing or len(found) != len(expected):
         return [f"self-test: the floors check missed {missing} or found more: {found} (clean copy: {clean})"]
+    return python_self_test()
+
+
+def python_self_test():
+    """Plants imports against the Python floors in a copy of the package:
+    the core importing a feature folder at module level (and one that does
+    so in a function, allowed), a feature folder importing the pages, and a
+    package named as a public function. The check must name the three and
+    nothing else."""
+    import shutil
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = pathlib.Path(tmp)
+        package = copy / "python" / "tensortap"
+        shutil.copytree(ROOT / "python" / "tensortap", package, ignore=shutil.ignore_patterns("__pycache__"))
+        clean = list(python_floor_problems(copy))
+        core = package / "_names.py"
+        core.write_text(core.read_text() + "\nfrom ._diff import text\n\n\ndef _later():\n"
+                        "    from ._doctor import rows  # noqa: F401\n")
+        rows = package / "_doctor" / "rows.py"
+        rows.write_text("from .._pages import frame  # noqa: F401\n" + rows.read_text())
+        (package / "_doctor").rename(package / "doctor")
+        found = list(python_floor_problems(copy))
+    expected = ["python/tensortap/_names.py: imports _diff.text at module level",
+                "python/tensortap/doctor/: a package would shadow tensortap.doctor",
+                "python/tensortap/doctor/rows.py: imports _pages.frame: nothing imports the pages but __main__"]
+    missing = [e for e in expected if not any(f.startswith(e) for f in found)]
+    if clean or missing or len(found) != len(expected):
+        return [f"self-test: the Python floors check missed {missing} or found more: {found} (clean copy: {clean})"]
     return []
 
 
 if __name__ == "__main__":
-    found = list(problems()) + self_test() + python_import_circles(ROOT)
+    found = list(problems()) + self_test() + list(python_floor_problems(ROOT)) + python_import_circles(ROOT)
     for p in found:
         print(p)
     print(f"check_layers: {len(found)} problem(s)")

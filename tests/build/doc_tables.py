@@ -255,7 +255,7 @@ def same_value(doc: str, default: Any, all_kinds: str) -> bool:
 
 def check_health_defaults(root: Path, errors: List[str]) -> None:
     sys.path.insert(0, str(root / "python"))
-    from tensortap import _doctor  # noqa: E402
+    from tensortap._doctor import rules as _doctor  # noqa: E402
     from tensortap._base import KINDS  # noqa: E402
 
     all_kinds = "+".join(KINDS)

@@ -22,7 +22,7 @@ import warnings
 
 import tensortap
 from tensortap import __main__ as cli
-from tensortap._doctor import PARAMETERS, RULES
+from tensortap._doctor.rules import PARAMETERS, RULES
 
 # The GAN's losses oscillate by design (two players): loss_not_decreasing off.
 ALL_BUT_LOSS = ",".join(r for r in RULES if r != "loss_not_decreasing")

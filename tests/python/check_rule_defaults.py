@@ -2,7 +2,7 @@
 """The health rules' defaults held across languages (ctest doctor.defaults).
 
 The C++ factories (`Trigger::dead_relu()`, ...) and the doctor's PARAMETERS
-(python/tensortap/_doctor.py) each write every rule's defaults; docs.snippets
+(python/tensortap/_doctor/rules.py) each write every rule's defaults; docs.snippets
 holds docs/health.md's column to PARAMETERS. Here a C++ run with every live
 rule at its defaults (tests/programs/health_runs.cpp, its shortest mode,
 about a second) is read back: run.json's `options.dump_on` lists each rule
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List
 
-from tensortap import _doctor
+from tensortap._doctor import rules as _doctor
 
 NOT_LIVE = {"weight_update_ratio", "stalled_training"}
 MODE = "poor_init"  # the shortest of health_runs' modes with the rules on

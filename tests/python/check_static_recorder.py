@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 import tensortap
-from tensortap.summary import check
+from tensortap._views.summary import check
 
 STEPS = 20
 

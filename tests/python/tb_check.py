@@ -12,7 +12,7 @@ folder holding rank<r>/ folders of a multi-rank run. Raises AssertionError
 naming what differs; returns counts of what it compared.
 
 What is expected is computed here from the run through the reader, not by
-tensortap/_tensorboard.py (only an older run's dumps, which have no line in
+tensortap/_tensorboard/export.py (only an older run's dumps, which have no line in
 dumps.jsonl, are rendered by its dump_line). Events may come in any order (a
 layout's place is checked: check_layouts);
 histograms are expected only at steps where step % histograms_every == 0.
@@ -354,7 +354,7 @@ def dump_lines(directory, info):
                 pair[1] = None
                 break
         else:
-            from tensortap._tensorboard import dump_line  # an older run: no line to take
+            from tensortap._tensorboard.export import dump_line  # an older run: no line to take
 
             out.append((d["step"], dump_line(d).encode("utf-8")))
     return out

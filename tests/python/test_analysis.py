@@ -46,7 +46,7 @@ def report_figures():
     (alt, figure) with, per legend, (alt, legend texts, legend box, the boxes
     of the axes it overlaps, whether it lies in the figure), taken after the
     figure was saved (its layout final) and before the report closes it."""
-    from tensortap import report
+    from tensortap._pages import report
 
     original = report._Page.figure
     figures, legends = [], []
@@ -669,7 +669,7 @@ class ManyDumpsTest(HandMadeRuns, unittest.TestCase):
     grew with each dump would show."""
 
     def test_thousands_of_dumps_are_summarized(self):
-        from tensortap import summary
+        from tensortap._views import summary
 
         loss = [("tensor", "loss", s, np.array(float(s), dtype=np.float32)) for s in range(0, 600, 10)]
         dumps = ([{"step": s, "reason": "nan", "steps": [s], "kind": "tensor", "name": "loss",

@@ -32,7 +32,7 @@ import time
 import unittest
 
 from tensortap import __main__ as cli
-from tensortap import _ctl
+from tensortap._ctl import client as _ctl
 
 TARGET = os.environ.get("TT_CTL_TARGET")
 TMP = tempfile.mkdtemp(prefix="tt-ctl-")

@@ -310,7 +310,7 @@ class ValueRulesTest(TempCase):
         self.assertAlmostEqual(self.pair(np.array([1.0, 1.0]), np.array([-1.0, -1.0]), "float64").cosine, -1.0)
 
     def test_large_records_compare_block_by_block(self):
-        from tensortap import _diff_values
+        from tensortap._diff import values as _diff_values
 
         a = np.arange(3_000_000, dtype=np.float32)
         b = a.copy()

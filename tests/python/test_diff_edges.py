@@ -228,7 +228,7 @@ class StreamingTest(Case):
             with open(os.path.join(path, "run.json"), "w") as f:
                 json.dump({"format_version": 1, "closed": True, "options": {"format": "packed"}}, f)
             paths.append(path)
-        from tensortap import _diff
+        from tensortap._diff import compare as _diff
 
         runs = [tensortap.open(p) for p in paths] + [None]
         _diff.run_command(runs, _diff.Options())  # imports, caches
@@ -301,7 +301,7 @@ class PageTest(Case):
         return write_run(os.path.join(root, "a"), recs_a), write_run(os.path.join(root, "b"), recs_b)
 
     def test_the_page_shows_how_much_for_every_kind(self):
-        from tensortap import diff_page
+        from tensortap._pages import diff as diff_page
 
         a, b, page = self.page()
         with open(page, encoding="utf-8") as f:

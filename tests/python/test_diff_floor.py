@@ -137,7 +137,7 @@ class FloorTest(Case):
                          "activation fc2")
         self.assertTrue((df.floor_rel_norm > 0).sum() >= noise)
         # The page colours a record against its floor: log10(rel_norm / floor's), the factor the line.
-        from tensortap.diff_page import Collector
+        from tensortap._pages.diff import Collector
 
         cells = Collector(floor=True)
         for r in df.to_dict("records"):

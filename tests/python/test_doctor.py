@@ -1,7 +1,7 @@
 """The doctor's rules, each at its boundaries, on runs written here (a
 statistics table, or records through the Python writer), and its command:
 lines, exit statuses, --set, --rules, --json, ranks, the DataFrame
-(tensortap/_doctor.py defines the rules; ctest doctor.rules, one tree).
+(tensortap/_doctor/rules.py defines the rules; ctest doctor.rules, one tree).
 With TT_E2E_DIR (the e2e runs), statistics computed from records are checked
 against the recorder's own.
 
@@ -23,8 +23,8 @@ import numpy as np
 
 import tensortap
 from tensortap import __main__ as cli
-from tensortap import _doctor as D
-from tensortap._doctor_rows import statistics
+from tensortap._doctor import rules as D
+from tensortap._doctor.rows import statistics
 from tensortap._writer import RunWriter, default_options
 
 FIELDS = ("step", "series") + tensortap.STATS_FIELDS

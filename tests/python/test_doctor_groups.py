@@ -2,7 +2,7 @@
 kind on tensors whose episodes overlap), causes before consequences with the
 likely cause first, --all's line per finding, the `group` column; and the
 rules that need no naming convention: run.json's "taps" and a ReLU inferred
-from its statistics (tensortap/_doctor_groups.py, _doctor_taps.py; ctest
+from its statistics (tensortap/_doctor/groups.py, taps.py; ctest
 doctor.groups).
 
     PYTHONPATH=python python3 tests/python/test_doctor_groups.py

@@ -149,7 +149,7 @@ class WrittenRuns(unittest.TestCase):
             np.testing.assert_array_equal(raw.ravel(), np.arange(256))
 
     def test_inspect_check_passes(self):
-        from tensortap.summary import check
+        from tensortap._views.summary import check
         import io
 
         for fmt in self.formats():

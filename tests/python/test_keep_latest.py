@@ -26,7 +26,8 @@ import numpy as np
 
 import tensortap
 from tensortap import __main__ as cli
-from tensortap import _index, _names, summary
+from tensortap import _index, _names
+from tensortap._views import summary
 from tensortap._writer import index_line
 from test_reader_hostile import open_run  # this folder: the script's own
 
@@ -639,7 +640,7 @@ class GivenUpSinceOpenedTest(TempCase):
         self.assertIn("BAD grad 'w' step 1: cannot read", out.getvalue())
 
     def test_the_diff_says_a_record_was_given_up(self):
-        from tensortap import _diff
+        from tensortap._diff import compare as _diff
 
         a = make_run(os.path.join(self.tmp, "a"), {0: [0, 1, 2, 3, 4, 5, 6, 7]})
         run_a, _ = open_run(a)

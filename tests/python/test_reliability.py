@@ -23,7 +23,7 @@ import warnings
 import numpy as np
 
 import tensortap
-from tensortap import summary
+from tensortap._views import summary
 
 PROC = os.environ.get("TT_RELIABILITY_PROC", "build/tests/reliability_proc")
 TRIALS_NPY = int(os.environ.get("TT_CRASH_TRIALS", "20"))

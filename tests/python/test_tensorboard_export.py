@@ -1,5 +1,5 @@
 """`tensortap tensorboard RUN`: the reader's export to TensorBoard event files
-(python/tensortap/_tensorboard.py, writers/src/tensorboard/EVENTS.md), read
+(python/tensortap/_tensorboard/export.py, writers/src/tensorboard/EVENTS.md), read
 back with TensorBoard's own EventAccumulator, on runs built by hand here (no
 C++ build needed). TensorBoard is not tensortap's dependency: its folder
 (scripts/common.sh: install_tensorboard, tensorboard_dir) goes on PYTHONPATH;
@@ -30,7 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tb_check  # noqa: E402
 import tensortap  # noqa: E402
 from tensortap import __main__ as cli  # noqa: E402
-from tensortap import _names, _tb_events, _tb_values, _tensorboard  # noqa: E402
+from tensortap import _names  # noqa: E402
+from tensortap._tensorboard import events as _tb_events  # noqa: E402
+from tensortap._tensorboard import values as _tb_values  # noqa: E402
+from tensortap._tensorboard import export as _tensorboard  # noqa: E402
 
 DBL_MAX = sys.float_info.max
 SIZES = {"scalars": 0, "histograms": 0, "tensors": 0}

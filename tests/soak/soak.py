@@ -47,7 +47,7 @@ import numpy as np
 
 import tensortap
 from tensortap import __main__ as cli
-from tensortap import _ctl
+from tensortap._ctl import client as _ctl
 
 BUDGET = 1 << 20
 # The long mode's CNN captures about 1 MB a step in full: its budget holds

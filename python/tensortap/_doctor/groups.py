@@ -40,11 +40,11 @@ import math
 import re
 from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
 
-from ._base import KINDS, _safe
+from .._base import KINDS, _safe
 
 if TYPE_CHECKING:
-    from ._doctor import Finding
-    from ._doctor_rows import Rows
+    from .rules import Finding
+    from .rows import Rows
 
 _TIERS = {"weight_update_ratio": 0, "poor_weight_initialization": 0, "exploding_tensor": 1, "dead_relu": 2,
           "saturated_activation": 2, "vanishing_gradient": 3, "all_zero": 3, "unchanged_tensor": 4,

@@ -26,8 +26,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._base import KINDS
-from ._pattern import Pattern
+from .._base import KINDS
+from .._pattern import Pattern
 
 # Keys (with a position folded in) stay below this; above it, the codes are
 # made denser (steps, then groups), and past that a separate order array is

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 import numpy as np
 
 if TYPE_CHECKING:
-    from ._doctor_rows import Rows
-    from ._run import Run
+    from .rows import Rows
+    from .._run import Run
 
 # The functions the rules know by name; any other declared value is kept
 # (the doctor ignores it) so that later functions need no reader change.

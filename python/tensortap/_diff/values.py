@@ -32,7 +32,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from ._float8 import FORMATS as FLOAT8, table as float8_table
+from .._float8 import FORMATS as FLOAT8, table as float8_table
 
 # Elements compared at once. 32 Ki elements: the float64 buffers of a block
 # (256 KiB each) stay in the L2 cache of this project's machines, and the

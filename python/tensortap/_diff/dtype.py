@@ -23,7 +23,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ._diff_values import BLOCK, UNIT_ROUNDOFF
+from .values import BLOCK, UNIT_ROUNDOFF
 
 # The dtypes that can be rounded into one another, by family.
 _REAL = ("float64", "float32", "float16", "bfloat16")

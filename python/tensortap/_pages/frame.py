@@ -23,8 +23,8 @@ from typing import Any, List, Sequence, Union
 
 import numpy as np
 
-from ._base import _safe
-from ._optional import need
+from .._base import _safe
+from .._optional import need
 
 # Names longer than this are cut in figures (the tables keep them whole).
 FIGURE_NAME_CHARS = 60

@@ -8,7 +8,7 @@ import math
 import unicodedata
 from typing import Any
 
-from ._base import _safe
+from .._base import _safe
 
 # The floor's findings (docs/diff.md).
 SATURATED = 1e-3      # the median floor_rel_norm of a step past which differences are not resolved

@@ -86,19 +86,19 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 import numpy as np
 
-from . import _float8
-from ._arrays import _given_up
-from ._base import NUMPY_DTYPES, GivenUpError, RunError
-from ._diff_align import Alignment, Selection
-from ._diff_text import SATURATED, UNINFORMATIVE, _num, _where, esc  # noqa: F401 - diff_page and __main__ import them from here
-from ._diff_dropout import SAYS as DROPOUT, masks_differ
-from ._diff_dtype import coarser, judge
-from ._diff_floor import Floors, check_all, disagreement, disagreement_line, envelope, spread
-from ._diff_values import UNIT_ROUNDOFF, PairStats, compare_quietly, is_float
-from ._npy import _cached_header, _read_npy
-from ._files import _open_regular
-from ._packed import _packed_layout
-from ._paths import _resolve
+from .. import _float8
+from .._arrays import _given_up
+from .._base import NUMPY_DTYPES, GivenUpError, RunError
+from .align import Alignment, Selection
+from .text import SATURATED, UNINFORMATIVE, _num, _where, esc  # noqa: F401 - diff_page and __main__ import them from here
+from .dropout import SAYS as DROPOUT, masks_differ
+from .dtype import coarser, judge
+from .floor import Floors, check_all, disagreement, disagreement_line, envelope, spread
+from .values import UNIT_ROUNDOFF, PairStats, compare_quietly, is_float
+from .._npy import _cached_header, _read_npy
+from .._files import _open_regular
+from .._packed import _packed_layout
+from .._paths import _resolve
 
 if TYPE_CHECKING:
     import pandas
@@ -144,7 +144,7 @@ def _check_tolerance(rtol: Any, atol: Any) -> None:
 
 
 def _open(run: PathOrRun, what: str) -> Tuple[Any, bool]:
-    from ._run import Run
+    from .._run import Run
 
     if isinstance(run, Run):
         return run, False

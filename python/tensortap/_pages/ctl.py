@@ -7,12 +7,12 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
-from ._base import _safe
-from ._ctl_log import SHOWN, logs
-from ._page import _Page
+from .._base import _safe
+from .._ctl.log import SHOWN, logs
+from .frame import _Page
 
 if TYPE_CHECKING:
-    from ._run import Run
+    from .._run import Run
 
 HEADING = "Control requests"
 

@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._base import RunError
-from ._diff_align import Alignment
-from ._diff_text import UNINFORMATIVE, _num, _where, esc
-from ._diff_values import PairStats, _norm_le, compare_quietly, is_float, ulps_within
+from .._base import RunError
+from .align import Alignment
+from .text import UNINFORMATIVE, _num, _where, esc
+from .values import PairStats, _norm_le, compare_quietly, is_float, ulps_within
 
 if TYPE_CHECKING:
-    from ._diff import Tally, _Side
+    from .compare import Tally, _Side
 
 
 class Floors:

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tupl
 
 import numpy as np
 
-from ._base import STATS_FIELDS, RunError, _safe, _warn
+from .._base import STATS_FIELDS, RunError, _safe, _warn
 
 if TYPE_CHECKING:
-    from ._run import Run
+    from .._run import Run
 
 FLOATS = ("min", "max", "mean", "std", "norm")
 COUNTS = ("nan", "posinf", "neginf", "zeros", "numel")

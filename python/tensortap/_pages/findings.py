@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ._base import STATS_FIELDS, RunError, _safe
-from ._doctor import COLUMNS, RULES, Finding, Result, Settings, evaluate, saturation_bounds
-from ._doctor_taps import declared_any, saturating_function
-from ._doctor_rows import param_records, statistics
-from ._page import _legend_outside, _Page, _pyplot, _text
+from .._base import STATS_FIELDS, RunError, _safe
+from .._doctor.rules import COLUMNS, RULES, Finding, Result, Settings, evaluate, saturation_bounds
+from .._doctor.taps import declared_any, saturating_function
+from .._doctor.rows import param_records, statistics
+from .frame import _legend_outside, _Page, _pyplot, _text
 
 if TYPE_CHECKING:
     import pandas
 
-    from ._run import Run
+    from .._run import Run
 
 HEADING = "Findings"
 CHARTS = "Tensors with findings"

@@ -189,14 +189,14 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, 
 
 import numpy as np
 
-from . import _doctor_groups as groups_
-from . import _doctor_rows as rows_
-from . import _doctor_taps as taps_
-from ._base import KINDS, RunError, _safe, _warn
-from ._doctor_rows import Rows, ValueMeasure
-from ._files import has_statistics, monitoring_line
-from ._pattern import Pattern, PatternError
-from ._run import Run
+from . import groups as groups_
+from . import rows as rows_
+from . import taps as taps_
+from .._base import KINDS, RunError, _safe, _warn
+from .rows import Rows, ValueMeasure
+from .._files import has_statistics, monitoring_line
+from .._pattern import Pattern, PatternError
+from .._run import Run
 
 if TYPE_CHECKING:
     import os
@@ -1030,7 +1030,7 @@ def doctor(run: Union[Run, str, "os.PathLike[str]"], rules: Optional[Iterable[st
     `rules`: names to evaluate (default all); `params`: {"<rule>.<parameter>":
     value}, as `--set` (tensortap/_doctor.py defines each). A bad rule or
     parameter raises ValueError naming it."""
-    from ._optional import need
+    from .._optional import need
 
     pd = need("pandas", "python3-pandas", "tensortap.doctor()")
     settings = Settings(rules, params)

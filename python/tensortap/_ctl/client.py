@@ -35,10 +35,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ._base import KINDS, RunError, _safe
-from ._names import CONTROL_ANSWERS, CONTROL_DIR, CONTROL_HEARTBEAT, RUN_JSON
-from ._paths import _find_ranks
-from ._safe_write import Refused, new_file, open_folder, open_top
+from .._base import KINDS, RunError, _safe
+from .._names import CONTROL_ANSWERS, CONTROL_DIR, CONTROL_HEARTBEAT, RUN_JSON
+from .._paths import _find_ranks
+from .._safe_write import Refused, new_file, open_folder, open_top
 
 COMMANDS = ("dump", "capture", "every", "pause", "resume", "status")
 # The recorder's bounds (sdk/src/run/control_request.*): a count of steps or

@@ -10,14 +10,14 @@ import html
 import math
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from ._base import _safe
-from ._page import _legend_outside, _Page, _pyplot, _span, _text
-from .summary import _rule, dump_digest
+from .._base import _safe
+from .frame import _legend_outside, _Page, _pyplot, _span, _text
+from .._views.summary import _rule, dump_digest
 
 if TYPE_CHECKING:
     import pandas
 
-    from ._run import Run
+    from .._run import Run
 
 
 def _dumps(page: _Page, run: Run, stats: Optional[pandas.DataFrame]) -> None:

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._base import RunError
-from ._diff_dtype import coarser, judge
-from ._diff_values import UNIT_ROUNDOFF, compare_quietly, is_float
+from .._base import RunError
+from .dtype import coarser, judge
+from .values import UNIT_ROUNDOFF, compare_quietly, is_float
 
 if TYPE_CHECKING:
-    from ._diff import _Comparer
+    from .compare import _Comparer
 
 SAYS = "dropout masks differ (seed both sides after the model is made)"
 

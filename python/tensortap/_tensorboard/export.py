@@ -40,17 +40,17 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Set,
 
 import numpy as np
 
-from ._base import STATS_FIELDS, RunError, _is_int, _is_int64, _warn
-from ._base import json_string as _json_string
-from ._files import _open_regular, _rank_dumps, has_statistics
-from ._names import DUMPS, EVENTS_PREFIX, EVENTS_SUFFIX, STATS_TABLE, is_events_file_name
-from ._safe_write import new_file, open_folders, open_top
-from ._tb_events import (FILE_VERSION, _custom_scalars_value, _event, _histogram_value, _scalar_head, _summary,
+from .._base import STATS_FIELDS, RunError, _is_int, _is_int64, _warn
+from .._base import json_string as _json_string
+from .._files import _open_regular, _rank_dumps, has_statistics
+from .._names import DUMPS, EVENTS_PREFIX, EVENTS_SUFFIX, STATS_TABLE, is_events_file_name
+from .._safe_write import new_file, open_folders, open_top
+from .events import (FILE_VERSION, _custom_scalars_value, _event, _histogram_value, _scalar_head, _summary,
                          _text_value, frame, tag_text)
-from ._tb_values import histogram, scalar_value
+from .values import histogram, scalar_value
 
 if TYPE_CHECKING:
-    from ._run import Run
+    from .._run import Run
 
 DUMPS_TAG = "tensortap/dumps"
 # TensorBoardOptions::stats' default (sdk/include/tensortap/options.h).

@@ -16,12 +16,12 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Deque, List, Optional, Tuple
 
-from ._base import RunError, _safe, _warn
-from ._files import _open_regular
-from ._names import CONTROL_ANSWERS, CONTROL_ANSWERS_OLD
+from .._base import RunError, _safe, _warn
+from .._files import _open_regular
+from .._names import CONTROL_ANSWERS, CONTROL_ANSWERS_OLD
 
 if TYPE_CHECKING:
-    from ._run import Run
+    from .._run import Run
 
 # The commands that change what the run records or writes; status only reads.
 APPLIED = ("capture", "every", "pause", "resume", "dump")

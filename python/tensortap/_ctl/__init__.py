@@ -1,0 +1,2 @@
+"""`tensortap ctl`: commands to a running recorder (client) and their
+answers' log (log)."""
