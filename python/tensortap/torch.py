@@ -264,7 +264,10 @@ class Recorder:
                                                      capture_eval=capture_eval),
                                      overwrite=overwrite, torch_version=torch.__version__, taps=functions)
         try:
-            if "grad" in self._kinds:
+            # Under the native engine every hook is in place whatever the
+            # kinds: a ctl capture may ask for any kind, and the engine
+            # says at each call whether its kind is taken (_takes).
+            if "grad" in self._kinds or self._native:
                 self._unhooked = list(self._params)
                 self._hook_unfrozen()
                 # A parameter unfrozen during a step (after step()) takes its
@@ -272,7 +275,7 @@ class Recorder:
                 # TorchScript model takes no pre-hook: step() looks instead.
                 if self._unhooked and not isinstance(model, torch.jit.ScriptModule):
                     self._handles.append(model.register_forward_pre_hook(self._recheck_frozen))
-            if self._kinds & _ACTIVATION_KINDS:
+            if self._kinds & _ACTIVATION_KINDS or self._native:
                 for path, name in hookable:
                     self._handles.append(named[path].register_forward_hook(self._forward_hook(name)))
         except BaseException:
@@ -347,6 +350,14 @@ class Recorder:
         if self._steps:
             return step in self._steps
         return (step - self._start) % self._every == 0
+
+    def _takes(self, kind: str) -> bool:
+        # Whether a record of `kind` is taken now. The native engine decides
+        # alone: its kinds are watch()'s, and `tensortap ctl capture --kinds`
+        # may name others for a window (param, buffer), as in C++.
+        if self._native:
+            return bool(self._w.active(kind))
+        return kind in self._kinds and self._sampled(kind)
 
     def _repeat(self, kind: str, name: str) -> str:
         n = self._repeats.get((kind, name), 0)
@@ -434,9 +445,9 @@ class Recorder:
         by a view carrying the activation_grad hook, in the type it had."""
         torch = self._torch
         if isinstance(out, torch.Tensor):
-            if "activation" in self._kinds:
+            if self._takes("activation"):
                 self._write("activation", self._repeat("activation", name), step, out)
-            if not wrap or "activation_grad" not in self._kinds or not out.requires_grad:
+            if not wrap or not out.requires_grad or not self._takes("activation_grad"):
                 return out
             grad_name = self._repeat("activation_grad", name)
             # A view, as C++ taps: the gradient of what flows on from here.
@@ -506,10 +517,10 @@ class Recorder:
                 self._hook_unfrozen()
             if not self._sampled():
                 return
-            if "param" in self._kinds and self._sampled("param"):
+            if self._takes("param"):
                 for name, p in self._params:
                     self._write("param", name, step, p)
-            if "buffer" in self._kinds and self._sampled("buffer"):
+            if self._takes("buffer"):
                 for name, b in self._buffers:
                     if b is not None:
                         self._write("buffer", name, step, b)
@@ -526,7 +537,7 @@ class Recorder:
         with self._mu:
             if self._w.closed:
                 raise RunError(f"the run {self._w.path} is closed: {name!r} not recorded")
-            if kind in self._kinds and self._sampled(kind):
+            if self._takes(kind):
                 self._write(kind, self._repeat(kind, name), self._step, tensor)
 
     def record_grads(self, optimizer: Any) -> None:
@@ -550,7 +561,7 @@ class Recorder:
                 raise RunError("tensortap.torch: record_grads() before the first step(): call rec.step(s) at "
                                "the start of each iteration")
             self._check_optimizer(optimizer, held)
-            if "grad" not in self._kinds or not self._sampled("grad"):
+            if not self._takes("grad"):
                 return
             step = self._step
             for name, p in self._params:
