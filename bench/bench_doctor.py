@@ -26,7 +26,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-from tensortap._doctor import rules as _doctor  # noqa: E402
+from tensortap._doctor import command as _doctor  # noqa: E402
+from tensortap._doctor.settings import RULES  # noqa: E402
 from tensortap import STATS_FIELDS  # noqa: E402
 from tensortap._writer import RunWriter, default_options  # noqa: E402
 
@@ -107,7 +108,7 @@ def main():
                                          args.reps)
         print(f"tensortap doctor (every rule): {seconds:.2f} s, median of {args.reps}, exit {status}, "
               f"{len(lines) - 1} lines before the count: " + "; ".join(ln[:60] for ln in lines[:4]))
-        for rule in _doctor.RULES:
+        for rule in RULES:
             s, _ = timed(lambda: _doctor.run_command(path, rule, [], False, lambda s: None), args.reps)
             print(f"  {rule:28} {s:6.2f} s")
         verdict = "met" if seconds < 10 else "MISSED"

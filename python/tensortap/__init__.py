@@ -44,7 +44,7 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 from ._base import KINDS, NUMPY_DTYPES, STATS_FIELDS, GivenUpError, RunError, RunWarning  # noqa: F401
 from ._run import Run, open
 from ._diff.compare import diff
-from ._doctor.rules import doctor
+from ._doctor.command import doctor
 from ._version import __version__  # noqa: F401 - public
 
 __all__ = ["open", "Run", "diff", "doctor", "KINDS", "STATS_FIELDS", "RunError", "GivenUpError", "RunWarning"]

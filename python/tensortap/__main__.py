@@ -277,7 +277,9 @@ def _tensorboard(args):
 
 def _diff(args):
     import contextlib
-    from ._diff.compare import Options, esc, run_command
+    from ._diff.compare import run_command
+    from ._diff.side import Options
+    from ._diff.text import esc
     from ._diff.align import Selection, parse_kinds, parse_steps
     from ._pattern import Pattern
 
@@ -336,7 +338,8 @@ def _diff(args):
 
 
 def _doctor(args):
-    from ._doctor.rules import Settings, run_command
+    from ._doctor.command import run_command
+    from ._doctor.settings import Settings
 
     try:
         # Bad rules and parameters first: exit 2 before any reading.
@@ -356,7 +359,7 @@ def _doctor(args):
 
 
 def _doctor_sets(items):
-    from ._doctor.rules import parse_sets
+    from ._doctor.settings import parse_sets
 
     return parse_sets(items)
 

@@ -23,6 +23,7 @@ import numpy as np
 
 import tensortap
 from tensortap import __main__ as cli
+from tensortap._doctor import command as DC
 from tensortap._doctor import rules as D
 from tensortap._doctor.rows import statistics
 from tensortap._writer import RunWriter, default_options
@@ -467,7 +468,7 @@ class InspectTest(Runs):
         # A name no terminal should see raw, and a space: the hint's path is escaped and quoted.
         path = self.run_dir([(0, "tensor", "loss", stat([1.0]))], name="run \x1b[31m red", dumps=fired + others)
         # Evaluating the rules is the doctor's: inspect must not, however long they would take.
-        with unittest.mock.patch.object(D, "evaluate", side_effect=AssertionError("inspect evaluated the rules")):
+        with unittest.mock.patch.object(DC, "evaluate", side_effect=AssertionError("inspect evaluated the rules")):
             status, lines = self.inspect(path)
         self.assertEqual(status, 0)
         self.assertIn("  health rules fired live: 3 (dead_relu 2, vanishing_gradient 1)", lines)

@@ -33,10 +33,12 @@ import numpy as np
 from .._base import RunError
 from .align import Alignment
 from .text import UNINFORMATIVE, _num, _where, esc
-from .values import PairStats, _norm_le, compare_quietly, is_float, ulps_within
+from .sums import PairStats, _norm_le
+from .values import compare_quietly, is_float, ulps_within
 
 if TYPE_CHECKING:
-    from .compare import Tally, _Side
+    from .side import _Side
+    from .tally import Tally
 
 
 class Floors:

@@ -15,7 +15,7 @@ import math
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 if TYPE_CHECKING:
-    from .compare import Tally
+    from .tally import Tally
 
 
 def _plain(v: Any) -> Any:
@@ -27,7 +27,7 @@ def _plain(v: Any) -> Any:
 
 
 def row_line(row: Dict[str, Any]) -> str:
-    from .compare import COLUMNS
+    from .side import COLUMNS
 
     d = {c: _plain(row[c]) for c in COLUMNS}
     d["dtype_a"], d["dtype_b"] = row["_dtype_a"], row["_dtype_b"]

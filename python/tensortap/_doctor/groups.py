@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
 from .._base import KINDS, _safe
 
 if TYPE_CHECKING:
-    from .rules import Finding
+    from .verdict import Finding
     from .rows import Rows
 
 _TIERS = {"weight_update_ratio": 0, "poor_weight_initialization": 0, "exploding_tensor": 1, "dead_relu": 2,

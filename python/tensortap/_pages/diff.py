@@ -31,7 +31,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .._base import KINDS
-from .._diff.compare import Options, Tally, _num, _what, _where, esc
+from .._diff.side import Options
+from .._diff.tally import Tally, _what
+from .._diff.text import _num, _where, esc
 from .frame import _bins, _jsonable, _Page, _pyplot, _text, _write_page
 
 ROWS = 60          # rows of a kind's heatmap; more names are grouped

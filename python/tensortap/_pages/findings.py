@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .._base import STATS_FIELDS, RunError, _safe
-from .._doctor.rules import COLUMNS, RULES, Finding, Result, Settings, evaluate, saturation_bounds
+from .._doctor.command import evaluate
+from .._doctor.rules import COLUMNS, RULES, Finding, Result, Settings, saturation_bounds
 from .._doctor.taps import declared_any, saturating_function
 from .._doctor.rows import param_records, statistics
 from .frame import _legend_outside, _Page, _pyplot, _text
