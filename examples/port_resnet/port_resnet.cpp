@@ -143,7 +143,7 @@ TORCH_MODULE(ResNet);
 // resnet.py's wave(): sines of a ramp in float64, then float32.
 torch::Tensor wave(std::int64_t n, std::int64_t cols, double phase, std::int64_t step) {
   const torch::Tensor t = torch::arange(n * cols, torch::kDouble).reshape({n, cols});
-  return torch::sin(t * 0.37 + phase + static_cast<double>(step)).to(torch::kFloat);
+  return torch::sin(t * 0.29 + phase + static_cast<double>(step)).to(torch::kFloat);
 }
 
 // resnet.py's batch(): the images (RGB) and the labels.

@@ -79,9 +79,12 @@ class ResNet(torch.nn.Module):
 
 def wave(n, cols, phase, step):
     """Sines of a ramp in float64, then float32: a deterministic function
-    of the step that port_resnet.cpp computes with the same formula."""
+    of the step that port_resnet.cpp computes with the same formula. With a
+    ramp of 0.37 (port_check's), A sat on a max-pool tie at step 1 that
+    every floor run broke alike, and the floor was 100 times looser from
+    step 2 on (docs/diff.md); 0.29 keeps it tight."""
     t = torch.arange(n * cols, dtype=torch.float64).reshape(n, cols)
-    return torch.sin(t * 0.37 + phase + step).to(torch.float32)
+    return torch.sin(t * 0.29 + phase + step).to(torch.float32)
 
 
 def batch(step):
