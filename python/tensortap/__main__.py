@@ -68,7 +68,7 @@ line per finding instead; a line per rule it could not evaluate, and "N
 findings" (groups, or findings under --all). Exit status 0: no finding; 1:
 findings; 2: bad input, or no rule could be evaluated.
 
-ctl steers a job while it trains (tensortap/_ctl.py, docs/leaving-it-on.md):
+ctl steers a job while it trains (tensortap/_ctl/, docs/leaving-it-on.md):
 it writes a request into each addressed rank's control/ and prints one line
 per rank, "rank <r>: <command> ok at step <s>: <what>", "... refused:
 <why>", "... no answer (withdrawn)", "... taken at step <s>, not yet in

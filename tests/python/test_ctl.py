@@ -410,7 +410,7 @@ class MainJob(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(control, "big.json")))
 
     def test_14_two_ctl_processes_at_once(self):
-        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(_ctl.__file__)))
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(_ctl.__file__))))
         procs = [subprocess.Popen([sys.executable, "-m", "tensortap", "ctl", self.run_dir, "status"], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
         for p in procs:
