@@ -1,5 +1,5 @@
 // What one CUDA capture costs the training thread's host side, counted
-// without a GPU (issue 44): heap allocations, mutex acquisitions, condition
+// without a GPU: heap allocations, mutex acquisitions, condition
 // variable signals, CUDA runtime calls, per steady-state capture, through
 // the capture path's runtime-only core (capture_on_engine,
 // sdk/src/cuda/capture_core.h) and the engine, against the fake CUDA
@@ -29,11 +29,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -45,6 +47,9 @@
 
 extern "C" unsigned long long tensortap_fake_cudart_calls(void);
 extern "C" int tensortap_fake_cudart_inside(void);
+extern "C" void tensortap_fake_cudart_each_call(void (*fn)(long tid, const char* call, unsigned long long n,
+                                                           void* ctx),
+                                                void* ctx);
 
 namespace {
 
@@ -130,6 +135,44 @@ struct Counts {
 
 Counts now() { return {t_allocations, t_locks, t_signals, tensortap_fake_cudart_calls()}; }
 
+// Every thread's runtime calls so far, by (thread id, call).
+using CallCounts = std::map<std::pair<long, std::string>, unsigned long long>;
+CallCounts calls_now() {
+  CallCounts out;
+  tensortap_fake_cudart_each_call(
+      [](long tid, const char* call, unsigned long long n, void* ctx) {
+        (*static_cast<CallCounts*>(ctx))[{tid, call}] = n;
+      },
+      &out);
+  return out;
+}
+
+// The calls of each thread role between `a` and `b`, by call: the training
+// thread's (its flushes' left out: `flushing`), the writer's, and the
+// engine's own threads' (the copier).
+void print_by_thread(const CallCounts& a, const CallCounts& b, const CallCounts& flushing, long training,
+                     long writer, double captures, double steps) {
+  std::map<std::string, std::map<std::string, double>> roles;
+  for (const auto& [key, n] : b) {
+    const auto was = a.find(key);
+    double d = static_cast<double>(n - (was == a.end() ? 0 : was->second));
+    const std::string role = key.first == training ? "training" : key.first == writer ? "writer" : "copier";
+    if (role == "training")
+      if (const auto f = flushing.find(key); f != flushing.end()) d -= static_cast<double>(f->second);
+    if (d > 0) roles[role][key.second] += d;
+  }
+  std::printf("CUDA runtime calls by thread and call:\n");
+  for (const char* role : {"training", "copier", "writer"}) {
+    const bool per_capture = std::string(role) == "training";
+    std::printf("  %s thread, %s:%s\n", role, per_capture ? "per capture (its flushes left out)" : "per step",
+                roles[role].empty() ? " none" : "");
+    for (const auto& [call, n] : roles[role])
+      std::printf("    %-28s %.3f\n", call.c_str(), n / (per_capture ? captures : steps));
+  }
+  std::printf("  not counted: LibTorch's glue in front of the core (a device guard: cudaGetDevice, and cudaSetDevice "
+              "when the device differs; the current stream), which needs CUDA LibTorch\n");
+}
+
 // Where the strace run cuts the window: a write each side of it, to a
 // descriptor it can tell apart.
 void mark(int fd, const char* what) {
@@ -174,7 +217,9 @@ int main(int argc, char** argv) {
   options.staging_memory = tensortap::detail::pinned_host_memory();
   CudaEngine engine(staging, options, [](const std::string& what) { std::fprintf(stderr, "%s\n", what.c_str()); });
   std::atomic<long long> drained{0};
+  std::atomic<long> writer_tid{0};
   std::thread writer([&] {
+    writer_tid = static_cast<long>(::syscall(SYS_gettid));
     while (Staging::Buffer* b = staging.take()) {
       for (const auto& slot : b->slots) drained += slot.last ? 1 : 0;
       staging.release(b);
@@ -227,11 +272,13 @@ int main(int argc, char** argv) {
   std::printf("training thread %ld\n", static_cast<long>(::syscall(SYS_gettid)));
   std::fflush(stdout);
   mark(marker, "tensortap-bench-begin");
+  const CallCounts calls_a = calls_now();
   t_counting = true;
   const Counts a = now();
-  long long done = 0;
+  CallCounts calls_flushing;  // the training thread's calls inside its flushes
+  long long done = 0, steps = 0;
   Counts flushing;  // what the flushes between steps did: not the captures'
-  for (std::int64_t step = 1; done < captures; ++step) {
+  for (std::int64_t step = 1; done < captures; ++step, ++steps) {
     for (long long k = 0; k < per_step && done < captures; ++k, ++done)
       measured_capture(engine, spec_of(step), stream, source);
     // The copier keeps up with a step, as on a GPU that is not saturated:
@@ -239,16 +286,21 @@ int main(int argc, char** argv) {
     // grows, which is the engine's answer to a backlog, not a capture's
     // steady cost.
     const Counts f0 = now();
+    const CallCounts c0 = calls_now();
     mark(marker, "tensortap-flush-begin");
     engine.flush();
     mark(marker, "tensortap-flush-end");
     const Counts f1 = now();
+    for (const auto& [key, n] : calls_now())
+      if (const auto was = c0.find(key); n > (was == c0.end() ? 0 : was->second))
+        calls_flushing[key] += n - (was == c0.end() ? 0 : was->second);
     flushing.allocations += f1.allocations - f0.allocations;
     flushing.locks += f1.locks - f0.locks;
     flushing.signals += f1.signals - f0.signals;
     flushing.calls += f1.calls - f0.calls;
   }
   Counts b = now();
+  const CallCounts calls_b = calls_now();
   b.allocations -= flushing.allocations;
   b.locks -= flushing.locks;
   b.signals -= flushing.signals;
@@ -273,6 +325,15 @@ int main(int argc, char** argv) {
   std::printf("  mutex acquisitions     %.3f\n", static_cast<double>(b.locks - a.locks) / n);
   std::printf("  condition signals      %.3f\n", static_cast<double>(b.signals - a.signals) / n);
   std::printf("  CUDA runtime calls     %.3f\n", static_cast<double>(b.calls - a.calls) / n);
+  print_by_thread(calls_a, calls_b, calls_flushing, static_cast<long>(::syscall(SYS_gettid)), writer_tid.load(), n,
+                  static_cast<double>(steps));
+  // DESIGN's fixed line (docs/design.md, "Measuring"): a capture here is an
+  // activation's or a gradient's alike (one tensor, one capture).
+  const double per = static_cast<double>(b.calls - a.calls) / n;
+  std::printf("runtime calls, training thread: per captured activation %.3f, per step for %lld parameter gradients "
+              "%.3f (TENSORTAP_CUDA_BATCH=off)\n",
+              per, per_step, per * static_cast<double>(per_step));
+  std::printf("(TENSORTAP_CUDA_BATCH=on: not built yet)\n");
   const tensortap::detail::CudaEngineCounters c = engine.counters();
   std::printf("copier: %llu records in %llu device-to-host copies\n", static_cast<unsigned long long>(c.records),
               static_cast<unsigned long long>(c.copies));

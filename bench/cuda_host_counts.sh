@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # What one CUDA capture costs the training thread's host side, counted
-# without a GPU (issue 44; bench/README.md, "The CUDA capture's host side"):
+# without a GPU (bench/README.md, "The CUDA capture's host side"):
 #   1. bench_cuda_host's own counts: heap allocations, mutex acquisitions,
-#      condition signals, CUDA runtime calls a capture;
+#      condition signals, CUDA runtime calls a capture, and the runtime
+#      calls by thread (training, copier, writer) and by call; it ends with
+#      the line docs/design.md fixes ("runtime calls, training thread: ...");
 #   2. futex system calls a capture on the training thread (strace, between
 #      the program's two marker writes to /dev/null);
 #   3. instructions a capture (callgrind, measured_capture only).
@@ -26,7 +28,7 @@ trap 'rm -rf "$work"' EXIT
 captures=20000
 
 echo "== counts (bench_cuda_host --captures $captures --bytes $bytes)"
-"$bench" --captures $captures --bytes "$bytes"
+"$bench" --captures $captures --bytes "$bytes" | tee "$work/counts"
 
 echo "== futex system calls of the training thread (strace)"
 strace -f -qq -e trace=futex,write -o "$work/trace" "$bench" --captures $captures --bytes "$bytes" > "$work/out"
@@ -57,3 +59,6 @@ if [[ -z $total || $total -eq 0 ]]; then
 fi
 echo "  $total instructions in 2000 captures, $runtime of them in the fake runtime's entry points:" \
      "$(( (total - runtime) / 2000 )) a capture without them ($((total / 2000)) with)"
+
+# Last, the figures docs/design.md fixes, off then on.
+grep -E '^runtime calls, training thread|TENSORTAP_CUDA_BATCH=on' "$work/counts"

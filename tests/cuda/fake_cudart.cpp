@@ -14,6 +14,9 @@
 //
 // It says nothing about performance, and nothing about the real runtime's
 // own behaviour: only a GPU tests that.
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -160,10 +163,39 @@ void CUstream_st::loop() {
 // does not have (it has its own, which only a GPU measures).
 thread_local unsigned long long t_calls = 0;
 thread_local int t_depth = 0;
+
+// And by call, per thread (bench/cuda_host_counts.sh prints them by thread
+// and call): each thread's counts, registered once, live until the process
+// ends (a thread's counts outlive it, so a benchmark reads a copier's after
+// it stopped).
+struct ThreadCalls {
+  long tid = 0;
+  std::mutex mu;
+  std::unordered_map<const char*, unsigned long long> by_call;  // by __func__, one address per entry point
+};
+std::mutex g_threads_mu;
+std::vector<ThreadCalls*>& g_threads() {
+  static auto* threads = new std::vector<ThreadCalls*>;
+  return *threads;
+}
+ThreadCalls& this_thread_calls() {
+  thread_local ThreadCalls* mine = [] {
+    auto* t = new ThreadCalls;
+    t->tid = static_cast<long>(::syscall(SYS_gettid));
+    std::lock_guard<std::mutex> lock(g_threads_mu);
+    g_threads().push_back(t);
+    return t;
+  }();
+  return *mine;
+}
+
 struct Entry {
-  Entry() {
+  explicit Entry(const char* call) {
     ++t_calls;
     ++t_depth;
+    ThreadCalls& mine = this_thread_calls();
+    std::lock_guard<std::mutex> lock(mine.mu);
+    ++mine.by_call[call];
   }
   ~Entry() { --t_depth; }
   Entry(const Entry&) = delete;
@@ -175,21 +207,37 @@ extern "C" {
 unsigned long long tensortap_fake_cudart_calls(void) { return t_calls; }
 int tensortap_fake_cudart_inside(void) { return t_depth; }
 
+// Every thread's calls so far, one (thread id, call, count) at a time.
+void tensortap_fake_cudart_each_call(void (*fn)(long tid, const char* call, unsigned long long n, void* ctx),
+                                     void* ctx) {
+  ++t_depth;  // its locks are the stand-in's, not the caller's
+  std::vector<ThreadCalls*> threads;
+  {
+    std::lock_guard<std::mutex> lock(g_threads_mu);
+    threads = g_threads();
+  }
+  for (ThreadCalls* t : threads) {
+    std::lock_guard<std::mutex> lock(t->mu);
+    for (const auto& [call, n] : t->by_call) fn(t->tid, call, n, ctx);
+  }
+  --t_depth;
+}
+
 cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
-  Entry entry_;
+  Entry entry_(__func__);
   *count = device_count();
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaGetLastError(void) {
-  Entry entry_;
+  Entry entry_(__func__);
   const cudaError_t e = t_last_error;
   t_last_error = cudaSuccess;
   return e;
 }
 
 const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
-  Entry entry_;
+  Entry entry_(__func__);
   switch (error) {
     case cudaSuccess: return "cudaSuccess";
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
@@ -201,7 +249,7 @@ const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
 }
 
 const char* CUDARTAPI cudaGetErrorString(cudaError_t error) {
-  Entry entry_;
+  Entry entry_(__func__);
   switch (error) {
     case cudaSuccess: return "no error";
     case cudaErrorMemoryAllocation: return "out of memory";
@@ -212,20 +260,20 @@ const char* CUDARTAPI cudaGetErrorString(cudaError_t error) {
 }
 
 cudaError_t CUDARTAPI cudaGetDevice(int* device) {
-  Entry entry_;
+  Entry entry_(__func__);
   *device = t_device;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaSetDevice(int device) {
-  Entry entry_;
+  Entry entry_(__func__);
   if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   t_device = device;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaHostAlloc(void** p, size_t size, unsigned int) {
-  Entry entry_;
+  Entry entry_(__func__);
   *p = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
   if (*p == nullptr) return fail(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(g_mem_mu);
@@ -234,7 +282,7 @@ cudaError_t CUDARTAPI cudaHostAlloc(void** p, size_t size, unsigned int) {
 }
 
 cudaError_t CUDARTAPI cudaFreeHost(void* p) {
-  Entry entry_;
+  Entry entry_(__func__);
   {
     std::lock_guard<std::mutex> lock(g_mem_mu);
     g_host_blocks.erase(p);
@@ -246,7 +294,7 @@ cudaError_t CUDARTAPI cudaFreeHost(void* p) {
 // Pinned host memory (cudaHostAlloc's) says cudaMemoryTypeHost, device
 // memory cudaMemoryTypeDevice, anything else cudaMemoryTypeUnregistered.
 cudaError_t CUDARTAPI cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const void* ptr) {
-  Entry entry_;
+  Entry entry_(__func__);
   *attr = cudaPointerAttributes{};
   attr->type = cudaMemoryTypeUnregistered;
   const auto* p = static_cast<const char*>(ptr);
@@ -264,7 +312,7 @@ cudaError_t CUDARTAPI cudaPointerGetAttributes(struct cudaPointerAttributes* att
 }
 
 cudaError_t CUDARTAPI cudaMalloc(void** p, size_t size) {
-  Entry entry_;
+  Entry entry_(__func__);
   *p = std::aligned_alloc(256, (size + 255) / 256 * 256);
   if (*p == nullptr) return fail(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(g_mem_mu);
@@ -274,7 +322,7 @@ cudaError_t CUDARTAPI cudaMalloc(void** p, size_t size) {
 }
 
 cudaError_t CUDARTAPI cudaFree(void* p) {
-  Entry entry_;
+  Entry entry_(__func__);
   if (p == nullptr) return cudaSuccess;
   {
     std::lock_guard<std::mutex> lock(g_mem_mu);
@@ -288,7 +336,7 @@ cudaError_t CUDARTAPI cudaFree(void* p) {
 }
 
 cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free, size_t* total) {
-  Entry entry_;
+  Entry entry_(__func__);
   std::lock_guard<std::mutex> lock(g_mem_mu);
   *total = kTotal;
   *free = kTotal - g_device_used;
@@ -296,38 +344,38 @@ cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free, size_t* total) {
 }
 
 cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
-  Entry entry_;
+  Entry entry_(__func__);
   *stream = new CUstream_st;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
-  Entry entry_;
+  Entry entry_(__func__);
   stream->drain();
   delete stream;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
-  Entry entry_;
+  Entry entry_(__func__);
   if (stream != nullptr) stream->drain();
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaStreamIsCapturing(cudaStream_t, enum cudaStreamCaptureStatus* status) {
-  Entry entry_;
+  Entry entry_(__func__);
   *status = cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
-  Entry entry_;
+  Entry entry_(__func__);
   *event = new CUevent_st;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
-  Entry entry_;
+  Entry entry_(__func__);
   // Kept, not freed: a stream may still hold a wait on it, as the real
   // runtime allows. Kept reachable, so LeakSanitizer does not report it.
   static std::mutex mu;
@@ -338,7 +386,7 @@ cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  Entry entry_;
+  Entry entry_(__func__);
   std::uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(event->mu);
@@ -349,13 +397,13 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
-  Entry entry_;
+  Entry entry_(__func__);
   std::lock_guard<std::mutex> lock(event->mu);
   return event->completed >= event->recorded ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
-  Entry entry_;
+  Entry entry_(__func__);
   std::uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(event->mu);
@@ -366,7 +414,7 @@ cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
 }
 
 cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
-  Entry entry_;
+  Entry entry_(__func__);
   std::uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(event->mu);
@@ -379,14 +427,14 @@ cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event
 // Like CUDA's, these accept a zero count with null pointers (std::memcpy
 // does not: UBSan reports it).
 cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind) {
-  Entry entry_;
+  Entry entry_(__func__);
   if (count > 0) std::memcpy(dst, src, count);
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind,
                                       cudaStream_t stream) {
-  Entry entry_;
+  Entry entry_(__func__);
   run_on(stream, [=] {
     // In pieces, with delays between them: a reader that does not wait for
     // the copy sees it half done.
@@ -400,13 +448,13 @@ cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, 
 }
 
 cudaError_t CUDARTAPI cudaMemset(void* p, int value, size_t count) {
-  Entry entry_;
+  Entry entry_(__func__);
   if (count > 0) std::memset(p, value, count);
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t stream) {
-  Entry entry_;
+  Entry entry_(__func__);
   run_on(stream, [=] {
     if (count > 0) std::memset(p, value, count);
   });
@@ -414,7 +462,7 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void* p, int value, size_t count, cudaStre
 }
 
 cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
-  Entry entry_;
+  Entry entry_(__func__);
   run_on(stream, [=] { fn(data); });
   return cudaSuccess;
 }
@@ -422,25 +470,25 @@ cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, v
 // Graph capture: the fake records nothing into graphs. Only a GPU says
 // whether another thread's calls invalidate a capture.
 cudaError_t CUDARTAPI cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {
-  Entry entry_;
+  Entry entry_(__func__);
   static thread_local cudaStreamCaptureMode t_mode = cudaStreamCaptureModeGlobal;
   std::swap(*mode, t_mode);
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode) {
-  Entry entry_;
+  Entry entry_(__func__);
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaStreamEndCapture(cudaStream_t, cudaGraph_t* graph) {
-  Entry entry_;
+  Entry entry_(__func__);
   *graph = nullptr;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaGraphDestroy(cudaGraph_t) {
-  Entry entry_;
+  Entry entry_(__func__);
   return cudaSuccess;
 }
 
