@@ -77,12 +77,14 @@ def run_port(program, work, jobs):
     subprocess.run(command, check=True)
 
 
-def diff(work, name, seeds, ulps=1, factor=None, html=None):
+def diff(work, name, seeds, ulps=1, factor=None, html=None, steps=None):
     """`tensortap diff` of A against WORK/<name>, with a floor run per seed,
-    in this process. Returns its exit status."""
+    in this process (`steps`: its --steps). Returns its exit status."""
     from tensortap.__main__ import main as tensortap_main
 
     command = ["diff", os.path.join(work, "py"), os.path.join(work, name), "--ulps", str(ulps)]
+    if steps:
+        command += ["--steps", steps]
     for seed in seeds:
         command += ["--floor", os.path.join(work, f"floor{seed}")]
     if factor is not None:
