@@ -34,7 +34,7 @@ void CudaEngine::run(int device) noexcept {
   // A new thread's current device is 0: the first runtime call below would
   // create a context there, which on a DDP rank of another GPU costs that
   // GPU memory in every process.
-  if (cudaSetDevice(device) != cudaSuccess) cudaGetLastError();
+  if (use_device(device) != cudaSuccess) cudaGetLastError();
   // A user capturing a CUDA graph in the default (global) mode would have
   // the capture invalidated by this thread's event queries, copies and
   // syncs; in thread-local mode they are this thread's own business, as
@@ -71,15 +71,21 @@ void CudaEngine::run(int device) noexcept {
   }
 }
 
+cudaError_t CudaEngine::use_device(int device) {
+  // A device query and a set a record were 127 of the copier's 142 runtime
+  // calls a step of 64 captures (bench/cuda_host_counts.sh).
+  if (device == copier_device_) return cudaSuccess;
+  const cudaError_t e = cudaSetDevice(device);
+  copier_device_ = e == cudaSuccess ? device : -1;
+  return e;
+}
+
 void CudaEngine::process(Item& item) {
   Batch& batch = open_[static_cast<std::size_t>(item.snap.device)];
   // The record's device is current before staging may allocate its pinned
   // buffers: cudaHostAlloc creates a context on the current device, and one
   // on device 0 would cost every process of a multi-GPU job memory there.
-  int current = -1;
-  if (cudaGetDevice(&current) != cudaSuccess || current != item.snap.device) {
-    if (cudaSetDevice(item.snap.device) != cudaSuccess) cudaGetLastError();
-  }
+  if (use_device(item.snap.device) != cudaSuccess) cudaGetLastError();
   if (!staging_moved_) {
     // Once, here rather than under the staging's lock on whichever thread
     // reserved first: CPU captures and the writer never wait for the
@@ -190,7 +196,7 @@ void CudaEngine::issue(Batch& batch) {
     cudaGetLastError();
     if (error.empty()) error = fmt::format("{} on cuda:{} failed: {}", what, device, cuda_error_string(e));
   };
-  check(cudaSetDevice(device), "cudaSetDevice");
+  check(use_device(device), "cudaSetDevice");
   for (cudaEvent_t e : batch.waits) check(cudaStreamWaitEvent(d.copy_stream, e, 0), "cudaStreamWaitEvent");
   if (error.empty())
     for (const Copy& r : batch.copies)

@@ -360,6 +360,12 @@ class CudaEngine {
   std::deque<Batch> inflight_;
   // Whether options_.staging_memory was handed to the staging yet.
   bool staging_moved_ = false;
+  // The device the copier thread made current (-1: not known): only this
+  // thread's code runs on it, and a DeviceGuard there restores what it
+  // changed, so a record of the same device needs no runtime call.
+  int copier_device_ = -1;
+  // Makes `device` current on the copier thread; the runtime's result.
+  cudaError_t use_device(int device);
   std::thread thread_;
 };
 
