@@ -161,7 +161,9 @@ class ProgramRunsTest(TempCase):
                                             "before activation hidden; "), out)
         self.assertIn("; 1 element(s) beyond tolerance", lines[0])
         self.assertIn("max ulp 1", lines[0])
-        self.assertIn("last agreeing before it: ", lines[1])
+        # Nor is a parameter or buffer named as the last record that agrees:
+        # the step's state is no clue to its forward.
+        self.assertNotIn("last agreeing before it", out)
         self.assertEqual(lines[-1], f"compared {len(df)}, differ 1, only in A 0, only in B 0")
         # A tolerance the one ULP is within.
         self.assertEqual(command(self.npy, b, "--rtol", "1e-6")[0], 0)

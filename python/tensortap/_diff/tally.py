@@ -264,6 +264,15 @@ class Tally:
             lines.append(f"first divergence: {where}: arises {arises}; {said}{_what(first, first['_detail'])}")
             pa = first["_a"]
             agreeing = np.flatnonzero(np.isin(self.status[:pa], _AGREE))
+            if first["kind"] in ("activation", "activation_grad") and agreeing.size:
+                # Of a forward's (or a backward's) divergence, only a record of
+                # that step's passes is a clue: the step's parameters and
+                # buffers are its initial state, as the arises clause says.
+                index = self.cmp.a.index
+                passes = np.array([self.cmp.a.meta(int(i))[0] in ("activation", "activation_grad", "tensor")
+                                   for i in agreeing.tolist()], dtype=bool)
+                same = (index.step[agreeing] == first["step"]) & (index.source[agreeing] == index.source[pa])
+                agreeing = agreeing[passes & same]
             if agreeing.size:
                 lines.append("  last agreeing before it: " + self.name_of(int(agreeing[-1])))
             codes = [_CODE[s] for s in _DIFFERENCES]
