@@ -162,7 +162,11 @@ bool json_tensorboard(std::string& j, const Options& o) {
 #define TT_BOOL(field) TT_JSON(j += json_bool(o.field()))
 #define TT_WORD(field) TT_JSON(j += fmt::format("\"{}\"", word_of(o.field())))
 
-const std::vector<OptionRow> kRows = {
+// Leaked, never destroyed: a recorder held in a static closes at exit and
+// writes run.json then, possibly after this table's destructor would have
+// run (the reliability test's static recorder crashed so).
+const std::vector<OptionRow>& rows() {
+  static const auto* const table = new std::vector<OptionRow>{
     {"dir", "dir", "dir", TT_SET(o.dir(t.value)), TT_STRING(dir), ""},
     {"format", "format", "format", TT_SET(o.format(word<Format>(t))), TT_WORD(format), ""},
     {"every", "every", "every", TT_SET(o.every(t.integer())), TT_NUMBER(every), ""},
@@ -244,7 +248,9 @@ const std::vector<OptionRow> kRows = {
     // run.json says these at its top ("rank", "world_size"), as placed.
     {"rank", "rank", "", TT_SET(o.rank(t.integer())), nullptr, ""},
     {"world_size", "world_size", "", TT_SET(o.world_size(t.integer())), nullptr, ""},
-};
+  };
+  return *table;
+}
 
 #undef TT_SET
 #undef TT_JSON
@@ -329,33 +335,33 @@ Kind OptionText::kind(const std::string& name) const {
 }
 
 const std::vector<EnumWord<Format>>& words(Format) {
-  static const std::vector<EnumWord<Format>> w = {
+  static const auto* const w = new std::vector<EnumWord<Format>>{
       {"npy", Format::Npy}, {"hdf5", Format::Hdf5}, {"packed", Format::Packed}};
-  return w;
+  return *w;
 }
 const std::vector<EnumWord<Overflow>>& words(Overflow) {
-  static const std::vector<EnumWord<Overflow>> w = {{"block", Overflow::Block}, {"drop_newest", Overflow::DropNewest}};
-  return w;
+  static const auto* const w = new std::vector<EnumWord<Overflow>>{{"block", Overflow::Block}, {"drop_newest", Overflow::DropNewest}};
+  return *w;
 }
 const std::vector<EnumWord<OnError>>& words(OnError) {
-  static const std::vector<EnumWord<OnError>> w = {{"continue", OnError::Continue}, {"stop", OnError::Stop}};
-  return w;
+  static const auto* const w = new std::vector<EnumWord<OnError>>{{"continue", OnError::Continue}, {"stop", OnError::Stop}};
+  return *w;
 }
 const std::vector<EnumWord<AfterDump>>& words(AfterDump) {
-  static const std::vector<EnumWord<AfterDump>> w = {
+  static const auto* const w = new std::vector<EnumWord<AfterDump>>{
       {"continue", AfterDump::Continue}, {"stop_capture", AfterDump::StopCapture}, {"throw", AfterDump::Throw}};
-  return w;
+  return *w;
 }
 const std::vector<EnumWord<Budget>>& words(Budget) {
-  static const std::vector<EnumWord<Budget>> w = {{"stop_capture", Budget::StopCapture},
+  static const auto* const w = new std::vector<EnumWord<Budget>>{{"stop_capture", Budget::StopCapture},
                                                   {"keep_latest", Budget::KeepLatest}};
-  return w;
+  return *w;
 }
 
-const std::vector<OptionRow>& option_table() { return kRows; }
+const std::vector<OptionRow>& option_table() { return rows(); }
 
 const OptionRow* option_row(const std::string& env_key) {
-  for (const OptionRow& r : kRows) {
+  for (const OptionRow& r : rows()) {
     const std::string key = r.env_key;
     if (key.empty()) continue;
     if (key == env_key) return &r;
@@ -371,7 +377,7 @@ void append_options_json(std::string& j, const Options& o, int indent) {
   j += "{";
   bool first = true;
   std::string value;
-  for (const OptionRow& r : kRows) {
+  for (const OptionRow& r : rows()) {
     if (r.to_json == nullptr || *r.json_key == '\0') continue;
     value.clear();
     if (!r.to_json(value, o)) continue;
