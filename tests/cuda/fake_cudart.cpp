@@ -165,37 +165,48 @@ thread_local unsigned long long t_calls = 0;
 thread_local int t_depth = 0;
 
 // And by call, per thread (bench/cuda_host_counts.sh prints them by thread
-// and call): each thread's counts, registered once, live until the process
-// ends (a thread's counts outlive it, so a benchmark reads a copier's after
-// it stopped).
+// and call), without a lock or an allocation: a test makes runtime calls
+// while every allocation of its thread fails (tt_test::fail_allocations),
+// and the stand-in must not throw where the runtime does not. Each thread
+// takes a slot of a fixed table at its first call (threads past the
+// table's size are not counted by call); only it writes its slot.
+constexpr int kCountedThreads = 256;
+constexpr int kCalls = 48;  // more than the entry points below
 struct ThreadCalls {
-  long tid = 0;
-  std::mutex mu;
-  std::unordered_map<const char*, unsigned long long> by_call;  // by __func__, one address per entry point
+  std::atomic<long> tid{0};
+  std::atomic<const char*> names[kCalls] = {};  // by __func__, one address per entry point
+  std::atomic<unsigned long long> counts[kCalls] = {};
 };
-std::mutex g_threads_mu;
-std::vector<ThreadCalls*>& g_threads() {
-  static auto* threads = new std::vector<ThreadCalls*>;
-  return *threads;
-}
-ThreadCalls& this_thread_calls() {
-  thread_local ThreadCalls* mine = [] {
-    auto* t = new ThreadCalls;
-    t->tid = static_cast<long>(::syscall(SYS_gettid));
-    std::lock_guard<std::mutex> lock(g_threads_mu);
-    g_threads().push_back(t);
-    return t;
-  }();
-  return *mine;
+ThreadCalls g_thread_calls[kCountedThreads];
+std::atomic<int> g_threads_counted{0};
+thread_local ThreadCalls* t_mine = nullptr;
+thread_local bool t_slot_tried = false;
+
+void count_call(const char* call) {
+  if (!t_slot_tried) {
+    t_slot_tried = true;
+    const int i = g_threads_counted.fetch_add(1);
+    if (i < kCountedThreads) {
+      t_mine = &g_thread_calls[i];
+      t_mine->tid.store(static_cast<long>(::syscall(SYS_gettid)));
+    }
+  }
+  if (t_mine == nullptr) return;
+  for (int k = 0; k < kCalls; ++k) {
+    const char* name = t_mine->names[k].load(std::memory_order_relaxed);
+    if (name == nullptr) t_mine->names[k].store(name = call, std::memory_order_release);
+    if (name == call) {
+      t_mine->counts[k].fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+  }
 }
 
 struct Entry {
   explicit Entry(const char* call) {
     ++t_calls;
     ++t_depth;
-    ThreadCalls& mine = this_thread_calls();
-    std::lock_guard<std::mutex> lock(mine.mu);
-    ++mine.by_call[call];
+    count_call(call);
   }
   ~Entry() { --t_depth; }
   Entry(const Entry&) = delete;
@@ -210,17 +221,15 @@ int tensortap_fake_cudart_inside(void) { return t_depth; }
 // Every thread's calls so far, one (thread id, call, count) at a time.
 void tensortap_fake_cudart_each_call(void (*fn)(long tid, const char* call, unsigned long long n, void* ctx),
                                      void* ctx) {
-  ++t_depth;  // its locks are the stand-in's, not the caller's
-  std::vector<ThreadCalls*> threads;
-  {
-    std::lock_guard<std::mutex> lock(g_threads_mu);
-    threads = g_threads();
+  const int threads = std::min(g_threads_counted.load(), kCountedThreads);
+  for (int i = 0; i < threads; ++i) {
+    const ThreadCalls& t = g_thread_calls[i];
+    for (int k = 0; k < kCalls; ++k) {
+      const char* name = t.names[k].load(std::memory_order_acquire);
+      if (name == nullptr) break;
+      fn(t.tid.load(), name, t.counts[k].load(std::memory_order_relaxed), ctx);
+    }
   }
-  for (ThreadCalls* t : threads) {
-    std::lock_guard<std::mutex> lock(t->mu);
-    for (const auto& [call, n] : t->by_call) fn(t->tid, call, n, ctx);
-  }
-  --t_depth;
 }
 
 cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
