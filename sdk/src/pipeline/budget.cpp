@@ -114,9 +114,14 @@ bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {
     // a dumped step's given up with the share's oldest (the rest of its
     // records, which come late) among them.
     const bool dumped = kept_.count(step) != 0 || step < dumps_given_up_below_.load(std::memory_order_relaxed);
+    // A record of a step older than one admitted already (a capture
+    // window's, arriving after a newer dump's): refused, it leaves the
+    // newest steps as they are, and is counted apart (late_records_refused).
+    const bool late = step < newest_;
     const auto refuse_it = [&] {
       refuse(nbytes);
       if (dumped) dump_refused_.fetch_add(1, std::memory_order_relaxed);
+      else if (late) late_refused_.fetch_add(1, std::memory_order_relaxed);
       return false;
     };
     // A late record of a step given up (not a dumped one) would only be hidden.
@@ -354,6 +359,7 @@ BudgetState DiskBudget::state() const {
   s.given_up_below = given_up_below_.load(std::memory_order_relaxed);
   s.dumps_given_up_below = dumps_given_up_below_.load(std::memory_order_relaxed);
   s.dump_records_refused = dump_refused_.load(std::memory_order_relaxed);
+  s.late_records_refused = late_refused_.load(std::memory_order_relaxed);
   s.statistics_stopped_at = stopped_at_.load(std::memory_order_relaxed);
   s.resumed_at = resumed_at_.load(std::memory_order_relaxed);
   if (s.statistics_stopped_at >= 0) s.stopped_reason = stopped_reason();

@@ -40,6 +40,7 @@ struct BudgetState {
   /// given up held (docs/design.md, "Leaving it on").
   std::int64_t dumps_given_up_below = -1;
   std::int64_t dump_records_refused = 0;  // of refused_records: a dump's beyond the share
+  std::int64_t late_records_refused = 0;  // of refused_records: of a step older than one admitted
   /// The dumped steps below the marker that stay: run.json says them with
   /// the marker, so that a reader keeps them before their dump's line is
   /// written (a give-up while a dump writes its older held steps).
@@ -188,6 +189,7 @@ class DiskBudget {
   std::uint64_t kept_total_ = 0;
   std::atomic<std::int64_t> dumps_given_up_below_{-1};
   std::atomic<std::int64_t> dump_refused_{0};
+  std::atomic<std::int64_t> late_refused_{0};
   // The newest step of a statistics row or event written (KeepLatest).
   std::int64_t side_newest_ = -1;
   // The step below which make_room() may give steps up: the newest step

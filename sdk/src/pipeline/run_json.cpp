@@ -121,6 +121,7 @@ std::string run_json(const Options& o, const RunInfo& info) {
       append_json_ints(j, b.kept_below);
     }
     if (b.dump_records_refused > 0) j += fmt::format(", \"dump_records_refused\": {}", b.dump_records_refused);
+    if (b.late_records_refused > 0) j += fmt::format(", \"late_records_refused\": {}", b.late_records_refused);
     if (b.stats_rows_given_up > 0) j += fmt::format(", \"stats_rows_given_up\": {}", b.stats_rows_given_up);
     if (b.event_files_given_up > 0) j += fmt::format(", \"event_files_given_up\": {}", b.event_files_given_up);
     j += "},\n";
