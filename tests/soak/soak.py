@@ -365,7 +365,12 @@ def check_answers(rep, label, run_dir, run, info, killed, stats_last):
                 continue
             lo, hi = int(m.group(1)), int(m.group(2))
             for s in range(lo, hi + 1):
-                if s > info.get("last_step", -1) or s < marker or (stop_capture and 0 <= reached <= s):
+                # StopCapture: once reached, every later record is refused. The
+                # run says the job's step when the writer found it reached
+                # (reached_at_step), which lags the records' steps on a loaded
+                # machine: a step after the last one on disk is one of those.
+                stopped = stop_capture and reached >= 0 and (reached <= s or s > max(steps_with, default=-1))
+                if s > info.get("last_step", -1) or s < marker or stopped:
                     continue
                 rep.check(label, "captured steps on disk", s in steps_with,
                           f"'{msg}' (answer at step {step}): step {s} has no record, none said refused")
