@@ -68,7 +68,12 @@ JOB_WARNINGS = {}
 # (The live reader's empty open, known open until 2ab8aa5: dumped steps a
 # capture window had stored filled the budget outside the dumps' share, and
 # the newest step went to make room; 0 of 16 runs since.)
-KNOWN_OPEN = {}
+KNOWN_OPEN = {
+    # Seen in CI (2.11 tree, 1 run in 3 at 2 MiB, .npy killed and restarted):
+    # kept dumped steps fill the budget past their share and its reserve,
+    # and a record of the newest step is refused; cause not found yet.
+    "nothing refused under keep_latest": "issue 69: dumped steps past their share",
+}
 
 
 def du_sb(path):
