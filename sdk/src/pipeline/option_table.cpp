@@ -14,17 +14,6 @@
 namespace tensortap::detail {
 namespace {
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
-
-std::string trim(const std::string& s) {
-  const std::size_t a = s.find_first_not_of(" \t\r\n");
-  if (a == std::string::npos) return "";
-  return s.substr(a, s.find_last_not_of(" \t\r\n") - a + 1);
-}
-
 std::uint64_t unsigned_int(const OptionText& t, const std::string& s, const char* what) {
   if (s.empty() || !std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); }))
     t.bad(fmt::format("expected {}", what));
@@ -260,6 +249,17 @@ const std::vector<OptionRow>& rows() {
 #undef TT_WORD
 
 }  // namespace
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+std::string trim(const std::string& s) {
+  const std::size_t a = s.find_first_not_of(" \t\r\n");
+  if (a == std::string::npos) return "";
+  return s.substr(a, s.find_last_not_of(" \t\r\n") - a + 1);
+}
 
 void OptionText::bad(const std::string& why) const { fail("{}: {}={}: {}", source, key, value, why); }
 

@@ -16,6 +16,11 @@
 
 namespace tensortap::detail {
 
+/// `s` in lower case (ASCII), and without the spaces around it: the
+/// environment's parsers and the table's.
+std::string lower(std::string s);
+std::string trim(const std::string& s);
+
 /// One `key=value` of TENSORTAP_OPTIONS, with the parsers of its value.
 /// Each refuses what it does not understand, naming the key and the value.
 struct OptionText {

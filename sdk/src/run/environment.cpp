@@ -15,17 +15,6 @@
 namespace tensortap::detail {
 namespace {
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
-
-std::string trim(const std::string& s) {
-  const std::size_t a = s.find_first_not_of(" \t\r\n");
-  if (a == std::string::npos) return "";
-  return s.substr(a, s.find_last_not_of(" \t\r\n") - a + 1);
-}
-
 // The pairs of `text`: split at the commas that no backslash escapes; `\,`
 // becomes a comma, any other backslash stays (regular expressions need no
 // doubling).
