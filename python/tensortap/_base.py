@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
 KINDS: Tuple[str, ...] = ("activation", "activation_grad", "param", "buffer", "grad", "tensor")
 
-# The columns of stats.npy after "step" and "series", in order.
-STATS_FIELDS: Tuple[str, ...] = ("min", "max", "mean", "std", "norm", "nan", "posinf", "neginf", "zeros", "numel")
+# The columns of stats.npy after "step" and "series", in order: the real
+# statistics over a tensor's finite values (float64 wherever the reader
+# holds them), then the counts over all its values (int64). The counts of
+# the values that are not finite come first among the counts.
+STATS_REAL: Tuple[str, ...] = ("min", "max", "mean", "std", "norm")
+NONFINITE: Tuple[str, ...] = ("nan", "posinf", "neginf")
+STATS_COUNTS: Tuple[str, ...] = NONFINITE + ("zeros", "numel")
+STATS_FIELDS: Tuple[str, ...] = STATS_REAL + STATS_COUNTS
 
 # NumPy dtypes of the arrays the reader returns, by the index's dtype.
 # bfloat16 is stored as float32; a float8 is stored as its bytes (uint8) and
@@ -25,6 +32,13 @@ NUMPY_DTYPES: Dict[str, str] = {
     "float8_e4m3fn": "float32", "float8_e5m2": "float32", "float8_e4m3fnuz": "float32",
     "float8_e5m2fnuz": "float32", "float8_e8m0fnu": "float32",
 }
+
+
+def nonfinite(table: Any) -> Any:
+    """The values that are not finite (NaN, +inf, -inf) a statistics row
+    counts, per row of `table`: a stats table, a frame or a dict of columns."""
+    nan, posinf, neginf = NONFINITE
+    return table[nan] + table[posinf] + table[neginf]
 
 
 class RunError(ValueError):
@@ -102,6 +116,9 @@ def _reason(e):
 # paragraph separators, the BOM): a name must not make a line lie.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u061c\u200b-\u200f\u202a-\u202e\u2028\u2029"
                       "\u2060-\u2069\ufeff]")
+# Beyond those, every other format character and line or paragraph
+# separator (Unicode categories Cf, Zl, Zp) is shown as \uXXXX too.
+_FORMAT = ("Cf", "Zl", "Zp")
 
 
 def _escape(ch):
@@ -109,14 +126,13 @@ def _escape(ch):
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
-def _safe(value):
-    return _CONTROL.sub(lambda m: _escape(m.group()), str(value))
-
-
-def _printable(text):
-    """`text` with control characters and lone surrogates (a name's bytes
-    that are not UTF-8) shown as escapes: safe for a terminal or a page."""
-    return _safe(text)
+def _safe(value: Any) -> str:
+    """`value` as text safe for a terminal or a page: the one escaping
+    function of the package (the diff caches it as _diff.text.esc)."""
+    text = _CONTROL.sub(lambda m: _escape(m.group()), str(value))
+    if text.isascii():
+        return text
+    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in _FORMAT else c for c in text)
 
 
 def json_string(s: str) -> str:

@@ -8,7 +8,7 @@ import stat
 
 import numpy as np
 
-from ._base import STATS_FIELDS, RunError
+from ._base import STATS_FIELDS, STATS_REAL, RunError
 from . import _files
 
 
@@ -72,7 +72,6 @@ def _read_npy(path, headers):
 
 # The columns stats.npy must have, and which of them hold floats.
 _STATS_COLUMNS = ("step", "series") + STATS_FIELDS
-_STATS_FLOATS = ("min", "max", "mean", "std", "norm")
 
 
 def _read_stats_table(path):
@@ -91,7 +90,7 @@ def _read_stats_table(path):
         missing = [c for c in _STATS_COLUMNS if c not in names]
         if missing:
             raise RunError(f"{path}: not a statistics table: no field {', '.join(missing)} (fields: {list(names)})")
-        wrong = [c for c in _STATS_COLUMNS if dtype[c].kind not in ("f" if c in _STATS_FLOATS else "iu")]
+        wrong = [c for c in _STATS_COLUMNS if dtype[c].kind not in ("f" if c in STATS_REAL else "iu")]
         if wrong or dtype.hasobject:
             raise RunError(f"{path}: not a statistics table: field types {dtype}")
         if len(shape) != 1:

@@ -19,13 +19,10 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tupl
 
 import numpy as np
 
-from .._base import STATS_FIELDS, RunError, _safe, _warn
+from .._base import STATS_FIELDS, STATS_REAL, RunError, _safe, _warn
 
 if TYPE_CHECKING:
     from .._run import Run
-
-FLOATS = ("min", "max", "mean", "std", "norm")
-COUNTS = ("nan", "posinf", "neginf", "zeros", "numel")
 
 # A measure some rule takes from a record's values (float64, flattened, all
 # finite): saturated_activation's exact fraction. None: the rule has none
@@ -51,7 +48,7 @@ class Rows:
     seq: np.ndarray
     """The row's place in the order the writer got them (a step's rows in the order training made them)."""
     cols: Dict[str, np.ndarray]
-    """STATS_FIELDS -> array: float64 for FLOATS, int64 for COUNTS."""
+    """STATS_FIELDS -> array: float64 for STATS_REAL, int64 for STATS_COUNTS."""
     measure: Optional[np.ndarray] = None
     """Per row, the ValueMeasure of its record (records only); NaN where there is none."""
     records: int = 0
@@ -96,7 +93,7 @@ def from_table(run: Run, key: Optional[int], rank: int) -> Rows:
     known = np.isin(table["series"], ids)
     table = table[known]
     where = np.searchsorted(ids, table["series"])
-    cols = {f: table[f].astype(np.float64 if f in FLOATS else np.int64) for f in STATS_FIELDS}
+    cols = {f: table[f].astype(np.float64 if f in STATS_REAL else np.int64) for f in STATS_FIELDS}
     return _sorted(rank, key, "statistics", keys, code[where] if len(ids) else np.zeros(0, np.int64),
                    table["step"].astype(np.int64), np.arange(len(table), dtype=np.int64), cols)
 
@@ -172,7 +169,7 @@ def from_records(run: Run, wanted: Dict[Optional[int], int], measure_of: Callabl
                             math.nan)
     out = {}
     for k, b in builders.items():
-        cols = {f: np.array(b[f], dtype=np.float64 if f in FLOATS else np.int64) for f in STATS_FIELDS}
+        cols = {f: np.array(b[f], dtype=np.float64 if f in STATS_REAL else np.int64) for f in STATS_FIELDS}
         out[k] = _sorted(wanted[k], k, "records", list(keys[k]), np.array(b["series"], dtype=np.int64),
                          np.array(b["step"], dtype=np.int64), np.arange(len(b["step"]), dtype=np.int64), cols,
                          np.array(b["measure"], dtype=np.float64), len(b["step"]))

@@ -12,7 +12,7 @@ import numpy as np
 from . import groups as groups_
 from . import rows as rows_
 from . import taps as taps_
-from .._base import _safe
+from .._base import NONFINITE, _safe
 from .._run import Run
 # The rules' parameters and findings, where tests and tools look for them.
 from .settings import _FLAGS, PARAMETERS, RULES, Settings, parse_sets  # noqa: F401
@@ -76,8 +76,7 @@ def _exploding_tensor(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
             value, threshold = float(counts.max()), 0.0
             w = int(np.argmax(counts))
             wrow = int(idx[np.flatnonzero(mine)[w]])
-            parts = [f"{lbl} {int(c[f][wrow])}" for f, lbl in (("nan", "NaN"), ("posinf", "+Inf"), ("neginf", "-Inf"))
-                     if c[f][wrow]]
+            parts = [f"{lbl} {int(c[f][wrow])}" for f, lbl in zip(NONFINITE, ("NaN", "+Inf", "-Inf")) if c[f][wrow]]
             what = f"{int(value)} of {n} values non-finite ({', '.join(parts)})"
         else:
             value, threshold = float(largest[mine].max()), bound

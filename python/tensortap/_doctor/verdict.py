@@ -13,7 +13,7 @@ import numpy as np
 
 from . import groups as groups_
 from . import taps as taps_
-from .._base import KINDS, _safe
+from .._base import KINDS, _safe, nonfinite
 from .rows import Rows
 from .._pattern import Pattern
 
@@ -103,7 +103,7 @@ class _Rank:
     def __init__(self, rows: Rows) -> None:
         self.rows = rows
         c = rows.cols
-        self.nonfinite = c["nan"] + c["posinf"] + c["neginf"]
+        self.nonfinite = nonfinite(c)
         self.clean = (self.nonfinite == 0) & (c["numel"] > 0)
         counts = np.diff(np.r_[rows.starts, len(rows)]) if len(rows) else np.zeros(0, np.int64)
         self.pos = np.arange(len(rows)) - np.repeat(rows.starts, counts)  # a row's place in its series

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._base import STATS_FIELDS, RunError, _safe
+from .._base import STATS_FIELDS, STATS_REAL, RunError, _safe, nonfinite
 from .._doctor.command import evaluate
 from .._doctor.rules import COLUMNS, RULES, Finding, Result, Settings, saturation_bounds
 from .._doctor.taps import declared_any, saturating_function
@@ -251,7 +251,7 @@ def _measure(run: Run, rule: str, cols: Dict[str, np.ndarray], rank: int, kind: 
             return steps, cols["norm"] / np.sqrt(numel), "RMS", fs[0].threshold
         if rule == "exploding_tensor":
             if all(f.threshold == 0 for f in fs):
-                return steps, (cols["nan"] + cols["posinf"] + cols["neginf"]).astype(np.float64), \
+                return steps, nonfinite(cols).astype(np.float64), \
                     "non-finite values", None
             return steps, np.maximum(np.abs(cols["min"]), np.abs(cols["max"])), "largest |value|", fs[0].threshold
         if rule in ("all_zero", "dead_relu"):
@@ -305,7 +305,7 @@ def _rows(run: Run, stats: Optional[pandas.DataFrame], rank: int, kind: str, nam
         if len(sel):
             sel = sel.sort_values("step", kind="stable").drop_duplicates("step", keep="last")
             return {"step": sel["step"].to_numpy(np.int64),
-                    **{f: sel[f].to_numpy(np.float64 if f in ("min", "max", "mean", "std", "norm") else np.int64)
+                    **{f: sel[f].to_numpy(np.float64 if f in STATS_REAL else np.int64)
                        for f in STATS_FIELDS}}
     recs = sorted(run._lookup(name, kind).get(rank if run.ranks else None, []), key=lambda r: r["step"])
     rows: Dict[str, List[Any]] = {f: [] for f in ("step",) + tuple(STATS_FIELDS)}
@@ -317,5 +317,4 @@ def _rows(run: Run, stats: Optional[pandas.DataFrame], rank: int, kind: str, nam
         rows["step"].append(rec["step"])
         for f in STATS_FIELDS:
             rows[f].append(row[f])
-    return {f: np.array(v, dtype=np.int64 if f in ("step", "nan", "posinf", "neginf", "zeros", "numel")
-                        else np.float64) for f, v in rows.items()}
+    return {f: np.array(v, dtype=np.float64 if f in STATS_REAL else np.int64) for f, v in rows.items()}

@@ -13,7 +13,7 @@ from typing import Dict, Iterable, List, Tuple
 
 import numpy as np
 
-from .._base import STATS_FIELDS, RunError, _is_int64, _warn
+from .._base import NONFINITE, STATS_FIELDS, RunError, _is_int64, _warn
 from .._base import json_string as _json_string
 from .._files import _open_regular, _rank_dumps
 from .._names import DUMPS
@@ -22,9 +22,6 @@ from .events import tag_text
 
 # TensorBoardOptions::stats' default (sdk/include/tensortap/options.h).
 DEFAULT_STATS: Tuple[str, ...] = ("mean", "std", "min", "max", "norm")
-
-
-_COUNTS = ("nan", "posinf", "neginf")
 
 
 def check_stats(stats) -> Tuple[str, ...]:
@@ -43,7 +40,7 @@ def written_fields(stats) -> Tuple[List[str], bool]:
     """The statistics' tag suffixes a row writes, in the table's order, and
     whether the NaN/Inf counts go as one `nonfinite` tag (none of them named)."""
     chosen = set(stats)
-    return [f for f in STATS_FIELDS if f in chosen], not chosen & set(_COUNTS)
+    return [f for f in STATS_FIELDS if f in chosen], not chosen & set(NONFINITE)
 
 
 SCALARS_CATEGORY = "tensortap: 0-d tensors (loss, learning rate)"

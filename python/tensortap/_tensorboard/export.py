@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple, Un
 
 import numpy as np
 
-from .._base import STATS_FIELDS, RunError, _is_int, _warn
+from .._base import STATS_FIELDS, RunError, _is_int, _warn, nonfinite
 from .._files import has_statistics
 from .._names import EVENTS_PREFIX, EVENTS_SUFFIX, STATS_TABLE, is_events_file_name
 from .._safe_write import new_file, open_folders, open_top
@@ -190,7 +190,7 @@ def _stats_events(directory, stats, loaded: Optional[_Table]):
     columns = [STATS_FIELDS.index(f) for f in fields]
     with np.errstate(over="ignore", invalid="ignore"):  # past FLT_MAX: inf, as C++'s cast gives
         values = np.stack([table[f].astype("<f4") for f in STATS_FIELDS], axis=1)
-        bad = (table["nan"] + table["posinf"] + table["neginf"]).astype("<f4")
+        bad = nonfinite(table).astype("<f4")
     scalars, zero_d, stored, silent = loaded.scalars, loaded.zero_d, loaded.stored, loaded.silent
     _say_tag_collisions({series[s][1] for s in scalars} | zero_d,
                         {name for s, (kind, name) in series.items() if kind == "tensor" and s not in scalars},

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from .._base import NUMPY_DTYPES, GivenUpError, RunError, _safe
+from .._base import NUMPY_DTYPES, GivenUpError, RunError, _safe, nonfinite
 from .._ctl.log import summary_lines as ctl_summary_lines
 from .._files import has_statistics, monitoring_line
 from .._doctor.rules import RULES
@@ -154,7 +154,7 @@ def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False)
             problems.append(f"{where}statistics cannot be read: {_safe(e)}")
             print(f"  {problems[-1]}", file=out)
             continue
-        bad = table[(table["nan"] + table["posinf"] + table["neginf"]) > 0]
+        bad = table[nonfinite(table) > 0]
         first = f", first non-finite at step {bad['step'].min()}" if len(bad) else ", all finite"
         print(f"  {where}statistics: {len(table)} rows of {len(series)} tensors{first}", file=out)
     dumps = run.dumps
