@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from ._base import RunError, _printable, _reason
+from ._base import RunError, _reason, _safe
 from . import _files
 from ._npy import _npy_header
 
@@ -32,7 +32,7 @@ def _read_packed(path, rec, mmap):
 
 
 def _packed_where(rec):
-    return f"{rec.index}:{rec.lineno}: {_printable(rec['file'])} at offset {rec['offset']}"
+    return f"{rec.index}:{rec.lineno}: {_safe(rec['file'])} at offset {rec['offset']}"
 
 
 def _packed_layout(rec, size, header_at):

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _index
 from ._arrays import _read_many, _read_record
-from ._base import KINDS, STATS_FIELDS, RunError, _printable, _warn
+from ._base import KINDS, STATS_FIELDS, RunError, _safe, _warn
 from ._compat import keyword_only
 from ._files import _dumped_steps, _given_up_below, _rank_dumps, _read_json, _read_lines, stats_segments
 from ._names import RUN_JSON, STATS_SERIES, STATS_TABLE
@@ -324,7 +324,7 @@ class Run:
     def _stack(self, recs, name, kind):
         from ._optional import progress
 
-        arrays = _read_many(progress(recs, desc=f"reading {_printable(name)}"), self._h5, self._h5_lock)
+        arrays = _read_many(progress(recs, desc=f"reading {_safe(name)}"), self._h5, self._h5_lock)
         shapes = sorted({a.shape for a in arrays})
         if len(shapes) > 1:
             raise RunError(f"{name!r} ({kind}) changes shape between steps: {shapes}; use load() per step")

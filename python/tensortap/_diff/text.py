@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import math
-import unicodedata
 from typing import Any
 
 from .._base import _safe
@@ -15,16 +14,8 @@ SATURATED = 1e-3      # the median floor_rel_norm of a step past which differenc
 UNINFORMATIVE = 0.1   # a series whose floor_rel_norm is this at its first step is rounding noise itself
 
 
-@functools.lru_cache(maxsize=4096)
-def esc(value: Any) -> str:
-    """`value` as text safe for a terminal or a page: control characters as
-    _safe shows them, and format characters too (bidi overrides such as
-    U+202E, which would reorder the rest of a line, zero-width ones, line
-    and paragraph separators) as \\uXXXX."""
-    text = _safe(value)
-    if text.isascii():
-        return text
-    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cf", "Zl", "Zp") else c for c in text)
+# _safe, cached: the diff writes the same names on many lines.
+esc = functools.lru_cache(maxsize=4096)(_safe)
 
 
 def _num(v: Any, digits: int = 4) -> str:
