@@ -186,7 +186,7 @@ def _stats_events(directory, stats, loaded: Optional[_Table]):
     if loaded is None:
         return
     table, series = loaded.table, loaded.series
-    fields, nonfinite = written_fields(stats)
+    fields, one_tag = written_fields(stats)
     columns = [STATS_FIELDS.index(f) for f in fields]
     with np.errstate(over="ignore", invalid="ignore"):  # past FLT_MAX: inf, as C++'s cast gives
         values = np.stack([table[f].astype("<f4") for f in STATS_FIELDS], axis=1)
@@ -194,7 +194,7 @@ def _stats_events(directory, stats, loaded: Optional[_Table]):
     scalars, zero_d, stored, silent = loaded.scalars, loaded.zero_d, loaded.stored, loaded.silent
     _say_tag_collisions({series[s][1] for s in scalars} | zero_d,
                         {name for s, (kind, name) in series.items() if kind == "tensor" and s not in scalars},
-                        directory, fields + (["nonfinite"] if nonfinite else []))
+                        directory, fields + (["nonfinite"] if one_tag else []))
     order = np.argsort(table["step"], kind="stable")
     steps = table["step"].tolist()
     ids = table["series"].tolist()
@@ -222,7 +222,7 @@ def _stats_events(directory, stats, loaded: Optional[_Table]):
             continue
         floats = values[row].tobytes()
         parts = [h[k] + floats[4 * j:4 * j + 4] for k, j in enumerate(columns)]
-        if nonfinite and (bad[row] != 0 or s in gone):
+        if one_tag and (bad[row] != 0 or s in gone):
             gone.add(s)
             parts.append(h[-1] + bad[row].tobytes())
         if parts:
