@@ -5,6 +5,8 @@
 # into ${PROJECT_BINARY_DIR}/python/tensortap/: the package's __init__
 # extends its path to it (the tests put ${PROJECT_BINARY_DIR}/python on
 # PYTHONPATH). Not with Debian's LibTorch 1.13, which has no Python side.
+# `pip install ./python` configures this project for it too (python/setup.py:
+# the library and this target only), and copies the module into the package.
 option(TENSORTAP_BUILD_PYTHON_ENGINE "Build tensortap._engine where LibTorch is a torch wheel's" ON)
 set(TENSORTAP_HAVE_PYTHON_ENGINE OFF)
 if(TENSORTAP_BUILD_PYTHON_ENGINE AND DEFINED TORCH_INSTALL_PREFIX
@@ -25,8 +27,11 @@ if(TENSORTAP_BUILD_PYTHON_ENGINE AND DEFINED TORCH_INSTALL_PREFIX
     set_target_properties(tensortap_python_engine PROPERTIES
       PREFIX "" OUTPUT_NAME _engine SUFFIX "${_tensortap_ext_suffix}"
       LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/python/tensortap
-      # It finds LibTorch where the torch package beside it is.
-      BUILD_RPATH "${TORCH_INSTALL_PREFIX}/lib")
+      # It finds LibTorch in a torch package installed beside it (a
+      # site-packages that `pip install ./python` put it in), else where the
+      # torch it was built against is. Only before torch is imported: after,
+      # LibTorch's libraries are loaded already.
+      BUILD_RPATH "$ORIGIN/../torch/lib;${TORCH_INSTALL_PREFIX}/lib")
     message(STATUS "tensortap: tensortap._engine for ${Python3_EXECUTABLE} (${Python3_VERSION})")
   else()
     message(STATUS "tensortap: no tensortap._engine: no Python headers for ${TENSORTAP_PYTHON} (python3-dev)")
