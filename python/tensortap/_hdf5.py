@@ -18,12 +18,12 @@ as `h5clear -s` would.
 
 import io
 import os
-import stat
 import time
 import warnings
 import weakref
 from typing import List
 
+from . import _safe_read
 from ._names import HDF5_JOURNAL, LOCK
 
 # How long a reader waits for a live writer to return to SWMR mode; creating
@@ -155,14 +155,13 @@ def read_journal(path):
     Anything but a regular file there (a FIFO would block the read) is none
     too: tensortap's writer makes only regular journals."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd, st = _safe_read.open_regular(path, follow=False)
     except OSError:
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    try:
+        data = _safe_read.read_all(fd, st.st_size)
+    finally:
         os.close(fd)
-        return None
-    with os.fdopen(fd, "rb") as f:
-        data = f.read()
     if len(data) < 16 or data[:8] != _JOURNAL_MAGIC:
         return None
     limit = int.from_bytes(data[8:16], "little")

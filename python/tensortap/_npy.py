@@ -4,12 +4,11 @@ statistics table stats.npy, checked before it is read."""
 
 import io
 import os
-import stat
 
 import numpy as np
 
 from ._base import STATS_FIELDS, STATS_REAL, RunError
-from . import _files
+from . import _files, _safe_read
 
 
 def _npy_header(f):
@@ -47,13 +46,12 @@ def _read_npy(path, headers):
     distinct header text; any file NumPy would read otherwise (another version,
     an object array, too short) goes to np.load, for its result or its error."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd, st = _safe_read.open_regular(path)
     except OSError:
-        fd = None
+        fd = None  # not there, or not a regular file: np.load says what it is
     if fd is not None:
         try:
-            st = os.fstat(fd)
-            data = os.read(fd, st.st_size) if stat.S_ISREG(st.st_mode) else b""
+            data = _safe_read.read_all(fd, st.st_size)
         finally:
             os.close(fd)
         try:

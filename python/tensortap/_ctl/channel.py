@@ -4,15 +4,14 @@ and read by descriptor."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
-import stat
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from .._base import RunError, _safe
 from .._names import CONTROL_ANSWERS, CONTROL_DIR, CONTROL_HEARTBEAT, RUN_JSON
+from .._safe_read import NotRegular, TooLarge, is_link_refused, open_regular, read_regular
 from .._safe_write import Refused, new_file, open_folder
 
 if TYPE_CHECKING:
@@ -40,27 +39,15 @@ def _read_small(dir_fd: int, name: str, limit: int) -> bytes:
     or from a FIFO; RunError when it is something else or holds more than
     `limit` bytes; FileNotFoundError when it is not there."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        return read_regular(name, follow=False, dir_fd=dir_fd, limit=limit)
+    except NotRegular:
+        raise RunError(f"{name} is not a regular file") from None
+    except TooLarge:
+        raise RunError(f"{name} holds more than {limit} bytes") from None
     except OSError as e:
-        if e.errno == errno.ELOOP:
+        if is_link_refused(e):
             raise RunError(f"{name} is a symbolic link") from None
         raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise RunError(f"{name} is not a regular file")
-        chunks, n = [], 0
-        while n <= limit:
-            chunk = os.read(fd, limit + 1 - n)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            n += len(chunk)
-        if n > limit:
-            raise RunError(f"{name} holds more than {limit} bytes")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def _json_object(data: bytes) -> Optional[Dict[str, Any]]:
@@ -161,14 +148,12 @@ class _Channel:
             if gone:
                 return self._dead(gone)
         try:
-            self.answers = os.open(CONTROL_ANSWERS, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                                   dir_fd=self.fd)
-            st = os.fstat(self.answers)
-        except OSError as e:
-            what = "a symbolic link" if e.errno == errno.ELOOP else e.strerror
-            return self._off(f"{CONTROL_ANSWERS}: {_safe(what)}")
-        if not stat.S_ISREG(st.st_mode):
+            self.answers, st = open_regular(CONTROL_ANSWERS, follow=False, dir_fd=self.fd)
+        except NotRegular:
             return self._off(f"{CONTROL_ANSWERS}: not a regular file")
+        except OSError as e:
+            what = "a symbolic link" if is_link_refused(e) else e.strerror
+            return self._off(f"{CONTROL_ANSWERS}: {_safe(what)}")
         # The answer comes after the request: only what follows is read.
         self.offset = st.st_size
         try:
@@ -297,10 +282,9 @@ class _Channel:
                     self._take(found)
                     return True
             if rolled and self.offset >= size:
-                new = os.open(CONTROL_ANSWERS, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                              dir_fd=self.fd)
-                if not stat.S_ISREG(os.fstat(new).st_mode):
-                    os.close(new)
+                try:
+                    new, _ = open_regular(CONTROL_ANSWERS, follow=False, dir_fd=self.fd)
+                except NotRegular:
                     return False
                 os.close(self.answers)
                 self.answers, self.offset, self.partial, self.skipping = new, 0, b"", False
