@@ -16,7 +16,7 @@ from .._base import NONFINITE, _safe
 from .._run import Run
 # The rules' parameters and findings, where tests and tools look for them.
 from .settings import _FLAGS, PARAMETERS, RULES, Settings, parse_sets  # noqa: F401
-from .verdict import COLUMNS, Finding, Result, _finding, _Rank, _selection_problem, _streak_rule, _Verdict, episodes  # noqa: F401
+from .verdict import COLUMNS, Finding, Result, _finding, _Rank, _selected, _selection_problem, _streak_rule, _Verdict, episodes  # noqa: F401
 
 
 _num = groups_.num
@@ -30,10 +30,8 @@ _pct = groups_.pct
 
 
 def _vanishing_gradient(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
-    mask = r.series_mask(p["kinds"], p["include"])
-    idx = r.rows_of(mask)
-    if not len(idx):
-        v.why = _selection_problem(r, p["kinds"], p["include"])
+    idx = _selected(r, p, v)
+    if idx is None:
         return
     c = r.rows.cols
     rms = c["norm"][idx] / np.sqrt(c["numel"][idx].astype(np.float64))
@@ -43,10 +41,8 @@ def _vanishing_gradient(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
 
 
 def _exploding_tensor(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
-    mask = r.series_mask(p["kinds"], p["include"])
-    idx = r.rows_of(mask, clean=False)
-    if not len(idx):
-        v.why = _selection_problem(r, p["kinds"], p["include"])
+    idx = _selected(r, p, v, clean=False)
+    if idx is None:
         return
     v.evaluated = True
     c, bound = r.rows.cols, p["bound"]
@@ -87,10 +83,8 @@ def _exploding_tensor(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
 
 
 def _all_zero(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
-    mask = r.series_mask(p["kinds"], p["include"])
-    idx = r.rows_of(mask)
-    if not len(idx):
-        v.why = _selection_problem(r, p["kinds"], p["include"])
+    idx = _selected(r, p, v)
+    if idx is None:
         return
     # A parameter's first row is its initialization: zero on purpose (BatchNorm
     # biases, zero-init gates, LoRA's B) until the first update.
@@ -133,10 +127,8 @@ def _last_grad(grads: Dict[str, Tuple[np.ndarray, np.ndarray]], name: str, lo: n
 
 
 def _unchanged_tensor(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
-    mask = r.series_mask(("param",), p["include"])
-    idx = r.rows_of(mask)
-    if not len(idx):
-        v.why = _selection_problem(r, ("param",), p["include"])
+    idx = _selected(r, p, v, ("param",))
+    if idx is None:
         return
     grads = _grad_rows(r)
     if not grads:
@@ -213,10 +205,9 @@ def _dead_relu(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
     # is judged too, the inference said in its findings.
     notes = taps_.inferred_relus(r.rows, taps_.candidates_for_inference(r.rows, mask, r.taps), r.clean)
     mask[list(notes)] = True
-    idx = r.rows_of(mask)
-    if not len(idx):
-        v.why = _selection_problem(r, ("activation",), p["include"], "name the ReLU's taps so (e.g. relu1), or "
-                                   "declare their nonlinearity (run.json \"taps\")")
+    idx = _selected(r, p, v, ("activation",), mask, hint="name the ReLU's taps so (e.g. relu1), or declare their "
+                    "nonlinearity (run.json \"taps\")")
+    if idx is None:
         return
     c = r.rows.cols
     frac = c["zeros"][idx] / c["numel"][idx]
@@ -252,11 +243,10 @@ def saturation_measure(name: str, derivative: float, function: Optional[str] = N
 
 
 def _saturated_activation(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
-    mask = r.by_function(p["include"], taps_.SATURATING)
-    idx = r.rows_of(mask)
-    if not len(idx):
-        v.why = _selection_problem(r, ("activation",), p["include"], "name the taps so (e.g. tanh1, and tanh1_input "
-                                   "for its input), or declare their nonlinearity (run.json \"taps\")")
+    idx = _selected(r, p, v, ("activation",), r.by_function(p["include"], taps_.SATURATING),
+                    hint="name the taps so (e.g. tanh1, and tanh1_input for its input), or declare their "
+                    "nonlinearity (run.json \"taps\")")
+    if idx is None:
         return
     c = r.rows.cols
     exact = r.rows.source == "records"
@@ -286,10 +276,8 @@ def _saturated_activation(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
 
 
 def _tensor_variance(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
-    mask = r.series_mask(p["kinds"], p["include"])
-    idx = r.rows_of(mask)
-    if not len(idx):
-        v.why = _selection_problem(r, p["kinds"], p["include"])
+    idx = _selected(r, p, v)
+    if idx is None:
         return
     w, factor = p["window"], p["factor"]
     need = min(w, 3)

@@ -150,6 +150,22 @@ def _selection_problem(r: _Rank, kinds: Iterable[str], include: Pattern, hint: s
     return f"no {what} name matches {include.pattern!r}" + (f"; {hint}" if hint else "")
 
 
+def _selected(r: _Rank, p: Dict[str, Any], v: _Verdict, kinds: Optional[Iterable[str]] = None,
+              mask: Optional[np.ndarray] = None, clean: bool = True, hint: str = "") -> Optional[np.ndarray]:
+    """The rule's opening: the rows it judges on the rank, those of the
+    series in `mask` (by default the series of `kinds`, p["kinds"] unless
+    given, whose name p["include"] finds), clean rows only unless told; None
+    where there are none, with v.why saying what the selection missed."""
+    kinds = p["kinds"] if kinds is None else kinds
+    if mask is None:
+        mask = r.series_mask(kinds, p["include"])
+    idx = r.rows_of(mask, clean)
+    if not len(idx):
+        v.why = _selection_problem(r, kinds, p["include"], hint)
+        return None
+    return idx
+
+
 def _finding(r: _Rank, rule: str, i_first: int, i_last: int, value: float, threshold: float, message: str,
              first_step: Optional[int] = None) -> Finding:
     kind, name = r.rows.keys[int(r.rows.series[i_first])]
