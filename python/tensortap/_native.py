@@ -34,8 +34,9 @@ def choose(engine: Optional[str]) -> str:
         raise ValueError(f"tensortap.torch.watch: engine must be 'native' or 'python', not {engine!r}")
     if engine == "native" and load() is None:
         raise ImportError("tensortap.torch.watch(engine='native'): tensortap._engine is not built here (the C++ "
-                          "recorder for Python: built by the LibTorch 2.x tree, docs/python.md); engine='python' "
-                          "needs no build")
+                          "recorder for Python: `pip install --no-build-isolation ./python` from a clone builds it "
+                          "where torch imports and cmake is on PATH, as does the LibTorch 2.x tree; "
+                          "docs/python.md); engine='python' needs no build")
     if engine is not None:
         return engine
     chosen = "native" if load() is not None else "python"
