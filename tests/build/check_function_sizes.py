@@ -26,7 +26,6 @@ WAITING = {
     ("python/tensortap/__main__.py", "main"): "the argument parser, one subcommand after another",
     ("python/tensortap/_pages/report.py", "_scalars"): "the scalars section's figure and table",
     ("python/tensortap/_views/summary.py", "summarize"): "the summary's sections in one pass",
-    ("python/tensortap/torch.py", "Recorder.__init__"): "the twin, being changed for the native engine",
 }
 
 
