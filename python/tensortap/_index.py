@@ -25,17 +25,22 @@ kept whose files are still there (Index.give_up): no view of the run sees the
 records given up, nor opens their files.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
-from typing import Dict, FrozenSet, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
 from ._base import _reason, _warn
 from . import _files
 from ._names import INDEX, index_segment_name, index_segment_number
+from ._index_columns import OPTIONAL, Columns, Marker, Meta  # noqa: F401
 from ._records import _Record, _record_problem
+
+_T = TypeVar("_T")
 
 # Bytes read at a time: bounds what a block's parse holds (its match tuples
 # take about three times the text), however long the index.
@@ -61,43 +66,15 @@ _LINE = re.compile(
 
 # The members a record's columns hold; a line with others keeps its dict.
 _MEMBERS = frozenset(("step", "kind", "name", "dtype", "shape", "file", "offset", "nbytes", "dataset", "row"))
-# Columns only some formats have: absent (None) until a record has them,
-# -1 in the rows of records without them.
-_OPTIONAL = ("offset", "nbytes", "dataset", "row")
-
-# (kind, name, dtype, shape, the file's directory): what a name's records share.
-Meta = Tuple[str, str, str, Tuple[int, ...], str]
+# Columns only some formats have (Columns, with Meta and Marker, where the
+# Run and the tests look for them).
+_OPTIONAL = OPTIONAL
 
 
-# A rank's budget marker, for the records to hide: (k, the steps its dumps
-# kept). Records of steps below k are hidden but those of the kept steps
-# whose files are still there.
-Marker = Tuple[int, FrozenSet[int]]
-
-
-class Index:
-    """The records of the index files of a run (one or more per rank), in
-    file order.
-
-    Per record (arrays of len(self)): step, meta, base, line (in its index
-    file), source (its rank), part (its index file); offset and nbytes
-    (packed), dataset and row (HDF5), None where no record has them. Tables:
-    sources, one per rank (index.jsonl's path, real rank directory, rank),
-    parts (an index file's path, its source), metas, bases, datasets, keys
-    ((kind, name)). hidden: {rank: records hidden by its budget marker}, for
-    the ranks with one."""
-
-    # The columns, set by finish().
-    step: np.ndarray
-    meta: np.ndarray
-    base: np.ndarray
-    line: np.ndarray
-    source: np.ndarray
-    part: np.ndarray
-    offset: Optional[np.ndarray]
-    nbytes: Optional[np.ndarray]
-    dataset: Optional[np.ndarray]
-    row: Optional[np.ndarray]
+class Index(Columns):
+    """The index files of a run read into columns (Columns says what they
+    hold): sized once from above (`capacity` records), each file appended
+    by read(part), then give_up() and finish()."""
 
     def __init__(self, capacity: int, sources: List[Tuple[str, str, Optional[int]]],
                  parts: Optional[List[Tuple[str, int]]] = None) -> None:
@@ -129,7 +106,7 @@ class Index:
 
     # -- reading ------------------------------------------------------------
 
-    def read(self, part):
+    def read(self, part: int) -> None:
         """Appends the records of the index file parts[part]; a file that
         does not exist (or no longer: the recorder deletes a segment whose
         steps it gave up) holds none. A segment (index.<n>.jsonl) is opened
@@ -167,7 +144,7 @@ class Index:
                 # word), or a last line written whole but not ended (kept).
                 self._slow_lines([rest], lineno, part, last=True)
 
-    def _fast_block(self, block, n, lineno, part, tokens):
+    def _fast_block(self, block: bytes, n: int, lineno: int, part: int, tokens: _Tokens) -> bool:
         """Appends a block of whole lines if every one is in the writer's form
         and checks out; False, appending nothing, if one is not."""
         rows = _LINE.findall(block)
@@ -195,7 +172,7 @@ class Index:
         self._append(cols, n, part)
         return True
 
-    def _fast_meta(self, token):
+    def _fast_meta(self, token: bytes) -> Optional[int]:
         """The code of a line's meta text, or None if it is not valid."""
         try:
             d = json.loads((b"{" + token + b'"}').decode("utf-8"))
@@ -206,13 +183,13 @@ class Index:
             return None
         return self._meta(d["kind"], d["name"], d["dtype"], d["shape"], d["file"])
 
-    def _fast_base(self, token):
+    def _fast_base(self, token: bytes) -> Optional[int]:
         try:
             return self._base(token.decode("utf-8"))
         except UnicodeDecodeError:
             return None
 
-    def _fast_dataset(self, token):
+    def _fast_dataset(self, token: bytes) -> Optional[int]:
         if not token:
             return -1  # a line without one, in a block with some
         try:
@@ -220,7 +197,7 @@ class Index:
         except (ValueError, RecursionError):
             return None
 
-    def _slow_lines(self, lines, lineno, part, last):
+    def _slow_lines(self, lines: List[bytes], lineno: int, part: int, last: bool) -> None:
         """Lines read one by one with json.loads and _record_problem: a
         RunWarning for each bad one but a torn last line (a crash tears it)."""
         path, source = self.parts[part]
@@ -265,7 +242,7 @@ class Index:
             self._append({k: np.array(v, dtype=np.int64) for k, v in cols.items()
                           if k not in _OPTIONAL or any(x >= 0 for x in v)}, n, part)
 
-    def _append(self, cols, n, part):
+    def _append(self, cols: Dict[str, np.ndarray], n: int, part: int) -> None:
         if self.n + n > self.capacity:
             # More records than the bytes allowed for: the file grew since.
             # New arrays that own their memory (np.resize may return a view,
@@ -292,7 +269,7 @@ class Index:
         self.n += n
 
     @staticmethod
-    def _intern(codes, values, value):
+    def _intern(codes: Dict[_T, int], values: List[_T], value: _T) -> int:
         # The code of `value` in `values`, appended on first sight.
         code = codes.get(value)
         if code is None:
@@ -300,175 +277,27 @@ class Index:
             values.append(value)
         return code
 
-    def _meta(self, kind, name, dtype, shape, directory):
+    def _meta(self, kind: str, name: str, dtype: str, shape: Sequence[int], directory: str) -> int:
         return self._intern(self._meta_code, self.metas, (kind, name, dtype, tuple(shape), directory))
 
-    def _base(self, base):
+    def _base(self, base: str) -> int:
         return self._intern(self._base_code, self.bases, base)
 
-    def _dataset(self, dataset):
+    def _dataset(self, dataset: str) -> int:
         return self._intern(self._dataset_code, self.datasets, dataset)
-
-    def give_up(self, markers: Dict[int, Marker]) -> None:
-        """Hides the records given up under the budget markers {source: (k,
-        the steps its dumps kept)} (run.json's "given_up_below", Budget::
-        KeepLatest): on a rank with a marker, a record of a step below k
-        unless its step is a kept one and its file is still there (the
-        recorder deletes a given-up step's files after writing the marker,
-        and a step both stored and dumped may have lost its stored
-        records). Counts them in self.hidden. Before finish(): the rows are
-        dropped from the columns, so that nothing reads them."""
-        n = self.n
-        for s, (_, _, rank) in enumerate(self.sources):
-            if s in markers:
-                self.hidden[rank] = 0
-        if not markers or n == 0:
-            return
-        step, source = self.cols["step"][:n], self.cols["source"][:n]
-        # Per source, its k; no marker: nothing is below it.
-        below_of = np.full(len(self.sources), np.iinfo(np.int64).min, dtype=np.int64)
-        for s, (k, _) in markers.items():
-            below_of[s] = k
-        hide = step < below_of[source]
-        if not hide.any():
-            return
-        for s, (k, kept) in markers.items():
-            if not kept:
-                continue
-            mine = np.flatnonzero(hide & (source == s))
-            mine = mine[np.isin(step[mine], np.fromiter(kept, np.int64, len(kept)))]
-            if mine.size:
-                hide[mine] = ~self._files_present(mine, s)
-        counts = np.bincount(source[hide], minlength=len(self.sources)).tolist()
-        for s, (_, _, rank) in enumerate(self.sources):
-            if s in markers:
-                self.hidden[rank] = counts[s]
-        keep = ~hide
-        m = int(keep.sum())
-        for column in self.cols.values():
-            column[:m] = column[:n][keep]
-        if self.extra:
-            moved = np.cumsum(keep) - 1
-            self.extra = {int(moved[i]): rec for i, rec in self.extra.items() if keep[i]}
-        self.n = m
-
-    def _files_present(self, positions, source):
-        """Per position (of records of `source`), whether the file its record
-        names is there: a stat per distinct file (a packed segment is many
-        records'). A name the reader refuses to open (absolute, with '..'
-        or NUL) counts as there: it is shown, and refused when read."""
-        root = self.sources[source][1]
-        meta, base = self.cols["meta"][positions], self.cols["base"][positions]
-        nb = max(1, len(self.bases))
-        pairs, inverse = np.unique(meta.astype(np.int64) * nb + base, return_inverse=True)
-        present = []
-        for p in pairs.tolist():
-            file = self.metas[p // nb][4] + self.bases[p % nb]
-            if "\0" in file or os.path.isabs(file) or ".." in file.replace(os.sep, "/").split("/"):
-                present.append(True)
-            else:
-                present.append(os.path.exists(os.path.join(root, file)))
-        return np.array(present, dtype=bool)[inverse.reshape(-1)]
-
-    def finish(self):
-        self._record_type = _Record  # the class record() builds
-        for k in ("step", "meta", "base", "line", "source", "part") + _OPTIONAL:
-            column = self.cols.pop(k, None)
-            if column is not None:
-                # In place: realloc gives the rows never filled back.
-                column.resize(self.n, refcheck=False)
-            setattr(self, k, column)
-        del self.cols
-        del self._meta_code, self._base_code, self._dataset_code  # only needed while reading
-        # A meta can be unused: decoded for a block that was then read line by
-        # line, where its lines turned out damaged. Dropped, so that every
-        # name and kind listed has records.
-        used = np.bincount(self.meta, minlength=len(self.metas)) > 0
-        if not used.all():
-            self.meta[:] = (np.cumsum(used) - 1)[self.meta]
-            self.metas = [m for m, u in zip(self.metas, used.tolist()) if u]
-        self.keys: List[Tuple[str, str]] = []
-        self._key_code: Dict[Tuple[str, str], int] = {}
-        self._key_metas: List[List[int]] = []  # per key code, its metas
-        self.meta_key = np.empty(len(self.metas), dtype=np.int32)
-        for m, meta in enumerate(self.metas):
-            code = self._key_code.get(meta[:2])
-            if code is None:
-                code = self._key_code[meta[:2]] = len(self.keys)
-                self.keys.append(meta[:2])
-                self._key_metas.append([])
-            self.meta_key[m] = code
-            self._key_metas[code].append(m)
-        return self
-
-    # -- looking up ---------------------------------------------------------
-
-    def __len__(self):
-        return self.n
-
-    def record(self, i):
-        """The dict of record `i`, as its index line had it (a _Record)."""
-        rec = self.extra.get(i)
-        if rec is not None:
-            return rec
-        kind, name, dtype, shape, directory = self.metas[self.meta[i]]
-        rec = self._record_type(step=int(self.step[i]), kind=kind, name=name, dtype=dtype, shape=list(shape),
-                      file=directory + self.bases[self.base[i]])
-        # Each pair of columns comes together (_record_problem requires both).
-        offset, nbytes, dataset, row = self.offset, self.nbytes, self.dataset, self.row
-        if offset is not None and nbytes is not None and offset[i] >= 0:
-            rec["offset"], rec["nbytes"] = int(offset[i]), int(nbytes[i])
-        if dataset is not None and row is not None and dataset[i] >= 0:
-            rec["dataset"], rec["row"] = self.datasets[dataset[i]], int(row[i])
-        _, root, rank = self.sources[self.source[i]]
-        if rank is not None:
-            rec["rank"] = rank
-        rec.index, rec.lineno, rec.root = self.parts[self.part[i]][0], int(self.line[i]), root
-        return rec
-
-    def key_code(self, kind, name):
-        return self._key_code.get((kind, name))
-
-    def positions(self, key):
-        """{rank: positions of the records of key code `key` on that rank, by
-        step, one per step (the last line of a step indexed twice)}. One pass over the meta column
-        (a millisecond for a million records) instead of an index by name
-        that would cost memory per record."""
-        metas = self._key_metas[key]
-        mask = self.meta == metas[0] if len(metas) == 1 else np.isin(self.meta, metas)
-        pos = np.flatnonzero(mask)
-        src = self.source[pos]
-        out = {}
-        for s in np.unique(src).tolist():  # a source is a rank, whatever its index files
-            mine = pos[src == s]
-            mine = mine[np.argsort(self.step[mine], kind="stable")]
-            # A step indexed twice (a damaged or hand-edited index; tensortap
-            # writes each once) reads as its last line, so that series() has
-            # one row per step of steps().
-            steps = self.step[mine]
-            if len(steps) > 1 and (steps[1:] == steps[:-1]).any():
-                mine = mine[np.append(steps[1:] != steps[:-1], True)]
-            out[self.sources[s][2]] = mine
-        return out
-
-    def grouped(self):
-        """(order, starts): the positions of every record grouped by key code
-        and sorted by step, those of key k being order[starts[k]:starts[k + 1]];
-        for what goes through every name (inspect's summary)."""
-        rec_key = self.meta_key[self.meta]
-        order = np.lexsort((self.step, rec_key))
-        return order, np.searchsorted(rec_key[order], np.arange(len(self.keys) + 1))
-
 
 class _Tokens:
     """Texts already decoded while reading one index file: meta, base and
     dataset texts to their codes."""
 
-    def __init__(self):
-        self.meta, self.base, self.dataset = {}, {}, {}
+    def __init__(self) -> None:
+        self.meta: Dict[bytes, int] = {}
+        self.base: Dict[bytes, int] = {}
+        self.dataset: Dict[bytes, int] = {}
 
     @staticmethod
-    def codes(tokens, memo, make):
+    def codes(tokens: Sequence[bytes], memo: Dict[bytes, int],
+              make: Callable[[bytes], Optional[int]]) -> Optional[np.ndarray]:
         """The codes of `tokens` as an int32 array, a new text's made by `make`
         (None: not valid); None if a text is not valid."""
         codes = list(map(memo.get, tokens))
@@ -482,7 +311,7 @@ class _Tokens:
         return np.array(codes, dtype=np.int32)
 
 
-def _ints(texts, missing=None):
+def _ints(texts: Sequence[bytes], missing: Optional[int] = None) -> np.ndarray:
     """int64 of the digit strings `texts`; b"" (a group that did not match) as
     `missing`."""
     if missing is not None and b"" in texts:
@@ -497,7 +326,7 @@ def _ints(texts, missing=None):
 _SHORTEST_RECORD = 48
 
 
-def _capacity(paths):
+def _capacity(paths: Iterable[str]) -> int:
     size = 0
     for path in paths:
         try:
@@ -524,7 +353,7 @@ def segments(directory: str) -> List[str]:
     return [os.path.join(directory, index_segment_name(n)) for n in numbers]
 
 
-def read(dirs, markers: Optional[Dict[Optional[int], Marker]] = None):
+def read(dirs: Dict[Optional[int], str], markers: Optional[Dict[Optional[int], Marker]] = None) -> Columns:
     """The Index of the run directories {rank: directory}, ranks in order
     (None, a single-rank run, first), each rank's index.jsonl then its
     segments; the records given up under `markers` ({rank: (k, the steps its
