@@ -31,7 +31,7 @@ _pct = groups_.pct
 
 def _vanishing_gradient(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
     idx = _selected(r, p, v)
-    if idx is None:
+    if not len(idx):
         return
     c = r.rows.cols
     rms = c["norm"][idx] / np.sqrt(c["numel"][idx].astype(np.float64))
@@ -42,7 +42,7 @@ def _vanishing_gradient(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
 
 def _exploding_tensor(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
     idx = _selected(r, p, v, clean=False)
-    if idx is None:
+    if not len(idx):
         return
     v.evaluated = True
     c, bound = r.rows.cols, p["bound"]
@@ -84,7 +84,7 @@ def _exploding_tensor(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
 
 def _all_zero(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
     idx = _selected(r, p, v)
-    if idx is None:
+    if not len(idx):
         return
     # A parameter's first row is its initialization: zero on purpose (BatchNorm
     # biases, zero-init gates, LoRA's B) until the first update.
@@ -128,7 +128,7 @@ def _last_grad(grads: Dict[str, Tuple[np.ndarray, np.ndarray]], name: str, lo: n
 
 def _unchanged_tensor(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
     idx = _selected(r, p, v, ("param",))
-    if idx is None:
+    if not len(idx):
         return
     grads = _grad_rows(r)
     if not grads:
@@ -207,7 +207,7 @@ def _dead_relu(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
     mask[list(notes)] = True
     idx = _selected(r, p, v, ("activation",), mask, hint="name the ReLU's taps so (e.g. relu1), or declare their "
                     "nonlinearity (run.json \"taps\")")
-    if idx is None:
+    if not len(idx):
         return
     c = r.rows.cols
     frac = c["zeros"][idx] / c["numel"][idx]
@@ -246,7 +246,7 @@ def _saturated_activation(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
     idx = _selected(r, p, v, ("activation",), r.by_function(p["include"], taps_.SATURATING),
                     hint="name the taps so (e.g. tanh1, and tanh1_input for its input), or declare their "
                     "nonlinearity (run.json \"taps\")")
-    if idx is None:
+    if not len(idx):
         return
     c = r.rows.cols
     exact = r.rows.source == "records"
@@ -277,7 +277,7 @@ def _saturated_activation(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
 
 def _tensor_variance(r: _Rank, p: Dict[str, Any], v: _Verdict) -> None:
     idx = _selected(r, p, v)
-    if idx is None:
+    if not len(idx):
         return
     w, factor = p["window"], p["factor"]
     need = min(w, 3)

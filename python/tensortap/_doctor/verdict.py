@@ -151,18 +151,17 @@ def _selection_problem(r: _Rank, kinds: Iterable[str], include: Pattern, hint: s
 
 
 def _selected(r: _Rank, p: Dict[str, Any], v: _Verdict, kinds: Optional[Iterable[str]] = None,
-              mask: Optional[np.ndarray] = None, clean: bool = True, hint: str = "") -> Optional[np.ndarray]:
+              mask: Optional[np.ndarray] = None, clean: bool = True, hint: str = "") -> np.ndarray:
     """The rule's opening: the rows it judges on the rank, those of the
     series in `mask` (by default the series of `kinds`, p["kinds"] unless
-    given, whose name p["include"] finds), clean rows only unless told; None
-    where there are none, with v.why saying what the selection missed."""
+    given, whose name p["include"] finds), clean rows only unless told;
+    where there are none, v.why says what the selection missed."""
     kinds = p["kinds"] if kinds is None else kinds
     if mask is None:
         mask = r.series_mask(kinds, p["include"])
     idx = r.rows_of(mask, clean)
     if not len(idx):
         v.why = _selection_problem(r, kinds, p["include"], hint)
-        return None
     return idx
 
 

@@ -125,6 +125,7 @@ def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False)
     for kind in run.kinds():
         for name in run.names(kind):
             key = index.key_code(kind, name)
+            assert key is not None  # a name the index lists has a key
             pos = order[starts[key]:starts[key + 1]]
             steps = np.unique(index.step[pos])
             metas, counts = np.unique(index.meta[pos], return_counts=True)
