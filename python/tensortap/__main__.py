@@ -94,6 +94,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # `tensortap inspect RUN | head` ends quietly, like any other command.
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    args = _parser().parse_args(argv)
+    if args.command == "ctl":
+        from ._ctl import client as _ctl
+
+        return _ctl.main(args, print, lambda line: print(line, file=sys.stderr))
+    if args.command == "doctor":
+        return _doctor(args)
+    if args.command == "diff":
+        return _diff(args)
+    if args.command == "report":
+        return _report(args)
+    if args.command == "tensorboard":
+        return _tensorboard(args)
+    return _inspect(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command's arguments, a subcommand after another."""
     parser = argparse.ArgumentParser(prog="tensortap", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="summarize a run directory")
@@ -115,6 +133,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="the statistics written as scalars, comma-separated among min,max,mean,std,norm,nan,posinf,"
                    "neginf,zeros,numel, or 'all' (default: the run's own TensorBoardOptions::stats, or "
                    "mean,std,min,max,norm)")
+    _diff_parser(sub)
+    p = sub.add_parser("doctor", help="name what is wrong with a training run (health rules)")
+    p.add_argument("run", help="the run directory")
+    p.add_argument("--rules", metavar="LIST", help="evaluate these rules only, comma-separated (default: all)")
+    p.add_argument("--set", action="append", default=[], metavar="RULE.PARAM=VALUE",
+                   help="a rule's parameter, e.g. dead_relu.threshold=0.9 (repeatable; docs/health.md lists them)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line: the findings, then the rules "
+                   "not evaluated")
+    p.add_argument("--all", action="store_true", help="a line per tensor and episode instead of a line per group "
+                   "(a rule on tensors whose episodes overlap) and the likely cause")
+    _ctl_parser(sub)
+    return parser
+
+
+def _diff_parser(sub: Any) -> None:
     p = sub.add_parser("diff", help="compare two runs record by record, A the reference")
     p.add_argument("a", metavar="RUN_A", help="the reference run")
     p.add_argument("b", metavar="RUN_B", help="the run compared with it")
@@ -136,29 +169,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "name and step for every kind, and a view of the records that differ most")
     p.add_argument("--json", action="store_true", help="one JSON object per line: a record each (with both runs' "
                    "dtypes), then the comparison's (first_divergence, floor_disagrees_step, the counts)")
-    p = sub.add_parser("doctor", help="name what is wrong with a training run (health rules)")
-    p.add_argument("run", help="the run directory")
-    p.add_argument("--rules", metavar="LIST", help="evaluate these rules only, comma-separated (default: all)")
-    p.add_argument("--set", action="append", default=[], metavar="RULE.PARAM=VALUE",
-                   help="a rule's parameter, e.g. dead_relu.threshold=0.9 (repeatable; docs/health.md lists them)")
-    p.add_argument("--json", action="store_true", help="one JSON object per line: the findings, then the rules "
-                   "not evaluated")
-    p.add_argument("--all", action="store_true", help="a line per tensor and episode instead of a line per group "
-                   "(a rule on tensors whose episodes overlap) and the likely cause")
-    _ctl_parser(sub)
-    args = parser.parse_args(argv)
-    if args.command == "ctl":
-        from ._ctl import client as _ctl
 
-        return _ctl.main(args, print, lambda line: print(line, file=sys.stderr))
-    if args.command == "doctor":
-        return _doctor(args)
-    if args.command == "diff":
-        return _diff(args)
-    if args.command == "report":
-        return _report(args)
-    if args.command == "tensorboard":
-        return _tensorboard(args)
+
+def _inspect(args: argparse.Namespace) -> int:
+    """`tensortap inspect RUN [--check]`: the summary, the damaged lines, and with --check every file read."""
     with warnings.catch_warnings(record=True) as caught:
         # Every damaged line, even one a warning filter already showed once.
         warnings.simplefilter("always", RunWarning)

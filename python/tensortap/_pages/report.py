@@ -200,29 +200,13 @@ def _scalars(page, run, summary):
                 continue
             steps = np.array([rec["step"] for rec in recs])
             finite = np.isfinite(values)
-            # NaN where the value is not finite: matplotlib breaks the line there.
-            ax.plot(steps, np.where(finite, values, np.nan), color=color[rank], linewidth=1.3,
-                    marker="." if len(values) <= SCALAR_MARKERS else None, markersize=4)
+            entry, note = _scalar_line(ax, name, rank, steps, values, color[rank])
             drawn_ranks.add(rank)
             finite_parts.append(values[finite])
-            bad = ~finite
-            nan, posinf = int(np.isnan(values).sum()), int((values == np.inf).sum())
-            neginf = int((values == -np.inf).sum())
-            entry = {"name": name, "rank": rank, "points": int(len(values)),
-                     "first_step": int(steps[0]), "last_step": int(steps[-1]),
-                     "last": float(values[-1]), "nan": nan, "posinf": posinf, "neginf": neginf}
-            if bad.any():
-                # Marked on the step axis, under the gap.
-                ax.plot(steps[bad], np.zeros(int(bad.sum())), linestyle="none", marker="x", markersize=5,
-                        color="tab:red", transform=ax.get_xaxis_transform(), clip_on=False)
-                bad_here += int(bad.sum())
+            if note is not None:
+                bad_here += int((~finite).sum())
                 any_bad = True
-                entry["first_nonfinite_step"] = int(steps[bad][0])
-                kinds = ", ".join(f"{label} {n}" for label, n in (("NaN", nan), ("+inf", posinf), ("-inf", neginf))
-                                  if n)
-                where = "" if rank is None else f" (rank {rank})"
-                notes.append(f"<li><code>{html.escape(_safe(name))}</code>{where}: {int(bad.sum())} of "
-                             f"{len(values)} ({kinds}), the first at step {int(steps[bad][0])}</li>")
+                notes.append(note)
             summary.append(entry)
         finite_all = np.concatenate(finite_parts) if finite_parts else np.empty(0)
         if not len(finite_all):
@@ -254,6 +238,33 @@ def _scalars(page, run, summary):
             f"<li><code>{html.escape(_safe(n))}</code>{'' if r is None else f' (rank {r})'}: "
             f"{html.escape(_safe(e))}</li>" for n, r, e in failed) + "</ul>"
     page.section("Scalars", body)
+
+
+def _scalar_line(ax, name, rank, steps, values, color):
+    """One rank's line on a scalar's chart, its non-finite values gaps in
+    it, marked under them: (the series' dict for the page's data, the line
+    of the list under the figure naming its non-finite values, None where
+    all are finite)."""
+    finite = np.isfinite(values)
+    # NaN where the value is not finite: matplotlib breaks the line there.
+    ax.plot(steps, np.where(finite, values, np.nan), color=color, linewidth=1.3,
+            marker="." if len(values) <= SCALAR_MARKERS else None, markersize=4)
+    bad = ~finite
+    nan, posinf = int(np.isnan(values).sum()), int((values == np.inf).sum())
+    neginf = int((values == -np.inf).sum())
+    entry = {"name": name, "rank": rank, "points": int(len(values)),
+             "first_step": int(steps[0]), "last_step": int(steps[-1]),
+             "last": float(values[-1]), "nan": nan, "posinf": posinf, "neginf": neginf}
+    if not bad.any():
+        return entry, None
+    # Marked on the step axis, under the gap.
+    ax.plot(steps[bad], np.zeros(int(bad.sum())), linestyle="none", marker="x", markersize=5,
+            color="tab:red", transform=ax.get_xaxis_transform(), clip_on=False)
+    entry["first_nonfinite_step"] = int(steps[bad][0])
+    kinds = ", ".join(f"{label} {n}" for label, n in (("NaN", nan), ("+inf", posinf), ("-inf", neginf)) if n)
+    where = "" if rank is None else f" (rank {rank})"
+    return entry, (f"<li><code>{html.escape(_safe(name))}</code>{where}: {int(bad.sum())} of "
+                   f"{len(values)} ({kinds}), the first at step {int(steps[bad][0])}</li>")
 
 
 def _grad_norms(page, run, stats):

@@ -94,7 +94,23 @@ def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False)
     `doctor_hint`: end with the line that says how to evaluate the health rules (inspect's;
     the report page shows their findings instead)."""
     out = out if out is not None else sys.stdout
-    problems = []
+    _print_run(run, out)
+    _print_records(run, out)
+    problems = _print_statistics(run, out)
+    dumps = run.dumps
+    _print_dumps(run, dumps, out)
+    for line in ctl_summary_lines(run):
+        print(f"  {line}", file=out)
+    print(f"  {live_health_line(run, dumps)}", file=out)
+    if doctor_hint:
+        # shlex: the line can be pasted into a shell whatever the path holds.
+        print(f"  run tensortap doctor {shlex.quote(_safe(run.path))} for the training health rules", file=out)
+    return problems
+
+
+def _print_run(run: Run, out: TextIO) -> None:
+    """The run's header: versions, format, ranks, and per rank how it ended,
+    its budget and its monitoring."""
     info = run.info
     opts = info.get("options", {})
     if not isinstance(opts, dict):
@@ -117,6 +133,10 @@ def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False)
         stopped = monitoring_line(i)
         if stopped:
             print(f"  {where}{stopped}", file=out)
+
+
+def _print_records(run: Run, out: TextIO) -> None:
+    """A line per (kind, name): steps, shapes, dtypes, bytes; then the total."""
     rows = []
     index = run._index
     # From the index's columns, grouped by name in one sort: no record
@@ -143,6 +163,12 @@ def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False)
     counts = np.bincount(index.meta, minlength=len(index.metas)).tolist()
     total = sum(c * _nbytes(m[3], m[2]) for m, c in zip(index.metas, counts) if c)
     print(f"  total: {len(run.records)} records, {_human(total)}", file=out)
+
+
+def _print_statistics(run: Run, out: TextIO) -> List[str]:
+    """Per rank, its statistics table's rows and first non-finite step;
+    returns the problems met (a table that cannot be read)."""
+    problems: List[str] = []
     ranks: List[Optional[int]] = list(run.ranks) if run.ranks else [None]
     for r in ranks:
         where = "" if r is None else f"rank {r}: "
@@ -158,7 +184,12 @@ def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False)
         bad = table[nonfinite(table) > 0]
         first = f", first non-finite at step {bad['step'].min()}" if len(bad) else ", all finite"
         print(f"  {where}statistics: {len(table)} rows of {len(series)} tensors{first}", file=out)
-    dumps = run.dumps
+    return problems
+
+
+def _print_dumps(run: Run, dumps: List[Dict[str, Any]], out: TextIO) -> None:
+    """The flight recorder's dumps: counted by rule past a few, each shown
+    with its cause and steps."""
     shown, counts = dump_digest(dumps)
     if counts:
         # Thousands of dumps (a rule that fires every step) would bury the
@@ -182,13 +213,6 @@ def summarize(run: Run, out: Optional[TextIO] = None, doctor_hint: bool = False)
         span += _dump_fate(run, dump)
         print(f"  {where}flight recorder dump at step {_safe(dump.get('step', '?'))} "
               f"({_safe(dump.get('reason', '?'))}{cause}): {span}", file=out)
-    for line in ctl_summary_lines(run):
-        print(f"  {line}", file=out)
-    print(f"  {live_health_line(run, dumps)}", file=out)
-    if doctor_hint:
-        # shlex: the line can be pasted into a shell whatever the path holds.
-        print(f"  run tensortap doctor {shlex.quote(_safe(run.path))} for the training health rules", file=out)
-    return problems
 
 
 def _dump_fate(run: Run, dump: Dict[str, Any]) -> str:
