@@ -52,11 +52,16 @@ numpy_python() {
 # Installs the reader for the Python that sees Debian's NumPy, so that
 # `tensortap inspect RUN` works as a command whatever `python3` on PATH is.
 # Offline: no index, no build isolation (Debian's setuptools builds it).
+# The reader alone (TENSORTAP_ENGINE_BUILD=off): where this Python imports
+# torch, pip would otherwise compile tensortap._engine, minutes each time
+# (python/build is removed after); the scripts build the engine in
+# build-torch2/ instead.
 install_reader() {
   local py
   py=$(numpy_python)
-  PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 "$py" -m pip install -q --no-deps --no-build-isolation \
-    --break-system-packages "$ROOT/python" 2>&1 | grep -v "Running pip as the 'root' user" || true
+  TENSORTAP_ENGINE_BUILD=off PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    "$py" -m pip install -q --no-deps --no-build-isolation --break-system-packages "$ROOT/python" 2>&1 |
+    grep -v "Running pip as the 'root' user" || true
   rm -rf "$ROOT/python/build" "$ROOT"/python/*.egg-info
   "$py" -c "import tensortap" || { echo "tensortap: the reader did not install for $py" >&2; return 1; }
 }
