@@ -8,7 +8,7 @@ import json
 import re
 import unicodedata
 import warnings
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, TypeGuard
 
 KINDS: Tuple[str, ...] = ("activation", "activation_grad", "param", "buffer", "grad", "tensor")
 
@@ -73,11 +73,11 @@ class RunWarning(UserWarning):
     """A damaged line of a run directory, skipped; the rest of the run is read."""
 
 
-def _warn(message):
+def _warn(message: str) -> None:
     warnings.warn(message, RunWarning, stacklevel=2)
 
 
-def _json_type(value):
+def _json_type(value: Any) -> str:
     for t, name in ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"),
                     (list, "an array"), (dict, "an object")):
         if isinstance(value, t):
@@ -85,20 +85,20 @@ def _json_type(value):
     return "null"
 
 
-def _is_int(value):
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_int64(value):
+def _is_int64(value: Any) -> TypeGuard[int]:
     return _is_int(value) and -(1 << 63) <= value < (1 << 63)
 
 
-def _short(value):
+def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _reason(e):
+def _reason(e: BaseException) -> str:
     if isinstance(e, json.JSONDecodeError):
         return f"{e.msg}, column {e.colno}"
     if isinstance(e, RecursionError):
@@ -121,7 +121,7 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u061c\u200b-\u200f\u202a
 _FORMAT = ("Cf", "Zl", "Zp")
 
 
-def _escape(ch):
+def _escape(ch: str) -> str:
     code = ord(ch)
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 

@@ -2,17 +2,19 @@
 files, JSON and JSON lines decoded so that a bad line costs only itself, the
 flight recorder's dumps, and the disk budget's marker of the steps given up."""
 
+from __future__ import annotations
+
 import builtins
 import json
 import os
-from typing import Any, Dict, Optional, Set
+from typing import Any, BinaryIO, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
 from . import _safe_read
 from ._base import RunError, _is_int64, _json_type, _reason, _safe, _warn
 from ._names import DUMPS, DUMPS_OLD, RUN_JSON, stats_segment_number
 
 
-def _open_regular(path, follow=True):
+def _open_regular(path: str, follow: bool = True) -> BinaryIO:
     """An open binary file of `path`, refused unless it is a regular file: a FIFO
     or a device planted under a known name would block the reader or never end.
     With follow=False a symbolic link at `path` is refused too (RunError).
@@ -33,7 +35,7 @@ def _open_regular(path, follow=True):
         raise
 
 
-def _read_json(path):
+def _read_json(path: str) -> Dict[str, Any]:
     with _open_regular(path) as f:
         data = f.read()
     try:
@@ -47,7 +49,7 @@ def _read_json(path):
     return info
 
 
-def _read_lines(path, follow=True, warn=_warn):
+def _read_lines(path: str, follow: bool = True, warn: Callable[[str], None] = _warn) -> Iterator[Tuple[int, Any]]:
     """(line number, value) for each JSON line of `path`, if it exists. Read as
     bytes and decoded line by line, so that a bad line (torn, garbage, invalid
     UTF-8) costs only itself. An unterminated last line that does not parse is a
@@ -75,7 +77,7 @@ def _read_lines(path, follow=True, warn=_warn):
         yield i + 1, value
 
 
-def _rank_dumps(directory, info, warn=_warn):
+def _rank_dumps(directory: str, info: Dict[str, Any], warn: Callable[[str], None] = _warn) -> List[Dict[str, Any]]:
     """The dumps of the run in `directory` whose run.json is `info`, as dicts:
     a closed run.json's "dumps" (close() lists every dump); otherwise
     dumps.jsonl's lines, if there is one (the run is going on, or it crashed
@@ -119,19 +121,19 @@ def _rank_dumps(directory, info, warn=_warn):
     return out
 
 
-def _marker(info):
+def _marker(info: Dict[str, Any]) -> Any:
     """run.json's budget marker "given_up_below" as `info` has it, checked or
     not (None: there is none)."""
     budget = info.get("budget")
     return budget.get("given_up_below") if isinstance(budget, dict) else None
 
 
-def _is_step(k):
+def _is_step(k: Any) -> bool:
     """Whether a marker is a step: an integer from 0 to 2**63 - 1."""
     return _is_int64(k) and k >= 0
 
 
-def _given_up_below(directory, info):
+def _given_up_below(directory: str, info: Dict[str, Any]) -> Optional[int]:
     """run.json's budget marker, "budget": {"given_up_below": k}, of the run
     in `directory` whose run.json is `info`: k, every record of a step below
     it given up (Budget::KeepLatest) but the dumped steps'; None without one.
@@ -150,11 +152,11 @@ def _given_up_below(directory, info):
     return None
 
 
-def _quiet(message):
+def _quiet(message: str) -> None:
     """A warn() that says nothing."""
 
 
-def _dumped_steps(directory, info):
+def _dumped_steps(directory: str, info: Dict[str, Any]) -> FrozenSet[int]:
     """The steps the dumps of the run in `directory` wrote (each dump's
     "steps"), as _rank_dumps finds them: a budget never gives them up. Read
     quietly (no warnings filter changed: safe from dask's threads): Run.dumps
@@ -178,7 +180,7 @@ def _dumped_steps(directory, info):
     return frozenset(steps)
 
 
-def _given_up_now(directory):
+def _given_up_now(directory: str) -> Optional[Tuple[int, FrozenSet[int]]]:
     """The budget marker of the run in `directory` as its run.json has it
     now, read again (a live run gives steps up as it goes on): (k, the steps
     its dumps kept); None where there is no marker that is a step, or run.json
@@ -193,7 +195,7 @@ def _given_up_now(directory):
         return None
 
 
-def stats_segments(directory):
+def stats_segments(directory: str) -> List[str]:
     """The statistics segments of the run in `directory`, oldest first: paths
     of stats.npy and, under Budget::KeepLatest, stats.<n>.npy
     (docs/design.md#leaving-it-on), those that exist (a give-up deletes whole segments, stats.npy too)."""
@@ -205,7 +207,7 @@ def stats_segments(directory):
     return [os.path.join(directory, name) for _, name in found]
 
 
-def has_statistics(directory):
+def has_statistics(directory: str) -> bool:
     """Whether the run in `directory` has a statistics table (a segment of it)."""
     return bool(stats_segments(directory))
 

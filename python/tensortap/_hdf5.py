@@ -16,12 +16,14 @@ tensortap) is read through a view that shows the consistency flags cleared,
 as `h5clear -s` would.
 """
 
+from __future__ import annotations
+
 import io
 import os
 import time
 import warnings
 import weakref
-from typing import List
+from typing import Any, Iterable, List, Optional, Tuple, Type
 
 from . import _safe_read
 from ._names import HDF5_JOURNAL, LOCK
@@ -36,7 +38,7 @@ _JOURNAL_NAME = HDF5_JOURNAL
 _JOURNAL_MAGIC = b"TTHDF5J1"
 
 
-def open_h5(path, run_error, run_warning):
+def open_h5(path: str, run_error: Type[Exception], run_warning: Type[Warning]) -> Any:
     """An h5py.File for reading `path`; run_error and run_warning are the
     reader's exception and warning classes."""
     import h5py  # only HDF5 runs need it
@@ -84,7 +86,8 @@ def open_h5(path, run_error, run_warning):
     return _open_view(h5py, PatchedView(path), how, path, run_error, run_warning)
 
 
-def _open_view(h5py, view, how, path, run_error, run_warning):
+def _open_view(h5py: Any, view: PatchedView, how: str, path: str, run_error: Type[Exception],
+               run_warning: Type[Warning]) -> Any:
     try:
         f = h5py.File(view, "r")
     except Exception as e:
@@ -94,7 +97,7 @@ def _open_view(h5py, view, how, path, run_error, run_warning):
     return f
 
 
-def dataset(f, name, path, run_error):
+def dataset(f: Any, name: str, path: str, run_error: Type[Exception]) -> Any:
     """f[name], refused unless its data lies in `path` itself. HDF5 would
     follow an external link, read a dataset's external storage or a virtual
     dataset's sources from other files: outside the run directory, or a FIFO
@@ -148,7 +151,7 @@ def dataset(f, name, path, run_error):
 _CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def read_journal(path):
+def read_journal(path: str) -> Optional[Tuple[int, List[Tuple[int, bytes]]]]:
     """(limit, [(offset, bytes), ...]) from the writer's rollback journal,
     or None where there is none (an emptied journal is none). A record cut
     short at the end is left out: the overwrite it preceded never happened.
@@ -176,7 +179,7 @@ def read_journal(path):
     return limit, patches
 
 
-def writer_alive(directory):
+def writer_alive(directory: str) -> bool:
     """Whether a process holds the flock of the run directory `directory`.
     Read from /proc/locks: taking the lock, even for a moment, could make a
     recorder starting now refuse the directory as in use."""
@@ -212,7 +215,7 @@ class PatchedView(io.RawIOBase):
     end of a file shorter than the view read as zeros, as space the writer
     allocated but never wrote."""
 
-    def __init__(self, path, size=None, patches=()):
+    def __init__(self, path: str, size: Optional[int] = None, patches: Iterable[Tuple[int, bytes]] = ()) -> None:
         super().__init__()
         self._f = open(path, "rb")
         self._size = os.fstat(self._f.fileno()).st_size if size is None else size
@@ -239,12 +242,12 @@ class PatchedView(io.RawIOBase):
         self._patches.append((0, bytes(block)))  # laid last: the superblock as fixed here
         self._pos = 0
 
-    def _read_at(self, pos, n):
+    def _read_at(self, pos: int, n: int) -> bytes:
         out = bytearray(n)
         got = self._readinto_at(pos, memoryview(out))
         return bytes(out[:got])
 
-    def _readinto_at(self, pos, view):
+    def _readinto_at(self, pos: int, view: memoryview) -> int:
         n = max(0, min(len(view), self._size - pos))
         self._f.seek(pos)
         got = self._f.readinto(view[:n]) or 0
@@ -255,36 +258,36 @@ class PatchedView(io.RawIOBase):
                 view[lo - pos:hi - pos] = data[lo - offset:hi - offset]
         return n
 
-    def readable(self):
+    def readable(self) -> bool:
         return True
 
-    def seekable(self):
+    def seekable(self) -> bool:
         return True
 
-    def seek(self, offset, whence=io.SEEK_SET):
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
         self._pos = max(0, base + offset)
         return self._pos
 
-    def tell(self):
+    def tell(self) -> int:
         return self._pos
 
-    def readinto(self, b):
+    def readinto(self, b: Any) -> int:
         n = self._readinto_at(self._pos, memoryview(b).cast("B"))
         self._pos += n
         return n
 
-    def close(self):
+    def close(self) -> None:
         if not self.closed:
             self._f.close()
         super().close()
 
 
-def lookup3(data, initval=0):
+def lookup3(data: bytes, initval: int = 0) -> int:
     """Bob Jenkins' lookup3 hashlittle() of bytes: HDF5's metadata checksum."""
     mask = 0xFFFFFFFF
 
-    def rot(x, k):
+    def rot(x: int, k: int) -> int:
         return ((x << k) | (x >> (32 - k))) & mask
 
     length = len(data)

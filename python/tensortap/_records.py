@@ -1,16 +1,22 @@
 """Index records and stats_series.jsonl lines: what makes a JSON value one,
 and the records as Run.records gives them."""
 
+from __future__ import annotations
+
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Union, overload
 
 from ._base import KINDS, _is_int, _is_int64, _json_type, _short
+
+if TYPE_CHECKING:
+    from ._index_columns import Columns
 
 # The members every index line has; HDF5 records add "dataset" and "row",
 # packed ones "offset" and "nbytes".
 _REQUIRED = ("step", "kind", "name", "dtype", "shape", "file")
 
 
-def _record_problem(rec):
+def _record_problem(rec: Any) -> Optional[str]:
     """Why the JSON value `rec` is not an index record, or None."""
     if not isinstance(rec, dict):
         return f"{_json_type(rec)}, not an object"
@@ -57,7 +63,7 @@ def _record_problem(rec):
     return None
 
 
-def _series_problem(line):
+def _series_problem(line: Any) -> Optional[str]:
     """Why the JSON value `line` is not a stats_series.jsonl line, or None."""
     if not isinstance(line, dict):
         return f"{_json_type(line)}, not an object"
@@ -85,17 +91,23 @@ class _Record(dict):
     root: str    # the real path of the rank directory its file must lie in
 
 
-class _Records(Sequence):
+class _Records(Sequence[_Record]):
     """Run.records: the index's records as dicts (_Record), each built when it
     is read. It equals a list of the same dicts."""
 
-    def __init__(self, index):
+    def __init__(self, index: Columns) -> None:
         self._index = index
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._index)
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> _Record: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> List[_Record]: ...
+
+    def __getitem__(self, i: Union[int, slice]) -> Union[_Record, List[_Record]]:
         if isinstance(i, slice):
             return [self._index.record(j) for j in range(*i.indices(len(self)))]
         n = len(self)
@@ -103,17 +115,17 @@ class _Records(Sequence):
             raise IndexError("record index out of range")
         return self._index.record(i % n)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[_Record]:
         return map(self._index.record, range(len(self)))
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, (list, tuple, _Records)):
             return NotImplemented
         return len(other) == len(self) and all(a == b for a, b in zip(self, other))
 
     __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if len(self) > 10:
             return f"<{len(self)} records: {self[0]!r}, ..., {self[-1]!r}>"
         return repr(list(self))
