@@ -40,7 +40,7 @@ EVENTS_PREFIX = "events.out.tfevents."
 EVENTS_SUFFIX = ".tensortap"
 
 
-def is_events_file_name(name):
+def is_events_file_name(name: str) -> bool:
     """Whether `name` is a tensortap TensorBoard event file's: the prefix, at
     least one character, the suffix (is_event_file_name, writers/src/run_dir.cpp)."""
     return (len(name) > len(EVENTS_PREFIX) + len(EVENTS_SUFFIX) and name.startswith(EVENTS_PREFIX)
@@ -115,7 +115,7 @@ def is_rolled_file_name(name: str) -> bool:
     return numbered_part(name, "stats", "npy") is not None or name in (CONTROL_ANSWERS_OLD, DUMPS_OLD)
 
 
-def is_run_file_name(name):
+def is_run_file_name(name: str) -> bool:
     """Whether `name` is one tensortap writes in a run directory (the lock aside)."""
     if name in RUN_FILE_NAMES or is_events_file_name(name) or is_index_segment_name(name) or is_rolled_file_name(name):
         return True

@@ -2,16 +2,22 @@
 distinct header text when many are read), a record's .npy file, and the
 statistics table stats.npy, checked before it is read."""
 
+from __future__ import annotations
+
 import io
 import os
+from typing import Any, BinaryIO, Dict, Tuple
 
 import numpy as np
 
 from ._base import STATS_FIELDS, STATS_REAL, RunError
 from . import _files, _safe_read
 
+# A parsed header: (shape, Fortran order, dtype, the header's length in bytes).
+Header = Tuple[Tuple[int, ...], bool, Any, int]
 
-def _npy_header(f):
+
+def _npy_header(f: BinaryIO) -> Tuple[Tuple[int, ...], bool, Any]:
     """(shape, fortran_order, dtype) of the .npy image at f's position, read
     by NumPy's own parser; ValueError for a version tensortap does not write."""
     version = np.lib.format.read_magic(f)
@@ -22,7 +28,7 @@ def _npy_header(f):
     raise ValueError(f".npy format version {version[0]}.{version[1]} is not one tensortap writes")
 
 
-def _cached_header(buf, offset, headers):
+def _cached_header(buf: np.ndarray, offset: int, headers: Dict[bytes, Header]) -> Header:
     """_npy_header of the image at `offset` of `buf`, with its length in bytes;
     parsed by NumPy once per distinct header text, found in `headers` after."""
     head = buf[offset:offset + 12].tobytes()
@@ -41,7 +47,7 @@ def _cached_header(buf, offset, headers):
     return found
 
 
-def _read_npy(path, headers):
+def _read_npy(path: str, headers: Dict[bytes, Header]) -> np.ndarray:
     """np.load(path, allow_pickle=False), with the header parsed once per
     distinct header text; any file NumPy would read otherwise (another version,
     an object array, too short) goes to np.load, for its result or its error."""
@@ -72,7 +78,7 @@ def _read_npy(path, headers):
 _STATS_COLUMNS = ("step", "series") + STATS_FIELDS
 
 
-def _read_stats_table(path):
+def _read_stats_table(path: str) -> np.ndarray:
     """stats.npy, checked before it is read: the header must describe a 1-D table
     with the statistics columns, and the file must hold every row it counts. A
     live run appends rows before it counts them, so more bytes are fine."""

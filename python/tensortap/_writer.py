@@ -85,7 +85,7 @@ def _utc_now() -> str:
 def rank_and_world() -> tuple:
     """(rank, world size) as the C++ recorder reads them: RANK and WORLD_SIZE
     from the environment (torchrun's), 0 and 1 without them."""
-    def read(var, default):
+    def read(var: str, default: int) -> int:
         text = os.environ.get(var)
         if text is None or text == "":
             return default

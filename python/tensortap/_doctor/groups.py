@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Sequence, Tuple
 
 from .._base import KINDS, _safe
 
@@ -178,7 +178,7 @@ def _tensors_together(members: List[Finding]) -> List[List[Finding]]:
     return list(out.values())
 
 
-def _span(values: Sequence[float], fmt) -> str:
+def _span(values: Sequence[float], fmt: Callable[[float], str]) -> str:
     lo, hi = fmt(min(values)), fmt(max(values))
     return lo if lo == hi else f"{lo}..{hi}"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -60,7 +60,9 @@ class Rows:
         return len(self.step)
 
 
-def _sorted(rank, key, source, keys, series, step, seq, cols, measure=None, records=0) -> Rows:
+def _sorted(rank: int, key: Optional[int], source: str, keys: List[Tuple[str, str]], series: np.ndarray,
+            step: np.ndarray, seq: np.ndarray, cols: Dict[str, np.ndarray], measure: Optional[np.ndarray] = None,
+            records: int = 0) -> Rows:
     order = np.lexsort((seq, step, series))
     series, step, seq = series[order], step[order], seq[order]
     cols = {f: c[order] for f, c in cols.items()}
@@ -190,7 +192,7 @@ def param_records(run: Run, key: Optional[int], names: List[str]) -> Iterator[Tu
             continue
         recs = [records[i] for i in positions.tolist()]
 
-        def values(recs=recs) -> Iterator[Optional[np.ndarray]]:
+        def values(recs: List[Any] = recs) -> Iterator[Optional[np.ndarray]]:
             for rec in recs:
                 try:
                     a = np.asarray(run._read(rec, True))

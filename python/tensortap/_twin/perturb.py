@@ -16,7 +16,7 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _CHUNK = 1 << 20  # elements per pass: bounds perturb's temporaries (about 40 MiB)
 
 
-def _float_formats(torch) -> Dict[Any, Tuple[Any, int, int]]:
+def _float_formats(torch: Any) -> Dict[Any, Tuple[Any, int, int]]:
     """dtype -> (the integer dtype of its bits, their width, the bits of
     +inf). The largest finite value's bits are +inf's minus one in each."""
     return {torch.float16: (torch.int16, 16, 0x7C00), torch.bfloat16: (torch.int16, 16, 0x7F80),

@@ -25,7 +25,7 @@ from .._optional import progress
 if TYPE_CHECKING:
     from .._run import Run
 
-def _human(n):
+def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -33,7 +33,7 @@ def _human(n):
     return f"{n} B"
 
 
-def _nbytes(shape, dtype):
+def _nbytes(shape: Sequence[int], dtype: str) -> int:
     # Python integers: the index's shape is not trusted to fit in int64 products.
     # A float8's file holds its bytes, not the float32 the reader returns.
     itemsize = 1 if dtype in FORMATS_FLOAT8 else np.dtype(NUMPY_DTYPES.get(dtype, "uint8")).itemsize
@@ -277,7 +277,7 @@ DUMPS_LISTED = 24
 DUMPS_SHOWN = 10
 
 
-def _rule(d):
+def _rule(d: Dict[str, Any]) -> str:
     trigger = d.get("trigger")
     return trigger.get("kind", "?") if isinstance(trigger, dict) else "user" if "name" not in d else "?"
 
