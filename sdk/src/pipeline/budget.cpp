@@ -137,23 +137,7 @@ bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {
     }
     if (used_ + need > max_) {
       said_reached(step);
-      // A sixteenth of the budget more than needed: a give-up (run.json
-      // rewritten, files deleted) once in many records, not at each.
-      const std::uint64_t over = used_ + need - max_;
-      // Older steps first; then the oldest statistics segments and event
-      // files, which newer steps' statistics would take in turn.
-      // The newest step written stays if older ones make room; if they
-      // cannot (a step near the budget's size), it goes too, so that this
-      // newer step's records are not refused.
-      const std::int64_t keep = keep_from();
-      if (!make_room(over, over + max_ / 16, keep) && !(keep < newest_ && make_room(over, over + max_ / 16, newest_)))
-        make_side_room(over + max_ / 16);
-      // Last, a newer step that still does not fit next to the dumps takes
-      // room from the oldest dumped steps (older than it), within their share.
-      if (used_ + need > max_ && !dumped && kept_total_ > 0) {
-        const std::uint64_t short_by = used_ + need - max_;
-        fit_dumps(kept_total_ > short_by ? kept_total_ - short_by : 0, step);
-      }
+      make_room_for(need, step, dumped);
     }
     // A late record of a step just given up (a dumped step stays).
     if (given_up(step)) return refuse_it();
@@ -164,13 +148,20 @@ bool DiskBudget::admit(std::uint64_t nbytes, std::int64_t step) {
     refuse_it();
     if (!said_no_room_ && !give_up_failed_) {
       said_no_room_ = true;
+      // What holds the room, so that a budget too small for its job can be
+      // told from one that keeps too much.
+      const std::string held = fmt::format(
+          "{} bytes in use: {} in the files at the run's top (statistics, events, lines files, run.json), {} in "
+          "records written, {} in index lines to come; dumped steps {} ({} bytes); steps below {} given up, the "
+          "newest admitted {}",
+          used_, top_, store_.writer().disk_bytes(), store_.unwritten_index_bytes(), kept_.size(), kept_total_,
+          given_up_below_.load(std::memory_order_relaxed), newest_);
       std::fprintf(stderr,
                    "tensortap: warning: run '%s': a record of step %lld (%llu bytes) does not fit its disk budget of "
-                   "%llu bytes, and giving up every older step (dumped steps within their share stay) would not make room (%llu bytes in "
-                   "use: this step's records, the index, the directories, statistics and lines files); such records "
-                   "are refused (Counters::budget_refused)\n",
+                   "%llu bytes, and giving up every older step (dumped steps within their share stay) would not make "
+                   "room (%s); such records are refused (Counters::budget_refused)\n",
                    run_dir_.c_str(), static_cast<long long>(step), static_cast<unsigned long long>(nbytes),
-                   static_cast<unsigned long long>(max_), static_cast<unsigned long long>(used_));
+                   static_cast<unsigned long long>(max_), held.c_str());
     }
     return false;
   }
@@ -197,6 +188,37 @@ void DiskBudget::said_reached(std::int64_t record_step) {
                      "%lld: full tensors stop (Budget::StopCapture); statistics, TensorBoard and the rules go on within "
                      "5%% more\n",
                run_dir_.c_str(), static_cast<unsigned long long>(max_), static_cast<long long>(step));
+}
+
+void DiskBudget::make_room_for(std::uint64_t need, std::int64_t step, bool dumped) {
+  // Each way of making room in turn, measured again after each: a give-up
+  // measures the run directory, which may hold more than the estimate said
+  // (statistics, events and index lines grown since the last measure), so a
+  // way that freed what it planned can still leave the record short.
+  // Bounded: each round gives something up, or the loop ends.
+  for (int round = 0; round < 8 && used_ + need > max_; ++round) {
+    const std::uint64_t over = used_ + need - max_;
+    // A sixteenth of the budget more than needed: a give-up (run.json
+    // rewritten, files deleted) once in many records, not at each.
+    const std::uint64_t want = over + max_ / 16;
+    // Older steps first. The newest step written stays if they make room;
+    // if they cannot (a step near the budget's size), the oldest statistics
+    // segments and event files go, which newer steps' statistics would take
+    // in turn; then that step too, so that this newer step's records are
+    // not refused.
+    const std::int64_t keep = keep_from();
+    if (make_room(over, want, keep)) continue;
+    if (make_side_room(want)) continue;
+    if (keep < newest_ && make_room(over, want, newest_)) continue;
+    // Last, a newer step that still does not fit next to the dumps takes
+    // room from the oldest dumped steps (older than it), within their
+    // share. Those above the marker become old steps like any other, which
+    // the next round gives up.
+    if (dumped || kept_total_ == 0) break;
+    const std::uint64_t kept_before = kept_total_;
+    fit_dumps(kept_total_ > over ? kept_total_ - over : 0, step);
+    if (kept_total_ == kept_before) break;
+  }
 }
 
 bool DiskBudget::make_room(std::uint64_t need, std::uint64_t want, std::int64_t limit) {

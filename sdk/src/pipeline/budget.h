@@ -163,6 +163,9 @@ class DiskBudget {
   std::atomic<std::int64_t> resumed_at_{-1};
   bool monitoring_changed_ = false;
 
+  // KeepLatest: makes room for a record of `need` bytes of `step` (of a
+  // dumped step: `dumped`) by every way there is, until it fits or none is left.
+  void make_room_for(std::uint64_t need, std::int64_t step, bool dumped);
   // Gives up old steps (before `limit`) until `want` bytes are free, or
   // at least `need`; whether any went.
   bool make_room(std::uint64_t need, std::uint64_t want, std::int64_t limit);
