@@ -19,6 +19,7 @@ option(TENSORTAP_WITH_CUDA "Build the CUDA transfer engine when the CUDA toolkit
 set(TENSORTAP_CUDA_ENGINE_SOURCES
   ${PROJECT_SOURCE_DIR}/sdk/src/cuda/engine.cpp
   ${PROJECT_SOURCE_DIR}/sdk/src/cuda/copier.cpp
+  ${PROJECT_SOURCE_DIR}/sdk/src/cuda/step_groups.cpp
   ${PROJECT_SOURCE_DIR}/sdk/src/cuda/device.cpp
   ${PROJECT_SOURCE_DIR}/sdk/src/cuda/pinned.cpp)
 

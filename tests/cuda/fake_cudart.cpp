@@ -40,6 +40,9 @@ struct CUstream_st {
   std::deque<std::function<void()>> tasks;
   bool busy = false;
   bool stopping = false;
+  // Between cudaStreamBeginCapture and cudaStreamEndCapture (the fake
+  // records nothing into a graph; it only answers cudaStreamIsCapturing).
+  std::atomic<bool> capturing{false};
   std::thread worker;
 
   CUstream_st() {
@@ -371,9 +374,10 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaStreamIsCapturing(cudaStream_t, enum cudaStreamCaptureStatus* status) {
+cudaError_t CUDARTAPI cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* status) {
   Entry entry_(__func__);
-  *status = cudaStreamCaptureStatusNone;
+  *status = stream != nullptr && stream->capturing.load() ? cudaStreamCaptureStatusActive
+                                                          : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
 
@@ -485,13 +489,15 @@ cudaError_t CUDARTAPI cudaThreadExchangeStreamCaptureMode(enum cudaStreamCapture
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode) {
+cudaError_t CUDARTAPI cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode) {
   Entry entry_(__func__);
+  if (stream != nullptr) stream->capturing = true;
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaStreamEndCapture(cudaStream_t, cudaGraph_t* graph) {
+cudaError_t CUDARTAPI cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   Entry entry_(__func__);
+  if (stream != nullptr) stream->capturing = false;
   *graph = nullptr;
   return cudaSuccess;
 }

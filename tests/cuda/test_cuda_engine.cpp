@@ -3,12 +3,16 @@
 // whose buffers a stand-in writer thread reads back. Built wherever the CUDA
 // toolkit is; the [gpu] cases skip (with a warning) where no device is.
 #include <cuda_runtime_api.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <future>
 #include <map>
+#include <memory>
+#include <string>
 #include <mutex>
 #include <numeric>
 #include <stdexcept>
@@ -23,6 +27,7 @@
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
 #include "sdk/src/pipeline/staging.h"
+#include "sdk/src/run/environment.h"
 #include "tests/support/alloc_faults.h"
 
 namespace {
@@ -36,6 +41,15 @@ using tensortap::detail::RecordSpec;
 using tensortap::detail::Staging;
 
 #define CUDA_OK(call) REQUIRE((call) == cudaSuccess)
+
+// Every case runs twice in CI (tests/CMakeLists.txt): one event a snapshot,
+// and with TENSORTAP_CUDA_BATCH=on one event a step, read as the recorder
+// reads it: the two paths must write the same records.
+CudaEngineOptions engine_options() {
+  CudaEngineOptions options;
+  options.batch_events = tensortap::detail::cuda_batch();
+  return options;
+}
 
 // Catch2 v2 has no SKIP: the [gpu] cases warn and return.
 bool have_gpu() {
@@ -288,7 +302,8 @@ struct Rig {
   Drain drain;
   CudaEngine engine;
 
-  Rig(std::size_t staging_bytes, Overflow overflow, CudaEngineOptions options = {}, bool keep_bytes = true)
+  Rig(std::size_t staging_bytes, Overflow overflow, CudaEngineOptions options = engine_options(),
+      bool keep_bytes = true)
       : staging(staging_bytes, overflow, tensortap::detail::pinned_host_memory()),
         drain(staging, keep_bytes),
         engine(staging, std::move(options), collect()) {}
@@ -319,7 +334,7 @@ struct Rig {
 
 // The default options, but for the size of the arena.
 CudaEngineOptions with_device_bytes(std::size_t bytes) {
-  CudaEngineOptions options;
+  CudaEngineOptions options = engine_options();
   options.device_bytes = bytes;
   return options;
 }
@@ -343,7 +358,7 @@ TEST_CASE("the engine's runtime helpers work without a device", "[cuda]") {
   CHECK(tensortap::detail::cuda_device_count() >= 0);
   CHECK(tensortap::detail::cuda_error_string(cudaErrorMemoryAllocation).find("cudaErrorMemoryAllocation") == 0);
   Staging staging(1 << 16, Overflow::Block);
-  CudaEngine engine(staging, CudaEngineOptions{}, collect());
+  CudaEngine engine(staging, engine_options(), collect());
   if (tensortap::detail::cuda_device_count() == 0) {
     // No device: a capture is an error naming the device, not a crash.
     CHECK_THROWS_WITH(engine.reserve(0, 16, false), Catch::Contains("cuda:0"));
@@ -469,7 +484,7 @@ TEST_CASE("a full arena blocks reserve() until the copier frees room, and nothin
 
 TEST_CASE("more records in flight than the event pool holds: the pool grows, nothing waits", "[gpu][cuda]") {
   if (!have_gpu()) return;
-  CudaEngineOptions options;
+  CudaEngineOptions options = engine_options();
   options.max_records = 4;
   Rig rig(1 << 20, Overflow::DropNewest, options);
   Stream stream;
@@ -491,8 +506,13 @@ TEST_CASE("more records in flight than the event pool holds: the pool grows, not
   REQUIRE(returned);
   CHECK(pushes.get() == 40);
   CHECK(rig.engine.counters().refused == 0);
-  // At least the 36 records beyond the pool of 4 needed an event of their own.
-  CHECK(rig.engine.counters().events_created - created_before >= 36);
+  // At least the 36 records beyond the pool of 4 needed an event of their
+  // own; one event a step, they share the pool's.
+  const auto created = rig.engine.counters().events_created - created_before;
+  if (rig.engine.batch_events())
+    REQUIRE(created < 36);  // the device's pool and completion events, made at its first snapshot
+  else
+    REQUIRE(created >= 36);
   rig.settle();
   rig.check_records(40, bytes);
 }
@@ -598,6 +618,9 @@ TEST_CASE("several threads and streams capture at once", "[gpu][cuda]") {
         const int id = t * kEach + i;
         queued += push(rig.engine, id, src.bytes() + id * 64, 1 + id % 64, stream) ? 1 : 0;
       }
+      // One event a step: a stream outlives its step's snapshots' hand-over
+      // (docs/recording.md); without it, nothing.
+      rig.engine.end_step();
       cudaStreamSynchronize(stream);
       cudaStreamDestroy(stream);
     });
@@ -795,11 +818,15 @@ TEST_CASE("flush() waits for every record submitted before it, whichever device 
   // taken together: device 0's batch (record 2) is issued, and completes,
   // before device 1's (record 1, held).
   REQUIRE(push(rig.engine, 0, src0.data, n, s0, false, 0));
+  // One event a step: record 0 reaches the copier at a step's end (none
+  // on the other path), and records 1 and 2 at flush() and the next end.
+  rig.engine.end_step();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   REQUIRE(push(rig.engine, 1, src1.data, n, s1, false, 1));
   auto flushed = std::async(std::launch::async, [&] { rig.engine.flush(); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   REQUIRE(push(rig.engine, 2, src0.data, n, s0, false, 0));
+  rig.engine.end_step();
   gate0.open();
   // Records 0 and 2 reach staging: as many records as flush() waits for
   // have retired, but not record 1, which it waits for.
@@ -903,7 +930,7 @@ TEST_CASE("staging moves to pinned memory once, from the copier, with the record
   {
     Staging staging(64 << 10, Overflow::Block);
     Drain drain(staging);
-    CudaEngineOptions options;
+    CudaEngineOptions options = engine_options();
     options.staging_memory.allocate = staging_allocate;
     options.staging_memory.release = staging_release;
     CudaEngine engine(staging, options, collect());
@@ -945,7 +972,7 @@ TEST_CASE("staging moves to pinned memory once, from the copier, with the record
 
 TEST_CASE("snapshots larger than the arena are bounded by bytes, not one at a time", "[gpu][cuda]") {
   if (!have_gpu()) return;
-  CudaEngineOptions options;
+  CudaEngineOptions options = engine_options();
   options.device_bytes = 1 << 20;
   options.large_bytes = 4 << 20;
   Rig rig(1 << 20, Overflow::DropNewest, options);
@@ -1014,7 +1041,7 @@ TEST_CASE("the arena comes from the memory the engine is given, and goes back to
   g_arena_allocs = 0;
   g_arena_releases = 0;
   g_arena_device = -1;
-  CudaEngineOptions options;
+  CudaEngineOptions options = engine_options();
   options.arena_memory = arena_memory(/*fails=*/false);
   Rig rig(1 << 20, Overflow::Block, options);
   Stream stream(device);
@@ -1043,7 +1070,7 @@ TEST_CASE("an arena out of memory is tried and reported once, and captures go on
   if (!have_gpu()) return;
   g_arena_allocs = 0;
   g_arena_releases = 0;
-  CudaEngineOptions options;
+  CudaEngineOptions options = engine_options();
   options.arena_memory = arena_memory(/*fails=*/true);
   std::vector<std::string> warnings;
   options.warn = [&warnings](const std::string& what) { warnings.push_back(what); };
@@ -1067,4 +1094,188 @@ TEST_CASE("an arena out of memory is tried and reported once, and captures go on
   rig.staging.wait_drained();
   CHECK(reports() == 0);
   rig.check_records(30, bytes);
+}
+
+// ---- One event a step (CudaEngineOptions::batch_events, TENSORTAP_CUDA_BATCH=on) ----
+
+// The fake runtime's counts of this thread's calls (tests/cuda/fake_cudart.cpp);
+// absent against the real runtime, where the cases below check records only.
+extern "C" __attribute__((weak)) void tensortap_fake_cudart_each_call(
+    void (*fn)(long tid, const char* call, unsigned long long n, void* ctx), void* ctx);
+
+namespace {
+
+// This thread's runtime calls so far, by call; empty against the real runtime.
+std::map<std::string, unsigned long long> my_calls() {
+  std::map<std::string, unsigned long long> out;
+  if (tensortap_fake_cudart_each_call == nullptr) return out;
+  struct Ctx {
+    long tid;
+    std::map<std::string, unsigned long long>* out;
+  } ctx{static_cast<long>(::syscall(SYS_gettid)), &out};
+  tensortap_fake_cudart_each_call(
+      [](long tid, const char* call, unsigned long long n, void* c) {
+        auto* x = static_cast<Ctx*>(c);
+        if (tid == x->tid) (*x->out)[call] = n;
+      },
+      &ctx);
+  return out;
+}
+
+CudaEngineOptions batched(std::size_t device_bytes = std::size_t{128} << 20) {
+  CudaEngineOptions options;
+  options.device_bytes = device_bytes;
+  options.batch_events = true;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("one event a step: a step's snapshots share one event and one graph check, records exact",
+          "[gpu][cuda][batch]") {
+  if (!have_gpu()) return;
+  Rig rig(4 << 20, Overflow::Block, batched());
+  Stream stream;
+  constexpr int steps = 3, per_step = 64;
+  std::vector<std::vector<char>> expected;
+  std::vector<DeviceBuffer> sources;
+  sources.reserve(per_step);
+  for (int i = 0; i < per_step; ++i) {
+    expected.push_back(pattern(1000 + 64 * static_cast<std::size_t>(i), 100 + static_cast<std::uint64_t>(i)));
+    sources.emplace_back(expected.back());
+  }
+  // Warm-up: the arena and its events.
+  REQUIRE(push(rig.engine, 1000, sources[0].data, expected[0].size(), stream));
+  rig.engine.end_step();
+  rig.settle();
+  const auto before = my_calls();
+  std::uint64_t id = 0;
+  for (int step = 0; step < steps; ++step) {
+    for (int i = 0; i < per_step; ++i)
+      REQUIRE(push(rig.engine, id++, sources[static_cast<std::size_t>(i)].data, expected[static_cast<std::size_t>(i)].size(), stream));
+    rig.engine.end_step();
+  }
+  const auto after = my_calls();
+  rig.settle();
+  CHECK(reports() == 0);
+  {
+    std::lock_guard<std::mutex> lock(rig.drain.mu);
+    REQUIRE(rig.drain.records.size() == static_cast<std::size_t>(steps * per_step + 1));
+    for (std::uint64_t k = 0; k < id; ++k) CHECK(rig.drain.records[k] == expected[k % per_step]);
+  }
+  if (!after.empty()) {
+    const auto delta = [&](const char* call) {
+      const auto a = after.find(call), b = before.find(call);
+      return (a == after.end() ? 0 : a->second) - (b == before.end() ? 0 : b->second);
+    };
+    // One device-to-device copy a snapshot; a step's event and its graph
+    // checks (at the first capture, and before the event) once a step.
+    CHECK(delta("cudaMemcpyAsync") == static_cast<unsigned long long>(steps * per_step));
+    CHECK(delta("cudaEventRecord") == static_cast<unsigned long long>(steps));
+    CHECK(delta("cudaStreamIsCapturing") == static_cast<unsigned long long>(2 * steps));
+  }
+}
+
+TEST_CASE("one event a step: a full arena hands the step's snapshots over early; nothing waits forever",
+          "[gpu][cuda][batch]") {
+  if (!have_gpu()) return;
+  constexpr std::size_t n = 16 << 10;
+  const auto bytes = pattern(n, 41);
+  DeviceBuffer src(bytes);
+  SECTION("Overflow::Block: 40 snapshots through an arena of 4, in one step") {
+    Rig rig(1 << 20, Overflow::Block, batched(64 << 10));
+    Stream stream;
+    for (int i = 0; i < 40; ++i) REQUIRE(push(rig.engine, i, src.data, n, stream));
+    rig.engine.end_step();
+    rig.settle();
+    CHECK(reports() == 0);
+    rig.check_records(40, bytes);
+  }
+  SECTION("Overflow::DropNewest: the arena's 4 kept, the rest refused and counted") {
+    Rig rig(1 << 20, Overflow::DropNewest, batched(64 << 10));
+    Stream stream;
+    Gate gate(stream);
+    int queued = 0, dropped = 0;
+    for (int i = 0; i < 10; ++i) (push(rig.engine, i, src.data, n, stream, /*may_drop=*/true) ? queued : dropped)++;
+    CHECK(queued == 4);
+    CHECK(dropped == 6);
+    gate.open();
+    rig.engine.end_step();
+    rig.settle();
+    rig.check_records(4, bytes);
+  }
+}
+
+TEST_CASE("one event a step: snapshots on two streams in one step, flush() and stop() without a step's end",
+          "[gpu][cuda][batch]") {
+  if (!have_gpu()) return;
+  Rig rig(1 << 20, Overflow::Block, batched());
+  Stream a, b;
+  std::vector<std::vector<char>> expected;
+  for (int i = 0; i < 12; ++i) expected.push_back(pattern(3000 + static_cast<std::size_t>(i), 7 + static_cast<std::uint64_t>(i)));
+  std::vector<std::unique_ptr<DeviceBuffer>> src;
+  for (const auto& e : expected) src.push_back(std::make_unique<DeviceBuffer>(e));
+  // Alternating streams: each change ends the group on the other.
+  for (std::size_t i = 0; i < 6; ++i)
+    REQUIRE(push(rig.engine, i, src[i]->data, expected[i].size(), i % 2 == 0 ? a : b));
+  // flush() hands over what waits for the step's end, and returns.
+  rig.engine.flush();
+  for (std::size_t i = 6; i < 12; ++i) REQUIRE(push(rig.engine, i, src[i]->data, expected[i].size(), a));
+  // stop() too, with no step's end to come.
+  rig.engine.stop();
+  rig.staging.wait_drained();
+  CHECK(reports() == 0);
+  rig.check_records(expected);
+}
+
+TEST_CASE("one event a step: a CUDA graph capture must begin at a step boundary", "[cuda][batch]") {
+  // The fake runtime answers cudaStreamIsCapturing after cudaStreamBeginCapture;
+  // a GPU would also turn the snapshot's copy into a graph node.
+  if (tensortap_fake_cudart_each_call == nullptr || !have_gpu()) return;
+  Rig rig(1 << 20, Overflow::Block, batched());
+  Stream stream;
+  const auto bytes = pattern(4096, 5);
+  DeviceBuffer src(bytes);
+  SECTION("begun within a step, after a snapshot: that step's records are lost, each reported") {
+    REQUIRE(push(rig.engine, 0, src.data, bytes.size(), stream));
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    rig.engine.end_step();
+    cudaGraph_t graph = nullptr;
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    rig.settle();
+    std::lock_guard<std::mutex> lock(g_reports_mu);
+    REQUIRE(g_reports.size() == 1);
+    CHECK_THAT(g_reports[0], Catch::Contains("'r0'") && Catch::Contains("step boundary"));
+    CHECK(rig.drain.records.empty());
+  }
+  SECTION("begun at a step boundary: the step's first snapshot is refused by name") {
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    CHECK_THROWS_WITH(push(rig.engine, 0, src.data, bytes.size(), stream), Catch::Contains("CUDA graph"));
+    cudaGraph_t graph = nullptr;
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    rig.engine.end_step();
+    REQUIRE(push(rig.engine, 1, src.data, bytes.size(), stream));
+    rig.engine.end_step();
+    rig.settle();
+    CHECK(reports() == 0);
+    std::lock_guard<std::mutex> lock(rig.drain.mu);
+    CHECK(rig.drain.records.size() == 1);
+  }
+}
+
+TEST_CASE("TENSORTAP_CUDA_BATCH is parsed strictly", "[cuda][batch]") {
+  const char* was = std::getenv("TENSORTAP_CUDA_BATCH");
+  const std::string saved = was != nullptr ? was : "";
+  ::setenv("TENSORTAP_CUDA_BATCH", " ON ", 1);
+  CHECK(tensortap::detail::cuda_batch());
+  ::setenv("TENSORTAP_CUDA_BATCH", "off", 1);
+  CHECK_FALSE(tensortap::detail::cuda_batch());
+  ::setenv("TENSORTAP_CUDA_BATCH", "yes", 1);
+  CHECK_THROWS_WITH(tensortap::detail::cuda_batch(), Catch::Contains("TENSORTAP_CUDA_BATCH=yes"));
+  ::setenv("TENSORTAP_CUDA_BATCH", "", 1);
+  CHECK(tensortap::detail::cuda_batch() == tensortap::detail::kCudaBatch);
+  if (was != nullptr)
+    ::setenv("TENSORTAP_CUDA_BATCH", saved.c_str(), 1);
+  else
+    ::unsetenv("TENSORTAP_CUDA_BATCH");
 }

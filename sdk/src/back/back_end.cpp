@@ -130,7 +130,7 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
   // Device memory that snapshots may hold, per GPU: as much as host staging.
   cuda_ = make_cuda_engine(staging, 2 * options.buffer_bytes(),
                            [&failures](const std::string& what) { failures.add(nullptr, what, 1); },
-                           cuda_stats_in_arena());
+                           cuda_stats_in_arena(), cuda_batch());
 }
 
 BackEnd::~BackEnd() { stop(); }

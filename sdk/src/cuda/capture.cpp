@@ -56,10 +56,12 @@ DeviceMemory torch_device_memory() {
 }  // namespace
 
 std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t device_bytes,
-                                             std::function<void(const std::string&)> report, bool stats_in_arena) {
+                                             std::function<void(const std::string&)> report, bool stats_in_arena,
+                                             bool batch_events) {
   if (cuda_device_count() == 0) return nullptr;
   CudaEngineOptions options;
   options.stats_in_arena = stats_in_arena;
+  options.batch_events = batch_events;
   options.device_bytes = device_bytes;
   options.large_bytes = device_bytes;
   options.staging_memory = pinned_host_memory();
@@ -191,12 +193,14 @@ std::optional<bool> cuda_capture_fused_stats(CudaEngine& engine, const RecordSpe
   const c10::Device device = tensor.device();
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  cudaStreamCaptureStatus graph = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &graph) != cudaSuccess) cudaGetLastError();
-  if (graph != cudaStreamCaptureStatusNone)
-    fail("cannot capture the statistics of '{}' (kind {}, step {}, {}) while its stream is being captured into a "
-         "CUDA graph",
-         spec.name, kind_name(spec.kind), spec.step, describe_tensor(tensor));
+  if (graph_check_due(engine, stream)) {
+    cudaStreamCaptureStatus graph = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &graph) != cudaSuccess) cudaGetLastError();
+    if (graph != cudaStreamCaptureStatusNone)
+      fail("cannot capture the statistics of '{}' (kind {}, step {}, {}) while its stream is being captured into "
+           "a CUDA graph",
+           spec.name, kind_name(spec.kind), spec.step, describe_tensor(tensor));
+  }
   // The ten values first, then the kernels' partial results: one region,
   // given back once the ten are in host memory (which is after the kernels
   // ran: the copy waits for the event recorded after them).
@@ -239,6 +243,8 @@ std::optional<bool> cuda_capture_fused_stats(CudaEngine& engine, const RecordSpe
   return std::nullopt;
 #endif
 }
+
+void cuda_end_step(CudaEngine& engine) noexcept { engine.end_step(); }
 
 void cuda_flush(CudaEngine& engine) { engine.flush(); }
 

@@ -29,9 +29,15 @@ class CudaEngine;  // sdk/src/cuda/engine.h
 /// touches no device until the first CUDA capture; then the copier thread
 /// moves `staging`'s buffers to pinned memory.
 /// `stats_in_arena`: statistics-only captures through
-/// `cuda_capture_fused_stats` (TENSORTAP_CUDA_STATS).
+/// `cuda_capture_fused_stats` (TENSORTAP_CUDA_STATS). `batch_events`: one
+/// event a step (TENSORTAP_CUDA_BATCH, CudaEngineOptions::batch_events).
 std::shared_ptr<CudaEngine> make_cuda_engine(Staging& staging, std::size_t device_bytes,
-                                             std::function<void(const std::string&)> report, bool stats_in_arena);
+                                             std::function<void(const std::string&)> report, bool stats_in_arena,
+                                             bool batch_events);
+
+/// A step's end (`Recorder::step()`, training thread): with one event a
+/// step, the snapshots taken since the last are handed to the copier.
+void cuda_end_step(CudaEngine& engine) noexcept;
 
 /// Captures CUDA tensor `tensor` as the record `spec` describes (its
 /// dtype's `stored`, `nbytes` and the rest filled in as for a CPU tensor):

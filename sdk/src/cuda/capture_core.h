@@ -37,6 +37,26 @@ namespace tensortap::detail {
 void count_cuda_capture() noexcept;
 std::uint64_t counted_cuda_captures() noexcept;
 
+/// Whether this thread must ask whether `stream` is being captured into a
+/// CUDA graph before a snapshot on it: always, but with the engine's
+/// batch_events only once a step per thread and stream (the steps the
+/// engine has ended tell a new step; a graph capture must then begin at a
+/// step boundary, docs/recording.md).
+inline bool graph_check_due(const CudaEngine& engine, cudaStream_t stream) {
+  if (!engine.batch_events()) return true;
+  thread_local const CudaEngine* t_engine = nullptr;
+  thread_local std::uint64_t t_engine_id = 0;
+  thread_local cudaStream_t t_stream = nullptr;
+  thread_local std::uint64_t t_steps = 0;
+  const std::uint64_t steps = engine.steps_ended();
+  if (t_engine == &engine && t_engine_id == engine.id() && t_stream == stream && t_steps == steps) return false;
+  t_engine = &engine;
+  t_engine_id = engine.id();
+  t_stream = stream;
+  t_steps = steps;
+  return true;
+}
+
 /// Captures `source` as the record `spec` describes, on `device` in order
 /// on `stream` (the device's current stream; the device is current): see
 /// `cuda_capture` (sdk/src/cuda/capture.h) for the contract.
@@ -46,10 +66,12 @@ bool capture_on_engine(CudaEngine& engine, const RecordSpec& spec, int device, c
   const auto nbytes = static_cast<std::size_t>(spec.nbytes);
   // Inside CUDA graph capture, the snapshot copy and the event would become
   // part of the graph instead of running now.
-  cudaStreamCaptureStatus graph = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &graph) != cudaSuccess) cudaGetLastError();
-  if (graph != cudaStreamCaptureStatusNone)
-    fail("cannot capture {} while its stream is being captured into a CUDA graph", source.describe());
+  if (graph_check_due(engine, stream)) {
+    cudaStreamCaptureStatus graph = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &graph) != cudaSuccess) cudaGetLastError();
+    if (graph != cudaStreamCaptureStatusNone)
+      fail("cannot capture {} while its stream is being captured into a CUDA graph", source.describe());
+  }
 
   std::optional<CudaEngine::Snapshot> snap;
   try {

@@ -7,7 +7,8 @@
 
 namespace tensortap::detail {
 
-std::shared_ptr<CudaEngine> make_cuda_engine(Staging&, std::size_t, std::function<void(const std::string&)>, bool) {
+std::shared_ptr<CudaEngine> make_cuda_engine(Staging&, std::size_t, std::function<void(const std::string&)>, bool,
+                                             bool) {
   return nullptr;
 }
 
@@ -20,6 +21,8 @@ at::Tensor fused_device_stats(const at::Tensor&) { return {}; }
 std::optional<bool> cuda_capture_fused_stats(CudaEngine&, const RecordSpec&, const at::Tensor&, bool) {
   return std::nullopt;
 }
+
+void cuda_end_step(CudaEngine&) noexcept {}
 
 void cuda_flush(CudaEngine&) {}
 

@@ -96,7 +96,9 @@ void CudaEngine::process(Item& item) {
   // Every record's own event: records from several threads and streams
   // arrive in any order, so no event stands for another.
   make_room(batch.waits, 1);
-  if (item.snap.ready != nullptr) batch.waits.push_back(item.snap.ready);
+  // A step's group shares one event (batch_events): waited on once.
+  if (item.snap.ready != nullptr && (batch.waits.empty() || batch.waits.back() != item.snap.ready))
+    batch.waits.push_back(item.snap.ready);
   if (!item.skip) {
     const std::size_t total = item.snap.nbytes;
     // Larger than a staging buffer: chunks of whole elements.
@@ -292,7 +294,7 @@ void CudaEngine::free_items(Items& items) noexcept {
       if (item->snap.region != 0) d.ring.free(item->snap.region);
       if (item->snap.external) d.large_held -= item->snap.nbytes;
       // Never reallocates: the pool has room for every event of the device.
-      if (item->snap.ready != nullptr) d.cuda->ready_events.push_back(item->snap.ready);
+      if (item->snap.ready != nullptr && item->owns_ready) d.cuda->ready_events.push_back(item->snap.ready);
       --d.in_flight;
       if (!item->skip) ++records;
       // Back to the pool: the record's strings keep their memory for the
@@ -300,6 +302,7 @@ void CudaEngine::free_items(Items& items) noexcept {
       item->record = nullptr;
       item->release = nullptr;
       item->skip = false;
+      item->owns_ready = true;
       item->snap = Snapshot{};
       pool_.push(item);
     }

@@ -18,13 +18,11 @@ namespace {
 
 std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
-// Makes room for `n` events in a pool ahead of time (doubling), so that
-// giving one back later cannot throw.
-void make_room(std::vector<cudaEvent_t>& pool, std::size_t n) {
+}  // namespace
+
+void CudaEngine::make_event_room(std::vector<cudaEvent_t>& pool, std::size_t n) {
   if (pool.capacity() < n) pool.reserve(std::max(n, 2 * pool.capacity()));
 }
-
-}  // namespace
 
 CudaEngine::Items& CudaEngine::Items::operator=(Items&& o) noexcept {
   head = o.head;
@@ -67,8 +65,12 @@ std::string CudaEngine::describe(const RecordDesc* meta, int device) {
                      meta->dtype.name, fmt::join(meta->shape, ", "), device);
 }
 
+namespace {
+std::atomic<std::uint64_t> g_engines{0};
+}  // namespace
+
 CudaEngine::CudaEngine(Staging& staging, CudaEngineOptions options, Report report)
-    : staging_(staging), options_(options), report_(std::move(report)) {
+    : staging_(staging), options_(options), report_(std::move(report)), id_(g_engines.fetch_add(1) + 1) {
   TENSORTAP_CHECK(options_.max_records >= 1, "CudaEngineOptions::max_records({}) must be at least 1",
                   options_.max_records);
   const int n = cuda_device_count();
@@ -120,7 +122,8 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
     snap.nbytes = nbytes;
     std::optional<RingAllocator::Region> region;
     if (place(d, snap, region)) {
-      take_event(d, snap, region);
+      // batch_events: the event comes when the snapshot is handed over.
+      if (!options_.batch_events) take_event(d, snap, region);
       if (snap.external) {
         d.large_held += nbytes;
       } else if (region) {
@@ -131,6 +134,19 @@ std::optional<CudaEngine::Snapshot> CudaEngine::reserve(int device, std::size_t 
       ++outstanding_;
       snap.item = item.release();
       return snap;
+    }
+    if (!d.waiting.empty()) {
+      // batch_events: a full arena ends the snapshots' group early (one
+      // event after those so far), so the copier can free their room; then
+      // this one is tried again.
+      cudaStream_t stream = nullptr;
+      cudaEvent_t event = nullptr;
+      std::string error;
+      Items group = take_waiting(d, device, stream, event, error);
+      lock.unlock();
+      hand_over(std::move(group), device, stream, event, std::move(error));
+      lock.lock();
+      continue;
     }
     if (may_drop) {
       refused_.fetch_add(1, std::memory_order_relaxed);
@@ -200,7 +216,7 @@ void CudaEngine::take_event(Device& d, Snapshot& snap, const std::optional<RingA
   // must not fail to.
   cudaError_t e = cudaErrorMemoryAllocation;
   try {
-    make_room(pool, d.ready_total + 1);
+    make_event_room(pool, d.ready_total + 1);
     DeviceGuard guard(snap.device);
     e = cudaEventCreateWithFlags(&snap.ready, cudaEventDisableTiming);
     if (e != cudaSuccess) cudaGetLastError();
@@ -247,6 +263,13 @@ void CudaEngine::submit(Snapshot snap, cudaStream_t stream, const RecordSpec& sp
   item->unit = std::max<std::size_t>(unit, 1);
   item->release = std::move(release);
   const bool no_memory = snap.nbytes > 0 && snap.data == nullptr;
+  if (options_.batch_events) {
+    item->skip = no_record || no_memory;
+    wait_for_step(item, stream);
+    if (no_record) fail("no host memory for the record of '{}' (kind {}, step {})", spec.name, kind_name(spec.kind), spec.step);
+    if (no_memory) fail("no snapshot memory for '{}' (kind {}, step {})", spec.name, kind_name(spec.kind), spec.step);
+    return;
+  }
   cudaError_t recorded = cudaSuccess;
   if (!no_memory && !no_record && snap.ready != nullptr) {
     recorded = cudaEventRecord(snap.ready, stream);
@@ -272,12 +295,14 @@ void CudaEngine::cancel(Snapshot snap, cudaStream_t stream, std::function<void()
   item->skip = true;
   item->release = std::move(release);
   // Part of the copy may have been enqueued: the room is reused only once
-  // the stream is past it.
+  // the stream is past it (batch_events: past the group's event).
+  if (options_.batch_events) return wait_for_step(item, stream);
   if (snap.ready != nullptr && cudaEventRecord(snap.ready, stream) != cudaSuccess) cudaGetLastError();
   enqueue(item);
 }
 
 void CudaEngine::flush() {
+  hand_over_all();
   std::unique_lock<std::mutex> lock(mu_);
   const std::uint64_t target = submitted_;
   done_cv_.wait(lock, [&] { return retired_ >= target; });
@@ -290,6 +315,9 @@ void CudaEngine::stop() {
     if (stopped_) return;
     stopping_ = true;
   }
+  // Snapshots waiting for a step's end: none comes now. One submitted
+  // after this sees stopping_ and is handed over by its submit().
+  hand_over_all();
   work_cv_.notify_all();
   room_cv_.notify_all();
   // No reservation starts the thread once stopping_ is set.

@@ -73,6 +73,12 @@ struct CudaEngineOptions {
   /// (`cuda_capture_fused_stats`, TENSORTAP_CUDA_STATS): the LibTorch side's
   /// choice, kept here with the arena it uses; the engine itself ignores it.
   bool stats_in_arena = false;
+  /// One event a step (TENSORTAP_CUDA_BATCH=on): `submit()` records no
+  /// event; a stream's snapshots wait, holding their arena room, until
+  /// `end_step()` (or a full arena, `flush()`, a capture on another stream
+  /// of the device) records one event after them and hands them to the
+  /// copier together. Off: an event a snapshot, handed over at once.
+  bool batch_events = false;
   /// Where the arenas come from (default: cudaMalloc). When a device's
   /// arena cannot be allocated, `warn` says so once, and that device's
   /// snapshots are all allocated by the caller, within `large_bytes`.
@@ -134,6 +140,14 @@ class CudaEngine {
   ~CudaEngine();
   /// See CudaEngineOptions::stats_in_arena.
   bool stats_in_arena() const { return options_.stats_in_arena; }
+  /// See CudaEngineOptions::batch_events.
+  bool batch_events() const { return options_.batch_events; }
+  /// Steps ended so far (`end_step()` calls): with batch_events, a thread's
+  /// CUDA-graph check of a stream holds until it changes.
+  std::uint64_t steps_ended() const { return steps_ended_.load(std::memory_order_relaxed); }
+  /// This engine among the process's (1, 2, ...): a later one at the same
+  /// address is another.
+  std::uint64_t id() const { return id_; }
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
 
@@ -164,6 +178,12 @@ class CudaEngine {
   /// copy was enqueued.
   void cancel(Snapshot snap, cudaStream_t stream, std::function<void()> release = {}) noexcept;
 
+  /// A step's end (the training thread's `Recorder::step()`): with
+  /// batch_events, records one event on each stream with snapshots waiting
+  /// and hands them to the copier; without, nothing. Never throws: a
+  /// failure loses the waiting snapshots' records, each reported.
+  void end_step() noexcept;
+
   /// Returns when every record submitted before the call is committed to
   /// staging (or has failed): all of them, whichever device's copies end
   /// first.
@@ -177,6 +197,45 @@ class CudaEngine {
   CudaEngineCounters counters() const;
 
  private:
+  // A submitted record, as the copier sees it. Taken by reserve() from the
+  // pool (allocated when the pool is empty), owned by whichever list holds
+  // it, back in the pool once retired; deleted with the engine.
+  struct Item {
+    // The record, assigned in place by submit(): no allocation once its
+    // name has room.
+    Record own;
+    const Record* record = nullptr;
+    std::uint64_t id = 0;
+    // Submission order (1, 2, ...): what flush() waits for.
+    std::uint64_t seq = 0;
+    /// What it is, for messages; null for a cancelled snapshot.
+    const RecordDesc* desc() const { return record != nullptr ? &record->desc : nullptr; }
+    Snapshot snap;
+    std::size_t unit = 0;
+    std::function<void()> release;
+    // Cancelled, or its event could not be recorded: free it, copy nothing.
+    bool skip = false;
+    // batch_events: the last record of an event's group gives the event
+    // back to the pool; the others only wait on it.
+    bool owns_ready = true;
+    Item* next = nullptr;
+  };
+  // Items in submission order, linked through Item::next: queueing one and
+  // moving them from list to list never allocates, so it cannot fail.
+  struct Items {
+    Item* head = nullptr;
+    Item* tail = nullptr;
+    Items() = default;
+    Items(Items&& o) noexcept : head(o.head), tail(o.tail) { o.head = o.tail = nullptr; }
+    Items& operator=(Items&& o) noexcept;
+    Items(const Items&) = delete;
+    Items& operator=(const Items&) = delete;
+    bool empty() const { return head == nullptr; }
+    void push(Item* item) noexcept;
+    Item* pop() noexcept;
+    // Moves all of `other` to the end.
+    void splice(Items& other) noexcept;
+  };
   // One CUDA device's share of the engine, all under mu_ but `cuda`'s
   // completion events and stream, and `done_total`, which only the copier
   // thread uses.
@@ -196,42 +255,10 @@ class CudaEngine {
     // least this large, so giving an event back never allocates.
     std::size_t ready_total = 0;
     std::size_t done_total = 0;
-  };
-  // A submitted record, as the copier sees it. Taken by reserve() from the
-  // pool (allocated when the pool is empty), owned by whichever list holds
-  // it, back in the pool once retired; deleted with the engine.
-  struct Item {
-    // The record, assigned in place by submit(): no allocation once its
-    // name has room.
-    Record own;
-    const Record* record = nullptr;
-    std::uint64_t id = 0;
-    // Submission order (1, 2, ...): what flush() waits for.
-    std::uint64_t seq = 0;
-    /// What it is, for messages; null for a cancelled snapshot.
-    const RecordDesc* desc() const { return record != nullptr ? &record->desc : nullptr; }
-    Snapshot snap;
-    std::size_t unit = 0;
-    std::function<void()> release;
-    // Cancelled, or its event could not be recorded: free it, copy nothing.
-    bool skip = false;
-    Item* next = nullptr;
-  };
-  // Items in submission order, linked through Item::next: queueing one and
-  // moving them from list to list never allocates, so it cannot fail.
-  struct Items {
-    Item* head = nullptr;
-    Item* tail = nullptr;
-    Items() = default;
-    Items(Items&& o) noexcept : head(o.head), tail(o.tail) { o.head = o.tail = nullptr; }
-    Items& operator=(Items&& o) noexcept;
-    Items(const Items&) = delete;
-    Items& operator=(const Items&) = delete;
-    bool empty() const { return head == nullptr; }
-    void push(Item* item) noexcept;
-    Item* pop() noexcept;
-    // Moves all of `other` to the end.
-    void splice(Items& other) noexcept;
+    // batch_events: snapshots submitted on `waiting_stream` and not yet
+    // handed to the copier (no event recorded after them yet).
+    Items waiting;
+    cudaStream_t waiting_stream = nullptr;
   };
   // One cudaMemcpyAsync.
   struct Copy {
@@ -284,6 +311,20 @@ class CudaEngine {
   bool place(Device& d, Snapshot& snap, std::optional<RingAllocator::Region>& region);
   void take_event(Device& d, Snapshot& snap, const std::optional<RingAllocator::Region>& region);
   void enqueue(Item* item) noexcept;
+  // Makes room for `n` events in a pool ahead of time (doubling), so that
+  // giving one back later cannot throw.
+  static void make_event_room(std::vector<cudaEvent_t>& pool, std::size_t n);
+  // batch_events, with mu_ held: takes device `device`'s waiting snapshots
+  // and an event for them (nullptr if none could be had: `error` says why).
+  Items take_waiting(Device& d, int device, cudaStream_t& stream, cudaEvent_t& event, std::string& error) noexcept;
+  // Records `event` on `stream` after `items` and queues them for the
+  // copier (failed, each reported, when that cannot be done). No lock held.
+  void hand_over(Items items, int device, cudaStream_t stream, cudaEvent_t event, std::string error) noexcept;
+  // Hands over every device's waiting snapshots (end_step(), flush(), stop()).
+  void hand_over_all() noexcept;
+  // batch_events: a submitted (or cancelled) snapshot joins its device's
+  // waiting group on `stream`.
+  void wait_for_step(Item* item, cudaStream_t stream) noexcept;
   void warn(const std::string& what) noexcept;
 
   // Copier thread (copier.cpp), started for a record on `device`.
@@ -351,6 +392,8 @@ class CudaEngine {
   std::atomic<std::uint64_t> refused_{0};
   std::atomic<std::uint64_t> events_created_{0};
   std::atomic<std::uint64_t> dropped_{0};
+  std::atomic<std::uint64_t> steps_ended_{0};
+  const std::uint64_t id_;
 
   // The copier thread's own: records taken from queue_ and not yet in a
   // batch, one batch being built per device (records of several devices

@@ -7,6 +7,7 @@
 #include "sdk/src/front/snapshotter.h"
 #include "sdk/src/pipeline/staging.h"
 #include "sdk/src/back/back_end.h"
+#include "sdk/src/cuda/capture.h"
 #include "sdk/src/flight/triggers.h"
 #include "sdk/src/run/environment.h"
 #include "writers/src/check.h"
@@ -37,6 +38,7 @@ Options from_environment(Options o, bool off, std::optional<std::string>& text) 
   // Read again by the back end, which passes it to the CUDA engine; a bad
   // value is refused here, before a directory is made.
   (void)cuda_stats_in_arena();
+  (void)cuda_batch();
   return settle(std::move(o));
 }
 
@@ -219,7 +221,8 @@ void FrontEnd::step(std::int64_t step) {
   if (previous >= 0)
     for (auto& w : watchers_) guarded([&] { w->on_step_end(); });
   for (auto& w : watchers_) guarded([&] { w->on_step_begin(step); });
-  // The last step's records go to the writer now, in one wake-up.
+  // The last step's CUDA snapshots to the copier, its records to the writer.
+  if (CudaEngine* engine = back_ ? back_->engine() : nullptr) cuda_end_step(*engine);
   if (capturing()) staging_->kick();
   check_stopped();
 }

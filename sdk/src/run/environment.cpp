@@ -61,6 +61,15 @@ bool cuda_stats_in_arena() {
   fail("TENSORTAP_CUDA_STATS={}: expected arena or tensor (how statistics of CUDA tensors reach the copier)", v);
 }
 
+bool cuda_batch() {
+  const char* v = std::getenv("TENSORTAP_CUDA_BATCH");
+  if (v == nullptr || *v == '\0') return kCudaBatch;
+  const std::string l = lower(trim(v));
+  if (l == "on") return true;
+  if (l == "off") return false;
+  fail("TENSORTAP_CUDA_BATCH={}: expected on or off (one event a step for CUDA snapshots, or one a snapshot)", v);
+}
+
 void apply_options_text(Options& options, const std::string& text) {
   for (const std::string& raw : pairs(text)) {
     const std::string pair = trim(raw);

@@ -36,6 +36,15 @@ bool cuda_stats_in_arena();
 /// What `cuda_stats_in_arena` gives when the variable is unset.
 constexpr bool kCudaStatsInArena = true;
 
+/// `TENSORTAP_CUDA_BATCH`: "on", one CUDA event a step for a stream's
+/// snapshots, handed to the copier at the step's end (docs/recording.md);
+/// "off", one a snapshot. Unset or empty: `kCudaBatch`. Throws `Error`
+/// naming any other value.
+bool cuda_batch();
+/// What `cuda_batch` gives when the variable is unset: off until a device
+/// run shows the records identical and the time better.
+constexpr bool kCudaBatch = false;
+
 /// `TENSORTAP_OPTIONS` applied to `options`; returns the string as given,
 /// or nullopt when the variable is unset.
 std::optional<std::string> apply_environment(Options& options);
