@@ -9,7 +9,11 @@
 // stream, ATen's copy for strided and bfloat16 tensors) needs CUDA LibTorch
 // and is not counted here either.
 //
-//   bench_cuda_host [--captures N] [--bytes B] [--per-step K]
+//   bench_cuda_host [--captures N] [--bytes B] [--per-step K] [--batch on|off]
+//
+// --batch on: one event a step (TENSORTAP_CUDA_BATCH=on): the step's end
+// (`CudaEngine::end_step()`, which `Recorder::step()` calls) is counted as
+// the training thread's.
 //
 // Futex system calls and instructions come from outside the process:
 // bench/cuda_host_counts.sh runs this under strace (the training thread's
@@ -150,15 +154,17 @@ CallCounts calls_now() {
 // The calls of each thread role between `a` and `b`, by call: the training
 // thread's (its flushes' left out: `flushing`), the writer's, and the
 // engine's own threads' (the copier).
-void print_by_thread(const CallCounts& a, const CallCounts& b, const CallCounts& flushing, long training,
-                     long writer, double captures, double steps) {
+void print_by_thread(const CallCounts& a, const CallCounts& b, const CallCounts& flushing, const CallCounts& ending,
+                     long training, long writer, double captures, double steps) {
   std::map<std::string, std::map<std::string, double>> roles;
   for (const auto& [key, n] : b) {
     const auto was = a.find(key);
     double d = static_cast<double>(n - (was == a.end() ? 0 : was->second));
     const std::string role = key.first == training ? "training" : key.first == writer ? "writer" : "copier";
-    if (role == "training")
+    if (role == "training") {
       if (const auto f = flushing.find(key); f != flushing.end()) d -= static_cast<double>(f->second);
+      if (const auto e = ending.find(key); e != ending.end()) d -= static_cast<double>(e->second);
+    }
     if (d > 0) roles[role][key.second] += d;
   }
   std::printf("CUDA runtime calls by thread and call:\n");
@@ -169,6 +175,8 @@ void print_by_thread(const CallCounts& a, const CallCounts& b, const CallCounts&
     for (const auto& [call, n] : roles[role])
       std::printf("    %-28s %.3f\n", call.c_str(), n / (per_capture ? captures : steps));
   }
+  std::printf("  training thread, at a step's end (CudaEngine::end_step), per step:%s\n", ending.empty() ? " none" : "");
+  for (const auto& [key, n] : ending) std::printf("    %-28s %.3f\n", key.second.c_str(), static_cast<double>(n) / steps);
   std::printf("  not counted: LibTorch's glue in front of the core (a device guard: cudaGetDevice, and cudaSetDevice "
               "when the device differs; the current stream), which needs CUDA LibTorch\n");
 }
@@ -202,8 +210,17 @@ int main(int argc, char** argv) {
   const long long captures = arg(argc, argv, "--captures", 20000);
   const long long bytes = arg(argc, argv, "--bytes", 4096);
   const long long per_step = arg(argc, argv, "--per-step", 64);
+  bool batch = false;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--batch") == 0) {
+      if (std::strcmp(argv[i + 1], "on") != 0 && std::strcmp(argv[i + 1], "off") != 0) {
+        std::fprintf(stderr, "bench_cuda_host: --batch %s: expected on or off\n", argv[i + 1]);
+        return 2;
+      }
+      batch = std::strcmp(argv[i + 1], "on") == 0;
+    }
   if (captures < 1 || bytes < 4 || bytes > (16 << 20) || per_step < 1) {
-    std::fprintf(stderr, "usage: bench_cuda_host [--captures N] [--bytes 4..16M] [--per-step K]\n");
+    std::fprintf(stderr, "usage: bench_cuda_host [--captures N] [--bytes 4..16M] [--per-step K] [--batch on|off]\n");
     return 2;
   }
   // Its operations without the fake's random delays, on one device.
@@ -215,6 +232,7 @@ int main(int argc, char** argv) {
   Staging staging(std::size_t{64} << 20, tensortap::Overflow::Block);
   CudaEngineOptions options;
   options.staging_memory = tensortap::detail::pinned_host_memory();
+  options.batch_events = batch;
   CudaEngine engine(staging, options, [](const std::string& what) { std::fprintf(stderr, "%s\n", what.c_str()); });
   std::atomic<long long> drained{0};
   std::atomic<long> writer_tid{0};
@@ -245,6 +263,7 @@ int main(int argc, char** argv) {
 
   // Warm-up: the device's arena, events and staging's pinned memory.
   for (int i = 0; i < 256; ++i) capture(engine, spec_of(0), stream, source);
+  engine.end_step();
   engine.flush();
 
   // The counters see what they must, or nothing they print is believed.
@@ -276,11 +295,37 @@ int main(int argc, char** argv) {
   t_counting = true;
   const Counts a = now();
   CallCounts calls_flushing;  // the training thread's calls inside its flushes
+  CallCounts calls_ending;    // and at the steps' ends
+  const long me = static_cast<long>(::syscall(SYS_gettid));
   long long done = 0, steps = 0;
+  unsigned long long step_end_calls = 0;  // the training thread's at the steps' ends
+  Counts ending, end_step_own;  // around the steps' ends, and end_step()'s own
   Counts flushing;  // what the flushes between steps did: not the captures'
   for (std::int64_t step = 1; done < captures; ++step, ++steps) {
     for (long long k = 0; k < per_step && done < captures; ++k, ++done)
       measured_capture(engine, spec_of(step), stream, source);
+    // The step's end, as Recorder::step() makes it: with --batch on, the
+    // step's one event. The training thread's, counted apart (a step's, not
+    // a capture's).
+    // Its allocations, locks and signals are left out of the captures'
+    // with the bookkeeping's here (none in a steady step: said apart).
+    const Counts s0 = now();
+    const CallCounts ce0 = calls_now();
+    const unsigned long long e0 = tensortap_fake_cudart_calls();
+    const Counts in0 = now();
+    engine.end_step();
+    const Counts in1 = now();
+    step_end_calls += tensortap_fake_cudart_calls() - e0;
+    for (const auto& [key, n] : calls_now())
+      if (const auto was = ce0.find(key); key.first == me && n > (was == ce0.end() ? 0 : was->second))
+        calls_ending[key] += n - (was == ce0.end() ? 0 : was->second);
+    const Counts s1 = now();
+    ending.allocations += s1.allocations - s0.allocations;
+    ending.locks += s1.locks - s0.locks;
+    ending.signals += s1.signals - s0.signals;
+    end_step_own.allocations += in1.allocations - in0.allocations;
+    end_step_own.locks += in1.locks - in0.locks;
+    end_step_own.signals += in1.signals - in0.signals;
     // The copier keeps up with a step, as on a GPU that is not saturated:
     // without this the fake's copies fall behind and the event pool (1,024)
     // grows, which is the engine's answer to a backlog, not a capture's
@@ -305,7 +350,10 @@ int main(int argc, char** argv) {
   b.allocations -= flushing.allocations;
   b.locks -= flushing.locks;
   b.signals -= flushing.signals;
-  b.calls -= flushing.calls;
+  b.calls -= flushing.calls + step_end_calls;
+  b.allocations -= ending.allocations;
+  b.locks -= ending.locks;
+  b.signals -= ending.signals;
   t_counting = false;
   mark(marker, "tensortap-bench-end");
   ::close(marker);
@@ -326,15 +374,23 @@ int main(int argc, char** argv) {
   std::printf("  mutex acquisitions     %.3f\n", static_cast<double>(b.locks - a.locks) / n);
   std::printf("  condition signals      %.3f\n", static_cast<double>(b.signals - a.signals) / n);
   std::printf("  CUDA runtime calls     %.3f\n", static_cast<double>(b.calls - a.calls) / n);
-  print_by_thread(calls_a, calls_b, calls_flushing, static_cast<long>(::syscall(SYS_gettid)), writer_tid.load(), n,
+  print_by_thread(calls_a, calls_b, calls_flushing, calls_ending, static_cast<long>(::syscall(SYS_gettid)), writer_tid.load(), n,
                   static_cast<double>(steps));
   // DESIGN's fixed line (docs/design.md, "Measuring"): a capture here is an
   // activation's or a gradient's alike (one tensor, one capture).
   const double per = static_cast<double>(b.calls - a.calls) / n;
+  // A capture's own calls; a step's are its captures' and those at its end
+  // (on: the step's event and its graph check). The gradients' figure is
+  // the capture path's (one launch for a step's gradients is not built).
+  const double at_end = static_cast<double>(step_end_calls) / static_cast<double>(steps);
+  std::printf("  at a step's end (CudaEngine::end_step), training thread: %.3f runtime calls, %.3f heap allocations, "
+              "%.3f mutex acquisitions, %.3f condition signals\n",
+              at_end, static_cast<double>(end_step_own.allocations) / static_cast<double>(steps),
+              static_cast<double>(end_step_own.locks) / static_cast<double>(steps),
+              static_cast<double>(end_step_own.signals) / static_cast<double>(steps));
   std::printf("runtime calls, training thread: per captured activation %.3f, per step for %lld parameter gradients "
-              "%.3f (TENSORTAP_CUDA_BATCH=off)\n",
-              per, per_step, per * static_cast<double>(per_step));
-  std::printf("(TENSORTAP_CUDA_BATCH=on: not built yet)\n");
+              "%.3f (TENSORTAP_CUDA_BATCH=%s)\n",
+              per, per_step, per * static_cast<double>(per_step) + at_end, batch ? "on" : "off");
   const tensortap::detail::CudaEngineCounters c = engine.counters();
   std::printf("copier: %llu records in %llu device-to-host copies\n", static_cast<unsigned long long>(c.records),
               static_cast<unsigned long long>(c.copies));

@@ -60,5 +60,8 @@ fi
 echo "  $total instructions in 2000 captures, $runtime of them in the fake runtime's entry points:" \
      "$(( (total - runtime) / 2000 )) a capture without them ($((total / 2000)) with)"
 
+echo "== counts with one event a step (bench_cuda_host --captures $captures --bytes $bytes --batch on)"
+"$bench" --captures $captures --bytes "$bytes" --batch on | tee "$work/counts-on"
+
 # Last, the figures docs/design.md fixes, off then on.
-grep -E '^runtime calls, training thread|TENSORTAP_CUDA_BATCH=on' "$work/counts"
+grep -E '^runtime calls, training thread' "$work/counts" "$work/counts-on" | sed 's/^[^:]*://'
