@@ -61,7 +61,15 @@ void CudaEngine::run(int device) noexcept {
       }
       while (!work_.empty()) process(*work_.head);
       for (Batch& batch : open_) issue(batch);
-      while (!inflight_.empty() && retire(/*block=*/false)) {
+      // With nothing new queued, the loop's top waits for the oldest batch
+      // at once: an event query first would be a runtime call for nothing
+      // (one a step, with one event a step).
+      bool more = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        more = !queue_.empty();
+      }
+      while (more && !inflight_.empty() && retire(/*block=*/false)) {
       }
     } catch (const std::exception& e) {
       abandon(e.what());
