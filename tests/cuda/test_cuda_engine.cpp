@@ -1242,6 +1242,9 @@ TEST_CASE("one event a step: a CUDA graph capture must begin at a step boundary"
     rig.engine.end_step();
     cudaGraph_t graph = nullptr;
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    // The snapshot's copy still runs on the stream (no event follows it):
+    // done before its source is freed (the fake's cudaFree does not wait).
+    CUDA_OK(cudaStreamSynchronize(stream));
     rig.settle();
     std::lock_guard<std::mutex> lock(g_reports_mu);
     REQUIRE(g_reports.size() == 1);
