@@ -199,9 +199,15 @@ bounded() {
 
 run_tests() {
   # The engine against the real runtime, and CUDA tensors through LibTorch;
-  # the [slow] case (10,000 captures) too.
+  # the [slow] case (10,000 captures) too. Then again with one event a step
+  # (TENSORTAP_CUDA_BATCH=on): the same records either way.
+  local rc=0
   bounded "$BIN/tensortap_cuda_tests" "[gpu]" --durations yes 2>&1 | tee "$RESULTS/tests.txt"
-  return "${PIPESTATUS[0]}"
+  rc=${PIPESTATUS[0]}
+  TENSORTAP_CUDA_BATCH=on bounded "$BIN/tensortap_cuda_tests" "[gpu]" --durations yes 2>&1 |
+    tee "$RESULTS/tests_batch_on.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  return "$rc"
 }
 
 # The [gpu] cases under compute-sanitizer: memcheck over every case that is
