@@ -34,7 +34,6 @@ PYTHON = ("python", "tensortap")
 # shrinks.
 WAITING = {
     ("hooks/src/watch.cpp", "attach"),
-    ("sdk/src/front/snapshotter.cpp", "Snapshotter::queue"),
     ("sdk/src/pipeline/run_json.cpp", "run_json"),
     ("sdk/src/front/front_end.cpp", "FrontEnd::steer"),
     ("sdk/src/back/back_end.cpp", "BackEnd::BackEnd"),
@@ -247,9 +246,12 @@ def check(root):
         if lines > LIMIT and not waiting:
             over.append((lines, path, name))
         elif waiting and lines <= LIMIT:
-            over.append((lines, path, name + " (listed in WAITING but fits: take it off the list)"))
+            over.append((lines, path, name))
     for lines, path, name in sorted(over, reverse=True):
-        print(f"{path}: {name}() is {lines} lines, over {LIMIT}: split it where it does two things")
+        if lines <= LIMIT:
+            print(f"{path}: {name}() is {lines} lines, listed in WAITING but fits: take it off the list")
+        else:
+            print(f"{path}: {name}() is {lines} lines, over {LIMIT}: split it where it does two things")
     print(f"function sizes: {counted} functions, {len(over)} over {LIMIT} lines")
     return over
 

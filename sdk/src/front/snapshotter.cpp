@@ -164,21 +164,8 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
   // needs its value (TensorBoard's `tensor/<name>`) and its dtype.
   const bool stats_vector = !full && !tensor.device().is_cpu() && tensor.dim() != 0;
   if (stats_vector && engine_ != nullptr && tensor.is_cuda()) {
-    // Reduced straight into the engine's arena where it can (no tensor, no
-    // copy on the device: TENSORTAP_CUDA_STATS=arena).
-    static const std::int64_t kSizes[1] = {kStatsVectorSize};
-    const RecordSpec spec{kind,
-                          name,
-                          step,
-                          *dtype_info(at::kDouble),
-                          at::IntArrayRef(kSizes, 1),
-                          static_cast<std::uint64_t>(kStatsVectorSize) * sizeof(double),
-                          Op::StatsVector,
-                          stats_row,
-                          false,
-                          next_id_.fetch_add(1, std::memory_order_relaxed),
-                          name_kept};
-    if (const std::optional<bool> queued = cuda_capture_fused_stats(*engine_, spec, tensor, may_drop_)) return *queued;
+    if (const std::optional<bool> queued = queue_fused_stats(kind, name, tensor, step, stats_row, name_kept))
+      return *queued;
   }
   at::Tensor src = tensor;
   if (stats_vector) {
@@ -239,23 +226,45 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
   }
 
   if (host_bytes && nbytes <= put_bytes_) return staging_.put(spec, bytes_of(src), may_drop_);
-  if (nbytes <= staging_.capacity()) {
-    auto ticket = staging_.reserve(spec, nbytes, /*first=*/true, may_drop_);
-    if (!ticket) return false;
-    try {
-      copy_into(ticket->dst, src, info.stored, nbytes);
-    } catch (...) {
-      staging_.commit(*ticket, false);
-      throw;
-    }
-    staging_.commit(*ticket, true);
-    return true;
-  }
+  if (nbytes <= staging_.capacity()) return copy_in(spec, src);
 
   const bool queued = stream(spec, src, host_bytes);
   // Its statistics went as the rules need them; the record counts as failed.
   if (no_room) throw *no_room;
   return queued;
+}
+
+std::optional<bool> Snapshotter::queue_fused_stats(Kind kind, const std::string& name, const at::Tensor& tensor,
+                                                   std::int64_t step, bool stats_row, bool name_kept) {
+  // Reduced straight into the engine's arena where it can (no tensor, no
+  // copy on the device: TENSORTAP_CUDA_STATS=arena).
+  static const std::int64_t kSizes[1] = {kStatsVectorSize};
+  const RecordSpec spec{kind,
+                        name,
+                        step,
+                        *dtype_info(at::kDouble),
+                        at::IntArrayRef(kSizes, 1),
+                        static_cast<std::uint64_t>(kStatsVectorSize) * sizeof(double),
+                        Op::StatsVector,
+                        stats_row,
+                        false,
+                        next_id_.fetch_add(1, std::memory_order_relaxed),
+                        name_kept};
+  return cuda_capture_fused_stats(*engine_, spec, tensor, may_drop_);
+}
+
+bool Snapshotter::copy_in(const RecordSpec& spec, const at::Tensor& src) {
+  auto ticket = staging_.reserve(spec, spec.nbytes, /*first=*/true, may_drop_);
+  if (!ticket) return false;
+  try {
+    copy_into(ticket->dst, src, spec.dtype.stored, spec.nbytes);
+  } catch (...) {
+    // The slot is given back unwritten: no half record reaches the writer.
+    staging_.commit(*ticket, false);
+    throw;
+  }
+  staging_.commit(*ticket, true);
+  return true;
 }
 
 bool Snapshotter::stream(const RecordSpec& spec, const at::Tensor& src, bool host_bytes) {

@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -83,6 +84,15 @@ class Snapshotter {
   // Overflow::DropNewest, or the pipeline stopped.
   bool queue(Kind kind, const std::string& name, const at::Tensor& t, const DtypeInfo& info, std::int64_t step,
              bool full, bool stats_row, bool name_kept);
+  // queue()'s statistics of a CUDA tensor reduced by the fused kernels into
+  // the engine's arena; nullopt where they do not apply (the caller then
+  // reduces it as a tensor).
+  std::optional<bool> queue_fused_stats(Kind kind, const std::string& name, const at::Tensor& tensor,
+                                        std::int64_t step, bool stats_row, bool name_kept);
+  // queue()'s record that fits a staging buffer but is not its bytes as they
+  // are (or too large for one round of the lock): reserved, copied, committed.
+  // False when dropped.
+  bool copy_in(const RecordSpec& spec, const at::Tensor& src);
 
   // Throws naming the record if its `spec.nbytes` cannot fit where the run
   // is written, before a byte of it is streamed: `Error` if it exceeds the
