@@ -4,6 +4,7 @@
 #include <tensortap/checkpoint.h>
 
 #include <map>
+#include <string>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -32,14 +33,12 @@ std::string some(const std::vector<std::string>& names) {
   return out;
 }
 
-}  // namespace
+// The records of step `step`, by kind and name: the last line wins, as
+// for the reader (a record written again keeps the newest).
+using StepRecords = std::map<std::pair<Kind, std::string>, detail::IndexRecord>;
 
-void load_params(torch::nn::Module& module, const std::string& run, std::int64_t step, std::int64_t rank,
-                 bool strict) {
-  const detail::Dir dir = detail::open_rank_dir(run, rank);
-  // The records of step `step`, by kind and name: the last line wins, as
-  // for the reader (a record written again keeps the newest).
-  std::map<std::pair<Kind, std::string>, detail::IndexRecord> records;
+StepRecords step_records(const detail::Dir& dir, const std::string& run, std::int64_t step) {
+  StepRecords records;
   for (detail::IndexRecord& r : detail::read_index(dir, dir.path()))
     if (r.step == step && (r.kind == Kind::Param || r.kind == Kind::Buffer))
       records[{r.kind, r.name}] = std::move(r);
@@ -54,15 +53,21 @@ void load_params(torch::nn::Module& module, const std::string& run, std::int64_t
                     "is {}); load a step from {} on",
                     run, step, given_up, given_up);
   }
+  return records;
+}
 
-  // The module's tensors, each once (tied weights: by the first of their
-  // names the run holds a record of).
-  struct Target {
-    Kind kind;
-    std::vector<std::string> names;
-    at::Tensor tensor;
-    const detail::IndexRecord* record = nullptr;
-  };
+// One of the module's tensors, under each of its names, and the record that
+// will set it.
+struct Target {
+  Kind kind;
+  std::vector<std::string> names;
+  at::Tensor tensor;
+  const detail::IndexRecord* record = nullptr;
+};
+
+// The module's tensors, each once (tied weights: one target of several
+// names), parameters first.
+std::vector<Target> module_targets(torch::nn::Module& module) {
   std::vector<Target> targets;
   std::map<const void*, std::size_t> index;
   const auto add = [&](Kind kind, const std::string& name, const at::Tensor& t) {
@@ -73,7 +78,14 @@ void load_params(torch::nn::Module& module, const std::string& run, std::int64_t
   };
   for (const auto& p : module.named_parameters(/*recurse=*/true)) add(Kind::Param, p.key(), p.value());
   for (const auto& b : module.named_buffers(/*recurse=*/true)) add(Kind::Buffer, b.key(), b.value());
+  return targets;
+}
 
+// Gives each target its record (by the first of its names the run holds a
+// record of) and returns what stops the load: targets with none, or of
+// another shape or dtype, and under `strict` records no target took; empty
+// when every target can be set.
+std::string match_records(std::vector<Target>& targets, const StepRecords& records, bool strict) {
   std::vector<std::string> missing, mismatched, extra;
   std::unordered_set<const detail::IndexRecord*> used;
   for (Target& t : targets) {
@@ -109,6 +121,17 @@ void load_params(torch::nn::Module& module, const std::string& run, std::int64_t
   say(missing, "not recorded at that step (record kinds param and buffer)");
   say(mismatched, "of another shape or dtype");
   say(extra, "recorded but not in the module (strict=false loads the rest)");
+  return problems;
+}
+
+}  // namespace
+
+void load_params(torch::nn::Module& module, const std::string& run, std::int64_t step, std::int64_t rank,
+                 bool strict) {
+  const detail::Dir dir = detail::open_rank_dir(run, rank);
+  const StepRecords records = step_records(dir, run, step);
+  std::vector<Target> targets = module_targets(module);
+  const std::string problems = match_records(targets, records, strict);
   if (!problems.empty())
     detail::fail("load_params: run '{}' step {}{}: nothing was set{}", run, step,
                  rank != 0 ? fmt::format(" rank {}", rank) : std::string(), problems);

@@ -36,7 +36,6 @@ WAITING = {
     ("sdk/src/pipeline/run_json.cpp", "run_json"),
     ("sdk/src/front/front_end.cpp", "FrontEnd::steer"),
     ("sdk/src/back/back_end.cpp", "BackEnd::BackEnd"),
-    ("hooks/src/load_params.cpp", "load_params"),
     ("sdk/src/pipeline/option_table.cpp", "rows"),
     ("sdk/src/flight/triggers.cpp", "Triggers::evaluate"),
 }
