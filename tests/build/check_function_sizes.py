@@ -37,7 +37,6 @@ WAITING = {
     ("sdk/src/front/front_end.cpp", "FrontEnd::steer"),
     ("sdk/src/back/back_end.cpp", "BackEnd::BackEnd"),
     ("sdk/src/pipeline/option_table.cpp", "rows"),
-    ("sdk/src/flight/triggers.cpp", "Triggers::evaluate"),
 }
 
 

@@ -119,6 +119,48 @@ void validate_triggers(const Options& o) {
   }
 }
 
+namespace {
+
+// A Trigger::when's predicate asked of `s`; nullopt when it threw, which
+// stops its rule (`error` says so): a user's function must not fail the
+// writer thread.
+std::optional<bool> ask_predicate(const Trigger& t, const TensorSummary& s, std::string& error) {
+  try {
+    return t.predicate()(s);
+  } catch (const std::exception& e) {
+    error = fmt::format(
+        "tensortap: the predicate of Trigger::when threw on {} '{}' at step {}: {}; the rule is "
+        "off from now on",
+        kind_name(s.kind), s.name, s.step, e.what());
+  } catch (...) {
+    error = fmt::format(
+        "tensortap: the predicate of Trigger::when threw on {} '{}' at step {}; the rule is off "
+        "from now on",
+        kind_name(s.kind), s.name, s.step);
+  }
+  return std::nullopt;
+}
+
+// The dump record of rule `t` firing on `s`: a NaN or an Inf is the reason
+// for any rule but a predicate's, which says only that it fired.
+Dump dump_of(const Trigger& t, const TensorSummary& s, bool non_finite, double value, double median) {
+  Dump d;
+  d.step = s.step;
+  d.trigger = t.type_name();
+  d.reason = t.type() == Trigger::Type::NonFinite || (non_finite && t.type() != Trigger::Type::When)
+                 ? (s.nan > 0 ? "nan" : "inf")
+                 : t.type_name();
+  d.kind = s.kind;
+  d.name = s.name;
+  d.value = value;
+  d.median = median;
+  d.factor = t.factor();
+  d.window = t.window();
+  return d;
+}
+
+}  // namespace
+
 Triggers::Triggers(const Options& options) {
   for (const Trigger& t : options.dump_on()) {
     rules_.push_back({t, {}, -1, false, false, nullptr});
@@ -194,21 +236,12 @@ std::vector<Dump> Triggers::evaluate(const TensorSummary& s, bool only_non_finit
         fires = non_finite || jumps(rule, key, value, median);
         break;
       default: continue;  // the health rules, above
-      case Trigger::Type::When: try { fires = t.predicate()(s);
-        } catch (const std::exception& e) {
-          rule.stopped = true;
-          error = fmt::format(
-              "tensortap: the predicate of Trigger::when threw on {} '{}' at step {}: {}; the rule is "
-              "off from now on",
-              kind_name(s.kind), s.name, s.step, e.what());
-        } catch (...) {
-          rule.stopped = true;
-          error = fmt::format(
-              "tensortap: the predicate of Trigger::when threw on {} '{}' at step {}; the rule is off "
-              "from now on",
-              kind_name(s.kind), s.name, s.step);
-        }
+      case Trigger::Type::When: {
+        const std::optional<bool> answer = ask_predicate(t, s, error);
+        rule.stopped = !answer;
+        fires = answer.value_or(false);
         break;
+      }
     }
     if (!fires || first) continue;
     // Once per run, or again once the cooldown has passed.
@@ -217,19 +250,7 @@ std::vector<Dump> Triggers::evaluate(const TensorSummary& s, bool only_non_finit
     if (rule.fired && (t.cooldown() == 0 || s.step - rule.last_fired < t.cooldown())) continue;
     rule.fired = true;
     rule.last_fired = s.step;
-    Dump d;
-    d.step = s.step;
-    d.trigger = t.type_name();
-    d.reason = t.type() == Trigger::Type::NonFinite || (non_finite && t.type() != Trigger::Type::When)
-                   ? (s.nan > 0 ? "nan" : "inf")
-                   : t.type_name();
-    d.kind = s.kind;
-    d.name = s.name;
-    d.value = value;
-    d.median = median;
-    d.factor = t.factor();
-    d.window = t.window();
-    first = std::move(d);
+    first = dump_of(t, s, non_finite, value, median);
   }
   if (first) fired.insert(fired.begin(), std::move(*first));
   return fired;
