@@ -34,7 +34,6 @@ PYTHON = ("python", "tensortap")
 # shrinks.
 WAITING = {
     ("sdk/src/pipeline/run_json.cpp", "run_json"),
-    ("sdk/src/front/front_end.cpp", "FrontEnd::steer"),
     ("sdk/src/back/back_end.cpp", "BackEnd::BackEnd"),
     ("sdk/src/pipeline/option_table.cpp", "rows"),
 }

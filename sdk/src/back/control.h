@@ -16,21 +16,6 @@
 
 namespace tensortap::detail {
 
-/// An answer to a request: a line of control.jsonl.
-struct ControlAnswer {
-  std::string id;
-  std::string command;  // "" when the request was refused before its command was known
-  bool ok = false;
-  std::int64_t step = -1;  // the first step it is in effect (-1: none, null in the line)
-  std::string message;
-  /// capture, applied: the steps written in full, and the include that
-  /// replaces the recorder's for them ("": its own). The writer thread
-  /// stores those steps even with a flight recorder, and leaves out what
-  /// the include does not find.
-  std::int64_t window_lo = -1, window_hi = -1;
-  std::string include;
-};
-
 /// The control channel of one rank's run (`tensortap ctl`; the
 /// protocol in docs/leaving-it-on.md): requests are files in
 /// `<run>/control/`, answered by lines of `<run>/control.jsonl`; a

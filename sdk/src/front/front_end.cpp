@@ -10,6 +10,7 @@
 #include "sdk/src/cuda/capture.h"
 #include "sdk/src/flight/triggers.h"
 #include "sdk/src/run/environment.h"
+#include "sdk/src/run/steer.h"
 #include "writers/src/check.h"
 #include "writers/src/kind_set_access.h"
 
@@ -229,90 +230,16 @@ void FrontEnd::step(std::int64_t step) {
 
 void FrontEnd::steer(std::int64_t step) {
   Steering s = sampling_.steering() != nullptr ? *sampling_.steering() : Steering{};
-  const std::string stopped = back_->monitoring_stopped();
+  SteerState state;
+  state.step = step;
+  state.kinds = KindSetAccess::bits(options_.kinds());
+  state.stopped = back_->monitoring_stopped();
   std::vector<ControlAnswer> answers;
   for (const ControlRequest& r : back_->control().take()) {
-    ControlAnswer a;
-    a.id = r.id;
-    a.command = control_command_name(r.command);
-    a.ok = true;
-    a.step = step;
-    switch (r.command) {
-      case ControlCommand::Capture: {
-        if (back_->flight().capture_halted()) {
-          a.ok = false;
-          a.step = -1;
-          a.message = back_->budget_reached()
-                          ? "full capture has stopped: the run reached its disk budget (Options::max_bytes)"
-                          : "full capture has stopped after a flight-recorder dump (Options::after_dump)";
-          break;
-        }
-        const std::uint64_t kinds = r.kinds != 0 ? r.kinds : KindSetAccess::bits(options_.kinds());
-        // A window that runs now is extended to the later end.
-        if (s.window_lo <= step && step <= s.window_hi) {
-          // The names either request finds: either without one, every name
-          // the recorder's own include finds.
-          std::string joined;
-          if (!s.window_include.empty() && !r.include.empty())
-            joined = s.window_include == r.include ? r.include : "(" + s.window_include + ")|(" + r.include + ")";
-          try {
-            // Compiled here, where a refusal is an answer, not on the
-            // writer thread that uses it.
-            Pattern(joined, "include");
-          } catch (const std::exception&) {
-            a.ok = false;
-            a.step = -1;
-            a.message = "its include joined to the running capture's is more than a pattern may hold: refused";
-            break;
-          }
-          s.window_hi = std::max(s.window_hi, step + r.steps - 1);
-          s.window_kinds |= kinds;
-          s.window_include = joined;
-        } else {
-          s.window_lo = step;
-          s.window_hi = step + r.steps - 1;
-          s.window_kinds = kinds;
-          s.window_include = r.include;
-        }
-        a.window_lo = s.window_lo;
-        a.window_hi = s.window_hi;
-        a.include = s.window_include;
-        std::string names;
-        for (Kind k : kAllKinds)
-          if ((s.window_kinds & KindSetAccess::bit(k)) != 0) names += std::string(names.empty() ? "" : "+") + kind_name(k);
-        a.message = fmt::format("steps {}..{} in full ({}{}{})", s.window_lo, s.window_hi, names,
-                                s.window_include.empty() ? "" : ", include ", s.window_include);
-        break;
-      }
-      case ControlCommand::Every:
-        s.every = r.every;
-        s.every_from = step;
-        // "Statistics go on" only while they do (the budget may have stopped them).
-        a.message = r.every > 0 ? fmt::format("every {} steps from step {}", r.every, step)
-                    : stopped.empty() ? std::string("no full tensors from now (every 0); statistics go on")
-                                      : fmt::format("no full tensors from now (every 0); {}", stopped);
-        break;
-      case ControlCommand::Pause:
-        if (s.paused_from >= 0) {
-          a.message = fmt::format("already paused since step {}", s.paused_from);
-          a.step = s.paused_from;
-        } else {
-          s.paused_from = step;
-          a.message = stopped.empty()
-                          ? "full tensors paused; statistics, TensorBoard, the rules and the watchdog go on"
-                          : fmt::format("full tensors paused; the rules and the watchdog go on; {}", stopped);
-        }
-        break;
-      case ControlCommand::Resume:
-        a.message = s.paused_from >= 0 ? "resumed" : "not paused";
-        s.paused_from = -1;
-        break;
-      case ControlCommand::Dump:
-      case ControlCommand::Status:
-        // The writer thread answers these itself.
-        continue;
-    }
-    answers.push_back(std::move(a));
+    // Asked at each request, as the writer thread may halt capture meanwhile.
+    state.capture_halted = back_->flight().capture_halted();
+    state.budget_reached = state.capture_halted && back_->budget_reached();
+    if (std::optional<ControlAnswer> a = apply_request(s, r, state)) answers.push_back(std::move(*a));
   }
   sampling_.steer(s, step);
   back_->control().answered(std::move(answers));
