@@ -56,53 +56,7 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
   budget_->set_job_step(front_.step);
   if (budget_->on() && options.on_budget() == Budget::KeepLatest) {
     store_->keep_latest(dir, options.max_bytes());
-    DiskBudget::GiveUpHooks hooks;
-    hooks.plan = [this](std::uint64_t want, std::int64_t from, std::int64_t limit,
-                        const std::set<std::int64_t>& kept) { return plan_give_up(want, from, limit, kept); };
-    hooks.apply = [this, &failures](std::int64_t below, const std::set<std::int64_t>& kept, bool mark) {
-      // The newest records are durable and indexed first, then the run
-      // says it: a crash between any two leaves the newest steps readable
-      // and files the readers hide, never an index line whose file is gone
-      // unsaid.
-      if (mark) {
-        store_->make_durable_before_give_up();
-        manifest_.write_budget(budget_state());
-      }
-      // One marker for every output: the steps' records, then their
-      // statistics segments and event files. What could not be deleted
-      // stays, counted, and hidden all the same.
-      const auto each = [&failures](auto&& give_up) {
-        try {
-          give_up();
-        } catch (...) {
-          failures.add(nullptr, Failures::current(), 0);
-        }
-      };
-      each([&] { store_->give_up(below, kept); });
-      each([&] { stats_->give_up(below); });
-      if (tensorboard_) each([&] { tensorboard_->give_up(below); });
-    };
-    hooks.side = [this, &failures](std::uint64_t want, std::int64_t limit) {
-      // The smallest step below which the closed files free `want`.
-      const auto freed = [&](std::int64_t below) {
-        return stats_->bytes_below(below) + (tensorboard_ ? tensorboard_->bytes_below(below) : 0);
-      };
-      std::int64_t lo = -1, hi = limit;
-      if (freed(hi) == 0) return std::uint64_t{0};
-      while (hi - lo > 1) {
-        const std::int64_t mid = lo + (hi - lo) / 2;
-        (freed(mid) >= want ? hi : lo) = mid;
-      }
-      std::uint64_t n = 0;
-      try {
-        n += stats_->give_up(hi);
-        if (tensorboard_) n += tensorboard_->give_up(hi);
-      } catch (...) {
-        failures.add(nullptr, Failures::current(), 0);
-      }
-      return n;
-    };
-    budget_->set_give_up(std::move(hooks));
+    budget_->set_give_up(give_up_hooks(failures));
   }
   stats_ = std::make_unique<StatsFile>(dir);
   if (options.tensorboard()) tensorboard_ = std::make_unique<TensorBoard>(dir, *options.tensorboard());
@@ -131,6 +85,56 @@ BackEnd::BackEnd(const Options& options, const Placement& placement, Staging& st
   cuda_ = make_cuda_engine(staging, 2 * options.buffer_bytes(),
                            [&failures](const std::string& what) { failures.add(nullptr, what, 1); },
                            cuda_stats_in_arena(), cuda_batch());
+}
+
+DiskBudget::GiveUpHooks BackEnd::give_up_hooks(Failures& failures) {
+  DiskBudget::GiveUpHooks hooks;
+  hooks.plan = [this](std::uint64_t want, std::int64_t from, std::int64_t limit,
+                      const std::set<std::int64_t>& kept) { return plan_give_up(want, from, limit, kept); };
+  hooks.apply = [this, &failures](std::int64_t below, const std::set<std::int64_t>& kept, bool mark) {
+    // The newest records are durable and indexed first, then the run
+    // says it: a crash between any two leaves the newest steps readable
+    // and files the readers hide, never an index line whose file is gone
+    // unsaid.
+    if (mark) {
+      store_->make_durable_before_give_up();
+      manifest_.write_budget(budget_state());
+    }
+    // One marker for every output: the steps' records, then their
+    // statistics segments and event files. What could not be deleted
+    // stays, counted, and hidden all the same.
+    const auto each = [&failures](auto&& give_up) {
+      try {
+        give_up();
+      } catch (...) {
+        failures.add(nullptr, Failures::current(), 0);
+      }
+    };
+    each([&] { store_->give_up(below, kept); });
+    each([&] { stats_->give_up(below); });
+    if (tensorboard_) each([&] { tensorboard_->give_up(below); });
+  };
+  hooks.side = [this, &failures](std::uint64_t want, std::int64_t limit) {
+    // The smallest step below which the closed files free `want`.
+    const auto freed = [&](std::int64_t below) {
+      return stats_->bytes_below(below) + (tensorboard_ ? tensorboard_->bytes_below(below) : 0);
+    };
+    std::int64_t lo = -1, hi = limit;
+    if (freed(hi) == 0) return std::uint64_t{0};
+    while (hi - lo > 1) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      (freed(mid) >= want ? hi : lo) = mid;
+    }
+    std::uint64_t n = 0;
+    try {
+      n += stats_->give_up(hi);
+      if (tensorboard_) n += tensorboard_->give_up(hi);
+    } catch (...) {
+      failures.add(nullptr, Failures::current(), 0);
+    }
+    return n;
+  };
+  return hooks;
 }
 
 BackEnd::~BackEnd() { stop(); }

@@ -4,8 +4,8 @@
 #include <functional>
 #include <memory>
 
+#include <tensortap/counters.h>
 #include <tensortap/options.h>
-#include <tensortap/recorder.h>
 
 #include "sdk/src/pipeline/failures.h"
 #include "sdk/src/flight/flight.h"
@@ -101,6 +101,10 @@ class BackEnd {
   Writer::GiveUp plan_give_up(std::uint64_t want, std::int64_t from, std::int64_t limit,
                               const std::set<std::int64_t>& kept) const;
   BudgetState budget_state() const;
+  // KeepLatest: how the disk budget gives up steps here (plan, apply, and
+  // the statistics and event files apart); failures to delete are counted
+  // in `failures`, which outlives the back end.
+  DiskBudget::GiveUpHooks give_up_hooks(Failures& failures);
 
   Staging& staging_;
   std::unique_ptr<RunDir> run_dir_;

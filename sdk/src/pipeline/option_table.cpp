@@ -143,6 +143,34 @@ bool json_tensorboard(std::string& j, const Options& o) {
   return true;
 }
 
+// The to_json of the rows whose value is more than a field: every(kind)
+// for each kind, and the format's own struct (false: not this run's format,
+// no key written). Functions of their own, as the table is one line a row.
+bool json_every_by_kind(std::string& j, const Options& o) {
+  j += "{";
+  bool first = true;
+  for (Kind k : kAllKinds) {
+    j += fmt::format("{}\"{}\": {}", first ? "" : ", ", kind_name(k), o.every(k));
+    first = false;
+  }
+  j += "}";
+  return true;
+}
+
+bool json_hdf5(std::string& j, const Options& o) {
+  if (o.format() != Format::Hdf5) return false;
+  const Hdf5Options& h = o.hdf5();
+  j += fmt::format("{{\"deflate\": {}, \"shuffle\": {}, \"chunk_bytes\": {}, \"flush_every\": {}}}", h.deflate(),
+                   json_bool(h.shuffle()), h.chunk_bytes(), h.flush_every());
+  return true;
+}
+
+bool json_packed(std::string& j, const Options& o) {
+  if (o.format() != Format::Packed) return false;
+  j += fmt::format("{{\"segment_bytes\": {}}}", o.packed().segment_bytes());
+  return true;
+}
+
 // A row's from_text and to_json as captureless lambdas.
 #define TT_SET(body) [](Options & o, const OptionText& t) { body; }
 #define TT_JSON(body) [](std::string & j, const Options& o) -> bool { body; return true; }
@@ -168,16 +196,7 @@ const std::vector<OptionRow>& rows() {
     {"exclude", "exclude", "exclude", TT_SET(o.exclude(t.value)), TT_STRING(exclude), ""},
     {"kinds", "kinds", "kinds", set_kinds, TT_JSON(append_kinds(j, o.kinds())), ""},
     {"every(kind)", "every.<kind>", "every_by_kind", TT_SET(o.every(t.kind(t.key.substr(6)), t.integer())),
-     TT_JSON({
-       j += "{";
-       bool first = true;
-       for (Kind k : kAllKinds) {
-         j += fmt::format("{}\"{}\": {}", first ? "" : ", ", kind_name(k), o.every(k));
-         first = false;
-       }
-       j += "}";
-     }),
-     ""},
+     json_every_by_kind, ""},
     {"steps", "steps", "steps", TT_SET(o.steps(t.integers())), TT_JSON(append_json_ints(j, o.steps())), ""},
     {"ranks", "ranks", "ranks", TT_SET(o.ranks(t.integers())), TT_JSON(append_json_ints(j, o.ranks())), ""},
     {"capture_eval", "capture_eval", "capture_eval", TT_SET(o.capture_eval(t.boolean())), TT_BOOL(capture_eval), ""},
@@ -204,27 +223,13 @@ const std::vector<OptionRow>& rows() {
      TT_SET(set_tensorboard_field(o, [&](TensorBoardOptions& tb) { tb.stats(t.list()); })), nullptr, ""},
     {"dump_on", "dump_on", "dump_on", nullptr, TT_JSON(append_dump_on(j, o)),
      "set in code (Options::dump_on(Trigger))"},
-    {"hdf5", "", "hdf5", nullptr,
-     [](std::string& j, const Options& o) {
-       if (o.format() != Format::Hdf5) return false;
-       const Hdf5Options& h = o.hdf5();
-       j += fmt::format("{{\"deflate\": {}, \"shuffle\": {}, \"chunk_bytes\": {}, \"flush_every\": {}}}", h.deflate(),
-                        json_bool(h.shuffle()), h.chunk_bytes(), h.flush_every());
-       return true;
-     },
-     "a struct: its fields are keys of their own (hdf5.deflate, ...)"},
+    {"hdf5", "", "hdf5", nullptr, json_hdf5, "a struct: its fields are keys of their own (hdf5.deflate, ...)"},
     {"Hdf5Options::deflate", "hdf5.deflate", "",
      TT_SET(o.hdf5().deflate(static_cast<int>(std::min<std::int64_t>(t.integer(), 1 << 20)))), nullptr, ""},
     {"Hdf5Options::shuffle", "hdf5.shuffle", "", TT_SET(o.hdf5().shuffle(t.boolean())), nullptr, ""},
     {"Hdf5Options::chunk_bytes", "hdf5.chunk_bytes", "", TT_SET(o.hdf5().chunk_bytes(t.size())), nullptr, ""},
     {"Hdf5Options::flush_every", "hdf5.flush_every", "", TT_SET(o.hdf5().flush_every(t.integer())), nullptr, ""},
-    {"packed", "", "packed", nullptr,
-     [](std::string& j, const Options& o) {
-       if (o.format() != Format::Packed) return false;
-       j += fmt::format("{{\"segment_bytes\": {}}}", o.packed().segment_bytes());
-       return true;
-     },
-     "a struct: its field is a key of its own (packed.segment_bytes)"},
+    {"packed", "", "packed", nullptr, json_packed, "a struct: its field is a key of its own (packed.segment_bytes)"},
     {"PackedOptions::segment_bytes", "packed.segment_bytes", "", TT_SET(o.packed().segment_bytes(t.size())), nullptr,
      ""},
     {"max_bytes", "max_bytes", "max_bytes", TT_SET(o.max_bytes(t.size())), TT_NUMBER(max_bytes), ""},

@@ -15,6 +15,65 @@ namespace {
 // A double as JSON: NaN and infinities, which JSON lacks, as null.
 std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
 
+// run.json's "aliases", when a tensor has several names:
+// {"tok.weight": ["lm_head.weight"]}: one tensor, recorded once.
+void append_aliases(std::string& j, const RunInfo& info) {
+  if (info.aliases.empty()) return;
+  j += "  \"aliases\": {";
+  for (std::size_t i = 0; i < info.aliases.size(); ++i) {
+    j += i ? ", " : "";
+    append_json_string(j, info.aliases[i].first);
+    j += ": [";
+    for (std::size_t k = 0; k < info.aliases[i].second.size(); ++k) {
+      j += k ? ", " : "";
+      append_json_string(j, info.aliases[i].second[k]);
+    }
+    j += "]";
+  }
+  j += "},\n";
+}
+
+// run.json's "taps", when watch() bound any that declare what flows
+// through them: {"hidden1": "relu"}: what the health rules judge the tap by.
+void append_taps(std::string& j, const RunInfo& info) {
+  if (info.taps.empty()) return;
+  j += "  \"taps\": {";
+  for (std::size_t i = 0; i < info.taps.size(); ++i) {
+    j += i ? ", " : "";
+    append_json_string(j, info.taps[i].first);
+    j += ": ";
+    append_json_string(j, info.taps[i].second);
+  }
+  j += "},\n";
+}
+
+// run.json's "budget" under Options::max_bytes, and "monitoring" once the
+// budget stopped the statistics.
+void append_budget(std::string& j, const BudgetState& b) {
+  const auto step_or_null = [](std::int64_t s) { return s < 0 ? std::string("null") : std::to_string(s); };
+  j += fmt::format(
+      "  \"budget\": {{\"max_bytes\": {}, \"policy\": \"{}\", \"reached_at_step\": {}, \"refused_records\": {}, "
+      "\"refused_bytes\": {}, \"given_up_below\": {}",
+      b.max_bytes, b.policy == Budget::KeepLatest ? "keep_latest" : "stop_capture", step_or_null(b.reached_at_step),
+      b.refused_records, b.refused_bytes, step_or_null(b.given_up_below));
+  // KeepLatest's give-ups of dumped steps, statistics and events (docs/design.md#runjson).
+  if (b.dumps_given_up_below >= 0) j += fmt::format(", \"dumps_given_up_below\": {}", b.dumps_given_up_below);
+  if (!b.kept_below.empty()) {
+    j += ", \"kept_steps\": ";
+    append_json_ints(j, b.kept_below);
+  }
+  if (b.dump_records_refused > 0) j += fmt::format(", \"dump_records_refused\": {}", b.dump_records_refused);
+  if (b.late_records_refused > 0) j += fmt::format(", \"late_records_refused\": {}", b.late_records_refused);
+  if (b.stats_rows_given_up > 0) j += fmt::format(", \"stats_rows_given_up\": {}", b.stats_rows_given_up);
+  if (b.event_files_given_up > 0) j += fmt::format(", \"event_files_given_up\": {}", b.event_files_given_up);
+  j += "},\n";
+  if (b.statistics_stopped_at >= 0) {
+    j += fmt::format("  \"monitoring\": {{\"statistics_stopped_at\": {}, \"reason\": ", b.statistics_stopped_at);
+    append_json_string(j, b.stopped_reason);
+    j += fmt::format(", \"resumed_at\": {}}},\n", step_or_null(b.resumed_at));
+  }
+}
+
 }  // namespace
 
 void append_dump_json(std::string& j, const Dump& d) {
@@ -80,57 +139,9 @@ std::string run_json(const Options& o, const RunInfo& info) {
   }
   j += info.dumps.empty() ? "],\n" : "\n  ],\n";
   if (omitted > 0) j += fmt::format("  \"dumps_omitted\": {},\n", omitted);
-  if (!info.aliases.empty()) {
-    // {"tok.weight": ["lm_head.weight"]}: one tensor, recorded once.
-    j += "  \"aliases\": {";
-    for (std::size_t i = 0; i < info.aliases.size(); ++i) {
-      j += i ? ", " : "";
-      append_json_string(j, info.aliases[i].first);
-      j += ": [";
-      for (std::size_t k = 0; k < info.aliases[i].second.size(); ++k) {
-        j += k ? ", " : "";
-        append_json_string(j, info.aliases[i].second[k]);
-      }
-      j += "]";
-    }
-    j += "},\n";
-  }
-  if (!info.taps.empty()) {
-    // {"hidden1": "relu"}: what the health rules judge the tap by.
-    j += "  \"taps\": {";
-    for (std::size_t i = 0; i < info.taps.size(); ++i) {
-      j += i ? ", " : "";
-      append_json_string(j, info.taps[i].first);
-      j += ": ";
-      append_json_string(j, info.taps[i].second);
-    }
-    j += "},\n";
-  }
-  if (info.budget) {
-    const BudgetState& b = *info.budget;
-    const auto step_or_null = [](std::int64_t s) { return s < 0 ? std::string("null") : std::to_string(s); };
-    j += fmt::format(
-        "  \"budget\": {{\"max_bytes\": {}, \"policy\": \"{}\", \"reached_at_step\": {}, \"refused_records\": {}, "
-        "\"refused_bytes\": {}, \"given_up_below\": {}",
-        b.max_bytes, b.policy == Budget::KeepLatest ? "keep_latest" : "stop_capture", step_or_null(b.reached_at_step),
-        b.refused_records, b.refused_bytes, step_or_null(b.given_up_below));
-    // KeepLatest's give-ups of dumped steps, statistics and events (docs/design.md#runjson).
-    if (b.dumps_given_up_below >= 0) j += fmt::format(", \"dumps_given_up_below\": {}", b.dumps_given_up_below);
-    if (!b.kept_below.empty()) {
-      j += ", \"kept_steps\": ";
-      append_json_ints(j, b.kept_below);
-    }
-    if (b.dump_records_refused > 0) j += fmt::format(", \"dump_records_refused\": {}", b.dump_records_refused);
-    if (b.late_records_refused > 0) j += fmt::format(", \"late_records_refused\": {}", b.late_records_refused);
-    if (b.stats_rows_given_up > 0) j += fmt::format(", \"stats_rows_given_up\": {}", b.stats_rows_given_up);
-    if (b.event_files_given_up > 0) j += fmt::format(", \"event_files_given_up\": {}", b.event_files_given_up);
-    j += "},\n";
-    if (b.statistics_stopped_at >= 0) {
-      j += fmt::format("  \"monitoring\": {{\"statistics_stopped_at\": {}, \"reason\": ", b.statistics_stopped_at);
-      append_json_string(j, b.stopped_reason);
-      j += fmt::format(", \"resumed_at\": {}}},\n", step_or_null(b.resumed_at));
-    }
-  }
+  append_aliases(j, info);
+  append_taps(j, info);
+  if (info.budget) append_budget(j, *info.budget);
   if (info.closed) {
     j += fmt::format("  \"end_time\": \"{}\",\n", info.end_time);
     j += fmt::format("  \"records\": {},\n  \"bytes\": {},\n  \"dropped\": {},\n  \"errors\": {},\n",
