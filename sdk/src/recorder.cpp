@@ -77,4 +77,8 @@ std::int64_t Recorder::world_size() const { return front_->placement().world_siz
 
 bool Recorder::capturing() const { return front_->capturing(); }
 
+const std::shared_ptr<detail::FrontEnd>& detail::RecorderAccess::front_end(const Recorder& recorder) {
+  return recorder.front_;
+}
+
 }  // namespace tensortap

@@ -12,13 +12,17 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <tensortap/counters.h>
 #include <tensortap/options.h>
-#include <tensortap/recorder.h>
 
 #include "sdk/src/select/names.h"
 #include "sdk/src/pipeline/process.h"
 #include "sdk/src/select/sampling.h"
 #include "sdk/src/run/settings.h"
+
+namespace tensortap {
+class Recorder;
+}  // namespace tensortap
 
 namespace tensortap::detail {
 
@@ -207,7 +211,9 @@ class FrontEnd {
 
 /// How watch() (hooks/) reaches a Recorder's front end; not for users.
 struct RecorderAccess {
-  static const std::shared_ptr<FrontEnd>& front_end(const Recorder& recorder) { return recorder.front_; }
+  // Defined in recorder.cpp, beside the class it opens: this header does
+  // not include the facade it sits behind.
+  static const std::shared_ptr<FrontEnd>& front_end(const Recorder& recorder);
 };
 
 }  // namespace tensortap::detail

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <tensortap/counters.h>
 #include <tensortap/options.h>
-#include <tensortap/recorder.h>
 
 #include "sdk/src/pipeline/budget.h"
 #include "writers/src/file.h"
