@@ -52,22 +52,30 @@ bool tensortap_off() {
   fail("TENSORTAP={}: expected off (or 0, false) to turn tensortap off, or on (or empty) to leave it on", v);
 }
 
-bool cuda_stats_in_arena() {
-  const char* v = std::getenv("TENSORTAP_CUDA_STATS");
-  if (v == nullptr || *v == '\0') return kCudaStatsInArena;
+namespace {
+
+// A two-word switch read from the environment: `yes` or `no` (any case,
+// spaces around), `fallback` when unset or empty; anything else refused
+// naming the variable, its value and what it chooses.
+bool env_switch(const char* var, const char* yes, const char* no, bool fallback, const char* what) {
+  const char* v = std::getenv(var);
+  if (v == nullptr || *v == '\0') return fallback;
   const std::string l = lower(trim(v));
-  if (l == "arena") return true;
-  if (l == "tensor") return false;
-  fail("TENSORTAP_CUDA_STATS={}: expected arena or tensor (how statistics of CUDA tensors reach the copier)", v);
+  if (l == yes) return true;
+  if (l == no) return false;
+  fail("{}={}: expected {} or {} ({})", var, v, yes, no, what);
+}
+
+}  // namespace
+
+bool cuda_stats_in_arena() {
+  return env_switch("TENSORTAP_CUDA_STATS", "arena", "tensor", kCudaStatsInArena,
+                    "how statistics of CUDA tensors reach the copier");
 }
 
 bool cuda_batch() {
-  const char* v = std::getenv("TENSORTAP_CUDA_BATCH");
-  if (v == nullptr || *v == '\0') return kCudaBatch;
-  const std::string l = lower(trim(v));
-  if (l == "on") return true;
-  if (l == "off") return false;
-  fail("TENSORTAP_CUDA_BATCH={}: expected on or off (one event a step for CUDA snapshots, or one a snapshot)", v);
+  return env_switch("TENSORTAP_CUDA_BATCH", "on", "off", kCudaBatch,
+                    "one event a step for CUDA snapshots, or one a snapshot");
 }
 
 void apply_options_text(Options& options, const std::string& text) {
