@@ -162,15 +162,7 @@ void BackEnd::on_wake() {
   }
   if (watchdog_)
     if (std::optional<Dump> stall = watchdog_->check(now)) flight_->side_dump(std::move(*stall));
-  for (const ControlAnswer& applied : control_->wake(now)) {
-    // A capture's window: stored even by a flight recorder, and its include.
-    // Only a capture taken sets it (an every, a pause, a refusal leave a
-    // running window as it is).
-    if (!applied.ok || applied.command != "capture") continue;
-    flight_->store_steps(applied.window_lo, applied.window_hi);
-    thread_->set_window(applied.window_lo, applied.window_hi,
-                        applied.include.empty() ? nullptr : std::make_unique<Pattern>(applied.include, "include"));
-  }
+  control_->wake(now);
 }
 
 std::string BackEnd::request_dump(std::int64_t step) {

@@ -107,10 +107,10 @@ void ControlChannel::failed(const std::string& what) noexcept {
   std::fprintf(stderr, "tensortap: warning: %s: the control channel goes off\n", what.c_str());
 }
 
-std::vector<ControlAnswer> ControlChannel::wake(std::chrono::steady_clock::time_point now) {
-  std::vector<ControlAnswer> applied;
+void ControlChannel::wake(std::chrono::steady_clock::time_point now) {
   if (now - last_beat_ >= kBeatEvery) beat(now);
-  if (!off_why_.empty()) return applied;
+  if (!off_why_.empty()) return;
+  std::vector<ControlAnswer> applied;
   try {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -126,10 +126,6 @@ std::vector<ControlAnswer> ControlChannel::wake(std::chrono::steady_clock::time_
   } catch (...) {
     failed("the control channel failed");
   }
-  // Only the windows of applied captures matter to the caller.
-  applied.erase(std::remove_if(applied.begin(), applied.end(), [](const ControlAnswer& a) { return a.window_hi < 0; }),
-                applied.end());
-  return applied;
 }
 
 void ControlChannel::beat(std::chrono::steady_clock::time_point now) noexcept {

@@ -54,9 +54,8 @@ class ControlChannel {
 
   /// Writer thread, at each wake: the heartbeat, the answers the training
   /// thread handed back, and, at most twice a second, the requests.
-  /// Returns the capture windows applied since the last call. Never throws:
-  /// a channel that fails says so once and goes off.
-  std::vector<ControlAnswer> wake(std::chrono::steady_clock::time_point now);
+  /// Never throws: a channel that fails says so once and goes off.
+  void wake(std::chrono::steady_clock::time_point now);
 
   /// Training thread: whether requests wait for its step() (one relaxed
   /// load), and taking them.

@@ -241,10 +241,7 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
       if (slot.last) stats = open->stats->result();
     }
   }
-  // A ctl capture's include leaves out, in its window, what it does not find.
-  const bool left_out = window_include_ && window_lo_ <= desc.step && desc.step <= window_hi_ &&
-                        !window_include_->search(desc.name);
-  if (record.op == Op::Hold && !left_out) {
+  if (record.op == Op::Hold) {
     if (open == nullptr) {
       flight_.keep(HeldRecord{slot.record, std::string(data, slot.nbytes)});
     } else {
@@ -255,7 +252,7 @@ void WriterThread::apply(const Slot& slot, const char* data, InFlight* open) {
       open->held.bytes.append(data, slot.nbytes);
       if (slot.last) flight_.keep(std::move(open->held));
     }
-  } else if (record.op == Op::Store && !left_out) {
+  } else if (record.op == Op::Store) {
     store(slot, data, open);
   }
   // TensorBoard's part and the statistics do not depend on the store: a

@@ -15,7 +15,6 @@
 #include "sdk/src/pipeline/stats.h"
 #include "sdk/src/pipeline/store.h"
 #include "sdk/src/pipeline/tensorboard.h"
-#include "sdk/src/pipeline/pattern.h"
 #include "writers/src/stats_file.h"
 
 namespace tensortap::detail {
@@ -46,16 +45,6 @@ class WriterThread {
   void sync();
 
   std::int64_t stats_rows() const { return stats_rows_.load(std::memory_order_relaxed); }
-
-  /// Writer thread (from `on_wake`): `tensortap ctl capture --include`'s
-  /// pattern for steps [lo, hi]: their full records whose name it does not
-  /// find are left out (their statistics still go). Null: the recorder's
-  /// own selection.
-  void set_window(std::int64_t lo, std::int64_t hi, std::unique_ptr<Pattern> include) {
-    window_lo_ = lo;
-    window_hi_ = hi;
-    window_include_ = std::move(include);
-  }
 
  private:
   // A record whose chunks are still arriving: the open record in the
@@ -102,8 +91,6 @@ class WriterThread {
   Failures& failures_;
   TensorBoard* const tensorboard_;
   const std::function<void()> on_wake_;
-  std::int64_t window_lo_ = -1, window_hi_ = -1;
-  std::unique_ptr<Pattern> window_include_;
   // Records whose chunks are still arriving, by id.
   std::unordered_map<std::uint64_t, InFlight> in_flight_;
   std::vector<const RecordDesc*> starting_;

@@ -45,7 +45,7 @@ void FlightRecorder::observe(const RecordDesc& record, const TensorStats& stats,
 
 void FlightRecorder::keep(HeldRecord held) {
   const RecordDesc& desc = held.record.desc;
-  if ((window_lo_ <= desc.step && desc.step <= window_hi_) || (ctl_lo_ <= desc.step && desc.step <= ctl_hi_)) {
+  if (window_lo_ <= desc.step && desc.step <= window_hi_) {
     store_.prepare({&desc});
     store_.write_whole(desc, held.bytes.data(), held.bytes.size());
     return;

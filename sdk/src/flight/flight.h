@@ -58,12 +58,6 @@ class FlightRecorder {
   /// The nonlinearities the taps declare (watch(), any thread): the
   /// health rules judge those taps by them.
   void declare_taps(const std::vector<std::pair<std::string, std::string>>& taps) { triggers_.declare_taps(taps); }
-  /// `tensortap ctl capture`: the held records of steps [lo, hi] are
-  /// written, not held (writer thread, before any of them arrives).
-  void store_steps(std::int64_t lo, std::int64_t hi) {
-    ctl_lo_ = lo;
-    ctl_hi_ = hi;
-  }
 
   // Any thread.
   /// Dumps (or marks) so far, once on disk.
@@ -109,8 +103,6 @@ class FlightRecorder {
   // The window [lo, hi] of steps the last dump covers: their records still
   // to come are written, not held. Writer thread.
   std::int64_t window_lo_ = -1, window_hi_ = -1;
-  // The steps a ctl capture writes in full. Writer thread.
-  std::int64_t ctl_lo_ = -1, ctl_hi_ = -1;
   std::atomic<std::int64_t> dumps_{0};
   std::atomic<std::int64_t> dropped_{0};
   // Dumps after_dump acts on (rules', Recorder::dump()'s), and the number

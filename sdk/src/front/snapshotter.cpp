@@ -121,6 +121,15 @@ void Snapshotter::record(Kind kind, const std::string& name, const at::Tensor& t
   const std::uint64_t plan = sampling_.plan(step, open, open && flight_->capture_halted());
   bool full = Sampling::full(plan, kind);
   const bool stats = Sampling::stats(plan, kind);
+  // A `ctl capture` window's step: stored, not held, and only what its own
+  // include finds. Decided here, with the plan, not when the writer thread
+  // hears of the window: a record can reach it first (a gradient, a step
+  // later), and was held and lost.
+  bool hold = holds_;
+  if (full && Sampling::in_window(plan)) {
+    hold = false;
+    full = sampling_.window_selects(step, name);
+  }
   if (!full && !stats) return;
   // numel() fits 63 bits, its bytes may not (an expanded view claims any
   // size without memory): refused before anything is reserved or copied.
@@ -132,13 +141,13 @@ void Snapshotter::record(Kind kind, const std::string& name, const at::Tensor& t
   // held: dropped here, before a byte of it is copied. (It was copied whole
   // on the writer thread and dropped there: one record took memory far past
   // the budget.) Its statistics, if the step takes them, still go.
-  if (full && holds_ && nbytes > hold_budget_) {
+  if (full && hold && nbytes > hold_budget_) {
     dropped_.fetch_add(1, std::memory_order_relaxed);
     if (!stats) return;
     full = false;
   }
   bool queued = false;
-  if (full && !stats && !holds_ && nbytes <= put_bytes_ && tensor.device().is_cpu() &&
+  if (full && !stats && !hold && nbytes <= put_bytes_ && tensor.device().is_cpu() &&
       is_byte_copy(tensor, info.stored)) {
     // The common case, a small dense CPU tensor stored whole: its bytes go
     // into staging as they are, in one round of the lock, with no tensor
@@ -147,7 +156,7 @@ void Snapshotter::record(Kind kind, const std::string& name, const at::Tensor& t
                           next_id_.fetch_add(1, std::memory_order_relaxed), name_kept};
     queued = staging_.put(spec, bytes_of(tensor), may_drop_);
   } else {
-    queued = queue(kind, name, tensor, info, step, full, stats, name_kept);
+    queued = queue(kind, name, tensor, info, step, full, hold, stats, name_kept);
   }
   if (queued) captured_.fetch_add(1, std::memory_order_relaxed);
   // Refused after close() is not a drop: the run had ended.
@@ -156,7 +165,7 @@ void Snapshotter::record(Kind kind, const std::string& name, const at::Tensor& t
 }
 
 bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& tensor, const DtypeInfo& tensor_info,
-                        std::int64_t step, bool full, bool stats_row, bool name_kept) {
+                        std::int64_t step, bool full, bool hold, bool stats_row, bool name_kept) {
   // Statistics only, of a tensor off the host: reduce it on its own device
   // and send the ten numbers down the same path as a tensor. Not a 0-d
   // tensor (a loss): its one element is cheaper to send than its ten
@@ -198,7 +207,7 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
   // first. Refused for a full disk, it still gives its statistics row when
   // the step takes one (the rules see it); the refusal is thrown after.
   std::optional<NoRoom> no_room;
-  if (full && !holds_ && !on_engine && nbytes > staging_.capacity()) {
+  if (full && !hold && !on_engine && nbytes > staging_.capacity()) {
     try {
       check_room(kind, name, step, nbytes, src);
     } catch (const NoRoom& e) {
@@ -213,7 +222,7 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
                         info,
                         src.sizes(),
                         nbytes,
-                        full           ? (holds_ ? Op::Hold : Op::Store)
+                        full           ? (hold ? Op::Hold : Op::Store)
                         : stats_vector ? Op::StatsVector
                                        : Op::Stats,
                         stats_row,

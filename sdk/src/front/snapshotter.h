@@ -79,11 +79,12 @@ class Snapshotter {
   // check()'s throw, out of line: the common case's code stays small.
   [[noreturn]] void refuse(Kind kind, const std::string& name, const at::Tensor& t, std::int64_t step,
                            const char* why) const;
-  // Queues `t`, of dtype `info`: the full tensor if `full`, its statistics
-  // otherwise. False when refused: staging (or the device budget) full under
+  // Queues `t`, of dtype `info`: the full tensor if `full` (for the flight
+  // recorder to hold if `hold`), its statistics otherwise. False when
+  // refused: staging (or the device budget) full under
   // Overflow::DropNewest, or the pipeline stopped.
   bool queue(Kind kind, const std::string& name, const at::Tensor& t, const DtypeInfo& info, std::int64_t step,
-             bool full, bool stats_row, bool name_kept);
+             bool full, bool hold, bool stats_row, bool name_kept);
   // queue()'s statistics of a CUDA tensor reduced by the fused kernels into
   // the engine's arena; nullopt where they do not apply (the caller then
   // reduces it as a tensor).

@@ -35,12 +35,6 @@ struct ControlAnswer {
   bool ok = false;
   std::int64_t step = -1;  // the first step it is in effect (-1: none, null in the line)
   std::string message;
-  /// capture, applied: the steps written in full, and the include that
-  /// replaces the recorder's for them ("": its own). The writer thread
-  /// stores those steps even with a flight recorder, and leaves out what
-  /// the include does not find.
-  std::int64_t window_lo = -1, window_hi = -1;
-  std::string include;
 };
 
 /// At most this many bytes a request file may hold: a larger one is refused

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -27,34 +28,36 @@ void apply_capture(Steering& s, const ControlRequest& r, const SteerState& state
   }
   const std::uint64_t kinds = r.kinds != 0 ? r.kinds : state.kinds;
   // A window that runs now is extended to the later end.
-  if (s.window_lo <= step && step <= s.window_hi) {
-    // The names either request finds: either without one, every name
-    // the recorder's own include finds.
-    std::string joined;
-    if (!s.window_include.empty() && !r.include.empty())
-      joined = s.window_include == r.include ? r.include : "(" + s.window_include + ")|(" + r.include + ")";
-    try {
-      // Compiled here, where a refusal is an answer, not on the
-      // writer thread that uses it.
-      Pattern(joined, "include");
-    } catch (const std::exception&) {
-      a.ok = false;
-      a.step = -1;
-      a.message = "its include joined to the running capture's is more than a pattern may hold: refused";
-      return;
-    }
+  const bool extends = s.window_lo <= step && step <= s.window_hi;
+  // The names either request finds: either without one, every name the
+  // recorder's own include finds.
+  std::string include = r.include;
+  if (extends)
+    include = s.window_include.empty() || r.include.empty() ? std::string()
+              : s.window_include == r.include             ? r.include
+                                                          : "(" + s.window_include + ")|(" + r.include + ")";
+  std::shared_ptr<const Pattern> pattern;
+  try {
+    // Compiled here, where a refusal is an answer, and where the records
+    // of the window are decided (Sampling::window_selects).
+    if (!include.empty()) pattern = std::make_shared<const Pattern>(include, "include");
+  } catch (const std::exception&) {
+    a.ok = false;
+    a.step = -1;
+    a.message = extends ? "its include joined to the running capture's is more than a pattern may hold: refused"
+                        : "its include is not a pattern tensortap can match: refused";
+    return;
+  }
+  if (extends) {
     s.window_hi = std::max(s.window_hi, step + r.steps - 1);
     s.window_kinds |= kinds;
-    s.window_include = joined;
   } else {
     s.window_lo = step;
     s.window_hi = step + r.steps - 1;
     s.window_kinds = kinds;
-    s.window_include = r.include;
   }
-  a.window_lo = s.window_lo;
-  a.window_hi = s.window_hi;
-  a.include = s.window_include;
+  s.window_include = std::move(include);
+  s.window_pattern = std::move(pattern);
   std::string names;
   for (Kind k : kAllKinds)
     if ((s.window_kinds & KindSetAccess::bit(k)) != 0) names += std::string(names.empty() ? "" : "+") + kind_name(k);

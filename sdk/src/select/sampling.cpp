@@ -25,12 +25,22 @@ void Sampling::steer(Steering s, std::int64_t from) {
   steering_.store(steerings_.back().get(), std::memory_order_release);
 }
 
-std::uint64_t Sampling::full_bits(std::int64_t step) const {
-  const Options& o = options_;
+const Steering* Sampling::steering_of(std::int64_t step) const {
   const Steering* c = steering();
   while (c != nullptr && step < c->from) c = c->prev;
-  if (c != nullptr) {
-    if (c->window_lo <= step && step <= c->window_hi) return c->window_kinds;
+  return c;
+}
+
+bool Sampling::window_selects(std::int64_t step, std::string_view name) const {
+  const Steering* c = steering_of(step);
+  return c == nullptr || step < c->window_lo || step > c->window_hi || !c->window_pattern ||
+         c->window_pattern->search(name);
+}
+
+std::uint64_t Sampling::full_bits(std::int64_t step) const {
+  const Options& o = options_;
+  if (const Steering* c = steering_of(step)) {
+    if (c->window_lo <= step && step <= c->window_hi) return c->window_kinds | kWindowBit;
     if (c->paused_from >= 0 && step >= c->paused_from) return 0;
     if (c->every >= 0 && step >= c->every_from)
       return c->every > 0 && (step - c->every_from) % c->every == 0 ? KindSetAccess::bits(o.kinds()) : 0;

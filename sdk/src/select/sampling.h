@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <tensortap/options.h>
@@ -21,8 +22,13 @@ struct Steering {
   std::int64_t window_lo = -1, window_hi = -1;
   std::uint64_t window_kinds = 0;
   /// Its include ("": the recorder's own): a capture that extends a
-  /// running window joins its include to the running one's.
+  /// running window joins its include to the running one's. Compiled on
+  /// the training thread, where the answer is made, and read there (and by
+  /// a late record's hook on another thread) when a record of the window
+  /// is decided: a window is kept whole, whenever the writer thread hears
+  /// of it.
   std::string window_include;
+  std::shared_ptr<const Pattern> window_pattern;
   /// every N from `every_from` (-1: the options' cadence; 0: none).
   std::int64_t every = -1, every_from = 0;
   /// pause: no full tensors from this step (-1: not paused).
@@ -75,6 +81,12 @@ class Sampling {
     return bits;
   }
   static bool full(std::uint64_t plan, Kind kind) { return (plan & KindSetAccess::bit(kind)) != 0; }
+  /// Whether the step is in a `ctl capture` window: its full records are
+  /// stored, not held by a flight recorder.
+  static bool in_window(std::uint64_t plan) { return (plan & kWindowBit) != 0; }
+  /// Whether `step`'s window's own include, if it has one, finds `name`
+  /// (true outside a window): asked only of a record `in_window`.
+  bool window_selects(std::int64_t step, std::string_view name) const;
   static bool stats(std::uint64_t plan, Kind kind) { return (plan >> kStatsShift & KindSetAccess::bit(kind)) != 0; }
 
   /// Makes `step` current with its plan.
@@ -96,6 +108,8 @@ class Sampling {
   // The kinds `step` samples, and those whose statistics it takes.
   std::uint64_t full_bits(std::int64_t step) const;
   std::uint64_t stats_bits(std::int64_t step) const;
+  // The version of the steering that decides `step`, or null.
+  const Steering* steering_of(std::int64_t step) const;
 
   const Options& options_;
   // Matched without backtracking: a hostile pattern or name cannot hang or
@@ -114,6 +128,9 @@ class Sampling {
   static constexpr unsigned kStepShift = 16;
   static constexpr std::uint64_t kPlanMask = (std::uint64_t{1} << kStepShift) - 1;
   static constexpr std::uint64_t kFullMask = (std::uint64_t{1} << kStatsShift) - 1;
+  // Among the full bits, above every kind's: the step is a window's.
+  static constexpr std::uint64_t kWindowBit = std::uint64_t{1} << 7;
+  static_assert(kKindCount < 8, "a kind's full bit would be the window's");
   std::atomic<std::uint64_t> state_{0};
 };
 
