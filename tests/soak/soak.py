@@ -497,7 +497,8 @@ def largest_files(run_dir):
 
 
 def wanted_steps(run_dir):
-    """The newest step the job was asked to write: a capture window's or a dump's."""
+    """The newest step the job was asked to write: a capture window's or a dump's
+    (a window may reach past the job's last step: the caller bounds it)."""
     newest = -1
     for a in read_answers(run_dir):
         m = RANGE.search(a.get("message", ""))
@@ -563,7 +564,7 @@ def run_job(args, rep, label, run_dir, *, fmt, policy, first, steps, kill_after=
         rep.check(label, "every request answered", not no_answer, f"{len(no_answer)} of {len(ctl_lines)}: "
                   f"{no_answer[:2]}")
     figures = check_run(rep, label, run_dir, fmt=fmt, policy=policy, killed=killed, last=reached_step,
-                        seen_before_kill=seen_before_kill, wanted_newest=wanted_steps(run_dir))
+                        seen_before_kill=seen_before_kill, wanted_newest=min(wanted_steps(run_dir), reached_step))
     figures.update(requests=len(ctl_lines), killed=killed, opens=reader.opens, reached_step=reached_step)
     print(f"{label}: {fmt} {policy}, steps {first}..{reached_step}{' (SIGKILL)' if killed else ''}, "
           f"{len(ctl_lines)} requests ({sum(1 for c in ctl_lines if c['status'] == 0)} ok), {reader.opens} opens, "
