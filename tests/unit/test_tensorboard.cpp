@@ -381,6 +381,41 @@ TEST_CASE("event files: a write that fails is cut back to whole events, and late
   CHECK(events[1].find("after") != std::string::npos);
 }
 
+TEST_CASE("KeepLatest's event files roll at a step's first event, also after a dump's line at a later step",
+          "[tensorboard]") {
+  // A dump's line comes at the training thread's step, which the records
+  // the writer thread is at may be far behind: the file rolled only at a
+  // step above its highest, so it never rolled again and grew past the
+  // budget (the soak check: 612 KB in one file under a 2 MiB budget).
+  tt_test::TempDir tmp;
+  const tensortap::detail::Dir dir = tensortap::detail::Dir::open(tmp.path, /*create=*/false);
+  tensortap::detail::TensorBoard tb(dir, TensorBoardOptions{});
+  constexpr std::uint64_t kFileBytes = 16384;
+  tb.keep_latest(kFileBytes);
+  const std::string line(1000, 'x');
+  const auto step = [&](std::int64_t s) {
+    for (int i = 0; i < 4; ++i) tb.text(s, "t", line);
+  };
+  for (std::int64_t s = 0; s < 10; ++s) step(s);
+  tb.text(1000, "tensortap/dumps", "{\"step\": 1000, \"reason\": \"request\", \"steps\": []}");
+  for (std::int64_t s = 10; s < 60; ++s) step(s);
+  tb.flush(/*durable=*/false);
+  std::vector<std::uintmax_t> sizes;
+  for (const auto& e : fs::directory_iterator(tmp.path)) sizes.push_back(fs::file_size(e.path()));
+  // 60 steps of about 4 KB: a file a little over 16 KB each, none holding
+  // more than its size and one step's events.
+  CHECK(sizes.size() >= 12);
+  CHECK(*std::max_element(sizes.begin(), sizes.end()) < kFileBytes + 4 * (line.size() + 100));
+  // The file with the line at step 1000 stays until step 1000 is given up;
+  // the others go with their steps.
+  CHECK(tb.give_up(40) > 0);
+  std::size_t left = 0;
+  for (const auto& e : fs::directory_iterator(tmp.path)) left += e.is_regular_file() ? 1 : 0;
+  CHECK(left < sizes.size());
+  CHECK(left >= 5);
+  tb.close();
+}
+
 TEST_CASE("TensorBoard's defaults: five statistics, nonfinite from the first NaN, a 0-d tensor as one scalar",
           "[tensorboard]") {
   // Issue 47: ten charts a tensor, half of them flat counts, and ten more

@@ -225,7 +225,11 @@ void TensorBoard::chart(std::size_t category, const std::string& name) {
 
 void TensorBoard::append(std::int64_t step, const std::string& event) {
   std::exception_ptr rolled;
-  if (file_bytes_ > 0 && max_step_ >= 0 && step > max_step_ && file_->size() + file_->buffered() >= file_bytes_) {
+  // At a step's first event, in the order they come: not only at a step
+  // above the file's highest. A dump's line comes at the training thread's
+  // step, often far ahead of the records the writer has reached: the file
+  // then never rolled again, and grew past the budget (the soak check).
+  if (file_bytes_ > 0 && max_step_ >= 0 && step != prev_step_ && file_->size() + file_->buffered() >= file_bytes_) {
     try {
       roll();
     } catch (...) {
@@ -233,6 +237,7 @@ void TensorBoard::append(std::int64_t step, const std::string& event) {
     }
   }
   file_->append(event);
+  prev_step_ = step;
   last_step_ = std::max(last_step_, step);
   if (max_step_ < 0) min_step_ = step;
   min_step_ = std::min(min_step_, step);

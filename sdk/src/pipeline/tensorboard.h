@@ -79,10 +79,11 @@ class TensorBoard {
   /// Writes the events so far (see `EventFile::flush`). Throws `Error`.
   void flush(bool durable);
   void close();
-  /// Budget::KeepLatest: a new event file begins, at a step's first event,
-  /// once one holds about `file_bytes` (TensorBoard reads a directory's
-  /// files as one run); a give-up deletes the files whose steps are all
-  /// given up. Throws (see StepFiles::give_up).
+  /// Budget::KeepLatest: a new event file begins, at a step's first event
+  /// (in the order events come: a step may span two files), once one holds
+  /// about `file_bytes` (TensorBoard reads a directory's files as one run);
+  /// a give-up deletes the files whose steps are all given up. Throws (see
+  /// StepFiles::give_up).
   void keep_latest(std::uint64_t file_bytes) { file_bytes_ = file_bytes; }
   std::uint64_t bytes_below(std::int64_t below) const { return files_.bytes_below(below); }
   std::uint64_t give_up(std::int64_t below) { return files_.give_up(dir_, below); }
@@ -113,6 +114,8 @@ class TensorBoard {
   // file written, the files before it.
   std::uint64_t file_bytes_ = 0;
   std::int64_t min_step_ = 0, max_step_ = -1;
+  // The step of the event appended last.
+  std::int64_t prev_step_ = -1;
   StepFiles files_;
   const std::int64_t histograms_every_;
   // The statistics written (TensorBoardOptions::stats), by the schema's
