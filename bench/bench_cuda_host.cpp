@@ -44,6 +44,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "sdk/src/cuda/batch.h"
 #include "sdk/src/cuda/capture_core.h"
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
@@ -196,6 +197,76 @@ bool capture(CudaEngine& engine, const RecordSpec& spec, cudaStream_t stream, Ra
 __attribute__((noinline)) bool measured_capture(CudaEngine& engine, const RecordSpec& spec, cudaStream_t stream,
                                                 RawSource& source) {
   return capture(engine, spec, stream, source);
+}
+
+// --batch on: `per_step` float32 gradients of `bytes` each at `device`, a
+// step's in one batch with their statistics (capture_batch_on_engine),
+// through 200 steps after 10 of warm-up, the copier drained between steps
+// (not counted). Prints what a step costs the training thread, the step's
+// end included, and returns its runtime calls (-1: the records did not
+// all arrive).
+double batched_gradients(CudaEngine& engine, cudaStream_t stream, void* device, long long bytes, long long per_step) {
+  using tensortap::detail::BatchItem;
+  const tensortap::detail::DtypeInfo& f32 = *tensortap::detail::dtype_info(c10::ScalarType::Float);
+  const tensortap::detail::DtypeInfo& f64 = *tensortap::detail::dtype_info(c10::ScalarType::Double);
+  const std::vector<std::int64_t> shape{bytes / 4}, ten{tensortap::detail::kStatsFields};
+  std::vector<std::string> names;
+  for (long long i = 0; i < per_step; ++i) names.push_back("model.layers." + std::to_string(i) + ".weight");
+  std::vector<RecordSpec> specs;
+  specs.reserve(static_cast<std::size_t>(2 * per_step));
+  std::vector<BatchItem> items(static_cast<std::size_t>(per_step));
+  std::uint64_t id = 1u << 30;
+  const auto step_of = [&](std::int64_t step) {
+    specs.clear();
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      specs.push_back(RecordSpec{tensortap::Kind::Grad, names[i], step, f32, shape, static_cast<std::uint64_t>(bytes),
+                                 tensortap::detail::Op::Store, false, false, ++id, true});
+      specs.push_back(RecordSpec{tensortap::Kind::Grad, names[i], step, f64, ten,
+                                 tensortap::detail::kStatsFields * sizeof(double), tensortap::detail::Op::StatsVector,
+                                 true, false, ++id, true});
+      items[i].tensor.data = device;
+      items[i].tensor.n = bytes / 4;
+      items[i].full = &specs[2 * i];
+      items[i].stats = &specs[2 * i + 1];
+    }
+    tensortap::detail::capture_batch_on_engine(engine, 0, stream, items.data(), items.size(), false);
+    engine.end_step();
+  };
+  const std::uint64_t records0 = engine.counters().records;
+  for (int step = 0; step < 10; ++step) {
+    step_of(1000 + step);
+    engine.flush();
+  }
+  constexpr int kSteps = 200;
+  const std::uint64_t copies0 = engine.counters().copies;
+  Counts total;
+  for (int step = 0; step < kSteps; ++step) {  // kSteps: the caller's count of records
+    t_counting = true;
+    const Counts a = now();
+    step_of(2000 + step);
+    const Counts b = now();
+    t_counting = false;
+    total.allocations += b.allocations - a.allocations;
+    total.locks += b.locks - a.locks;
+    total.signals += b.signals - a.signals;
+    total.calls += b.calls - a.calls;
+    engine.flush();
+  }
+  const tensortap::detail::CudaEngineCounters c = engine.counters();
+  const auto want = static_cast<std::uint64_t>((10 + kSteps) * 2 * per_step);
+  if (c.records - records0 != want) {
+    std::fprintf(stderr, "bench_cuda_host: %llu batched records reached staging, not %llu\n",
+                 static_cast<unsigned long long>(c.records - records0), static_cast<unsigned long long>(want));
+    return -1;
+  }
+  const double steps = kSteps;
+  std::printf("a step's %lld gradients of %lld bytes in one batch with their statistics (TENSORTAP_CUDA_BATCH=on, "
+              "%d steps), training thread, a step's end included: %.3f runtime calls, %.3f heap allocations, %.3f "
+              "mutex acquisitions, %.3f condition signals; copier: %.3f device-to-host copies a step\n",
+              per_step, bytes, kSteps, static_cast<double>(total.calls) / steps,
+              static_cast<double>(total.allocations) / steps, static_cast<double>(total.locks) / steps,
+              static_cast<double>(total.signals) / steps, static_cast<double>(c.copies - copies0) / steps);
+  return static_cast<double>(total.calls) / steps;
 }
 
 long long arg(int argc, char** argv, const char* name, long long fallback) {
@@ -357,12 +428,16 @@ int main(int argc, char** argv) {
   t_counting = false;
   mark(marker, "tensortap-bench-end");
   ::close(marker);
+  const double batched_step = batch ? batched_gradients(engine, stream, device, bytes, per_step) : 0;
+  if (batched_step < 0) return 1;
+  const long long batched_records = batch ? (10 + 200) * 2 * per_step : 0;
   engine.flush();
   engine.stop();
   staging.stop();
   writer.join();
-  if (drained.load() != captures + 256) {
-    std::fprintf(stderr, "bench_cuda_host: %lld records reached staging, not %lld\n", drained.load(), captures + 256);
+  if (drained.load() != captures + 256 + batched_records) {
+    std::fprintf(stderr, "bench_cuda_host: %lld records reached staging, not %lld\n", drained.load(),
+                 captures + 256 + batched_records);
     return 1;
   }
   const double n = static_cast<double>(captures);
@@ -381,16 +456,19 @@ int main(int argc, char** argv) {
   const double per = static_cast<double>(b.calls - a.calls) / n;
   // A capture's own calls; a step's are its captures' and those at its end
   // (on: the step's event and its graph check). The gradients' figure is
-  // the capture path's (one launch for a step's gradients is not built).
+  // the capture path's with --batch off, the batch's with it on.
   const double at_end = static_cast<double>(step_end_calls) / static_cast<double>(steps);
   std::printf("  at a step's end (CudaEngine::end_step), training thread: %.3f runtime calls, %.3f heap allocations, "
               "%.3f mutex acquisitions, %.3f condition signals\n",
               at_end, static_cast<double>(end_step_own.allocations) / static_cast<double>(steps),
               static_cast<double>(end_step_own.locks) / static_cast<double>(steps),
               static_cast<double>(end_step_own.signals) / static_cast<double>(steps));
+  // With one event a step, a step's gradients go in one batch with their
+  // statistics (sdk/src/cuda/batch.h): counted on their own steps.
+  const double grads_step = batch ? batched_step : per * static_cast<double>(per_step) + at_end;
   std::printf("runtime calls, training thread: per captured activation %.3f, per step for %lld parameter gradients "
               "%.3f (TENSORTAP_CUDA_BATCH=%s)\n",
-              per, per_step, per * static_cast<double>(per_step) + at_end, batch ? "on" : "off");
+              per, per_step, grads_step, batch ? "on" : "off");
   const tensortap::detail::CudaEngineCounters c = engine.counters();
   std::printf("copier: %llu records in %llu device-to-host copies\n", static_cast<unsigned long long>(c.records),
               static_cast<unsigned long long>(c.copies));

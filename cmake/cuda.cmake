@@ -20,6 +20,7 @@ set(TENSORTAP_CUDA_ENGINE_SOURCES
   ${PROJECT_SOURCE_DIR}/sdk/src/cuda/engine.cpp
   ${PROJECT_SOURCE_DIR}/sdk/src/cuda/copier.cpp
   ${PROJECT_SOURCE_DIR}/sdk/src/cuda/step_groups.cpp
+  ${PROJECT_SOURCE_DIR}/sdk/src/cuda/batch.cpp
   ${PROJECT_SOURCE_DIR}/sdk/src/cuda/device.cpp
   ${PROJECT_SOURCE_DIR}/sdk/src/cuda/pinned.cpp)
 
@@ -112,7 +113,7 @@ if(TENSORTAP_HAVE_CUDA_ENGINE AND TARGET torch_cuda)
     set(TENSORTAP_CUDA_ARCHITECTURES "75-virtual;90-real" CACHE STRING
         "CUDA architectures of tensortap's own kernels (CMake's CUDA_ARCHITECTURES syntax)")
     tensortap_cuda_supported_architectures()
-    add_library(tensortap_cuda_kernels OBJECT sdk/src/cuda/stats_kernel.cu)
+    add_library(tensortap_cuda_kernels OBJECT sdk/src/cuda/stats_kernel.cu sdk/src/cuda/batch_kernel.cu)
     set_target_properties(tensortap_cuda_kernels PROPERTIES CUDA_ARCHITECTURES "${TENSORTAP_CUDA_ARCHITECTURES}"
                           CUDA_STANDARD 17 POSITION_INDEPENDENT_CODE ON)
     target_include_directories(tensortap_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR})

@@ -28,8 +28,10 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -246,6 +248,11 @@ cudaError_t CUDARTAPI cudaGetLastError(void) {
   const cudaError_t e = t_last_error;
   t_last_error = cudaSuccess;
   return e;
+}
+
+cudaError_t CUDARTAPI cudaPeekAtLastError(void) {
+  Entry entry_(__func__);
+  return t_last_error;
 }
 
 const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
@@ -471,6 +478,23 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void* p, int value, size_t count, cudaStre
   run_on(stream, [=] {
     if (count > 0) std::memset(p, value, count);
   });
+  return cudaSuccess;
+}
+
+// A kernel launch of tensortap's own (tests/cuda/fake_kernels.cpp): the
+// parameters copied, as the runtime copies a kernel's, and handed to the
+// kernel's host reference on the stream's worker, in stream order. Counted
+// as `launches` calls of cudaLaunchKernel (a launch_batch makes two).
+extern "C" cudaError_t tensortap_fake_cudart_launch(cudaStream_t stream, int launches, const void* params,
+                                                    size_t size, void (*kernel)(const void* params)) {
+  static const char kName[] = "cudaLaunchKernel";
+  for (int i = 1; i < launches; ++i) {
+    ++t_calls;
+    count_call(kName);
+  }
+  Entry entry_(kName);
+  auto copy = std::make_shared<std::string>(static_cast<const char*>(params), size);
+  run_on(stream, [copy, kernel] { kernel(copy->data()); });
   return cudaSuccess;
 }
 

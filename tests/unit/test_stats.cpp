@@ -11,6 +11,7 @@
 #include <tensortap/tensortap.h>
 
 #include "tests/support/extreme_stats.h"
+#include "tests/support/fused_reference.h"
 #include "tests/support/helpers.h"
 #include "sdk/src/cuda/stats_kernel.h"
 #include "sdk/src/flight/ring.h"
@@ -320,34 +321,11 @@ TEST_CASE("statistics of finite values near DBL_MAX and of subnormal ones are fi
 
 namespace {
 
-// The fused kernels' reduction (stats_kernel.cu) run on the host with their
-// own arithmetic (stats_partial.h): the same blocks, each thread's values in
-// the same order, the same merge trees.
+// The fused kernels' reduction, as tests/support/fused_reference.h runs it.
 TensorStats fused_on_host(const std::vector<double>& values) {
-  namespace fused = tensortap::detail::fused;
-  const auto n = static_cast<std::int64_t>(values.size());
-  const int blocks = tensortap::detail::stats_partials(n);
-  const auto tree = [](std::vector<fused::Partial>& shared) {
-    for (int s = fused::kThreads / 2; s > 0; s >>= 1)
-      for (int t = 0; t < s; ++t) fused::merge(shared[t], shared[t + s]);
-    return shared[0];
-  };
-  std::vector<fused::Partial> partials(blocks), shared(fused::kThreads);
-  const std::int64_t stride = std::int64_t{blocks} * fused::kThreads;
-  for (int b = 0; b < blocks; ++b) {
-    for (int t = 0; t < fused::kThreads; ++t) {
-      shared[t] = fused::empty_partial();
-      for (std::int64_t i = std::int64_t{b} * fused::kThreads + t; i < n; i += stride)
-        fused::add(shared[t], values[static_cast<std::size_t>(i)]);
-    }
-    partials[b] = tree(shared);
-  }
-  for (int t = 0; t < fused::kThreads; ++t) {
-    shared[t] = fused::empty_partial();
-    for (int i = t; i < blocks; i += fused::kThreads) fused::merge(shared[t], partials[i]);
-  }
   std::vector<double> out(tensortap::detail::kStatsFields);
-  fused::finish(tree(shared), n, out.data());
+  tt_test::fused_stats_on_host(static_cast<std::int64_t>(values.size()),
+                               [&](std::int64_t i) { return values[static_cast<std::size_t>(i)]; }, out.data());
   return tensortap::detail::stats_from_vector(out.data());
 }
 

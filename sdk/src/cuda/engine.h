@@ -142,6 +142,8 @@ class CudaEngine {
   bool stats_in_arena() const { return options_.stats_in_arena; }
   /// See CudaEngineOptions::batch_events.
   bool batch_events() const { return options_.batch_events; }
+  /// Each device's arena (CudaEngineOptions::device_bytes).
+  std::size_t arena_bytes() const { return options_.device_bytes; }
   /// Steps ended so far (`end_step()` calls): with batch_events, a thread's
   /// CUDA-graph check of a stream holds until it changes.
   std::uint64_t steps_ended() const { return steps_ended_.load(std::memory_order_relaxed); }

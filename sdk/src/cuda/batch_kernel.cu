@@ -1,0 +1,125 @@
+// A step's gradients in two launches (batch_kernel.h): the blocks of every
+// tensor in one grid, each tensor's blocks as launch_fused_stats' would be,
+// then one block per tensor to merge them. The arithmetic is
+// stats_partial.h's.
+#include "sdk/src/cuda/batch_kernel.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "sdk/src/cuda/stats_partial.h"
+
+namespace tensortap::detail {
+namespace {
+
+using fused::kThreads;
+using fused::Partial;
+
+// The batch as the kernels' parameters: the tensors and where each one's
+// blocks start in the first launch's grid (first[count] is its size).
+struct BatchParams {
+  BatchTensor t[kBatchTensors];
+  int first[kBatchTensors + 1];
+  int count;
+};
+static_assert(sizeof(BatchParams) <= 4096, "kernel parameters are at most 4 KiB");
+
+__device__ void block_merge(const Partial& mine, Partial* shared) {
+  shared[threadIdx.x] = mine;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) fused::merge(shared[threadIdx.x], shared[threadIdx.x + s]);
+    __syncthreads();
+  }
+}
+
+__device__ double value(const float* p, std::int64_t i) { return static_cast<double>(p[i]); }
+__device__ double value(const double* p, std::int64_t i) { return p[i]; }
+__device__ double value(const __half* p, std::int64_t i) { return static_cast<double>(__half2float(p[i])); }
+__device__ double value(const __nv_bfloat16* p, std::int64_t i) {
+  return static_cast<double>(__bfloat162float(p[i]));
+}
+
+// The stored form: the element itself, but bfloat16 widened to float32.
+__device__ void store(void* copy, const float* p, std::int64_t i) { static_cast<float*>(copy)[i] = p[i]; }
+__device__ void store(void* copy, const double* p, std::int64_t i) { static_cast<double*>(copy)[i] = p[i]; }
+__device__ void store(void* copy, const __half* p, std::int64_t i) { static_cast<__half*>(copy)[i] = p[i]; }
+__device__ void store(void* copy, const __nv_bfloat16* p, std::int64_t i) {
+  static_cast<float*>(copy)[i] = __bfloat162float(p[i]);
+}
+
+// Block `b` of `blocks` of tensor `t`: its share, in launch_fused_stats'
+// order (thread by thread, a grid's stride apart).
+template <class T>
+__device__ Partial share(const BatchTensor& t, int b, int blocks) {
+  const T* data = static_cast<const T*>(t.data);
+  const std::int64_t stride = static_cast<std::int64_t>(blocks) * kThreads;
+  Partial mine = fused::empty_partial();
+  for (std::int64_t i = static_cast<std::int64_t>(b) * kThreads + threadIdx.x; i < t.n; i += stride) {
+    if (t.copy != nullptr) store(t.copy, data, i);
+    if (t.stats != nullptr) fused::add(mine, value(data, i));
+  }
+  return mine;
+}
+
+__global__ void __launch_bounds__(kThreads) batch_partials(const BatchParams p) {
+  __shared__ Partial shared[kThreads];
+  // The tensor whose blocks hold this one: the last that starts at or before it.
+  int lo = 0, hi = p.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.first[mid] <= static_cast<int>(blockIdx.x)) lo = mid;
+    else hi = mid - 1;
+  }
+  const BatchTensor& t = p.t[lo];
+  const int b = static_cast<int>(blockIdx.x) - p.first[lo];
+  const int blocks = p.first[lo + 1] - p.first[lo];
+  Partial mine = fused::empty_partial();
+  switch (t.element) {
+    case StatsElement::Float32: mine = share<float>(t, b, blocks); break;
+    case StatsElement::Float64: mine = share<double>(t, b, blocks); break;
+    case StatsElement::Float16: mine = share<__half>(t, b, blocks); break;
+    case StatsElement::BFloat16: mine = share<__nv_bfloat16>(t, b, blocks); break;
+  }
+  // The same for every thread of the block: the merge's barriers are safe.
+  if (t.stats == nullptr) return;
+  block_merge(mine, shared);
+  if (threadIdx.x == 0) reinterpret_cast<Partial*>(t.scratch)[b] = shared[0];
+}
+
+__global__ void __launch_bounds__(kThreads) batch_final(const BatchParams p) {
+  __shared__ Partial shared[kThreads];
+  const BatchTensor& t = p.t[blockIdx.x];
+  if (t.stats == nullptr) return;
+  const int blocks = p.first[blockIdx.x + 1] - p.first[blockIdx.x];
+  const auto* partials = reinterpret_cast<const Partial*>(t.scratch);
+  Partial mine = fused::empty_partial();
+  for (int i = threadIdx.x; i < blocks; i += kThreads) fused::merge(mine, partials[i]);
+  block_merge(mine, shared);
+  if (threadIdx.x == 0) fused::finish(shared[0], t.n, t.stats);
+}
+
+}  // namespace
+
+int launch_batch(const BatchTensor* tensors, int count, void* stream) {
+  if (cudaPeekAtLastError() != cudaSuccess) return kStatsNotLaunched;
+  if (count <= 0) return 0;
+  BatchParams p;
+  p.count = count;
+  p.first[0] = 0;
+  bool stats = false;
+  for (int i = 0; i < count; ++i) {
+    p.t[i] = tensors[i];
+    p.first[i + 1] = p.first[i] + stats_partials(tensors[i].n);
+    stats = stats || tensors[i].stats != nullptr;
+  }
+  const auto s = static_cast<cudaStream_t>(stream);
+  batch_partials<<<p.first[count], kThreads, 0, s>>>(p);
+  if (stats) batch_final<<<count, kThreads, 0, s>>>(p);
+  // Taken, not peeked: an error of ours must not be left for LibTorch's next
+  // check to find.
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace tensortap::detail
