@@ -259,17 +259,21 @@ class ParamWatcher final : public Watcher, public BackwardListener {
     any_pending_ = false;
     if (!looked_for_gradless_) say_gradless();
     // One parameter that cannot be recorded must not cost the others theirs.
-    std::exception_ptr first;
-    for (Entry& e : entries_) {
-      if (!e.pending) continue;
-      e.pending = false;
-      try {
-        front_->record(Kind::Grad, e.name, e.acc, e.acc_step);
-      } catch (...) {
-        if (!first) first = std::current_exception();
+    // On CUDA with TENSORTAP_CUDA_BATCH=on, the step's gradients go as one
+    // batch: their copies and statistics in one launch, not one each.
+    front_->batched([&] {
+      std::exception_ptr first;
+      for (Entry& e : entries_) {
+        if (!e.pending) continue;
+        e.pending = false;
+        try {
+          front_->record(Kind::Grad, e.name, e.acc, e.acc_step);
+        } catch (...) {
+          if (!first) first = std::current_exception();
+        }
       }
-    }
-    if (first) std::rethrow_exception(first);
+      if (first) std::rethrow_exception(first);
+    });
   }
 
   // Once, at the first sampled step in which watched parameters got

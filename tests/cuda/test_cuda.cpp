@@ -26,9 +26,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
+#include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/functional.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/sgd.h>
 
 #include <tensortap/tensortap.h>
@@ -672,4 +674,72 @@ TEST_CASE("statistics reduced into the engine's arena (TENSORTAP_CUDA_STATS=aren
   REQUIRE(tables[0].size() == 512 + 3 * ts.size() * 96);
   // The same kernels, the same order: the same bytes.
   CHECK(tables[0] == tables[1]);
+}
+
+TEST_CASE("a step's gradients in one batch (TENSORTAP_CUDA_BATCH=on) write what one capture each writes",
+          "[gpu][cuda][torch][batch]") {
+  // Issue 73's cases, on a device: two micro-batches a step, clip_grad_norm_
+  // between backward and the optimizer's step, a layer frozen then
+  // unfrozen, a parameter with no gradient, gradient records every other
+  // step and statistics every step (the stats-only steps take the batch's
+  // statistics kernels), and grad_per_backward (recorded in the hooks, not
+  // batched). Every file of the two runs is the same, byte for byte.
+  if (!have_cuda()) return;
+  const torch::Device gpu(torch::kCUDA, 0);
+  tt_test::TempDir dir;
+  const auto train = [&](const std::string& run, bool per_backward) {
+    torch::manual_seed(0);
+    torch::nn::Sequential net(torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64),
+                              torch::nn::ReLU(), torch::nn::Linear(64, 10));
+    torch::nn::Linear unused(8, 8);  // registered, never used: no gradient
+    net->register_module("unused", unused);
+    net->to(gpu);
+    torch::optim::SGD opt(net->parameters(), 0.01);
+    auto rec = tensortap::watch(*net, tensortap::Options(run)
+                                          .every(2)
+                                          .stats_every(1)
+                                          .kinds({tensortap::Kind::Grad, tensortap::Kind::Param})
+                                          .grad_per_backward(per_backward));
+    for (std::int64_t step = 0; step < 6; ++step) {
+      net[2]->as<torch::nn::Linear>()->weight.set_requires_grad(step >= 3);
+      rec->step(step);
+      opt.zero_grad();
+      for (int micro = 0; micro < 2; ++micro) {
+        const at::Tensor x = torch::randn({16, 32}, gpu);
+        net->forward(x).pow(2).mean().backward();
+      }
+      torch::nn::utils::clip_grad_norm_(net->parameters(), 0.5);
+      opt.step();
+    }
+    rec->close();
+    CHECK(rec->counters().errors == 0);
+    CHECK(rec->counters().dropped == 0);
+  };
+  for (const bool per_backward : {false, true}) {
+    INFO("grad_per_backward " << per_backward);
+    std::string runs[2];
+    for (int on = 0; on < 2; ++on) {
+      ::setenv("TENSORTAP_CUDA_BATCH", on ? "on" : "off", 1);
+      runs[on] = dir / fmt::format("{}-{}", per_backward ? "per-backward" : "per-step", on ? "on" : "off");
+      train(runs[on], per_backward);
+    }
+    ::unsetenv("TENSORTAP_CUDA_BATCH");
+    const auto files = [](const std::string& run) {
+      std::vector<std::string> out;
+      for (const auto& p : tt_test::files_under(run)) {
+        const std::string rel = std::filesystem::relative(p, run).string();
+        // run.json holds the run's own path and times; events are not asked for.
+        if (rel != "run.json" && rel.rfind("control", 0) != 0) out.push_back(rel);
+      }
+      std::sort(out.begin(), out.end());
+      return out;
+    };
+    const std::vector<std::string> off = files(runs[0]), on = files(runs[1]);
+    CHECK(off == on);
+    CHECK(std::count_if(off.begin(), off.end(), [](const std::string& f) { return f.rfind("npy/grad/", 0) == 0; }) > 0);
+    for (const std::string& f : off) {
+      INFO(f);
+      CHECK(tt_test::read_file(runs[0] + "/" + f) == tt_test::read_file(runs[1] + "/" + f));
+    }
+  }
 }

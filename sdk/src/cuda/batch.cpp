@@ -37,6 +37,8 @@ std::string describe(const BatchItem& first, std::size_t count, int device) {
 // quarter of the arena together: the room reserved for them, and what the
 // kernels are given.
 struct Chunk {
+  Chunk(CudaEngine& e, int d, cudaStream_t s, BatchItem* const* i, std::size_t c)
+      : engine(e), device(d), stream(s), items(i), count(c) {}
   CudaEngine& engine;
   const int device;
   const cudaStream_t stream;
@@ -122,7 +124,7 @@ struct Chunk {
 
 void capture_chunk(CudaEngine& engine, int device, cudaStream_t stream, BatchItem* const* items, std::size_t count,
                    bool may_drop) {
-  Chunk chunk{engine, device, stream, items, count};
+  Chunk chunk(engine, device, stream, items, count);
   try {
     chunk.reserve(may_drop);
   } catch (const std::exception& e) {

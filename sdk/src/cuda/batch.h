@@ -1,7 +1,7 @@
 #pragma once
 
-// A step's gradients through the engine in one batch (issue 73, behind
-// TENSORTAP_CUDA_BATCH=on): the runtime-only core, as capture_core.h is
+// A step's gradients through the engine in one batch (behind
+// TENSORTAP_CUDA_BATCH=on, docs/recording.md): the runtime-only core, as capture_core.h is
 // for one tensor. Room for every record is reserved in the device's arena,
 // one `launch_batch` (two kernel launches) copies the tensors and reduces
 // their statistics into it, and the records are submitted: with one event a

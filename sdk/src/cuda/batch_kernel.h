@@ -1,5 +1,6 @@
 // A step's gradients in two kernel launches (batch_kernel.cu), not two
-// (statistics) or one (a copy) per tensor: issue 73. The first launch copies
+// (statistics) or one (a copy) per tensor, whose runtime calls cost the
+// training thread 25-30 us a tensor on an H200. The first launch copies
 // each tensor's stored form into the engine's arena and reduces its blocks'
 // shares to partial results; the second merges them and writes each
 // tensor's ten statistics into its slot of the step's statistics, which

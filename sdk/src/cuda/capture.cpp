@@ -7,9 +7,11 @@
 
 #include "sdk/src/cuda/capture.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <optional>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -25,6 +27,7 @@
 #include "sdk/src/pipeline/snapshot.h"
 #include "sdk/src/pipeline/stats.h"
 #ifdef TENSORTAP_HAVE_FUSED_STATS
+#include "sdk/src/cuda/batch.h"
 #include "sdk/src/cuda/stats_kernel.h"
 #endif
 #include "writers/src/check.h"
@@ -241,6 +244,75 @@ std::optional<bool> cuda_capture_fused_stats(CudaEngine& engine, const RecordSpe
   (void)tensor;
   (void)may_drop;
   return std::nullopt;
+#endif
+}
+
+bool cuda_batches(const CudaEngine& engine) noexcept {
+#ifdef TENSORTAP_HAVE_FUSED_STATS
+  return engine.batch_events() && !fused_broken.load(std::memory_order_relaxed);
+#else
+  (void)engine;
+  return false;
+#endif
+}
+
+bool cuda_batchable(const at::Tensor& tensor, const DtypeInfo& dtype) {
+#ifdef TENSORTAP_HAVE_FUSED_STATS
+  const std::optional<StatsElement> element = fused_element(tensor);
+  // The stored form the batch writes: the tensor's own, bfloat16 widened.
+  return element && !dtype.bits &&
+         dtype.stored == (*element == StatsElement::BFloat16 ? at::kFloat : tensor.scalar_type());
+#else
+  (void)tensor;
+  (void)dtype;
+  return false;
+#endif
+}
+
+void cuda_capture_batch(CudaEngine& engine, std::vector<CudaBatchEntry>& entries, bool may_drop) {
+#ifdef TENSORTAP_HAVE_FUSED_STATS
+  static const std::int64_t kSizes[1] = {kStatsVectorSize};
+  const DtypeInfo& f64 = *dtype_info(at::kDouble);
+  // One batch a device, each in the order its entries came.
+  std::vector<std::size_t> order(entries.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return entries[a].tensor.device().index() < entries[b].tensor.device().index();
+  });
+  for (std::size_t from = 0; from < order.size();) {
+    const c10::Device device = entries[order[from]].tensor.device();
+    std::size_t to = from;
+    while (to < order.size() && entries[order[to]].tensor.device() == device) ++to;
+    const c10::cuda::CUDAGuard guard(device);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+    std::vector<RecordSpec> specs;
+    specs.reserve(to - from);
+    std::vector<BatchItem> items(to - from);
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      CudaBatchEntry& e = entries[order[from + k]];
+      const bool stats = e.op == Op::StatsVector;
+      const StatsElement element = *fused_element(e.tensor);
+      specs.push_back(RecordSpec{e.kind, e.name, e.step, stats ? f64 : *e.dtype,
+                                 stats ? at::IntArrayRef(kSizes, 1) : e.tensor.sizes(),
+                                 stats ? static_cast<std::uint64_t>(kStatsVectorSize) * sizeof(double)
+                                       : static_cast<std::uint64_t>(batch_copy_bytes(element, e.tensor.numel())),
+                                 e.op, e.stats_row, e.scan, e.id, /*name_kept=*/false});
+      items[k].tensor.data = e.tensor.data_ptr();
+      items[k].tensor.n = e.tensor.numel();
+      items[k].tensor.element = element;
+      (stats ? items[k].stats : items[k].full) = &specs.back();
+    }
+    capture_batch_on_engine(engine, device.index(), stream, items.data(), items.size(), may_drop);
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      entries[order[from + k]].queued = items[k].queued > 0;
+      entries[order[from + k]].left = items[k].left;
+    }
+    from = to;
+  }
+#else
+  (void)engine;
+  (void)may_drop;
+  for (CudaBatchEntry& e : entries) e.left = true;
 #endif
 }
 

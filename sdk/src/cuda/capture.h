@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -76,6 +77,40 @@ at::Tensor fused_device_stats(const at::Tensor& tensor);
 /// queued (false: refused, as `cuda_capture`).
 std::optional<bool> cuda_capture_fused_stats(CudaEngine& engine, const RecordSpec& spec, const at::Tensor& tensor,
                                              bool may_drop);
+
+/// A record a step's batch of gradients takes (TENSORTAP_CUDA_BATCH=on,
+/// sdk/src/cuda/batch.h): what `cuda_capture` or the statistics path would
+/// have been given, held until the batch goes. `op` is Op::Store or
+/// Op::Hold (the tensor's stored form, `dtype`), or Op::StatsVector (its
+/// ten statistics).
+struct CudaBatchEntry {
+  Kind kind = Kind::Grad;
+  std::string name;
+  std::int64_t step = 0;
+  const DtypeInfo* dtype = nullptr;
+  at::Tensor tensor;
+  Op op = Op::Store;
+  bool stats_row = false;
+  bool scan = false;
+  std::uint64_t id = 0;
+  /// Set by `cuda_capture_batch`: queued (false: refused under `may_drop`),
+  /// or `left` for the per-tensor path (nothing of it taken).
+  bool queued = false;
+  bool left = false;
+};
+
+/// Whether `engine` batches a step's gradients (one event a step, and this
+/// build has tensortap's kernels), and whether it takes `tensor` (stored as
+/// `dtype`) in a batch: a contiguous float32, float64, float16 or bfloat16
+/// CUDA tensor, not a negated or conjugated view.
+bool cuda_batches(const CudaEngine& engine) noexcept;
+bool cuda_batchable(const at::Tensor& tensor, const DtypeInfo& dtype);
+
+/// Captures `entries` as batches (one a device, on its current stream),
+/// never synchronizing with the device. Throws `Error` naming the batch
+/// when it cannot be taken (a stream being captured into a CUDA graph, a
+/// launch that failed): none of its entries is queued then.
+void cuda_capture_batch(CudaEngine& engine, std::vector<CudaBatchEntry>& entries, bool may_drop);
 
 /// CUDA tensors this process has queued through an engine: lets tests check
 /// that captures take this path rather than a copy through the host.

@@ -22,6 +22,12 @@ std::optional<bool> cuda_capture_fused_stats(CudaEngine&, const RecordSpec&, con
   return std::nullopt;
 }
 
+bool cuda_batches(const CudaEngine&) noexcept { return false; }
+
+bool cuda_batchable(const at::Tensor&, const DtypeInfo&) { return false; }
+
+void cuda_capture_batch(CudaEngine&, std::vector<CudaBatchEntry>&, bool) {}
+
 void cuda_end_step(CudaEngine&) noexcept {}
 
 void cuda_flush(CudaEngine&) {}

@@ -72,6 +72,10 @@ void FrontEnd::record_as(Kind kind, const std::string& name, const at::Tensor& t
   snapshotter_->record(kind, name, tensor, step);
 }
 
+void FrontEnd::begin_batch() { snapshotter_->begin_batch(); }
+
+void FrontEnd::end_batch() { snapshotter_->end_batch(); }
+
 void FrontEnd::record_given(Kind kind, const GivenName& name, const at::Tensor& tensor, std::int64_t step) {
   if (name.kept())
     snapshotter_->record(kind, name.str(), tensor, step, true);

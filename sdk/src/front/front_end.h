@@ -96,6 +96,27 @@ class FrontEnd {
     const GivenName given = names_.repeat(kind, name, step);
     record_given(kind, given, tensor, step);
   }
+  /// Runs `f` (a watcher's records at a step's end: the step's gradients)
+  /// with this thread's CUDA records batched (Snapshotter::begin_batch,
+  /// TENSORTAP_CUDA_BATCH=on); rethrows f's exception, or else the batch's.
+  template <class F>
+  void batched(F&& f) {
+    begin_batch();
+    std::exception_ptr first;
+    try {
+      f();
+    } catch (...) {
+      first = std::current_exception();
+    }
+    try {
+      end_batch();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+    if (first) std::rethrow_exception(first);
+  }
+  void begin_batch();
+  void end_batch();
   /// As `record()`, under a name already given its repeat suffix.
   void record_as(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step);
   std::string repeat_name(Kind kind, const std::string& name, std::int64_t step) {

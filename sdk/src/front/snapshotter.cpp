@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include <sys/statvfs.h>
 
@@ -172,6 +174,7 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
   // statistics (a 4-byte copy against two launches), and the writer thread
   // needs its value (TensorBoard's `tensor/<name>`) and its dtype.
   const bool stats_vector = !full && !tensor.device().is_cpu() && tensor.dim() != 0;
+  if ((full || stats_vector) && batched(kind, name, tensor, tensor_info, step, full, hold, stats_row)) return true;
   if (stats_vector && engine_ != nullptr && tensor.is_cuda()) {
     if (const std::optional<bool> queued = queue_fused_stats(kind, name, tensor, step, stats_row, name_kept))
       return *queued;
@@ -241,6 +244,79 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
   // Its statistics went as the rules need them; the record counts as failed.
   if (no_room) throw *no_room;
   return queued;
+}
+
+namespace {
+
+// The batch this thread collects, and for which Snapshotter (null: none).
+struct ThreadBatch {
+  const Snapshotter* owner = nullptr;
+  std::vector<CudaBatchEntry> entries;
+};
+thread_local ThreadBatch t_batch;
+
+}  // namespace
+
+void Snapshotter::begin_batch() {
+  if (engine_ == nullptr || !cuda_batches(*engine_)) return;
+  t_batch.owner = this;
+}
+
+bool Snapshotter::batched(Kind kind, const std::string& name, const at::Tensor& tensor, const DtypeInfo& info,
+                          std::int64_t step, bool full, bool hold, bool stats_row) {
+  if (t_batch.owner != this || !tensor.is_cuda() || !cuda_batchable(tensor, info)) return false;
+  CudaBatchEntry e;
+  e.kind = kind;
+  e.name = name;
+  e.step = step;
+  e.dtype = &info;
+  e.tensor = tensor;
+  e.op = !full ? Op::StatsVector : hold ? Op::Hold : Op::Store;
+  e.stats_row = stats_row;
+  e.scan = full && scans_;
+  e.id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  t_batch.entries.push_back(std::move(e));
+  return true;
+}
+
+void Snapshotter::end_batch() {
+  if (t_batch.owner != this) return;
+  t_batch.owner = nullptr;
+  std::vector<CudaBatchEntry> entries;
+  entries.swap(t_batch.entries);
+  std::exception_ptr first;
+  try {
+    if (!entries.empty()) cuda_capture_batch(*engine_, entries, may_drop_);
+  } catch (...) {
+    // None of it was taken: each record counted as captured is lost.
+    first = std::current_exception();
+    captured_.fetch_sub(static_cast<std::int64_t>(entries.size()), std::memory_order_relaxed);
+    entries.clear();
+  }
+  // record() counted each as captured when the batch took it.
+  const auto refused = [&] {
+    captured_.fetch_sub(1, std::memory_order_relaxed);
+    if (!closed_.load(std::memory_order_acquire)) dropped_.fetch_add(1, std::memory_order_relaxed);
+  };
+  for (const CudaBatchEntry& e : entries) {
+    if (!e.left) {
+      if (!e.queued) refused();
+      continue;
+    }
+    try {
+      const bool full = e.op != Op::StatsVector;
+      if (!queue(e.kind, e.name, e.tensor, full ? *e.dtype : *dtypes_[static_cast<std::size_t>(e.tensor.scalar_type())],
+                 e.step, full, e.op == Op::Hold, e.stats_row, /*name_kept=*/false))
+        refused();
+    } catch (...) {
+      captured_.fetch_sub(1, std::memory_order_relaxed);
+      if (!first) first = std::current_exception();
+    }
+  }
+  // Its memory kept for the next step's.
+  entries.clear();
+  t_batch.entries.swap(entries);
+  if (first) std::rethrow_exception(first);
 }
 
 std::optional<bool> Snapshotter::queue_fused_stats(Kind kind, const std::string& name, const at::Tensor& tensor,

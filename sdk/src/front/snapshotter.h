@@ -61,6 +61,15 @@ class Snapshotter {
   /// table's own copy (`GivenName::kept()`), which staging may keep by
   /// reference.
   void record(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step, bool name_kept = false);
+  /// Training thread: the CUDA records this thread makes until
+  /// `end_batch()` (a step's gradients) go to the device as one batch
+  /// (TENSORTAP_CUDA_BATCH=on, sdk/src/cuda/batch.h) rather than a capture
+  /// each. Without an engine that batches, nothing changes.
+  void begin_batch();
+  /// Captures the batch; what it could not take goes the per-tensor way.
+  /// Throws `Error` as a capture does (the first failure), once every
+  /// record has gone.
+  void end_batch();
   /// Queues a `Recorder::dump()` marker behind every record queued before.
   void dump_marker(std::int64_t step);
   /// A record a hook could not hand over: counted as captured (and, by the
@@ -95,6 +104,10 @@ class Snapshotter {
   // False when dropped.
   bool copy_in(const RecordSpec& spec, const at::Tensor& src);
 
+  // queue()'s part with a batch open on this thread: whether it took the
+  // record (a batchable CUDA tensor).
+  bool batched(Kind kind, const std::string& name, const at::Tensor& tensor, const DtypeInfo& info,
+               std::int64_t step, bool full, bool hold, bool stats_row);
   // Throws naming the record if its `spec.nbytes` cannot fit where the run
   // is written, before a byte of it is streamed: `Error` if it exceeds the
   // whole file system (an expanded view of 2^40 elements, the caller's

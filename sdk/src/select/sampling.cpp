@@ -25,12 +25,6 @@ void Sampling::steer(Steering s, std::int64_t from) {
   steering_.store(steerings_.back().get(), std::memory_order_release);
 }
 
-const Steering* Sampling::steering_of(std::int64_t step) const {
-  const Steering* c = steering();
-  while (c != nullptr && step < c->from) c = c->prev;
-  return c;
-}
-
 bool Sampling::window_selects(std::int64_t step, std::string_view name) const {
   const Steering* c = steering_of(step);
   return c == nullptr || step < c->window_lo || step > c->window_hi || !c->window_pattern ||

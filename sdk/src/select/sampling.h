@@ -109,7 +109,11 @@ class Sampling {
   std::uint64_t full_bits(std::int64_t step) const;
   std::uint64_t stats_bits(std::int64_t step) const;
   // The version of the steering that decides `step`, or null.
-  const Steering* steering_of(std::int64_t step) const;
+  const Steering* steering_of(std::int64_t step) const {
+    const Steering* c = steering();
+    while (c != nullptr && step < c->from) c = c->prev;
+    return c;
+  }
 
   const Options& options_;
   // Matched without backtracking: a hostile pattern or name cannot hang or
