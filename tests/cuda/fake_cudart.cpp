@@ -250,11 +250,6 @@ cudaError_t CUDARTAPI cudaGetLastError(void) {
   return e;
 }
 
-cudaError_t CUDARTAPI cudaPeekAtLastError(void) {
-  Entry entry_(__func__);
-  return t_last_error;
-}
-
 const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
   Entry entry_(__func__);
   switch (error) {

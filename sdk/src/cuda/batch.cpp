@@ -134,9 +134,6 @@ void capture_chunk(CudaEngine& engine, int device, cudaStream_t stream, BatchIte
   const int error = launch_batch(chunk.tensors.data(), chunk.launched, static_cast<void*>(stream));
   if (error != 0) {
     chunk.give_back();
-    if (error == kStatsNotLaunched)
-      fail("cannot capture {}: a CUDA error of earlier work was pending ({})", describe(*items[0], count, device),
-           cuda_error_string(cudaPeekAtLastError()));
     fail("cannot capture {}: its kernels could not be launched: {}", describe(*items[0], count, device),
          cuda_error_string(static_cast<cudaError_t>(error)));
   }

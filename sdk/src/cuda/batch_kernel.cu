@@ -103,7 +103,6 @@ __global__ void __launch_bounds__(kThreads) batch_final(const BatchParams p) {
 }  // namespace
 
 int launch_batch(const BatchTensor* tensors, int count, void* stream) {
-  if (cudaPeekAtLastError() != cudaSuccess) return kStatsNotLaunched;
   if (count <= 0) return 0;
   BatchParams p;
   p.count = count;
@@ -114,12 +113,19 @@ int launch_batch(const BatchTensor* tensors, int count, void* stream) {
     p.first[i + 1] = p.first[i] + stats_partials(tensors[i].n);
     stats = stats || tensors[i].stats != nullptr;
   }
+  // cudaLaunchKernel, not <<<>>>: its own result says whether the launch
+  // was taken, so no cudaPeekAtLastError before nor cudaGetLastError after
+  // (two runtime calls a step). An error the caller's work left pending
+  // stays theirs; one of ours is taken, so LibTorch's next check does not
+  // find it.
   const auto s = static_cast<cudaStream_t>(stream);
-  batch_partials<<<p.first[count], kThreads, 0, s>>>(p);
-  if (stats) batch_final<<<count, kThreads, 0, s>>>(p);
-  // Taken, not peeked: an error of ours must not be left for LibTorch's next
-  // check to find.
-  return static_cast<int>(cudaGetLastError());
+  void* args[] = {&p};
+  cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(&batch_partials), dim3(p.first[count]),
+                                   dim3(kThreads), args, 0, s);
+  if (e == cudaSuccess && stats)
+    e = cudaLaunchKernel(reinterpret_cast<const void*>(&batch_final), dim3(count), dim3(kThreads), args, 0, s);
+  if (e != cudaSuccess) cudaGetLastError();
+  return static_cast<int>(e);
 }
 
 }  // namespace tensortap::detail

@@ -50,10 +50,10 @@ inline std::int64_t batch_copy_bytes(StatsElement element, std::int64_t n) {
 
 /// Queues on `stream` (a cudaStream_t of the current device) the copies
 /// and statistics of `tensors[0..count)`, `count` at most `kBatchTensors`:
-/// one launch, and a second when any of them takes statistics. Returns the
-/// launches' cudaError_t (0: queued), or `kStatsNotLaunched` when an error
-/// of the caller's own work was pending (nothing launched, the error left
-/// there). Never waits for the device.
+/// one launch, and a second when any of them takes statistics, and no other
+/// runtime call unless a launch fails. Returns the launches' cudaError_t
+/// (0: queued); an error of the caller's own work that was pending is left
+/// there. Never waits for the device.
 int launch_batch(const BatchTensor* tensors, int count, void* stream);
 
 }  // namespace tensortap::detail
