@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <exception>
+#include <functional>
 #include <optional>
 
 #include "sdk/src/cuda/capture_core.h"
@@ -11,6 +12,8 @@
 
 namespace tensortap::detail {
 namespace {
+
+static_assert(CudaEngine::kCounterSlot >= static_cast<std::size_t>(kBatchTensors), "a counter a tensor of a launch");
 
 constexpr std::size_t kStatsBytes = kStatsVectorSize * sizeof(double);
 
@@ -46,6 +49,8 @@ struct Chunk {
   const std::size_t count;
   std::array<std::optional<CudaEngine::Snapshot>, kBatchTensors> full{}, stats{};
   std::optional<CudaEngine::Snapshot> scratch;
+  // The counters of a one-launch merge (null: two launches).
+  unsigned* counters = nullptr;
   std::array<BatchTensor, kBatchTensors> tensors{};
   // The item of each tensor given to the kernels.
   std::array<std::size_t, kBatchTensors> of{};
@@ -60,6 +65,7 @@ struct Chunk {
       if (items[i]->stats != nullptr) scratch_total += scratch_bytes(*items[i]);
     if (scratch_total > 0) scratch = engine.reserve(device, scratch_total, may_drop);
     char* partials = scratch ? static_cast<char*>(scratch->data) : nullptr;
+    if (partials != nullptr) counters = engine.take_counters(device);
     for (std::size_t i = 0; i < count; ++i) {
       const BatchItem& item = *items[i];
       BatchTensor t = item.tensor;
@@ -117,8 +123,17 @@ struct Chunk {
       full[i].reset();
       stats[i].reset();
     }
-    if (scratch) engine.cancel(*scratch, stream);
+    // The counters go back with the scratch, once the stream is past the
+    // launch (or at once, where it never ran: they are still zero).
+    // Two pointers: held in the std::function itself, no allocation.
+    std::function<void()> release;
+    if (counters != nullptr) release = [e = &engine, slot = counters] { e->give_counters(slot); };
+    if (scratch)
+      engine.cancel(*scratch, stream, std::move(release));
+    else if (counters != nullptr)
+      engine.give_counters(counters);
     scratch.reset();
+    counters = nullptr;
   }
 };
 
@@ -131,7 +146,7 @@ void capture_chunk(CudaEngine& engine, int device, cudaStream_t stream, BatchIte
     chunk.give_back();
     fail("cannot capture {}: {}", describe(*items[0], count, device), e.what());
   }
-  const int error = launch_batch(chunk.tensors.data(), chunk.launched, static_cast<void*>(stream));
+  const int error = launch_batch(chunk.tensors.data(), chunk.launched, chunk.counters, static_cast<void*>(stream));
   if (error != 0) {
     chunk.give_back();
     fail("cannot capture {}: its kernels could not be launched: {}", describe(*items[0], count, device),

@@ -3,7 +3,7 @@
 // A step's gradients through the engine in one batch (behind
 // TENSORTAP_CUDA_BATCH=on, docs/recording.md): the runtime-only core, as capture_core.h is
 // for one tensor. Room for every record is reserved in the device's arena,
-// one `launch_batch` (two kernel launches) copies the tensors and reduces
+// one `launch_batch` (one kernel launch) copies the tensors and reduces
 // their statistics into it, and the records are submitted: with one event a
 // step, the training thread makes the launches and, once a step, the graph
 // check, and nothing else (the step's end records the event). The records

@@ -1,7 +1,8 @@
-// A step's gradients in two launches (batch_kernel.h): the blocks of every
+// A step's gradients in one launch (batch_kernel.h): the blocks of every
 // tensor in one grid, each tensor's blocks as launch_fused_stats' would be,
-// then one block per tensor to merge them. The arithmetic is
-// stats_partial.h's.
+// and the last of a tensor's blocks to finish merges their results (or,
+// without counters, a second launch of one block per tensor does). The
+// arithmetic is stats_partial.h's.
 #include "sdk/src/cuda/batch_kernel.h"
 
 #include <cuda_bf16.h>
@@ -22,6 +23,8 @@ struct BatchParams {
   BatchTensor t[kBatchTensors];
   int first[kBatchTensors + 1];
   int count;
+  // One a tensor, zero (launch_batch): its blocks count themselves here.
+  unsigned* counters;
 };
 static_assert(sizeof(BatchParams) <= 4096, "kernel parameters are at most 4 KiB");
 
@@ -63,8 +66,37 @@ __device__ Partial share(const BatchTensor& t, int b, int blocks) {
   return mine;
 }
 
+// A partial another block wrote: read through volatile loads, past any
+// copy this block's cache could hold.
+__device__ Partial load_partial(const Partial* from) {
+  const volatile Partial* v = from;
+  Partial p;
+  p.n = v->n;
+  p.mean = v->mean;
+  p.m2 = v->m2;
+  p.min = v->min;
+  p.max = v->max;
+  p.nan = v->nan;
+  p.posinf = v->posinf;
+  p.zeros = v->zeros;
+  p.exp = v->exp;
+  return p;
+}
+
+// The merge of a tensor's `blocks` partials and its ten statistics, in
+// batch_final's order (and so final_stats'): the same bits either way.
+__device__ void merge_all(const BatchTensor& t, int blocks, Partial* shared, bool from_other_blocks) {
+  const auto* partials = reinterpret_cast<const Partial*>(t.scratch);
+  Partial mine = fused::empty_partial();
+  for (int i = threadIdx.x; i < blocks; i += kThreads)
+    fused::merge(mine, from_other_blocks ? load_partial(&partials[i]) : partials[i]);
+  block_merge(mine, shared);
+  if (threadIdx.x == 0) fused::finish(shared[0], t.n, t.stats);
+}
+
 __global__ void __launch_bounds__(kThreads) batch_partials(const BatchParams p) {
   __shared__ Partial shared[kThreads];
+  __shared__ bool last;
   // The tensor whose blocks hold this one: the last that starts at or before it.
   int lo = 0, hi = p.count - 1;
   while (lo < hi) {
@@ -85,27 +117,39 @@ __global__ void __launch_bounds__(kThreads) batch_partials(const BatchParams p) 
   // The same for every thread of the block: the merge's barriers are safe.
   if (t.stats == nullptr) return;
   block_merge(mine, shared);
-  if (threadIdx.x == 0) reinterpret_cast<Partial*>(t.scratch)[b] = shared[0];
+  if (p.counters == nullptr) {
+    if (threadIdx.x == 0) reinterpret_cast<Partial*>(t.scratch)[b] = shared[0];
+    return;
+  }
+  // The last of the tensor's blocks to finish merges: each publishes its
+  // partial (the fence orders it before the count), then counts itself.
+  if (threadIdx.x == 0) {
+    reinterpret_cast<Partial*>(t.scratch)[b] = shared[0];
+    __threadfence();
+    last = atomicAdd(&p.counters[lo], 1u) == static_cast<unsigned>(blocks - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  merge_all(t, blocks, shared, /*from_other_blocks=*/true);
+  // Zero again for the slot's next launch.
+  if (threadIdx.x == 0) p.counters[lo] = 0;
 }
 
 __global__ void __launch_bounds__(kThreads) batch_final(const BatchParams p) {
   __shared__ Partial shared[kThreads];
   const BatchTensor& t = p.t[blockIdx.x];
   if (t.stats == nullptr) return;
-  const int blocks = p.first[blockIdx.x + 1] - p.first[blockIdx.x];
-  const auto* partials = reinterpret_cast<const Partial*>(t.scratch);
-  Partial mine = fused::empty_partial();
-  for (int i = threadIdx.x; i < blocks; i += kThreads) fused::merge(mine, partials[i]);
-  block_merge(mine, shared);
-  if (threadIdx.x == 0) fused::finish(shared[0], t.n, t.stats);
+  merge_all(t, p.first[blockIdx.x + 1] - p.first[blockIdx.x], shared, /*from_other_blocks=*/false);
 }
 
 }  // namespace
 
-int launch_batch(const BatchTensor* tensors, int count, void* stream) {
+int launch_batch(const BatchTensor* tensors, int count, unsigned* counters, void* stream) {
   if (count <= 0) return 0;
   BatchParams p;
   p.count = count;
+  p.counters = counters;
   p.first[0] = 0;
   bool stats = false;
   for (int i = 0; i < count; ++i) {
@@ -122,7 +166,7 @@ int launch_batch(const BatchTensor* tensors, int count, void* stream) {
   void* args[] = {&p};
   cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(&batch_partials), dim3(p.first[count]),
                                    dim3(kThreads), args, 0, s);
-  if (e == cudaSuccess && stats)
+  if (e == cudaSuccess && stats && counters == nullptr)
     e = cudaLaunchKernel(reinterpret_cast<const void*>(&batch_final), dim3(count), dim3(kThreads), args, 0, s);
   if (e != cudaSuccess) cudaGetLastError();
   return static_cast<int>(e);

@@ -1,9 +1,10 @@
-// A step's gradients in two kernel launches (batch_kernel.cu), not two
+// A step's gradients in one or two kernel launches (batch_kernel.cu), not two
 // (statistics) or one (a copy) per tensor, whose runtime calls cost the
 // training thread 25-30 us a tensor on an H200. The first launch copies
 // each tensor's stored form into the engine's arena and reduces its blocks'
-// shares to partial results; the second merges them and writes each
-// tensor's ten statistics into its slot of the step's statistics, which
+// shares to partial results; the last block of a tensor to finish (or a
+// second launch) merges them and writes its ten statistics into its slot of
+// the step's statistics, which
 // lie next to each other in the arena so that the copier moves them to the
 // host in one copy. A tensor's statistics are bit for bit those of
 // `launch_fused_stats` (the same blocks, each thread's values in the same
@@ -49,11 +50,13 @@ inline std::int64_t batch_copy_bytes(StatsElement element, std::int64_t n) {
 }
 
 /// Queues on `stream` (a cudaStream_t of the current device) the copies
-/// and statistics of `tensors[0..count)`, `count` at most `kBatchTensors`:
-/// one launch, and a second when any of them takes statistics, and no other
-/// runtime call unless a launch fails. Returns the launches' cudaError_t
-/// (0: queued); an error of the caller's own work that was pending is left
-/// there. Never waits for the device.
-int launch_batch(const BatchTensor* tensors, int count, void* stream);
+/// and statistics of `tensors[0..count)`, `count` at most `kBatchTensors`,
+/// in one launch: with `counters` (at least `count` of them, zero, in
+/// device memory; left zero again) each tensor's last block merges its
+/// blocks' results; without, and when any tensor takes statistics, a
+/// second launch does. No other runtime call unless a launch fails. Returns
+/// the launches' cudaError_t (0: queued); an error of the caller's own work
+/// that was pending is left there. Never waits for the device.
+int launch_batch(const BatchTensor* tensors, int count, unsigned* counters, void* stream);
 
 }  // namespace tensortap::detail

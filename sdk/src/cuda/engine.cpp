@@ -162,8 +162,9 @@ void CudaEngine::open_device(Device& d, int device) {
   // one completion event per batch in flight.
   const std::size_t arena = options_.device_bytes / kAlign * kAlign;
   try {
-    d.cuda = std::make_unique<DeviceResources>(device, arena, options_.arena_memory, options_.max_records,
-                                               kMaxInflight + 1, events_created_);
+    d.cuda = std::make_unique<DeviceResources>(device, arena + (options_.batch_events ? kCounterBytes : 0),
+                                               options_.arena_memory, options_.max_records, kMaxInflight + 1,
+                                               events_created_);
   } catch (const std::exception& e) {
     // Kept without fail()'s prefix, which fail() adds again below.
     d.error = e.what();
@@ -180,6 +181,19 @@ void CudaEngine::open_device(Device& d, int device) {
         "allocated one by one instead",
         arena, device, d.cuda->arena_error));
   d.ring = RingAllocator(d.cuda->arena != nullptr ? arena : 0);
+  // batch_events: the counter slots, past the ring's end (the arena is
+  // allocated that much larger), zeroed once here, at the first capture's
+  // warm-up; a batch's launch leaves its slot zero again.
+  if (d.cuda->arena != nullptr && options_.batch_events) {
+    unsigned* counters = reinterpret_cast<unsigned*>(d.cuda->arena + arena);
+    if (cudaMemset(counters, 0, kCounterBytes) == cudaSuccess) {
+      d.counters = counters;
+      d.free_counters.reserve(kCounterSlots);
+      for (std::size_t i = 0; i < kCounterSlots; ++i) d.free_counters.push_back(counters + i * kCounterSlot);
+    } else {
+      cudaGetLastError();
+    }
+  }
   d.ready_total = d.cuda->ready_events.size();
   d.done_total = d.cuda->done_events.size();
 }
@@ -299,6 +313,27 @@ void CudaEngine::cancel(Snapshot snap, cudaStream_t stream, std::function<void()
   if (options_.batch_events) return wait_for_step(item, stream);
   if (snap.ready != nullptr && cudaEventRecord(snap.ready, stream) != cudaSuccess) cudaGetLastError();
   enqueue(item);
+}
+
+unsigned* CudaEngine::take_counters(int device) noexcept {
+  if (device < 0 || static_cast<std::size_t>(device) >= devices_.size()) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  Device& d = *devices_[static_cast<std::size_t>(device)];
+  if (d.free_counters.empty()) return nullptr;
+  unsigned* slot = d.free_counters.back();
+  d.free_counters.pop_back();
+  return slot;
+}
+
+void CudaEngine::give_counters(unsigned* slot) noexcept {
+  if (slot == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Its device: the one whose slots hold it (a device or two: no map).
+  for (auto& d : devices_)
+    if (d->counters != nullptr && slot >= d->counters && slot < d->counters + kCounterSlots * kCounterSlot) {
+      d->free_counters.push_back(slot);
+      return;
+    }
 }
 
 void CudaEngine::flush() {

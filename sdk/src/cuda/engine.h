@@ -180,6 +180,20 @@ class CudaEngine {
   /// copy was enqueued.
   void cancel(Snapshot snap, cudaStream_t stream, std::function<void()> release = {}) noexcept;
 
+  /// Training thread, after a `reserve()` on `device`: a slot of
+  /// `kCounterSlot` counters in the device's arena, all zero, for a launch
+  /// whose blocks count themselves so that the last one merges their
+  /// results (batch_kernel.cu; it leaves them zero again). Null when every
+  /// slot is in use or the device has no arena: the caller launches twice.
+  unsigned* take_counters(int device) noexcept;
+  /// Gives a slot back once the stream is past the launch that used it (a
+  /// `release` the copier runs).
+  void give_counters(unsigned* slot) noexcept;
+  /// Counters a slot holds, and slots a device has.
+  static constexpr std::size_t kCounterSlot = 64;
+  static constexpr std::size_t kCounterSlots = 16;
+  static constexpr std::size_t kCounterBytes = kCounterSlots * kCounterSlot * sizeof(unsigned);
+
   /// A step's end (the training thread's `Recorder::step()`): with
   /// batch_events, records one event on each stream with snapshots waiting
   /// and hands them to the copier; without, nothing. Never throws: a
@@ -261,6 +275,11 @@ class CudaEngine {
     // handed to the copier (no event recorded after them yet).
     Items waiting;
     cudaStream_t waiting_stream = nullptr;
+    // batch_events: the counter slots past the arena's ring
+    // (take_counters), zeroed once when the arena is made, and those free
+    // (reserved in full then, so giving one back never allocates).
+    unsigned* counters = nullptr;
+    std::vector<unsigned*> free_counters;
   };
   // One cudaMemcpyAsync.
   struct Copy {
