@@ -387,6 +387,12 @@ class CudaEngine {
   std::condition_variable work_cv_;  // the copier waits for records
   std::condition_variable room_cv_;  // reserve() waits for arena room
   std::condition_variable done_cv_;  // flush() waits for the copier
+  // batch_events: groups taken from a device and not yet handed over (their
+  // event being recorded outside the lock), and the threads in
+  // hand_over_all() waiting for none to be.
+  std::size_t handing_over_ = 0;
+  std::size_t handover_waiters_ = 0;
+  std::condition_variable handed_cv_;
   std::vector<std::unique_ptr<Device>> devices_;
   Items queue_;
   // Retired queue entries, for reserve() to take again.

@@ -20,6 +20,9 @@ CudaEngine::Items CudaEngine::take_waiting(Device& d, int device, cudaStream_t& 
   d.waiting_stream = nullptr;
   event = nullptr;
   if (group.empty()) return group;
+  // Until hand_over() has recorded its event: the stream's owner, in
+  // end_step(), waits for it before it may destroy the stream.
+  ++handing_over_;
   std::vector<cudaEvent_t>& pool = d.cuda->ready_events;
   if (!pool.empty()) {
     event = pool.back();
@@ -84,7 +87,7 @@ void CudaEngine::hand_over(Items group, int device, cudaStream_t stream, cudaEve
     } catch (...) {
     }
   }
-  bool wake = false;
+  bool wake = false, handed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     while (Item* item = group.pop()) {
@@ -93,8 +96,10 @@ void CudaEngine::hand_over(Items group, int device, cudaStream_t stream, cudaEve
       --outstanding_;
     }
     wake = copier_waiting_;
+    handed = --handing_over_ == 0 && handover_waiters_ > 0;
   }
   if (wake) work_cv_.notify_one();
+  if (handed) handed_cv_.notify_all();
 }
 
 void CudaEngine::hand_over_all() noexcept {
@@ -112,6 +117,15 @@ void CudaEngine::hand_over_all() noexcept {
     }
     hand_over(std::move(group), static_cast<int>(i), stream, event, std::move(error));
   }
+  // A group another thread took (a capture on another stream of the device)
+  // may still be having its event recorded on a stream of this thread's:
+  // once this returns, nothing of the engine's touches a stream for the
+  // snapshots taken before, and its owner may destroy it.
+  std::unique_lock<std::mutex> lock(mu_);
+  if (handing_over_ == 0) return;
+  ++handover_waiters_;
+  handed_cv_.wait(lock, [&] { return handing_over_ == 0; });
+  --handover_waiters_;
 }
 
 void CudaEngine::end_step() noexcept {
