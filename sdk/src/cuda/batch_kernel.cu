@@ -5,17 +5,15 @@
 // arithmetic is stats_partial.h's.
 #include "sdk/src/cuda/batch_kernel.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include "sdk/src/cuda/stats_partial.h"
+#include "sdk/src/cuda/kernel_device.cuh"
 
 namespace tensortap::detail {
 namespace {
 
+using fused::block_merge;
 using fused::kThreads;
 using fused::Partial;
+using fused::value;
 
 // The batch as the kernels' parameters: the tensors and where each one's
 // blocks start in the first launch's grid (first[count] is its size).
@@ -27,22 +25,6 @@ struct BatchParams {
   unsigned* counters;
 };
 static_assert(sizeof(BatchParams) <= 4096, "kernel parameters are at most 4 KiB");
-
-__device__ void block_merge(const Partial& mine, Partial* shared) {
-  shared[threadIdx.x] = mine;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) fused::merge(shared[threadIdx.x], shared[threadIdx.x + s]);
-    __syncthreads();
-  }
-}
-
-__device__ double value(const float* p, std::int64_t i) { return static_cast<double>(p[i]); }
-__device__ double value(const double* p, std::int64_t i) { return p[i]; }
-__device__ double value(const __half* p, std::int64_t i) { return static_cast<double>(__half2float(p[i])); }
-__device__ double value(const __nv_bfloat16* p, std::int64_t i) {
-  return static_cast<double>(__bfloat162float(p[i]));
-}
 
 // The stored form: the element itself, but bfloat16 widened to float32.
 __device__ void store(void* copy, const float* p, std::int64_t i) { static_cast<float*>(copy)[i] = p[i]; }

@@ -4,36 +4,17 @@
 // stats_partial.h's, which the host tests run against the host scan.
 #include "sdk/src/cuda/stats_kernel.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include "sdk/src/cuda/stats_partial.h"
+#include "sdk/src/cuda/kernel_device.cuh"
 
 namespace tensortap::detail {
 namespace {
 
+using fused::block_merge;
 using fused::kThreads;
 using fused::Partial;
+using fused::value;
 
 static_assert(sizeof(Partial) == kStatsPartialDoubles * sizeof(double), "a partial is kStatsPartialDoubles doubles");
-
-// The block's merge, in shared memory; the result is in shared[0].
-__device__ void block_merge(const Partial& mine, Partial* shared) {
-  shared[threadIdx.x] = mine;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) fused::merge(shared[threadIdx.x], shared[threadIdx.x + s]);
-    __syncthreads();
-  }
-}
-
-__device__ double value(const float* p, std::int64_t i) { return static_cast<double>(p[i]); }
-__device__ double value(const double* p, std::int64_t i) { return p[i]; }
-__device__ double value(const __half* p, std::int64_t i) { return static_cast<double>(__half2float(p[i])); }
-__device__ double value(const __nv_bfloat16* p, std::int64_t i) {
-  return static_cast<double>(__bfloat162float(p[i]));
-}
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) partial_stats(const T* data, std::int64_t n, Partial* partials) {
