@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "sdk/src/cuda/batch_kernel.h"
 #include "tests/cuda/kernel_reference.h"
@@ -54,6 +55,23 @@ int launch_batch(const BatchTensor* tensors, int count, unsigned* counters, void
         tt_test::run_batch_on_host(params.t, params.count);
         if (params.counters != nullptr)
           for (int i = 0; i < params.count; ++i) __atomic_store_n(&params.counters[i], 0u, __ATOMIC_RELEASE);
+      }));
+}
+
+int launch_copies(const CopyTensor* tensors, int count, void* stream) {
+  if (count <= 0) return 0;
+  struct CopyParams {
+    CopyTensor t[kBatchTensors];
+    int count;
+  } p;
+  p.count = std::min(count, kBatchTensors);
+  std::copy(tensors, tensors + p.count, p.t);
+  return static_cast<int>(
+      tensortap_fake_cudart_launch(static_cast<cudaStream_t>(stream), 1, &p, sizeof p, [](const void* raw) {
+        const auto& params = *static_cast<const CopyParams*>(raw);
+        // The kernel's reference: its bytes.
+        for (int i = 0; i < params.count; ++i)
+          std::memcpy(params.t[i].into, params.t[i].from, static_cast<std::size_t>(params.t[i].bytes));
       }));
 }
 

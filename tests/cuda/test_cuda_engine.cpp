@@ -1423,6 +1423,52 @@ TEST_CASE("a step's gradients in one batch: one launch a step, each record as it
   }
 }
 
+TEST_CASE("a backward pass's gather copies each gradient's bytes, 70 of them in two launches", "[gpu][cuda][batch]") {
+  // launch_copies (hooks/src/params.cpp's final callback): sizes from
+  // none to several blocks' shares (32 KiB each), and sides that are not
+  // 16-byte aligned (the kernel's byte loop) beside those that are.
+  if (!have_gpu()) return;
+  Stream stream;
+  const std::size_t sizes[] = {0, 1, 15, 16, 17, 4096, 32768 + 48, (1u << 20) + 3, 64, 100};
+  std::vector<std::vector<char>> values;
+  std::vector<std::unique_ptr<DeviceBuffer>> from, into;
+  std::vector<tensortap::detail::CopyTensor> copies;
+  for (std::size_t i = 0; i < 70; ++i) {
+    const std::size_t n = sizes[i % 10] + (i / 10) * 16, skew = i % 4 == 3 ? 1 : 0;
+    values.push_back(pattern(n, 900 + i));
+    from.push_back(std::make_unique<DeviceBuffer>(n + skew));
+    into.push_back(std::make_unique<DeviceBuffer>(n + 16));
+    CUDA_OK(cudaMemcpy(from.back()->bytes() + skew, values.back().data(), n, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(into.back()->data, 0x5a, n + 16));
+    copies.push_back({from.back()->bytes() + skew, into.back()->bytes() + (i % 5 == 4 ? 8 : 0),
+                      static_cast<std::int64_t>(n)});
+  }
+  const auto before = my_calls();
+  REQUIRE(tensortap::detail::launch_copies(copies.data(), tensortap::detail::kBatchTensors, stream) == 0);
+  REQUIRE(tensortap::detail::launch_copies(copies.data() + tensortap::detail::kBatchTensors,
+                                           static_cast<int>(copies.size()) - tensortap::detail::kBatchTensors,
+                                           stream) == 0);
+  const auto after = my_calls();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  for (std::size_t i = 0; i < copies.size(); ++i) {
+    INFO("tensor " << i << ", " << copies[i].bytes << " bytes");
+    const std::size_t at = i % 5 == 4 ? 8 : 0, n = values[i].size();
+    std::vector<char> back(n + 16);
+    CUDA_OK(cudaMemcpy(back.data(), into[i]->data, back.size(), cudaMemcpyDeviceToHost));
+    CHECK(std::vector<char>(back.begin() + static_cast<std::ptrdiff_t>(at),
+                            back.begin() + static_cast<std::ptrdiff_t>(at + n)) == values[i]);
+    // Nothing written past it, nor before it.
+    CHECK(std::count(back.begin(), back.begin() + static_cast<std::ptrdiff_t>(at), '\x5a') ==
+          static_cast<std::ptrdiff_t>(at));
+    CHECK(std::count(back.begin() + static_cast<std::ptrdiff_t>(at + n), back.end(), '\x5a') ==
+          static_cast<std::ptrdiff_t>(16 - at));
+  }
+  if (!after.empty()) {
+    CHECK(after.at("cudaLaunchKernel") - (before.count("cudaLaunchKernel") ? before.at("cudaLaunchKernel") : 0) ==
+          2u);
+  }
+}
+
 TEST_CASE("a batch launches twice when the engine's counter slots are all in use, and gives each slot back once "
           "its launch has run",
           "[gpu][cuda][batch]") {

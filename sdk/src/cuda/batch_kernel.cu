@@ -125,7 +125,64 @@ __global__ void __launch_bounds__(kThreads) batch_final(const BatchParams p) {
   merge_all(t, p.first[blockIdx.x + 1] - p.first[blockIdx.x], shared, /*from_other_blocks=*/false);
 }
 
+// The gather's copies as the kernel's parameters: where each tensor's
+// blocks start in the grid (first[count] is its size).
+struct CopyParams {
+  CopyTensor t[kBatchTensors];
+  int first[kBatchTensors + 1];
+  int count;
+};
+static_assert(sizeof(CopyParams) <= 4096, "kernel parameters are at most 4 KiB");
+
+// What one block copies (its threads 16 bytes at a time, 8 rounds): a
+// tensor takes one block per share, up to kCopyBlocks, and its blocks
+// stride over the rest.
+constexpr std::int64_t kCopyShare = std::int64_t{kThreads} * 16 * 8;
+constexpr std::int64_t kCopyBlocks = 2048;
+
+__global__ void __launch_bounds__(kThreads) batch_copies(const CopyParams p) {
+  int lo = 0, hi = p.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.first[mid] <= static_cast<int>(blockIdx.x)) lo = mid;
+    else hi = mid - 1;
+  }
+  const CopyTensor& t = p.t[lo];
+  const std::int64_t b = static_cast<int>(blockIdx.x) - p.first[lo];
+  const std::int64_t stride = static_cast<std::int64_t>(p.first[lo + 1] - p.first[lo]) * kThreads;
+  const std::int64_t start = b * kThreads + threadIdx.x;
+  const auto aligned = [](const void* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15u) == 0; };
+  if (aligned(t.from) && aligned(t.into) && t.bytes % 16 == 0) {
+    const auto* from = static_cast<const uint4*>(t.from);
+    auto* into = static_cast<uint4*>(t.into);
+    for (std::int64_t i = start; i < t.bytes / 16; i += stride) into[i] = from[i];
+  } else {
+    const auto* from = static_cast<const unsigned char*>(t.from);
+    auto* into = static_cast<unsigned char*>(t.into);
+    for (std::int64_t i = start; i < t.bytes; i += stride) into[i] = from[i];
+  }
+}
+
 }  // namespace
+
+int launch_copies(const CopyTensor* tensors, int count, void* stream) {
+  if (count <= 0) return 0;
+  CopyParams p;
+  p.count = count;
+  p.first[0] = 0;
+  for (int i = 0; i < count; ++i) {
+    p.t[i] = tensors[i];
+    const std::int64_t blocks = (tensors[i].bytes + kCopyShare - 1) / kCopyShare;
+    // At least one block a tensor: an empty one's copies nothing.
+    p.first[i + 1] = p.first[i] + static_cast<int>(blocks < 1 ? 1 : blocks > kCopyBlocks ? kCopyBlocks : blocks);
+  }
+  // As launch_batch: the launch's own result, no error-state calls around it.
+  void* args[] = {&p};
+  const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(&batch_copies), dim3(p.first[count]),
+                                         dim3(kThreads), args, 0, static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) cudaGetLastError();
+  return static_cast<int>(e);
+}
 
 int launch_batch(const BatchTensor* tensors, int count, unsigned* counters, void* stream) {
   if (count <= 0) return 0;

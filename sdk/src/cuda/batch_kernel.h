@@ -59,4 +59,20 @@ inline std::int64_t batch_copy_bytes(StatsElement element, std::int64_t n) {
 /// that was pending is left there. Never waits for the device.
 int launch_batch(const BatchTensor* tensors, int count, unsigned* counters, void* stream);
 
+/// One tensor of a gather (`launch_copies`): `bytes` bytes from `from` to
+/// `into`, both device memory of the stream's device, not overlapping.
+struct CopyTensor {
+  const void* from = nullptr;
+  void* into = nullptr;
+  std::int64_t bytes = 0;
+};
+
+/// Queues on `stream` the copies of `tensors[0..count)`, `count` at most
+/// `kBatchTensors`, in one launch: a backward pass's gradients gathered
+/// into the hooks' accumulators at its end (hooks/src/params.cpp) rather
+/// than an ATen copy a parameter. Byte for byte (16 bytes a load where
+/// both sides and the size are 16-byte aligned). Returns the launch's
+/// cudaError_t (0: queued), as `launch_batch`. Never waits for the device.
+int launch_copies(const CopyTensor* tensors, int count, void* stream);
+
 }  // namespace tensortap::detail

@@ -316,6 +316,51 @@ void cuda_capture_batch(CudaEngine& engine, std::vector<CudaBatchEntry>& entries
 #endif
 }
 
+void cuda_gather(const std::vector<at::Tensor>& from, std::vector<at::Tensor>& into) {
+#ifdef TENSORTAP_HAVE_FUSED_STATS
+  // A device's tensors at a time, up to kBatchTensors a launch.
+  std::vector<char> done(from.size(), 0);
+  std::vector<CopyTensor> batch;
+  for (std::size_t first = 0; first < from.size(); ++first) {
+    if (done[first]) continue;
+    const c10::Device device = from[first].device();
+    const c10::cuda::CUDAGuard guard(device);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+    std::vector<std::size_t> taken;
+    const auto launch = [&] {
+      if (batch.empty()) return;
+      const int error = fused_broken.load(std::memory_order_relaxed)
+                            ? -1
+                            : launch_copies(batch.data(), static_cast<int>(batch.size()), stream);
+      if (error != 0) {
+        if (error > 0) fused_failed(from[taken.front()], error);
+        for (const std::size_t i : taken) into[i].copy_(from[i]);
+      }
+      batch.clear();
+      taken.clear();
+    };
+    for (std::size_t i = first; i < from.size(); ++i) {
+      if (done[i] || from[i].device() != device) continue;
+      done[i] = 1;
+      const at::Tensor& f = from[i];
+      at::Tensor& t = into[i];
+      // Bytes for bytes only where both are the same contiguous values.
+      if (!f.is_contiguous() || !t.is_contiguous() || f.scalar_type() != t.scalar_type() ||
+          f.numel() != t.numel() || f.is_neg() || f.is_conj() || t.device() != device) {
+        t.copy_(f);
+        continue;
+      }
+      batch.push_back(CopyTensor{f.data_ptr(), t.data_ptr(), static_cast<std::int64_t>(f.nbytes())});
+      taken.push_back(i);
+      if (static_cast<int>(batch.size()) == kBatchTensors) launch();
+    }
+    launch();
+  }
+#else
+  for (std::size_t i = 0; i < from.size(); ++i) into[i].copy_(from[i]);
+#endif
+}
+
 void cuda_end_step(CudaEngine& engine) noexcept { engine.end_step(); }
 
 void cuda_flush(CudaEngine& engine) { engine.flush(); }

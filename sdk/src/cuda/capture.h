@@ -112,6 +112,15 @@ bool cuda_batchable(const at::Tensor& tensor, const DtypeInfo& dtype);
 /// launch that failed): none of its entries is queued then.
 void cuda_capture_batch(CudaEngine& engine, std::vector<CudaBatchEntry>& entries, bool may_drop);
 
+/// Copies each `from[i]` into `into[i]`, a contiguous tensor of its dtype
+/// and size on its CUDA device, in order on that device's current stream:
+/// those tensortap's copy kernel takes (contiguous, and this build has the
+/// kernels) in one launch a device for each 64, the rest by ATen's copy.
+/// A backward pass's gradients gathered at its end (hooks/src/params.cpp,
+/// TENSORTAP_CUDA_BATCH=on). Never synchronizes with the device; a launch
+/// that fails leaves its tensors to ATen's copy.
+void cuda_gather(const std::vector<at::Tensor>& from, std::vector<at::Tensor>& into);
+
 /// CUDA tensors this process has queued through an engine: lets tests check
 /// that captures take this path rather than a copy through the host.
 std::uint64_t cuda_captures() noexcept;

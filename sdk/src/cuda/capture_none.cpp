@@ -28,6 +28,10 @@ bool cuda_batchable(const at::Tensor&, const DtypeInfo&) { return false; }
 
 void cuda_capture_batch(CudaEngine&, std::vector<CudaBatchEntry>&, bool) {}
 
+void cuda_gather(const std::vector<at::Tensor>& from, std::vector<at::Tensor>& into) {
+  for (std::size_t i = 0; i < from.size(); ++i) into[i].copy_(from[i]);
+}
+
 void cuda_end_step(CudaEngine&) noexcept {}
 
 void cuda_flush(CudaEngine&) {}

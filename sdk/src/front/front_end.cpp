@@ -76,6 +76,40 @@ void FrontEnd::begin_batch() { snapshotter_->begin_batch(); }
 
 void FrontEnd::end_batch() { snapshotter_->end_batch(); }
 
+namespace {
+std::atomic<bool> gather_on_cpu{false};
+std::atomic<std::uint64_t> gathered_count{0};
+}  // namespace
+
+std::uint64_t FrontEnd::gathered() noexcept { return gathered_count.load(std::memory_order_relaxed); }
+
+void FrontEnd::gather_on_cpu_for_tests(bool on) noexcept { gather_on_cpu.store(on, std::memory_order_relaxed); }
+
+bool FrontEnd::gathers(const at::Tensor& grad) const noexcept {
+  if (grad.is_sparse()) return false;
+  if (inert()) return false;
+  if (grad.is_cuda()) {
+    const CudaEngine* engine = back_ ? back_->engine() : nullptr;
+    return engine != nullptr && cuda_batches(*engine);
+  }
+  return grad.device().is_cpu() && gather_on_cpu.load(std::memory_order_relaxed);
+}
+
+void FrontEnd::gather(const std::vector<at::Tensor>& from, std::vector<at::Tensor>& into) {
+  // The handles share the accumulators' storage: copied into in place.
+  std::vector<at::Tensor> cuda_from, cuda_into;
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    if (!from[i].is_cuda()) {
+      into[i].copy_(from[i]);
+      continue;
+    }
+    cuda_from.push_back(from[i]);
+    cuda_into.push_back(into[i]);
+  }
+  if (!cuda_from.empty()) cuda_gather(cuda_from, cuda_into);
+  gathered_count.fetch_add(from.size(), std::memory_order_relaxed);
+}
+
 void FrontEnd::record_given(Kind kind, const GivenName& name, const at::Tensor& tensor, std::int64_t step) {
   if (name.kept())
     snapshotter_->record(kind, name.str(), tensor, step, true);

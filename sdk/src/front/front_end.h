@@ -117,6 +117,20 @@ class FrontEnd {
   }
   void begin_batch();
   void end_batch();
+  /// Whether a parameter's gradient like `grad` is gathered at the end of
+  /// each backward pass (`gather`) rather than copied by its hook: a dense
+  /// CUDA tensor, with an engine that batches (TENSORTAP_CUDA_BATCH=on).
+  bool gathers(const at::Tensor& grad) const noexcept;
+  /// Copies each `from[i]` into `into[i]` (its dtype and size, contiguous):
+  /// CUDA tensors in one launch a device (`cuda_gather`), others by ATen:
+  /// the parameter hooks' accumulators (hooks/src/param_gather.cpp).
+  void gather(const std::vector<at::Tensor>& from, std::vector<at::Tensor>& into);
+  /// Tests only: CPU gradients are gathered too, so that the hooks' gather
+  /// runs where there is no device.
+  static void gather_on_cpu_for_tests(bool on) noexcept;
+  /// Gradients `gather` has copied in this process: lets tests check that
+  /// the hooks took that path.
+  static std::uint64_t gathered() noexcept;
   /// As `record()`, under a name already given its repeat suffix.
   void record_as(Kind kind, const std::string& name, const at::Tensor& tensor, std::int64_t step);
   std::string repeat_name(Kind kind, const std::string& name, std::int64_t step) {
