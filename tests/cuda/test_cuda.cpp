@@ -40,6 +40,7 @@
 #include "sdk/src/cuda/capture.h"
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
+#include "sdk/src/front/front_end.h"
 #include "sdk/src/pipeline/stats.h"
 #include "sdk/src/pipeline/tensorboard.h"
 
@@ -678,7 +679,8 @@ TEST_CASE("statistics reduced into the engine's arena (TENSORTAP_CUDA_STATS=aren
 
 TEST_CASE("a step's gradients in one batch (TENSORTAP_CUDA_BATCH=on) write what one capture each writes",
           "[gpu][cuda][torch][batch]") {
-  // Issue 73's cases, on a device: two micro-batches a step, clip_grad_norm_
+  // Issue 73's cases, on a device: the gradients gathered at each pass's
+  // end (hooks/src/params.cpp), two micro-batches a step, clip_grad_norm_
   // between backward and the optimizer's step, a layer frozen then
   // unfrozen, a parameter with no gradient, gradient records every other
   // step and statistics every step (the stats-only steps take the batch's
@@ -721,20 +723,14 @@ TEST_CASE("a step's gradients in one batch (TENSORTAP_CUDA_BATCH=on) write what 
     for (int on = 0; on < 2; ++on) {
       ::setenv("TENSORTAP_CUDA_BATCH", on ? "on" : "off", 1);
       runs[on] = dir / fmt::format("{}-{}", per_backward ? "per-backward" : "per-step", on ? "on" : "off");
+      const std::uint64_t gathered = tensortap::detail::FrontEnd::gathered();
       train(runs[on], per_backward);
+      // With the switch on, the step's sums came from .grad at each pass's
+      // end (zero_grad() sets none in LibTorch 2.x), not from the hooks.
+      CHECK((tensortap::detail::FrontEnd::gathered() > gathered) == (on && !per_backward));
     }
     ::unsetenv("TENSORTAP_CUDA_BATCH");
-    const auto files = [](const std::string& run) {
-      std::vector<std::string> out;
-      for (const auto& p : tt_test::files_under(run)) {
-        const std::string rel = std::filesystem::relative(p, run).string();
-        // run.json holds the run's own path and times; events are not asked for.
-        if (rel != "run.json" && rel.rfind("control", 0) != 0) out.push_back(rel);
-      }
-      std::sort(out.begin(), out.end());
-      return out;
-    };
-    const std::vector<std::string> off = files(runs[0]), on = files(runs[1]);
+    const std::vector<std::string> off = tt_test::record_files(runs[0]), on = tt_test::record_files(runs[1]);
     CHECK(off == on);
     CHECK(std::count_if(off.begin(), off.end(), [](const std::string& f) { return f.rfind("npy/grad/", 0) == 0; }) > 0);
     for (const std::string& f : off) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -131,6 +132,19 @@ inline std::vector<std::filesystem::path> files_under(const std::string& dir) {
   std::vector<std::filesystem::path> out;
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
     if (e.is_regular_file()) out.push_back(e.path());
+  return out;
+}
+
+/// The files of run `run` that two runs of one program share byte for
+/// byte, relative to it and sorted: all but run.json (which holds the run's
+/// own path and times) and `control*`.
+inline std::vector<std::string> record_files(const std::string& run) {
+  std::vector<std::string> out;
+  for (const auto& p : files_under(run)) {
+    const std::string rel = std::filesystem::relative(p, run).string();
+    if (rel != "run.json" && rel.rfind("control", 0) != 0) out.push_back(rel);
+  }
+  std::sort(out.begin(), out.end());
   return out;
 }
 

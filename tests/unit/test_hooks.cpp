@@ -10,6 +10,8 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
+#include <torch/autograd.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/csrc/jit/serialization/import.h>
@@ -547,6 +549,124 @@ TEST_CASE("grad_per_backward records every micro-batch's gradient on its own", "
   REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight", 0), expected[0], 1e-5, 1e-5));
   REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight#1", 0), expected[1], 1e-5, 1e-5));
   REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight#2", 0), expected[2], 1e-5, 1e-5));
+}
+
+namespace {
+
+// FrontEnd::gather_on_cpu_for_tests for a scope.
+struct GatherOnCpu {
+  explicit GatherOnCpu(bool on) { tensortap::detail::FrontEnd::gather_on_cpu_for_tests(on); }
+  ~GatherOnCpu() { tensortap::detail::FrontEnd::gather_on_cpu_for_tests(false); }
+};
+
+}  // namespace
+
+TEST_CASE("gradients read from .grad at each backward pass's end write what the hooks' sums write", "[hooks][gather]") {
+  // TENSORTAP_CUDA_BATCH=on's way for CUDA gradients (hooks/src/params.cpp),
+  // run here on CPU tensors: the same hooks, passes and callbacks, the copy
+  // by ATen. Every case that could part the two: .grad none (LibTorch 2.x's
+  // zero_grad) or zeros (1.13's) at a step's start, two micro-batches, a
+  // .grad scaled between them (that step's sum is the hooks' all the same),
+  // torch::autograd::grad over the parameters (not summed into .grad), a
+  // layer frozen then unfrozen, a parameter with no gradient, clipping
+  // after backward, gradients every other step and statistics every step,
+  // and grad_per_backward. Every file of the two runs, byte for byte.
+  TempDir dir;
+  const auto train = [&](const std::string& run, bool per_backward) {
+    torch::manual_seed(0);
+    torch::nn::Sequential net(torch::nn::Linear(6, 16), torch::nn::ReLU(), torch::nn::Linear(16, 16),
+                              torch::nn::ReLU(), torch::nn::Linear(16, 4));
+    torch::nn::Linear unused(3, 3);  // registered, never used: no gradient
+    net->register_module("unused", unused);
+    torch::optim::SGD opt(net->parameters(), 0.01);
+    auto rec = tensortap::watch(
+        *net, Options(run).every(2).stats_every(1).kinds({Kind::Grad, Kind::Param}).grad_per_backward(per_backward));
+    for (std::int64_t step = 0; step < 8; ++step) {
+      net[2]->as<torch::nn::Linear>()->weight.set_requires_grad(step >= 3);
+      rec->step(step);
+      for (auto& p : net->parameters()) {
+        if (step % 3 != 0)
+          p.mutable_grad() = at::Tensor();
+        else if (p.grad().defined())
+          p.mutable_grad().zero_();
+      }
+      for (int micro = 0; micro < 2; ++micro) {
+        const torch::Tensor x = torch::randn({8, 6});
+        const torch::Tensor loss = net->forward(x).pow(2).mean();
+        if (step == 5 && micro == 1) {
+          const auto grads = torch::autograd::grad({loss}, net->parameters(), {}, /*retain_graph=*/true,
+                                                   /*create_graph=*/false, /*allow_unused=*/true);
+          CHECK(grads.size() == net->parameters().size());
+        }
+        loss.backward();
+        if (step == 4 && micro == 0) net[0]->as<torch::nn::Linear>()->weight.mutable_grad().mul_(0.5);
+      }
+      torch::nn::utils::clip_grad_norm_(net->parameters(), 0.5);
+      opt.step();
+    }
+    rec->close();
+    CHECK(rec->counters().errors == 0);
+    CHECK(rec->counters().dropped == 0);
+  };
+  for (const bool per_backward : {false, true}) {
+    CAPTURE(per_backward);
+    std::string runs[2];
+    for (int on = 0; on < 2; ++on) {
+      const GatherOnCpu gather(on != 0);
+      runs[on] = dir / fmt::format("{}-{}", per_backward ? "per-backward" : "per-step", on ? "on" : "off");
+      const std::uint64_t gathered = tensortap::detail::FrontEnd::gathered();
+      train(runs[on], per_backward);
+      // The gather ran, in the steps that start with .grad none only.
+      CHECK((tensortap::detail::FrontEnd::gathered() > gathered) == (on && !per_backward));
+    }
+    const std::vector<std::string> off = tt_test::record_files(runs[0]), on = tt_test::record_files(runs[1]);
+    CHECK(off == on);
+    CHECK(std::count_if(off.begin(), off.end(), [](const std::string& f) { return f.rfind("npy/grad/", 0) == 0; }) >
+          10);
+    for (const std::string& f : off) {
+      CAPTURE(f);
+      CHECK(tt_test::read_file(runs[0] + "/" + f) == tt_test::read_file(runs[1] + "/" + f));
+    }
+  }
+}
+
+TEST_CASE("a gathered gradient is taken by autograd without a copy, and passes on several threads sum", "[hooks][gather]") {
+  const GatherOnCpu gather(true);
+  TempDir dir;
+  Net net;
+  auto rec = tensortap::watch(*net, Options(dir.path).kinds({Kind::Grad}));
+  // Registered after watch()'s: sees the gradient autograd then accumulates.
+  const void* incoming = nullptr;
+  net->fc->weight.register_hook([&](const at::Tensor& g) { incoming = g.data_ptr(); });
+  const std::uint64_t gathered = tensortap::detail::FrontEnd::gathered();
+  rec->step(0);
+  const torch::Tensor x = torch::randn({4, 3}), c = torch::randn({4, 2});
+  loss_of(net, x, c).backward();
+  // The hook held no reference to it: autograd stole it into .grad.
+  CHECK(net->fc->weight.grad().data_ptr() == incoming);
+  CHECK(tensortap::detail::FrontEnd::gathered() - gathered == 2);
+  // Passes on four threads at once, in one step: the sum of all.
+  constexpr int kThreads = 4, kEach = 20;
+  net->fc->weight.mutable_grad() = at::Tensor();
+  net->fc->bias.mutable_grad() = at::Tensor();
+  rec->step(1);
+  std::vector<torch::Tensor> sums(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      torch::Tensor sum = torch::zeros({2, 3});
+      for (int i = 0; i < kEach; ++i) {
+        const torch::Tensor xi = torch::randn({3, 3}), ci = torch::randn({3, 2});
+        loss_of(net, xi, ci).backward();
+        sum += ci.t().mm(xi);
+      }
+      sums[t] = sum;
+    });
+  for (auto& th : threads) th.join();
+  rec->close();
+  CHECK(rec->counters().errors == 0);
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight", 0), c.t().mm(x), 1e-6, 1e-6));
+  REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight", 1), sums[0] + sums[1] + sums[2] + sums[3], 1e-4, 1e-4));
 }
 
 TEST_CASE("concurrent forward and backward passes on several threads lose nothing", "[hooks]") {
