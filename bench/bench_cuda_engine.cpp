@@ -25,7 +25,7 @@
 
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
-#include "sdk/src/pipeline/staging.h"
+#include "sdk/src/core/staging.h"
 
 namespace {
 

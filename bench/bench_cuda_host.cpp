@@ -49,7 +49,7 @@
 #include "sdk/src/cuda/capture_core.h"
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
-#include "sdk/src/pipeline/staging.h"
+#include "sdk/src/core/staging.h"
 
 extern "C" unsigned long long tensortap_fake_cudart_calls(void);
 extern "C" int tensortap_fake_cudart_inside(void);

@@ -1,4 +1,4 @@
-// What device statistics (sdk/src/pipeline/stats.cpp, device_stats: the path of a
+// What device statistics (sdk/src/core/stats.cpp, device_stats: the path of a
 // CUDA tensor taken for statistics only) cost per tensor: the ATen ops it
 // dispatches, those that pass over the whole tensor, and the bytes of
 // temporaries it allocates, in all and at most at once. Run on CPU tensors
@@ -25,7 +25,7 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
-#include "sdk/src/pipeline/stats.h"
+#include "sdk/src/core/stats.h"
 
 extern "C" {
 void* __libc_memalign(std::size_t alignment, std::size_t size);

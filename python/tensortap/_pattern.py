@@ -1,5 +1,5 @@
 """Name patterns in linear time: the C++ Pattern's grammar and semantics
-(sdk/src/pipeline/pattern.h), for every pattern a user gives the Python side
+(sdk/src/core/pattern.h), for every pattern a user gives the Python side
 (the doctor's `include`, `diff --exclude`, `inspect --exclude`).
 
 Python's `re` backtracks: `(a|aa)*c` against a 60-character name never

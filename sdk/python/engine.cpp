@@ -18,7 +18,7 @@
 #include <tensortap/trigger.h>
 
 #include "sdk/src/front/front_end.h"
-#include "sdk/src/pipeline/option_table.h"
+#include "sdk/src/sinks/option_table.h"
 #include "writers/src/check.h"
 
 namespace py = pybind11;

@@ -30,18 +30,20 @@ HOOKS_MAY_USE_OF_SDK = {"sdk/src/front/front_end.h"}
 # What sdk/src/front/front_end.h may include of sdk/src: hooks/ sees these
 # through it, so the pipeline (staging, the snapshotter, the writer thread,
 # the run's files) stays out of hooks/.
-FRONT_END_MAY_INCLUDE = {"sdk/src/select/names.h", "sdk/src/select/sampling.h", "sdk/src/pipeline/process.h",
+FRONT_END_MAY_INCLUDE = {"sdk/src/select/names.h", "sdk/src/select/sampling.h", "sdk/src/core/process.h",
                          "sdk/src/run/settings.h"}
 
 
 # Inside sdk/src the folders are floors too (ARCHITECTURE.md): a file may
-# include its own folder and the floors below. The ground, pipeline/, holds
-# what every floor shares (records, staging, the run's files); select/,
-# cuda/ and flight/ are peers on one floor and include none of each other;
-# run/ holds the settings; back/ the writer's half, front/ the training
-# thread's; recorder.cpp, the facade, sits on top.
-SDK_FLOORS = {"pipeline": 0, "select": 1, "cuda": 1, "flight": 1, "run": 2, "back": 3, "front": 4}
-SDK_TOP = {"sdk/src/recorder.cpp": 5}
+# include its own folder and the floors below. The ground, core/, holds
+# what every floor shares (records, staging, statistics, patterns); sinks/
+# where records and the run's facts end up (the store and its budget,
+# TensorBoard, run.json, the option table); select/, cuda/ and flight/ are
+# peers on one floor and include none of each other; run/ holds the
+# settings; back/ the writer's half, front/ the training thread's;
+# recorder.cpp, the facade, sits on top.
+SDK_FLOORS = {"core": 0, "sinks": 1, "select": 2, "cuda": 2, "flight": 2, "run": 3, "back": 4, "front": 5}
+SDK_TOP = {"sdk/src/recorder.cpp": 6}
 
 
 def sdk_floor(rel):
@@ -77,8 +79,8 @@ def sdk_problems(root):
                 continue
             if to_floor is None or to_floor >= floor:
                 why = "a peer" if to_floor == floor else "a floor above"
-                yield (f"{rel}: includes \"{name}\", {why}: in sdk/src pipeline < select, cuda, flight < run < back "
-                       "< front < recorder.cpp, and the peers do not include each other")
+                yield (f"{rel}: includes \"{name}\", {why}: in sdk/src core < sinks < select, cuda, flight < run "
+                       "< back < front < recorder.cpp, and the peers do not include each other")
 
 
 def problems(root=ROOT):
@@ -240,24 +242,27 @@ def python_import_circles(root):
 
 def self_test():
     """Plants includes against the floors in a copy of sdk/src (a floor
-    above, a peer, the facade in an internal header): the check must name
-    them, and find nothing else."""
+    above, the sinks from the core, a peer, the facade in an internal
+    header): the check must name them, and find nothing else."""
     import shutil
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         copy = pathlib.Path(tmp)
         shutil.copytree(ROOT / "sdk" / "src", copy / "sdk" / "src")
         clean = list(sdk_problems(copy))
-        planted = copy / "sdk" / "src" / "pipeline" / "store.h"
+        planted = copy / "sdk" / "src" / "sinks" / "store.h"
         planted.write_text('#include "sdk/src/back/writer_thread.h"\n' + planted.read_text())
+        ground = copy / "sdk" / "src" / "core" / "staging.h"
+        ground.write_text('#include "sdk/src/sinks/budget.h"\n' + ground.read_text())
         peer = copy / "sdk" / "src" / "cuda" / "ring.h"
         peer.write_text('#include "sdk/src/flight/ring.h"\n' + peer.read_text())
         facade = copy / "sdk" / "src" / "back" / "control.h"
         facade.write_text("#include <tensortap/recorder.h>\n" + facade.read_text())
         found = list(sdk_problems(copy))
     expected = ["sdk/src/back/control.h: includes <tensortap/recorder.h>, the facade",
+                "sdk/src/core/staging.h: includes \"sdk/src/sinks/budget.h\", a floor above",
                 "sdk/src/cuda/ring.h: includes \"sdk/src/flight/ring.h\", a peer",
-                "sdk/src/pipeline/store.h: includes \"sdk/src/back/writer_thread.h\", a floor above"]
+                "sdk/src/sinks/store.h: includes \"sdk/src/back/writer_thread.h\", a floor above"]
     missing = [e for e in expected if not any(f.startswith(e) for f in found)]
     if clean or missing or len(found) != len(expected):
         return [f"self-test: the floors check missed {missing} or found more: {found} (clean copy: {clean})"]

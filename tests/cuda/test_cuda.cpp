@@ -41,8 +41,8 @@
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
 #include "sdk/src/front/front_end.h"
-#include "sdk/src/pipeline/stats.h"
-#include "sdk/src/pipeline/tensorboard.h"
+#include "sdk/src/core/stats.h"
+#include "sdk/src/sinks/tensorboard.h"
 
 namespace {
 

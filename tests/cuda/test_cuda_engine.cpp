@@ -29,7 +29,7 @@
 #include "sdk/src/cuda/device.h"
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
-#include "sdk/src/pipeline/staging.h"
+#include "sdk/src/core/staging.h"
 #include "sdk/src/run/environment.h"
 #include "tests/support/alloc_faults.h"
 

@@ -767,7 +767,7 @@ class DumpsTest(TempCase):
     run.json; one still going or cut short, from dumps.jsonl; an older run's,
     from run.json."""
 
-    # Two dumps as the writer prints them (sdk/src/pipeline/run_json.cpp, append_dump_json).
+    # Two dumps as the writer prints them (sdk/src/sinks/run_json.cpp, append_dump_json).
     LINES = [
         b'{"step": 3, "reason": "user", "steps": [1,2,3]}\n',
         b'{"step": 7, "reason": "spike", "steps": [5,6,7], "kind": "tensor", "name": "loss", '

@@ -16,7 +16,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "sdk/src/pipeline/stats.h"
+#include "sdk/src/core/stats.h"
 
 namespace tt_test {
 

@@ -15,7 +15,7 @@
 
 #include <tensortap/tensortap.h>
 
-#include "sdk/src/pipeline/option_table.h"
+#include "sdk/src/sinks/option_table.h"
 #include "sdk/src/run/environment.h"
 #include "tests/support/helpers.h"
 

@@ -8,7 +8,7 @@
 
 #include <tensortap/error.h>
 
-#include "sdk/src/pipeline/pattern.h"
+#include "sdk/src/core/pattern.h"
 
 using tensortap::detail::Pattern;
 

@@ -15,7 +15,7 @@
 #include "tests/support/helpers.h"
 #include "sdk/src/select/names.h"
 #include "sdk/src/select/sampling.h"
-#include "sdk/src/pipeline/run_json.h"
+#include "sdk/src/sinks/run_json.h"
 #include "sdk/src/run/settings.h"
 
 using tensortap::Kind;

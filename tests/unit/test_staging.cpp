@@ -14,7 +14,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "sdk/src/pipeline/staging.h"
+#include "sdk/src/core/staging.h"
 #include "tests/support/helpers.h"
 
 namespace {

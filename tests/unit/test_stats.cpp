@@ -15,7 +15,7 @@
 #include "tests/support/helpers.h"
 #include "sdk/src/cuda/stats_kernel.h"
 #include "sdk/src/flight/ring.h"
-#include "sdk/src/pipeline/stats.h"
+#include "sdk/src/core/stats.h"
 
 using tensortap::AfterDump;
 using tensortap::Kind;

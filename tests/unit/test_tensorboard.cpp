@@ -26,7 +26,7 @@
 
 #include "tests/support/helpers.h"
 #include "tests/support/net.h"
-#include "sdk/src/pipeline/tensorboard.h"
+#include "sdk/src/sinks/tensorboard.h"
 #include "writers/src/file.h"
 #include "writers/src/run_dir.h"
 #include "writers/src/tensorboard/crc32c.h"

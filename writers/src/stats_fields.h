@@ -11,7 +11,7 @@
 #pragma once
 
 /// The statistics schema, in its one order: stats.npy's columns after step
-/// and series, the device statistics vector (sdk/src/pipeline/stats.h), and the
+/// and series, the device statistics vector (sdk/src/core/stats.h), and the
 /// members of TensorStats and of the public TensorSummary. `REAL(name)` for
 /// the float64 fields, `COUNT(name)` for the int64 counts. Python's
 /// STATS_FIELDS reads the same names from the file's header.

@@ -20,7 +20,7 @@ class Dir;
 
 /// A record as the writers see it: what it is and the shape of its bytes.
 /// What the pipeline does with it (store, hold, statistics) is sdk's
-/// (sdk/src/pipeline/record.h); a writer only ever stores.
+/// (sdk/src/core/record.h); a writer only ever stores.
 struct RecordDesc {
   Kind kind = Kind::Tensor;
   /// The record's name, with its `#k` repeat suffix.

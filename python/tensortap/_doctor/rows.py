@@ -6,7 +6,7 @@ weight_update_ratio needs.
 A row is the recorder's statistics of one tensor at one step (docs/design.md#statistics,
 `TensorSummary`): min, max, mean, std (population), norm (L2)
 over the finite values, and the counts nan, posinf, neginf, zeros, numel
-over all. Computed here from a record as sdk/src/pipeline/stats.cpp does: in
+over all. Computed here from a record as sdk/src/core/stats.cpp does: in
 float64, a complex value as its magnitude, bool and integers as numbers, the
 sums scaled by the largest magnitude so that neither 1e300 nor 1e-310
 overflows or vanishes."""

@@ -172,7 +172,7 @@ def _json_text(value) -> str:
 
 def dump_line(dump: dict) -> str:
     """A dump as the writer puts its line of dumps.jsonl (append_dump_json,
-    sdk/src/pipeline/run_json.cpp: members separated by ", ", ": " after a key,
+    sdk/src/sinks/run_json.cpp: members separated by ", ", ": " after a key,
     arrays of integers without spaces), for a dump that has no line there
     (a run of a tensortap before dumps.jsonl)."""
     return _json_text(dump)

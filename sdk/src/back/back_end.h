@@ -7,13 +7,13 @@
 #include <tensortap/counters.h>
 #include <tensortap/options.h>
 
-#include "sdk/src/pipeline/failures.h"
+#include "sdk/src/core/failures.h"
 #include "sdk/src/flight/flight.h"
-#include "sdk/src/pipeline/run_json.h"
+#include "sdk/src/sinks/run_json.h"
 #include "sdk/src/run/settings.h"
-#include "sdk/src/pipeline/staging.h"
-#include "sdk/src/pipeline/store.h"
-#include "sdk/src/pipeline/tensorboard.h"
+#include "sdk/src/core/staging.h"
+#include "sdk/src/sinks/store.h"
+#include "sdk/src/sinks/tensorboard.h"
 #include "sdk/src/back/control.h"
 #include "sdk/src/back/step_clock.h"
 #include "sdk/src/back/watchdog.h"

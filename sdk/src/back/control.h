@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "sdk/src/run/control_request.h"
-#include "sdk/src/pipeline/pattern.h"
+#include "sdk/src/core/pattern.h"
 #include "writers/src/file.h"
 
 namespace tensortap::detail {

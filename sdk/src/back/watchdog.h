@@ -7,7 +7,7 @@
 #include <tensortap/trigger.h>
 
 #include "sdk/src/back/step_clock.h"
-#include "sdk/src/pipeline/waits.h"
+#include "sdk/src/core/waits.h"
 
 namespace tensortap::detail {
 

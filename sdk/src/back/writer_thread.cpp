@@ -3,7 +3,7 @@
 #include <chrono>
 #include <optional>
 
-#include "sdk/src/pipeline/process.h"
+#include "sdk/src/core/process.h"
 
 namespace tensortap::detail {
 

@@ -9,18 +9,18 @@
 #include <unordered_map>
 #include <vector>
 
-#include "sdk/src/pipeline/failures.h"
+#include "sdk/src/core/failures.h"
 #include "sdk/src/flight/flight.h"
-#include "sdk/src/pipeline/staging.h"
-#include "sdk/src/pipeline/stats.h"
-#include "sdk/src/pipeline/store.h"
-#include "sdk/src/pipeline/tensorboard.h"
+#include "sdk/src/core/staging.h"
+#include "sdk/src/core/stats.h"
+#include "sdk/src/sinks/store.h"
+#include "sdk/src/sinks/tensorboard.h"
 #include "writers/src/stats_file.h"
 
 namespace tensortap::detail {
 
 /// The writer thread, the pipeline's back end: takes staging buffers and
-/// carries out each record's operation (sdk/src/pipeline/record.h): stores it
+/// carries out each record's operation (sdk/src/core/record.h): stores it
 /// (Store), hands it to the flight recorder, or appends its statistics row
 /// (StatsFile) and lets the rules see it. It never lets an exception
 /// escape: a failed record is counted in `Failures` and the thread goes on.

@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "sdk/src/cuda/capture_core.h"
-#include "sdk/src/pipeline/stats.h"
+#include "sdk/src/core/stats.h"
 #include "writers/src/check.h"
 
 namespace tensortap::detail {

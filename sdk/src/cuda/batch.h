@@ -22,7 +22,7 @@
 
 #include "sdk/src/cuda/batch_kernel.h"
 #include "sdk/src/cuda/engine.h"
-#include "sdk/src/pipeline/record.h"
+#include "sdk/src/core/record.h"
 
 namespace tensortap::detail {
 

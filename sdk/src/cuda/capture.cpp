@@ -24,8 +24,8 @@
 #include "sdk/src/cuda/capture_core.h"
 #include "sdk/src/cuda/engine.h"
 #include "sdk/src/cuda/pinned.h"
-#include "sdk/src/pipeline/snapshot.h"
-#include "sdk/src/pipeline/stats.h"
+#include "sdk/src/core/snapshot.h"
+#include "sdk/src/core/stats.h"
 #ifdef TENSORTAP_HAVE_FUSED_STATS
 #include "sdk/src/cuda/batch.h"
 #include "sdk/src/cuda/stats_kernel.h"

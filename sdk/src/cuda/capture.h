@@ -15,8 +15,8 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "sdk/src/pipeline/record.h"
-#include "sdk/src/pipeline/staging.h"
+#include "sdk/src/core/record.h"
+#include "sdk/src/core/staging.h"
 
 namespace tensortap::detail {
 

@@ -26,7 +26,7 @@
 
 #include "sdk/src/cuda/device.h"
 #include "sdk/src/cuda/engine.h"
-#include "sdk/src/pipeline/record.h"
+#include "sdk/src/core/record.h"
 #include "writers/src/check.h"
 #include "writers/src/dtypes.h"
 

@@ -3,7 +3,7 @@
 // commits them when the copies complete. Nothing here throws out of run().
 
 #include "sdk/src/cuda/engine.h"
-#include "sdk/src/pipeline/process.h"
+#include "sdk/src/core/process.h"
 
 #include <fmt/format.h>
 

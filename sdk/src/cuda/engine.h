@@ -45,8 +45,8 @@
 
 #include "sdk/src/cuda/device.h"
 #include "sdk/src/cuda/ring.h"
-#include "sdk/src/pipeline/record.h"
-#include "sdk/src/pipeline/staging.h"
+#include "sdk/src/core/record.h"
+#include "sdk/src/core/staging.h"
 
 namespace tensortap::detail {
 

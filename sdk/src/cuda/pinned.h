@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-#include "sdk/src/pipeline/staging.h"
+#include "sdk/src/core/staging.h"
 
 namespace tensortap::detail {
 

@@ -9,11 +9,11 @@
 #include <tensortap/options.h>
 #include <tensortap/trigger.h>
 
-#include "sdk/src/pipeline/failures.h"
+#include "sdk/src/core/failures.h"
 #include "sdk/src/flight/ring.h"
-#include "sdk/src/pipeline/run_json.h"
-#include "sdk/src/pipeline/store.h"
-#include "sdk/src/pipeline/tensorboard.h"
+#include "sdk/src/sinks/run_json.h"
+#include "sdk/src/sinks/store.h"
+#include "sdk/src/sinks/tensorboard.h"
 #include "sdk/src/flight/triggers.h"
 #include "writers/src/stats_file.h"
 

@@ -11,7 +11,7 @@
 
 #include <tensortap/trigger.h>
 
-#include "sdk/src/pipeline/pattern.h"
+#include "sdk/src/core/pattern.h"
 
 namespace tensortap::detail {
 

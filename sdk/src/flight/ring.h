@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "sdk/src/pipeline/record.h"
+#include "sdk/src/core/record.h"
 
 namespace tensortap::detail {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <utility>
 
-#include "sdk/src/pipeline/trigger_params.h"
+#include "sdk/src/sinks/trigger_params.h"
 
 namespace tensortap {
 

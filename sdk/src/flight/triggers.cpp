@@ -8,7 +8,7 @@
 
 #include <tensortap/error.h>
 #include "sdk/src/flight/health.h"
-#include "sdk/src/pipeline/trigger_params.h"
+#include "sdk/src/sinks/trigger_params.h"
 #include "writers/src/kind_set_access.h"
 #include "writers/src/check.h"
 
@@ -44,7 +44,7 @@ void validate_health_rule(const Trigger& t, const std::string& what) {
   };
   constexpr std::int64_t kMaxCount = std::int64_t{1} << 62;
   if ((has & kParamKinds) && KindSetAccess::bits(t.kinds()) == 0) bad("kinds", "(none)", "a non-empty set of kinds");
-  // The automaton the rule runs (pipeline/pattern.h): it refuses what it
+  // The automaton the rule runs (core/pattern.h): it refuses what it
   // cannot run, naming the pattern and the place.
   if (has & kParamInclude) {
     try {

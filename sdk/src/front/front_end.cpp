@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "sdk/src/pipeline/failures.h"
+#include "sdk/src/core/failures.h"
 #include "sdk/src/front/snapshotter.h"
-#include "sdk/src/pipeline/staging.h"
+#include "sdk/src/core/staging.h"
 #include "sdk/src/back/back_end.h"
 #include "sdk/src/cuda/capture.h"
 #include "sdk/src/flight/triggers.h"

@@ -16,7 +16,7 @@
 #include <tensortap/options.h>
 
 #include "sdk/src/select/names.h"
-#include "sdk/src/pipeline/process.h"
+#include "sdk/src/core/process.h"
 #include "sdk/src/select/sampling.h"
 #include "sdk/src/run/settings.h"
 

@@ -15,8 +15,8 @@
 
 #include "sdk/src/cuda/capture.h"
 #include "sdk/src/flight/flight.h"
-#include "sdk/src/pipeline/snapshot.h"
-#include "sdk/src/pipeline/stats.h"
+#include "sdk/src/core/snapshot.h"
+#include "sdk/src/core/stats.h"
 #include "writers/src/check.h"
 #include "writers/src/dtypes.h"
 
@@ -204,7 +204,7 @@ bool Snapshotter::queue(Kind kind, const std::string& name, const at::Tensor& te
   if (!src.device().is_cpu() && !on_engine) src = src.to(at::kCPU);
 
   // The record as references to what is at hand: staging copies it once,
-  // into a slot that keeps its memory (sdk/src/pipeline/staging.h).
+  // into a slot that keeps its memory (sdk/src/core/staging.h).
   const std::uint64_t nbytes = static_cast<std::uint64_t>(src.numel()) * c10::elementSize(info.stored);
   // A record streamed through staging is checked against the free space
   // first. Refused for a full disk, it still gives its statistics row when

@@ -18,7 +18,7 @@
 #include <tensortap/options.h>
 
 #include "sdk/src/select/sampling.h"
-#include "sdk/src/pipeline/staging.h"
+#include "sdk/src/core/staging.h"
 
 namespace tensortap::detail {
 

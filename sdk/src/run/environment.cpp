@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "sdk/src/pipeline/option_table.h"
+#include "sdk/src/sinks/option_table.h"
 #include "writers/src/check.h"
 #include "writers/src/stats_file.h"
 
@@ -33,7 +33,7 @@ std::vector<std::string> pairs(const std::string& text) {
   return out;
 }
 
-// One key=value, set through the option table (pipeline/option_table.h).
+// One key=value, set through the option table (sinks/option_table.h).
 void apply(Options& o, const OptionText& t) {
   const OptionRow* row = option_row(t.key);
   if (row == nullptr) t.bad("an unknown key");

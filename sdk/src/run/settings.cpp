@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "sdk/src/flight/triggers.h"
-#include "sdk/src/pipeline/tensorboard.h"
+#include "sdk/src/sinks/tensorboard.h"
 #include "writers/src/check.h"
 #include "writers/src/stats_file.h"
 

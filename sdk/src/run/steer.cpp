@@ -8,7 +8,7 @@
 
 #include <tensortap/kinds.h>
 
-#include "sdk/src/pipeline/pattern.h"
+#include "sdk/src/core/pattern.h"
 #include "writers/src/kind_set_access.h"
 
 namespace tensortap::detail {

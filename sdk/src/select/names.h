@@ -13,7 +13,7 @@
 #include <tensortap/kinds.h>
 
 #include "sdk/src/select/sampling.h"
-#include "sdk/src/pipeline/spin_lock.h"
+#include "sdk/src/core/spin_lock.h"
 
 namespace tensortap::detail {
 

@@ -9,7 +9,7 @@
 
 #include <tensortap/options.h>
 
-#include "sdk/src/pipeline/pattern.h"
+#include "sdk/src/core/pattern.h"
 #include "writers/src/kind_set_access.h"
 
 namespace tensortap::detail {

@@ -55,7 +55,7 @@ struct Record {
 
 /// A record as its producer already has it, by reference: what a capture
 /// hands to staging, which copies it once, into the slot that keeps it
-/// (sdk/src/pipeline/staging.h). Building a `Record` on the capturing thread and
+/// (sdk/src/core/staging.h). Building a `Record` on the capturing thread and
 /// copying it into the slot cost a name and a shape copied twice, per
 /// capture.
 struct RecordSpec {

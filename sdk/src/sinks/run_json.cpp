@@ -1,11 +1,11 @@
-#include "sdk/src/pipeline/run_json.h"
+#include "sdk/src/sinks/run_json.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
 
-#include "sdk/src/pipeline/option_table.h"
+#include "sdk/src/sinks/option_table.h"
 #include "writers/src/json.h"
 #include "writers/src/versions.h"
 
@@ -118,7 +118,7 @@ std::string run_json(const Options& o, const RunInfo& info) {
   append_json_string(j, info.run_id);
   j += ",\n";
   j += fmt::format("  \"torch_version\": \"{}\",\n", kTorchVersion);
-  // Every setting, by the option table (pipeline/option_table.h).
+  // Every setting, by the option table (sinks/option_table.h).
   j += "  \"options\": ";
   append_options_json(j, o, 4);
   j += ",\n  \"options_from_env\": ";

@@ -1,4 +1,4 @@
-#include "sdk/src/pipeline/process.h"
+#include "sdk/src/core/process.h"
 
 #include <pthread.h>
 

@@ -1,7 +1,7 @@
-#include "sdk/src/pipeline/pattern.h"
+#include "sdk/src/core/pattern.h"
 
 // Parsing and compiling a pattern into the automaton Pattern::search runs
-// (sdk/src/pipeline/pattern.cpp).
+// (sdk/src/core/pattern.cpp).
 
 #include <memory>
 

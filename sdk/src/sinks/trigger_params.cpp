@@ -1,4 +1,4 @@
-#include "sdk/src/pipeline/trigger_params.h"
+#include "sdk/src/sinks/trigger_params.h"
 
 namespace tensortap::detail {
 

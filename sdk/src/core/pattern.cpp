@@ -1,7 +1,7 @@
-#include "sdk/src/pipeline/pattern.h"
+#include "sdk/src/core/pattern.h"
 
 // Running a compiled pattern over a name; compiling is
-// sdk/src/pipeline/pattern_compile.cpp.
+// sdk/src/core/pattern_compile.cpp.
 
 namespace tensortap::detail {
 

@@ -1,4 +1,4 @@
-#include "sdk/src/pipeline/option_table.h"
+#include "sdk/src/sinks/option_table.h"
 
 #include <algorithm>
 #include <cctype>
@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "sdk/src/pipeline/trigger_params.h"
+#include "sdk/src/sinks/trigger_params.h"
 #include "writers/src/check.h"
 #include "writers/src/json.h"
 

@@ -20,7 +20,7 @@
 #include <tensortap/counters.h>
 #include <tensortap/options.h>
 
-#include "sdk/src/pipeline/budget.h"
+#include "sdk/src/sinks/budget.h"
 #include "writers/src/file.h"
 #include "writers/src/lines_file.h"
 #include "writers/src/run_dir.h"

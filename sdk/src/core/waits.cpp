@@ -1,4 +1,4 @@
-#include "sdk/src/pipeline/waits.h"
+#include "sdk/src/core/waits.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>

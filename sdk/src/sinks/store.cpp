@@ -1,4 +1,4 @@
-#include "sdk/src/pipeline/store.h"
+#include "sdk/src/sinks/store.h"
 
 #include <unistd.h>
 

@@ -1,6 +1,6 @@
 // A build without protobuf: Options::tensorboard is refused when the recorder
 // is made (settings.cpp), so nothing here is ever constructed.
-#include "sdk/src/pipeline/tensorboard.h"
+#include "sdk/src/sinks/tensorboard.h"
 
 #include "writers/src/check.h"
 #include "writers/src/tensorboard/event_file.h"

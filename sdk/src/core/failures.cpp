@@ -1,4 +1,4 @@
-#include "sdk/src/pipeline/failures.h"
+#include "sdk/src/core/failures.h"
 
 #include <cstdio>
 

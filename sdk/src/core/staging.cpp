@@ -1,4 +1,4 @@
-#include "sdk/src/pipeline/staging.h"
+#include "sdk/src/core/staging.h"
 
 #include <sys/mman.h>
 
@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 
 #include <tensortap/error.h>
-#include "sdk/src/pipeline/process.h"
+#include "sdk/src/core/process.h"
 #include "writers/src/check.h"
 
 namespace tensortap::detail {

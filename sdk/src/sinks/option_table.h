@@ -3,7 +3,7 @@
 // `Options` as one table: a row per setting, with its TENSORTAP_OPTIONS key,
 // its run.json key, how it is set from text and how it is written as JSON.
 // The environment's parser (run/environment.cpp) and run.json's "options"
-// (pipeline/run_json.cpp) both walk it, and a test holds it to options.h
+// (sinks/run_json.cpp) both walk it, and a test holds it to options.h
 // and docs/options.md: a setter cannot be added to one and not the others.
 
 #include <chrono>

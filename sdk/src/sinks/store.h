@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "sdk/src/pipeline/budget.h"
-#include "sdk/src/pipeline/failures.h"
+#include "sdk/src/sinks/budget.h"
+#include "sdk/src/core/failures.h"
 #include "writers/src/lines_file.h"
 #include "writers/src/writer.h"
 

@@ -1,4 +1,4 @@
-#include "sdk/src/pipeline/tensorboard.h"
+#include "sdk/src/sinks/tensorboard.h"
 
 #include <algorithm>
 #include <array>
@@ -11,7 +11,7 @@
 
 #include <tensortap/kinds.h>
 
-#include "sdk/src/pipeline/stats.h"
+#include "sdk/src/core/stats.h"
 #include "writers/src/json.h"
 #include "writers/src/tensorboard/event_file.h"
 #include "writers/src/tensorboard/events.h"

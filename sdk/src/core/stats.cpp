@@ -1,4 +1,4 @@
-#include "sdk/src/pipeline/stats.h"
+#include "sdk/src/core/stats.h"
 
 #include <array>
 #include <cmath>

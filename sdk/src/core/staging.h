@@ -13,9 +13,9 @@
 
 #include <tensortap/options.h>
 
-#include "sdk/src/pipeline/record.h"
-#include "sdk/src/pipeline/spin_lock.h"
-#include "sdk/src/pipeline/waits.h"
+#include "sdk/src/core/record.h"
+#include "sdk/src/core/spin_lock.h"
+#include "sdk/src/core/waits.h"
 
 namespace tensortap::detail {
 

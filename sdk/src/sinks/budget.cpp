@@ -1,4 +1,4 @@
-#include "sdk/src/pipeline/budget.h"
+#include "sdk/src/sinks/budget.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "sdk/src/pipeline/store.h"
+#include "sdk/src/sinks/store.h"
 
 namespace tensortap::detail {
 namespace {
