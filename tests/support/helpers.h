@@ -135,17 +135,27 @@ inline std::vector<std::filesystem::path> files_under(const std::string& dir) {
   return out;
 }
 
-/// The files of run `run` that two runs of one program share byte for
-/// byte, relative to it and sorted: all but run.json (which holds the run's
-/// own path and times) and `control*`.
-inline std::vector<std::string> record_files(const std::string& run) {
-  std::vector<std::string> out;
-  for (const auto& p : files_under(run)) {
-    const std::string rel = std::filesystem::relative(p, run).string();
-    if (rel != "run.json" && rel.rfind("control", 0) != 0) out.push_back(rel);
+/// Checks that runs `a` and `b` of one program hold the same files, byte
+/// for byte: all but run.json (which holds the run's own path and times)
+/// and `control*`. Returns how many gradient records (`npy/grad/`) they hold.
+inline std::size_t check_same_records(const std::string& a, const std::string& b) {
+  const auto files = [](const std::string& run) {
+    std::vector<std::string> out;
+    for (const auto& p : files_under(run)) {
+      const std::string rel = std::filesystem::relative(p, run).string();
+      if (rel != "run.json" && rel.rfind("control", 0) != 0) out.push_back(rel);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const std::vector<std::string> in_a = files(a), in_b = files(b);
+  CHECK(in_a == in_b);
+  for (const std::string& f : in_a) {
+    INFO(f);
+    CHECK(read_file(a + "/" + f) == read_file(b + "/" + f));
   }
-  std::sort(out.begin(), out.end());
-  return out;
+  return static_cast<std::size_t>(
+      std::count_if(in_a.begin(), in_a.end(), [](const std::string& f) { return f.rfind("npy/grad/", 0) == 0; }));
 }
 
 }  // namespace tt_test
