@@ -3,6 +3,8 @@
 // records at step starts.
 #include "hooks/src/param_watcher.h"
 
+#include "writers/src/check.h"
+
 #include <cstdio>
 
 #include <ATen/ATen.h>
@@ -214,9 +216,16 @@ void ParamWatcher::on_step_end() {
       if (!e.pending) continue;
       e.pending = false;
       // Left to a pass whose end never came (backward threw): nothing
-      // was copied into the accumulator.
+      // was copied into the accumulator, so no record; said, by name.
       if (e.marks > 0) {
         e.marks = 0;
+        try {
+          fail("the gradient of '{}' in step {} is not recorded: the backward pass that produced it did not end "
+               "(it threw), so its .grad was never read (TENSORTAP_CUDA_BATCH=on)",
+               e.name, e.acc_step);
+        } catch (...) {
+          front_->hook_failed(std::current_exception());
+        }
         continue;
       }
       try {

@@ -662,6 +662,42 @@ TEST_CASE("a gathered gradient is taken by autograd without a copy, and passes o
   REQUIRE(torch::allclose(load(dir.path, "grad", "fc.weight", 1), sums[0] + sums[1] + sums[2] + sums[3], 1e-4, 1e-4));
 }
 
+TEST_CASE("a backward pass that throws after some gradients were left to .grad: said by name, the next steps whole",
+          "[hooks][gather]") {
+  // A hook of the user's on the activation throws at step 1: the last
+  // layer's parameters got their gradients (and their hooks noted them),
+  // the pass never reaches its end, so its final callback never runs.
+  const GatherOnCpu gather(true);
+  TempDir dir;
+  torch::manual_seed(3);
+  torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+  auto rec = tensortap::watch(*net, Options(dir.path).kinds({Kind::Grad}));
+  std::vector<at::Tensor> expected;
+  for (std::int64_t step = 0; step < 4; ++step) {
+    rec->step(step);
+    for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
+    const torch::Tensor x = torch::randn({5, 4});
+    torch::Tensor hidden = net[1]->as<torch::nn::ReLU>()->forward(net[0]->as<torch::nn::Linear>()->forward(x));
+    if (step == 1) hidden.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("boom"); });
+    const torch::Tensor loss = net[2]->as<torch::nn::Linear>()->forward(hidden).pow(2).sum();
+    if (step == 1) {
+      CHECK_THROWS(loss.backward());
+      continue;
+    }
+    loss.backward();
+    expected.push_back(net[0]->as<torch::nn::Linear>()->weight.grad().clone());
+  }
+  // Step 1's last layer (weight and bias) is said lost, by name; nothing else.
+  CHECK_THROWS_WITH(rec->close(), Catch::Contains("2 record(s) failed") &&
+                                      Catch::Contains("'2.weight' in step 1 is not recorded"));
+  CHECK(rec->counters().errors == 2);
+  CHECK(tt_test::index_lines_with(dir.path, "\"step\":1,").empty());
+  CHECK(torch::equal(load(dir.path, "grad", "0.weight", 0), expected[0]));
+  CHECK(torch::equal(load(dir.path, "grad", "0.weight", 2), expected[1]));
+  CHECK(torch::equal(load(dir.path, "grad", "0.weight", 3), expected[2]));
+  CHECK(tt_test::index_lines_with(dir.path, "\"kind\":\"grad\"").size() == 3 * 4);
+}
+
 TEST_CASE("concurrent forward and backward passes on several threads lose nothing", "[hooks]") {
   TempDir dir;
   Net net;

@@ -76,16 +76,22 @@ __device__ void merge_all(const BatchTensor& t, int blocks, Partial* shared, boo
   if (threadIdx.x == 0) fused::finish(shared[0], t.n, t.stats);
 }
 
+// The tensor whose blocks hold this block: the last of `count` whose first
+// block (`first[i]`) is at or before it.
+__device__ int owner(const int* first, int count) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first[mid] <= static_cast<int>(blockIdx.x)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 __global__ void __launch_bounds__(kThreads) batch_partials(const BatchParams p) {
   __shared__ Partial shared[kThreads];
   __shared__ bool last;
-  // The tensor whose blocks hold this one: the last that starts at or before it.
-  int lo = 0, hi = p.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.first[mid] <= static_cast<int>(blockIdx.x)) lo = mid;
-    else hi = mid - 1;
-  }
+  const int lo = owner(p.first, p.count);
   const BatchTensor& t = p.t[lo];
   const int b = static_cast<int>(blockIdx.x) - p.first[lo];
   const int blocks = p.first[lo + 1] - p.first[lo];
@@ -141,12 +147,7 @@ constexpr std::int64_t kCopyShare = std::int64_t{kThreads} * 16 * 8;
 constexpr std::int64_t kCopyBlocks = 2048;
 
 __global__ void __launch_bounds__(kThreads) batch_copies(const CopyParams p) {
-  int lo = 0, hi = p.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.first[mid] <= static_cast<int>(blockIdx.x)) lo = mid;
-    else hi = mid - 1;
-  }
+  const int lo = owner(p.first, p.count);
   const CopyTensor& t = p.t[lo];
   const std::int64_t b = static_cast<int>(blockIdx.x) - p.first[lo];
   const std::int64_t stride = static_cast<std::int64_t>(p.first[lo + 1] - p.first[lo]) * kThreads;
